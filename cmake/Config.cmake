@@ -1,0 +1,14 @@
+# Feature gates, in one generated header (build/generated/config.h).
+set(MLTRAIN_CUDA_ROOT "/usr/local/cuda" CACHE PATH "Where CUDA and NCCL headers live")
+if(EXISTS "${MLTRAIN_CUDA_ROOT}/include/nccl.h")
+  set(MLTRAIN_HAVE_NCCL_HEADERS 1)
+  set(MLTRAIN_NCCL_INCLUDE_DIR "${MLTRAIN_CUDA_ROOT}/include")
+else()
+  set(MLTRAIN_HAVE_NCCL_HEADERS 0)
+endif()
+execute_process(COMMAND git -C "${CMAKE_SOURCE_DIR}" rev-parse --short HEAD
+  OUTPUT_VARIABLE MLTRAIN_GIT_COMMIT OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+if(NOT MLTRAIN_GIT_COMMIT)
+  set(MLTRAIN_GIT_COMMIT "unknown")
+endif()
+configure_file(${CMAKE_SOURCE_DIR}/cmake/config.h.in ${CMAKE_BINARY_DIR}/generated/config.h @ONLY)

@@ -1,0 +1,12 @@
+# Every dependency comes from Debian's packages (scripts/setup.sh installs them).
+find_package(Threads REQUIRED)
+find_package(CLI11 CONFIG REQUIRED)
+find_package(tomlplusplus CONFIG REQUIRED)
+find_package(nlohmann_json CONFIG REQUIRED)
+find_package(fmt CONFIG REQUIRED)
+find_package(spdlog CONFIG REQUIRED)
+find_package(libssh CONFIG REQUIRED)
+find_package(Boost 1.74 REQUIRED COMPONENTS filesystem)
+if(MLTRAIN_BUILD_TESTS)
+  find_package(doctest CONFIG REQUIRED)
+endif()

@@ -1,0 +1,169 @@
+#include "runner/common/text.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+
+namespace mltrain::text {
+
+namespace {
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+}  // namespace
+
+std::optional<std::string> closest(std::string_view word, const std::vector<std::string>& candidates) {
+  std::optional<std::string> best;
+  size_t best_distance = 0;
+  for (const auto& c : candidates) {
+    size_t d = edit_distance(word, c);
+    if (!best || d < best_distance) {
+      best = c;
+      best_distance = d;
+    }
+  }
+  // Like ninja: accept up to a third of the word's length in edits, at least 1, at most 3.
+  size_t limit = std::clamp<size_t>(word.size() / 3, 1, 3);
+  if (best && best_distance <= limit) return best;
+  return std::nullopt;
+}
+
+std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates) {
+  auto c = closest(word, candidates);
+  return c ? " (did you mean '" + *c + "'?)" : std::string();
+}
+
+std::optional<std::chrono::milliseconds> parse_duration(std::string_view s) {
+  s = std::string_view(s.data(), s.size());
+  while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
+  while (!s.empty() && s.back() == ' ') s.remove_suffix(1);
+  if (s.empty()) return std::nullopt;
+  double total_ms = 0;
+  bool any = false;
+  while (!s.empty()) {
+    size_t i = 0;
+    while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+    if (i == 0) return std::nullopt;
+    double value = 0;
+    auto num = std::string(s.substr(0, i));
+    char* end = nullptr;
+    value = std::strtod(num.c_str(), &end);
+    if (end != num.c_str() + num.size()) return std::nullopt;
+    s.remove_prefix(i);
+    size_t j = 0;
+    while (j < s.size() && std::isalpha(static_cast<unsigned char>(s[j]))) ++j;
+    std::string_view unit = s.substr(0, j);
+    s.remove_prefix(j);
+    double scale;
+    if (unit.empty()) {
+      if (any || !s.empty()) return std::nullopt;  // a bare number must stand alone
+      scale = 1000;
+    } else if (unit == "ms") scale = 1;
+    else if (unit == "s") scale = 1000;
+    else if (unit == "m" || unit == "min") scale = 60e3;
+    else if (unit == "h") scale = 3600e3;
+    else if (unit == "d") scale = 86400e3;
+    else return std::nullopt;
+    total_ms += value * scale;
+    any = true;
+  }
+  if (!std::isfinite(total_ms) || total_ms < 0 || total_ms > 1e15) return std::nullopt;
+  return std::chrono::milliseconds(static_cast<long long>(std::llround(total_ms)));
+}
+
+std::string format_duration(std::chrono::milliseconds d) {
+  long long ms = d.count();
+  char buf[64];
+  if (ms < 1000) std::snprintf(buf, sizeof buf, "%lldms", ms);
+  else if (ms < 60'000) std::snprintf(buf, sizeof buf, "%.1fs", ms / 1000.0);
+  else if (ms < 3'600'000) std::snprintf(buf, sizeof buf, "%lldm%02llds", ms / 60'000, (ms / 1000) % 60);
+  else std::snprintf(buf, sizeof buf, "%lldh%02lldm", ms / 3'600'000, (ms / 60'000) % 60);
+  return buf;
+}
+
+std::vector<std::string> split(std::string_view s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    size_t pos = s.find(sep, start);
+    out.emplace_back(s.substr(start, pos == std::string_view::npos ? std::string_view::npos : pos - start));
+    if (pos == std::string_view::npos) break;
+    start = pos + 1;
+  }
+  return out;
+}
+
+std::string trim(std::string_view s) {
+  size_t b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string_view::npos) return {};
+  size_t e = s.find_last_not_of(" \t\r\n");
+  return std::string(s.substr(b, e - b + 1));
+}
+
+std::string join(const std::vector<std::string>& parts, std::string_view sep) {
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i) out += sep;
+    out += parts[i];
+  }
+  return out;
+}
+
+bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
+
+std::optional<std::vector<int>> parse_int_list(std::string_view s) {
+  std::vector<int> out;
+  for (const auto& raw : split(s, ',')) {
+    std::string part = trim(raw);
+    if (part.empty()) return std::nullopt;
+    auto parse = [](std::string_view t) -> std::optional<int> {
+      int v = 0;
+      auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+      if (ec != std::errc() || p != t.data() + t.size() || v < 0) return std::nullopt;
+      return v;
+    };
+    size_t dash = part.find('-');
+    if (dash == std::string::npos) {
+      auto v = parse(part);
+      if (!v) return std::nullopt;
+      out.push_back(*v);
+    } else {
+      auto a = parse(std::string_view(part).substr(0, dash));
+      auto b = parse(std::string_view(part).substr(dash + 1));
+      if (!a || !b || *b < *a || *b - *a > 1'000'000) return std::nullopt;
+      for (int v = *a; v <= *b; ++v) out.push_back(v);
+    }
+  }
+  return out;
+}
+
+std::string shell_quote(std::string_view s) {
+  bool plain = !s.empty();
+  for (char c : s) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || std::string_view("@%+=:,./-_").find(c) != std::string_view::npos)) {
+      plain = false;
+      break;
+    }
+  }
+  if (plain) return std::string(s);
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') out += "'\\''";
+    else out += c;
+  }
+  out += "'";
+  return out;
+}
+
+}  // namespace mltrain::text

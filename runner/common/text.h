@@ -1,0 +1,33 @@
+// Small text helpers shared by the spec loader, the CLI and the supervisor.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace mltrain::text {
+
+// The candidate closest to `word` by edit distance, if it is close enough to be a likely typo.
+std::optional<std::string> closest(std::string_view word, const std::vector<std::string>& candidates);
+
+// " (did you mean 'x'?)" or "" when nothing is close.
+std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates);
+
+// Parses "90s", "2h", "1h30m", "500ms", "1.5m" or a bare number of seconds; nullopt when malformed.
+std::optional<std::chrono::milliseconds> parse_duration(std::string_view s);
+std::string format_duration(std::chrono::milliseconds d);
+
+std::vector<std::string> split(std::string_view s, char sep);
+std::string trim(std::string_view s);
+std::string join(const std::vector<std::string>& parts, std::string_view sep);
+bool starts_with(std::string_view s, std::string_view prefix);
+
+// Parses "0,3,5-7" into rank numbers; nullopt when malformed.
+std::optional<std::vector<int>> parse_int_list(std::string_view s);
+
+// Quotes `s` for a POSIX shell, only when needed (for display in --dry-run output).
+std::string shell_quote(std::string_view s);
+
+}  // namespace mltrain::text
