@@ -12,3 +12,14 @@ if(NOT MLTRAIN_GIT_COMMIT)
   set(MLTRAIN_GIT_COMMIT "unknown")
 endif()
 configure_file(${CMAKE_SOURCE_DIR}/cmake/config.h.in ${CMAKE_BINARY_DIR}/generated/config.h @ONLY)
+
+# mltrain_embed_text(OUTPUT out.cpp NAMESPACE ns FILES a b ...)
+function(mltrain_embed_text)
+  cmake_parse_arguments(E "" "OUTPUT;NAMESPACE" "FILES" ${ARGN})
+  string(REPLACE ";" "\\;" files_arg "${E_FILES}")
+  add_custom_command(OUTPUT ${E_OUTPUT}
+    COMMAND ${CMAKE_COMMAND} -DOUT=${E_OUTPUT} -DNAMESPACE=${E_NAMESPACE} "-DFILES=${files_arg}"
+            -P ${CMAKE_SOURCE_DIR}/cmake/EmbedText.cmake
+    DEPENDS ${E_FILES} ${CMAKE_SOURCE_DIR}/cmake/EmbedText.cmake
+    COMMENT "Embedding ${E_NAMESPACE}")
+endfunction()

@@ -1,0 +1,99 @@
+// mltrain: a thin main. Subcommands come from a table; every error reaches one handler that
+// prints it and maps it to a documented exit code (docs/exit-codes.md).
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+#include "config.h"
+#include "runner/common/error.h"
+#include "runner/common/log.h"
+#include "runner/common/text.h"
+
+namespace mltrain::cli {
+
+bool use_color(const Global& g, int fd) {
+  if (g.color == "always") return true;
+  if (g.color == "never") return false;
+  const char* no = std::getenv("NO_COLOR");
+  if (no && *no) return false;
+  const char* term = std::getenv("TERM");
+  if (term && std::strcmp(term, "dumb") == 0) return false;
+  return ::isatty(fd);
+}
+
+namespace {
+
+const Register kCommands[] = {register_run,  register_validate, register_logs,        register_ls,
+                              register_show, register_stop,     register_completions, register_knobs};
+
+int run_main(int argc, char** argv) {
+  Global g;
+  // A literal "--" ends mltrain's own arguments: the rest is the command to run, untouched.
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (size_t i = 0; i < args.size(); ++i)
+    if (args[i] == "--") {
+      g.trailing.assign(args.begin() + long(i) + 1, args.end());
+      g.has_trailing = true;
+      args.resize(i);
+      break;
+    }
+
+  CLI::App app{"mltrain: start a training job's ranks on one or more hosts, stream their logs, stop them together.",
+               "mltrain"};
+  app.set_version_flag("--version", std::string("mltrain ") + MLTRAIN_VERSION + " (" + MLTRAIN_GIT_COMMIT + ")");
+  app.require_subcommand(1);
+  app.fallthrough();
+  app.add_flag("-v,--verbose", g.verbose, "More diagnostics on stderr (repeat for debug)");
+  app.add_option("--color", g.color, "Colour rank prefixes: auto, always, never")
+      ->check(CLI::IsMember({"auto", "always", "never"}));
+  app.footer(
+      "Examples:\n"
+      "  mltrain run -n 4 -- python3 train.py     4 ranks on this machine\n"
+      "  mltrain run examples/hello.toml          a job spec\n"
+      "  mltrain logs -f                          follow the latest run\n"
+      "Docs: docs/spec.md, docs/exit-codes.md. Exit codes: 0 ok, 2 bad input, a failed rank's own code.");
+
+  std::function<int()> handler;
+  for (auto reg : kCommands) reg(app, g, handler);
+
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : exit_code::usage;
+  }
+  if (!log::set_level_from_env())
+    std::fprintf(stderr, "mltrain: warning: MLTRAIN_LOG='%s' is not one of debug, info, warn, error, off\n",
+                 std::getenv("MLTRAIN_LOG"));
+  if (g.verbose == 1) log::set_level(log::Level::info);
+  if (g.verbose >= 2) log::set_level(log::Level::debug);
+  if (g.has_trailing && !handler) return exit_code::usage;
+  return handler ? handler() : exit_code::usage;
+}
+
+}  // namespace
+}  // namespace mltrain::cli
+
+int main(int argc, char** argv) {
+  using namespace mltrain;
+  try {
+    return cli::run_main(argc, argv);
+  } catch (const Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "mltrain: error: %s\n", e.what());
+    if (!e.hint().empty()) std::fprintf(stderr, "mltrain: hint: %s\n", e.hint().c_str());
+    return e.code();
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "mltrain: fatal: out of memory\n");
+    return exit_code::internal;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mltrain: internal error: %s (please report this as a bug)\n", e.what());
+    return exit_code::internal;
+  }
+}

@@ -1,0 +1,1 @@
+# mltrain bash completion

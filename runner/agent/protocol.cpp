@@ -1,0 +1,133 @@
+#include "runner/agent/protocol.h"
+
+#include <cstring>
+
+namespace mltrain::agent {
+
+namespace {
+void put_u32(std::string& out, uint32_t v) {
+  char b[4] = {char(v), char(v >> 8), char(v >> 16), char(v >> 24)};
+  out.append(b, 4);
+}
+uint32_t get_u32(const char* p) {
+  auto u = reinterpret_cast<const unsigned char*>(p);
+  return uint32_t(u[0]) | uint32_t(u[1]) << 8 | uint32_t(u[2]) << 16 | uint32_t(u[3]) << 24;
+}
+}  // namespace
+
+Writer& Writer::u32(uint32_t v) {
+  put_u32(buf_, v);
+  return *this;
+}
+Writer& Writer::u64(uint64_t v) {
+  put_u32(buf_, uint32_t(v));
+  put_u32(buf_, uint32_t(v >> 32));
+  return *this;
+}
+Writer& Writer::str(std::string_view s) {
+  put_u32(buf_, static_cast<uint32_t>(s.size()));
+  buf_.append(s);
+  return *this;
+}
+Writer& Writer::strings(const std::vector<std::string>& v) {
+  put_u32(buf_, static_cast<uint32_t>(v.size()));
+  for (const auto& s : v) str(s);
+  return *this;
+}
+
+bool Reader::take(void* out, size_t n) {
+  if (failed_ || data_.size() < n) {
+    failed_ = true;
+    std::memset(out, 0, n);
+    return false;
+  }
+  std::memcpy(out, data_.data(), n);
+  data_.remove_prefix(n);
+  return true;
+}
+uint32_t Reader::u32() {
+  char b[4];
+  take(b, 4);
+  return get_u32(b);
+}
+uint64_t Reader::u64() {
+  uint64_t lo = u32();
+  uint64_t hi = u32();
+  return lo | hi << 32;
+}
+std::string Reader::str() {
+  uint32_t n = u32();
+  if (failed_ || data_.size() < n) {
+    failed_ = true;
+    return {};
+  }
+  std::string s(data_.substr(0, n));
+  data_.remove_prefix(n);
+  return s;
+}
+std::vector<std::string> Reader::strings() {
+  uint32_t n = u32();
+  std::vector<std::string> v;
+  // Each string takes at least 4 bytes: a count larger than that is a corrupt payload.
+  if (failed_ || n > data_.size() / 4) {
+    failed_ = true;
+    return v;
+  }
+  v.reserve(n);
+  for (uint32_t i = 0; i < n && !failed_; ++i) v.push_back(str());
+  return v;
+}
+
+void encode(std::string& out, Type type, uint32_t id, std::string_view payload, uint16_t flags) {
+  put_u32(out, static_cast<uint32_t>(payload.size()));
+  auto t = static_cast<uint16_t>(type);
+  char b[4] = {char(t), char(t >> 8), char(flags), char(flags >> 8)};
+  out.append(b, 4);
+  put_u32(out, id);
+  out.append(payload);
+}
+
+bool Decoder::next(Frame& f) {
+  if (corrupt_ || buf_.size() - pos_ < kHeaderSize) return false;
+  const char* p = buf_.data() + pos_;
+  uint32_t len = get_u32(p);
+  if (len > kMaxPayload) {
+    corrupt_ = true;
+    return false;
+  }
+  if (buf_.size() - pos_ < kHeaderSize + len) return false;
+  auto u = reinterpret_cast<const unsigned char*>(p);
+  f.type = static_cast<Type>(uint16_t(u[4]) | uint16_t(u[5]) << 8);
+  f.flags = static_cast<uint16_t>(uint16_t(u[6]) | uint16_t(u[7]) << 8);
+  f.id = get_u32(p + 8);
+  f.payload.assign(p + kHeaderSize, len);
+  pos_ += kHeaderSize + len;
+  // Compact once the consumed prefix dominates, so the buffer stays small under heavy output.
+  if (pos_ > (1u << 16) && pos_ * 2 > buf_.size()) {
+    buf_.erase(0, pos_);
+    pos_ = 0;
+  }
+  return true;
+}
+
+const char* type_name(Type t) {
+  switch (t) {
+    case Type::hello: return "hello";
+    case Type::spawn: return "spawn";
+    case Type::signal: return "signal";
+    case Type::terminate: return "terminate";
+    case Type::ping: return "ping";
+    case Type::shutdown: return "shutdown";
+    case Type::hello_ack: return "hello_ack";
+    case Type::started: return "started";
+    case Type::spawn_failed: return "spawn_failed";
+    case Type::output: return "output";
+    case Type::exited: return "exited";
+    case Type::pong: return "pong";
+    case Type::error: return "error";
+    case Type::bye: return "bye";
+  }
+  return "unknown";
+}
+
+}  // namespace mltrain::agent

@@ -1,0 +1,259 @@
+#include "runner/plan/plan.h"
+
+#include <fnmatch.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <set>
+
+#include "runner/common/error.h"
+#include "runner/common/text.h"
+
+extern char** environ;
+
+namespace mltrain::plan {
+
+namespace {
+
+// Hostfile parse errors are spec errors: same exit code, same one-line form.
+template <class F>
+auto hostfile_call(F&& f) {
+  try {
+    return f();
+  } catch (const hostfile::ParseError& e) {
+    throw Error(e.what(), "fix the host list; see docs/hostfile.md");
+  }
+}
+
+void put(Env& env, const std::string& k, const std::string& v) {
+  for (auto& [ek, ev] : env)
+    if (ek == k) {
+      ev = v;
+      return;
+    }
+  env.emplace_back(k, v);
+}
+
+bool has(const Env& env, const std::string& k) {
+  return std::any_of(env.begin(), env.end(), [&](const auto& kv) { return kv.first == k; });
+}
+
+std::string join_ints(const std::vector<int>& v) {
+  std::vector<std::string> s;
+  for (int i : v) s.push_back(std::to_string(i));
+  return text::join(s, ",");
+}
+
+}  // namespace
+
+bool is_local_host(const std::string& name) {
+  if (name == "localhost" || name == "::1" || text::starts_with(name, "127.")) return true;
+  char buf[256] = {};
+  return ::gethostname(buf, sizeof buf - 1) == 0 && name == buf;
+}
+
+std::map<std::string, std::string> current_environ() {
+  std::map<std::string, std::string> m;
+  for (char** e = ::environ; *e; ++e) {
+    std::string kv(*e);
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) m.emplace(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  return m;
+}
+
+int find_free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw Error(std::string("cannot open a socket to find a free port: ") + std::strerror(errno), {}, exit_code::host_failure);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  ::close(fd);
+  if (port == 0) throw Error("cannot find a free TCP port on localhost", {}, exit_code::host_failure);
+  return port;
+}
+
+std::vector<hostfile::Host> resolve_hosts(const spec::JobSpec& s, const std::map<std::string, std::string>& env) {
+  std::vector<hostfile::Host> hosts;
+  if (!s.cluster.hostfile.empty()) {
+    hosts = hostfile_call([&] { return hostfile::load_hostfile(s.cluster.hostfile); });
+  } else if (!s.cluster.hosts.empty()) {
+    std::string origin = s.source.empty() ? "-H" : s.source + " [cluster] hosts";
+    hosts = hostfile_call([&] { return hostfile::parse_host_list(text::join(s.cluster.hosts, ","), origin); });
+  } else if (auto it = env.find("SLURM_JOB_NODELIST"); it != env.end() && !it->second.empty()) {
+    auto names = hostfile_call([&] { return hostfile::expand_nodelist(it->second); });
+    for (const auto& n : names) {
+      hostfile::Host h;
+      h.name = n;
+      h.origin = "SLURM_JOB_NODELIST";
+      hosts.push_back(h);
+    }
+  }
+  if (hosts.empty()) {
+    hostfile::Host h;
+    h.name = "localhost";
+    h.origin = "default";
+    hosts.push_back(h);
+  }
+  if (!s.cluster.include.empty() || !s.cluster.exclude.empty())
+    hosts = hostfile_call([&] { return hostfile::apply_filters(hosts, s.cluster.include, s.cluster.exclude); });
+  if (hosts.empty()) throw Error("no host is left after the include/exclude filters", "loosen [cluster] include/exclude");
+  return hosts;
+}
+
+Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
+  Plan p;
+  p.run_id = in.run_id;
+  p.name = s.name;
+  p.token = in.token;
+  auto hosts = resolve_hosts(s, in.environ);
+
+  // How many ranks each host runs.
+  std::vector<int> counts;
+  bool any_slots = std::any_of(hosts.begin(), hosts.end(), [](const auto& h) { return h.slots > 0 || !h.slot_ids.empty(); });
+  int n = s.cluster.nprocs;
+  if (s.cluster.procs_per_host > 0) {
+    for (size_t i = 0; i < hosts.size(); ++i) counts.push_back(s.cluster.procs_per_host);
+  } else if (n > 0 && !any_slots) {
+    // No slots anywhere: spread -n evenly, the first hosts taking the remainder.
+    int h = int(hosts.size());
+    for (int i = 0; i < h; ++i) counts.push_back(n / h + (i < n % h ? 1 : 0));
+  } else {
+    for (const auto& h : hosts) counts.push_back(hostfile::slot_count(h));
+  }
+  if (n > 0) {
+    int total = 0;
+    for (int c : counts) total += c;
+    if (n > total) {
+      // A lone localhost with no slots stretches to -n; a real host list is a hard limit.
+      if (hosts.size() == 1 && hosts[0].slots == 0 && hosts[0].slot_ids.empty() && s.cluster.procs_per_host == 0) {
+        counts[0] = n;
+      } else {
+        throw Error("asked for " + std::to_string(n) + " ranks but the hosts have only " + std::to_string(total) + " slots",
+                    "lower -n, or raise slots / procs_per_host");
+      }
+    }
+    int left = n;
+    for (auto& c : counts) {
+      c = std::min(c, left);
+      left -= c;
+    }
+  }
+
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    if (counts[i] == 0) continue;
+    HostPlan hp;
+    hp.host = hosts[i];
+    hp.local = is_local_host(hosts[i].name);
+    hp.node_rank = int(p.hosts.size());
+    hp.gpu_ids = hosts[i].slot_ids;
+    for (int l = 0; l < counts[i]; ++l) {
+      RankPlan r;
+      r.rank = int(p.ranks.size());
+      r.host = int(p.hosts.size());
+      r.local_rank = l;
+      hp.ranks.push_back(r.rank);
+      p.ranks.push_back(r);
+    }
+    p.hosts.push_back(hp);
+  }
+  if (p.ranks.empty()) throw Error("the plan has no ranks", "set -n or [cluster] procs_per_host to at least 1");
+  p.multi_host = p.hosts.size() > 1 ||
+                 std::any_of(p.hosts.begin(), p.hosts.end(), [](const HostPlan& h) { return !h.local; });
+
+  // Program and working directory.
+  p.argv = s.run.command ? std::vector<std::string>{"/bin/sh", "-c", *s.run.command} : s.run.argv;
+  p.workdir = s.run.workdir.empty() ? in.cwd : s.run.workdir;
+
+  // Rendezvous addresses. All-local jobs use loopback; the SSH transport replaces master_addr
+  // with an address of rank 0's host that the other hosts reach.
+  p.master_addr = p.multi_host ? p.hosts[0].host.name : "127.0.0.1";
+  p.master_port = s.comm.master_port > 0 ? s.comm.master_port : in.free_port();
+  int store_port = in.free_port();
+  while (store_port == p.master_port) store_port = in.free_port();
+  p.store_addr = p.master_addr + ":" + std::to_string(store_port);
+  int ps_port = 0;
+  if (s.comm.mode == "ps") {
+    ps_port = in.free_port();
+    while (ps_port == p.master_port || ps_port == store_port) ps_port = in.free_port();
+  }
+
+  // Environment, lowest precedence first: forwarded variables, the spec's env, the contract.
+  Env base;
+  for (const auto& glob : s.run.forward_env)
+    for (const auto& [k, v] : in.environ)
+      if (::fnmatch(glob.c_str(), k.c_str(), 0) == 0) put(base, k, v);
+  for (const auto& [k, v] : s.run.env) put(base, k, v);
+  bool user_ifname_nccl = has(base, "NCCL_SOCKET_IFNAME");
+  bool user_ifname_gloo = has(base, "GLOO_SOCKET_IFNAME");
+
+  int world = int(p.ranks.size());
+  for (auto& r : p.ranks) {
+    const HostPlan& hp = p.hosts[size_t(r.host)];
+    Env env = base;
+    put(env, "RANK", std::to_string(r.rank));
+    put(env, "WORLD_SIZE", std::to_string(world));
+    put(env, "LOCAL_RANK", std::to_string(r.local_rank));
+    put(env, "LOCAL_WORLD_SIZE", std::to_string(hp.ranks.size()));
+    put(env, "NODE_RANK", std::to_string(hp.node_rank));
+    put(env, "GROUP_RANK", std::to_string(hp.node_rank));
+    put(env, "ROLE_RANK", std::to_string(r.rank));
+    put(env, "ROLE_WORLD_SIZE", std::to_string(world));
+    put(env, "MASTER_ADDR", p.master_addr);
+    put(env, "MASTER_PORT", std::to_string(p.master_port));
+    put(env, "TORCHELASTIC_RESTART_COUNT", std::to_string(in.restart_count));
+    put(env, "TORCHELASTIC_MAX_RESTARTS", std::to_string(s.run.max_restarts));
+    put(env, "TORCHELASTIC_RUN_ID", p.run_id);
+    put(env, "MLTRAIN_RUN_ID", p.run_id);
+    put(env, "MLTRAIN_STORE_ADDR", p.store_addr);
+    put(env, "MLTRAIN_TOKEN", p.token);
+    put(env, "MLTRAIN_COMM_BACKEND", s.comm.backend);
+    if (!p.multi_host) {
+      if (!user_ifname_nccl) put(env, "NCCL_SOCKET_IFNAME", "lo");
+      if (!user_ifname_gloo) put(env, "GLOO_SOCKET_IFNAME", "lo");
+    }
+    // GPUs: per_proc gives each rank a block of devices; procs_per_gpu shares one device.
+    std::vector<int> devices;
+    if (s.gpus.per_proc > 0)
+      for (int g = 0; g < s.gpus.per_proc; ++g) devices.push_back(r.local_rank * s.gpus.per_proc + g);
+    else if (s.gpus.procs_per_gpu > 0)
+      devices.push_back(r.local_rank / s.gpus.procs_per_gpu);
+    if (!devices.empty()) {
+      if (!hp.gpu_ids.empty())
+        for (auto& d : devices) {
+          if (size_t(d) >= hp.gpu_ids.size())
+            throw Error(hp.host.name + ": rank " + std::to_string(r.rank) + " needs GPU slot " + std::to_string(d) +
+                            " but the include/exclude filter leaves " + std::to_string(hp.gpu_ids.size()),
+                        "lower [gpus] per_proc or the ranks per host");
+          d = hp.gpu_ids[size_t(d)];
+        }
+      put(env, "CUDA_VISIBLE_DEVICES", join_ints(devices));
+    }
+    if (s.comm.mode == "ps") {
+      int servers = s.comm.num_servers > 0 ? s.comm.num_servers : int(p.hosts.size());
+      put(env, "DMLC_ROLE", "worker");
+      put(env, "DMLC_NUM_WORKER", std::to_string(world));
+      put(env, "DMLC_NUM_SERVER", std::to_string(servers));
+      put(env, "DMLC_PS_ROOT_URI", p.master_addr);
+      put(env, "DMLC_PS_ROOT_PORT", std::to_string(ps_port));
+      put(env, "DMLC_WORKER_ID", std::to_string(r.rank));
+    }
+    r.env = std::move(env);
+  }
+  return p;
+}
+
+void set_restart_count(Plan& p, int restart_count) {
+  for (auto& r : p.ranks) put(r.env, "TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count));
+}
+
+}  // namespace mltrain::plan

@@ -1,0 +1,91 @@
+// Run records: one folder per run under the state dir (MLTRAIN_HOME, else
+// $XDG_STATE_HOME/mltrain, else ~/.local/state/mltrain): run.json, rank-N.log, console.log.
+// `logs`, `ls`, `show` and `stop` read these; nothing else is a database.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mltrain::plan {
+struct Plan;
+}
+
+namespace mltrain::records {
+
+struct RankRecord {
+  int rank = 0;
+  int host = 0;  // index into RunRecord::hosts
+  int local_rank = 0;
+  int pid = 0;
+  int exit_code = -1;  // -1 while running or never started
+  int signal = 0;      // the signal that killed it, 0 if none
+  std::map<std::string, std::string> env;  // what mltrain set for this rank
+};
+
+struct HostRecord {
+  std::string name;
+  std::string address;
+  int node_rank = 0;
+};
+
+struct Failure {
+  int rank = -1;       // -1: not a rank (a host or the launcher)
+  std::string host;
+  int exit_code = 0;
+  int signal = 0;
+  std::string message;  // one line, as printed
+  std::vector<std::string> tail;
+};
+
+struct RunRecord {
+  std::string id, name;
+  std::string status = "running";  // running | succeeded | failed | interrupted | stopped | timeout | host-failure
+  int exit_code = -1;
+  int launcher_pid = 0;
+  unsigned long long launcher_start = 0;  // /proc start time, to tell a reused pid apart
+  std::string started_at, ended_at;       // ISO 8601, UTC
+  double duration_s = 0;
+  std::string spec_file, spec_toml, workdir, git_commit, master_addr;
+  int master_port = 0;
+  std::vector<std::string> argv;
+  std::vector<HostRecord> hosts;
+  std::vector<RankRecord> ranks;
+  int restarts = 0, max_restarts = 0;
+  bool detached = false;
+  std::optional<Failure> failure;
+};
+
+// Where run folders live; created on first use.
+std::string state_home();
+std::string runs_dir();
+std::string run_dir(const std::string& id);
+
+// A new, unique, time-sortable id like "20261129-141502-hello-3fa2", with its folder created.
+std::string create_run(const std::string& name);
+
+// Fills hosts, ranks and addresses from a plan.
+void fill_from_plan(RunRecord& r, const plan::Plan& p);
+
+// Writes run.json atomically (write then rename).
+void save(const RunRecord& r);
+// Reads one run; throws mltrain::Error naming the file on a missing or corrupt record.
+RunRecord load(const std::string& id);
+// Every run, oldest first; unreadable folders are skipped with a warning.
+std::vector<RunRecord> list();
+// "" or "latest" -> the newest run; else an exact id, a unique prefix or a unique substring.
+std::string resolve(const std::string& query);
+
+std::string to_json(const RunRecord& r, bool pretty);
+std::string list_to_json(const std::vector<RunRecord>& runs);
+std::string plan_to_json(const plan::Plan& p);
+
+// Whether the launcher that owns a "running" record is still alive (pid and start time match).
+bool launcher_alive(const RunRecord& r);
+// This process's start time as /proc/self/stat reports it.
+unsigned long long process_start_time(int pid);
+
+std::string now_iso8601();
+
+}  // namespace mltrain::records

@@ -1,0 +1,84 @@
+// The job spec: what `mltrain run` is asked to do, as loaded from TOML (docs/spec.md), merged
+// over its profile and overridden by command-line flags. Loading is in spec_load.cpp (toml++).
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace mltrain::spec {
+
+using Duration = std::chrono::milliseconds;
+
+struct RunSection {
+  std::optional<std::string> command;  // run by /bin/sh -c
+  std::vector<std::string> argv;       // or run directly
+  std::string workdir;                 // empty: the launcher's current directory
+  std::vector<std::pair<std::string, std::string>> env;  // in spec order
+  std::vector<std::string> forward_env;                  // globs over the launcher's environment
+  int max_restarts = 0;
+  Duration timeout{0};  // 0: none
+  Duration grace_period{std::chrono::seconds(5)};
+};
+
+struct ClusterSection {
+  std::vector<std::string> hosts;  // host-list items, as in `-H`
+  std::string hostfile;            // resolved relative to the spec file
+  int procs_per_host = 0;          // 0: from slots (or 1)
+  int nprocs = 0;                  // total ranks (`-n`); 0: every slot
+  std::string include, exclude;    // DeepSpeed-style filters
+};
+
+struct CommSection {
+  std::string mode = "allreduce";  // allreduce | ps
+  std::string backend = "auto";    // auto | tcp | nccl
+  int master_port = 0;             // 0: auto (a free port)
+  int num_servers = 0;             // ps mode: servers (0: one per host)
+};
+
+struct GpuSection {
+  int per_proc = 0;
+  int procs_per_gpu = 0;
+};
+
+struct SshSection {
+  std::string config, user, identity_file, known_hosts;
+  int port = 0;
+  std::string strict_host_keys = "yes";  // yes | accept-new | no
+  Duration connect_timeout{std::chrono::seconds(10)};
+};
+
+struct LogsSection {
+  std::string ranks;            // console filter, e.g. "0,3-5"; empty: all
+  std::string prefix = "auto";  // "auto", "" (none) or a template with {rank} {host} {local_rank} {node}
+  bool timestamps = false;
+};
+
+struct JobSpec {
+  std::string name;
+  std::string profile;
+  std::string source;  // the spec file path, or "" for an ad-hoc run
+  RunSection run;
+  ClusterSection cluster;
+  CommSection comm;
+  GpuSection gpus;
+  SshSection ssh;
+  LogsSection logs;
+};
+
+// Loads a job spec file, merging it over its profile (see docs/spec.md, "Profiles").
+// Throws mltrain::Error (exit code 2) with "file:line:col: message" on any problem.
+JobSpec load_file(const std::string& path);
+
+// A spec for an ad-hoc `mltrain run -n N -- CMD...` with an optional profile.
+JobSpec from_command(std::vector<std::string> argv, const std::string& profile);
+
+// The spec as TOML text (for run records and `validate --print`).
+std::string to_toml(const JobSpec& s);
+
+// Final checks after command-line overrides; throws mltrain::Error.
+void check(const JobSpec& s);
+
+}  // namespace mltrain::spec

@@ -1,0 +1,41 @@
+// The supervisor: gang semantics over every host's agent. Connects and prepares every host before
+// any rank starts; starts ranks; streams their output; on the first failure stops every rank on
+// every host; restarts the gang while max_restarts allows; records the run.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runner/plan/plan.h"
+#include "runner/records/records.h"
+#include "runner/supervise/output.h"
+#include "runner/transport/transport.h"
+
+namespace mltrain::supervise {
+
+struct Options {
+  std::chrono::milliseconds grace{5000};
+  std::chrono::milliseconds timeout{0};  // 0: none
+  std::chrono::milliseconds heartbeat_interval{2000};
+  std::chrono::milliseconds heartbeat_timeout{15000};
+  int max_restarts = 0;
+  ConsoleOptions console;
+  bool json_summary = false;  // print the summary as JSON on stdout
+};
+
+// Chooses the transport for a host (local child or SSH).
+using TransportFor = std::function<transport::Transport&(const plan::HostPlan&)>;
+
+// Runs the job to its end and returns mltrain's exit code (docs/exit-codes.md). The record is
+// saved as the run goes (started, each restart, the end).
+int run_job(plan::Plan& plan, records::RunRecord& record, const Options& opts, const TransportFor& transport_for);
+
+// The exit code a wait status maps to: the code itself, or 128 + signal.
+int exit_code_of(int wait_status);
+// "exit code 3", "SIGKILL (killed; out of memory?)", ...
+std::string describe_status(int wait_status);
+
+}  // namespace mltrain::supervise

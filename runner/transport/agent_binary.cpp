@@ -1,0 +1,62 @@
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "runner/common/error.h"
+#include "runner/records/records.h"
+#include "runner/transport/transport.h"
+
+// Provided by the generated agent_blob.S (.incbin of the built mltrain-agent).
+extern "C" const char mltrain_agent_blob_start[];
+extern "C" const char mltrain_agent_blob_end[];
+extern "C" const char mltrain_agent_blob_hash[];
+
+namespace mltrain::transport {
+
+std::string_view agent_bytes() {
+  return {mltrain_agent_blob_start, size_t(mltrain_agent_blob_end - mltrain_agent_blob_start)};
+}
+
+std::string_view agent_hash() { return mltrain_agent_blob_hash; }
+
+std::string local_agent_path() {
+  std::string dir = records::state_home();
+  std::string agents = dir + "/agent";
+  ::mkdir(dir.c_str(), 0755);
+  ::mkdir(agents.c_str(), 0755);
+  std::string path = agents + "/mltrain-agent-" + std::string(agent_hash().substr(0, 16));
+  if (::access(path.c_str(), X_OK) == 0) return path;
+
+  // Write to a private name, then rename: concurrent launchers never see a half-written agent.
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0755);
+  if (fd < 0)
+    throw Error("cannot write the agent to " + tmp + ": " + std::strerror(errno),
+                "set MLTRAIN_HOME to a writable folder", exit_code::internal);
+  auto bytes = agent_bytes();
+  size_t off = 0;
+  while (off < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw Error("cannot write the agent to " + tmp + ": " + std::strerror(e), "free some disk space",
+                  exit_code::internal);
+    }
+    off += size_t(n);
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    throw Error("cannot install the agent at " + path + ": " + std::strerror(e), {}, exit_code::internal);
+  }
+  return path;
+}
+
+}  // namespace mltrain::transport

@@ -1,0 +1,86 @@
+// The local transport: the agent as a child process over two pipes. The only user of Boost.Process.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/process/child.hpp>
+#include <boost/process/io.hpp>
+#include <boost/process/posix.hpp>
+#include <cerrno>
+#include <cstring>
+#include <system_error>
+
+#include "runner/common/error.h"
+#include "runner/common/log.h"
+#include "runner/transport/transport.h"
+
+namespace bp = boost::process;
+
+namespace mltrain::transport {
+namespace {
+
+class LocalLink : public AgentLink {
+ public:
+  LocalLink(pid_t pid, int rfd, int wfd) : pid_(pid), rfd_(rfd), wfd_(wfd) {}
+  ~LocalLink() override {
+    if (rfd_ >= 0) ::close(rfd_);
+    if (wfd_ >= 0) ::close(wfd_);
+    // The agent sees EOF and stops its ranks within its grace period; reap it so it is no zombie.
+    for (int i = 0; i < 200; ++i) {
+      int status;
+      pid_t r = ::waitpid(pid_, &status, WNOHANG);
+      if (r == pid_ || (r < 0 && errno == ECHILD)) return;
+      ::usleep(50'000);
+    }
+    log::warn("transport", "local agent did not exit within 10s of its stream closing; killing it");
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  int read_fd() const override { return rfd_; }
+  int write_fd() const override { return wfd_; }
+  std::string describe() const override { return "localhost"; }
+  std::string address() const override { return "127.0.0.1"; }
+  // Closing our end is the agent's signal to stop its ranks; killing it would orphan them.
+  void kill() override {
+    if (wfd_ >= 0) ::close(wfd_);
+    wfd_ = -1;
+  }
+
+ private:
+  pid_t pid_;
+  int rfd_, wfd_;
+};
+
+class LocalTransport : public Transport {
+ public:
+  std::unique_ptr<AgentLink> connect(const plan::HostPlan&) override {
+    std::string agent = local_agent_path();
+    int to_agent[2], from_agent[2];
+    if (::pipe2(to_agent, O_CLOEXEC) != 0 || ::pipe2(from_agent, O_CLOEXEC) != 0)
+      throw Error(std::string("cannot create pipes for the local agent: ") + std::strerror(errno), {},
+                  exit_code::host_failure);
+    std::error_code ec;
+    bp::child child(agent, bp::posix::fd.bind(0, to_agent[0]), bp::posix::fd.bind(1, from_agent[1]), ec);
+    ::close(to_agent[0]);
+    ::close(from_agent[1]);
+    if (ec) {
+      ::close(to_agent[1]);
+      ::close(from_agent[0]);
+      throw Error("cannot start the local agent " + agent + ": " + ec.message(),
+                  "check that " + agent + " is executable (MLTRAIN_HOME on a noexec mount?)", exit_code::host_failure);
+    }
+    pid_t pid = child.id();
+    child.detach();  // the link reaps it; boost would terminate it on destruction otherwise
+    ::fcntl(from_agent[0], F_SETFL, ::fcntl(from_agent[0], F_GETFL) | O_NONBLOCK);
+    ::fcntl(to_agent[1], F_SETFL, ::fcntl(to_agent[1], F_GETFL) | O_NONBLOCK);
+    log::debug("transport", "local agent pid " + std::to_string(pid));
+    return std::make_unique<LocalLink>(pid, from_agent[0], to_agent[1]);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_local_transport() { return std::make_unique<LocalTransport>(); }
+
+}  // namespace mltrain::transport
