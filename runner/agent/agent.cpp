@@ -13,6 +13,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <string>
@@ -26,6 +27,7 @@ namespace mltrain::agent {
 namespace {
 
 constexpr size_t kReadChunk = 64 * 1024;
+constexpr int64_t kLostLauncherGraceMs = 2000;
 constexpr size_t kOutboxHighWater = 8u << 20;  // stop reading ranks' pipes above this backlog
 
 int64_t now_ms() {
@@ -119,8 +121,10 @@ void Agent::teardown_and_exit_soon(const char* why) {
   if (exiting_) return;
   if (any_alive()) log_err("%s; stopping this host's ranks", why);
   exiting_ = true;
-  start_terminate(grace_ms_);
-  exit_deadline_ms_ = now_ms() + grace_ms_ + 2000;
+  // Nobody waits on a lost launcher's job: a short grace, so nothing outlives it by long.
+  int64_t grace = std::min<int64_t>(grace_ms_, kLostLauncherGraceMs);
+  start_terminate(grace);
+  exit_deadline_ms_ = now_ms() + grace + 2000;
 }
 
 bool Agent::any_alive() const {

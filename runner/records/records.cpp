@@ -213,6 +213,7 @@ std::vector<RunRecord> list() {
       log::debug("records", std::string("skipping ") + e.what());
     }
   }
+  std::stable_sort(out.begin(), out.end(), [](const RunRecord& a, const RunRecord& b) { return a.started_at < b.started_at; });
   return out;
 }
 

@@ -290,7 +290,7 @@ void Gang::on_frame(size_t i, const proto::Frame& f) {
         std::snprintf(after, sizeof after, "%.1fs", secs);
         fail_first(int(f.id), h.plan->host.name, code, WIFSIGNALED(r.status) ? WTERMSIG(r.status) : 0,
                    (plan_.multi_host ? h.link->describe() + ": " : std::string()) + "rank " + std::to_string(f.id) +
-                       " exited with " + describe_status(r.status) + " after " + after + " (first failure)");
+                       " failed with " + describe_status(r.status) + " after " + after + " (first failure)");
       }
       break;
     }
