@@ -1,0 +1,103 @@
+// mltrain::comm — collectives for CPU workers: a token-checked TCP store for rendezvous,
+// shared-memory rings between ranks on one host, TCP between hosts.
+//
+// Contract: one Communicator per rank; calls are collective (every rank makes the same calls in
+// the same order with the same count/dtype/op/root) and blocking; a Communicator is not
+// thread-safe. Every call finishes, or throws mltrain::comm::Error within the timeout naming the
+// peer rank and host that did not answer. After an Error the communicator is broken: further
+// calls throw.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace mltrain::comm {
+
+enum class DataType : int { f32 = 0, f64 = 1, f16 = 2, bf16 = 3, i32 = 4, i64 = 5, u8 = 6 };
+enum class ReduceOp : int { sum = 0, prod = 1, min = 2, max = 3, avg = 4 };
+enum class Transport : int { automatic = 0, tcp = 1, shm = 2 };
+
+std::size_t size_of(DataType dtype);
+std::string_view name_of(DataType dtype);
+std::string_view name_of(ReduceOp op);
+std::optional<DataType> parse_dtype(std::string_view text);
+std::optional<ReduceOp> parse_redop(std::string_view text);
+
+// The one exception type. peer_rank() is -1 when no single peer is to blame.
+class Error : public std::runtime_error {
+public:
+  enum class Kind { usage, store, timeout, peer_closed, mismatch, internal };
+  Error(Kind kind, const std::string& what, int peer_rank = -1, std::string peer_host = {});
+  Kind kind() const noexcept { return kind_; }
+  int peer_rank() const noexcept { return peer_rank_; }
+  const std::string& peer_host() const noexcept { return peer_host_; }
+
+private:
+  Kind kind_;
+  int peer_rank_;
+  std::string peer_host_;
+};
+
+// Everything init needs. from_env() reads the variables listed in docs/comm.md.
+struct Options {
+  int rank = 0;
+  int world_size = 1;
+  std::string store_addr;  // host:port of the store (rank 0 hosts it)
+  std::string token;       // MLTRAIN_TOKEN, proved on every connection
+  bool host_store = true;  // rank 0 starts the store server itself
+  std::chrono::milliseconds timeout{300000};
+  Transport transport = Transport::automatic;  // automatic: shm on one host, TCP across hosts
+  std::size_t shm_bytes = 1u << 20;            // ring capacity per direction per pair
+  std::size_t chunk_bytes = 128u << 10;        // pipeline piece
+  std::size_t small_bytes = 64u << 10;         // below: latency-oriented algorithm
+  int spin_us = 50;                            // spin (with yields) before blocking
+  std::string host;                            // host identity; default gethostname()
+
+  static Options from_env();
+};
+
+class Communicator {
+public:
+  // Reads Options::from_env() and joins the job; throws Error.
+  static std::unique_ptr<Communicator> init_from_env();
+  static std::unique_ptr<Communicator> create(const Options& options);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const noexcept;
+  int size() const noexcept;
+  const std::string& host() const noexcept;
+
+  // recv may equal send (in place). Buffers hold count elements, naturally aligned.
+  void allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op);
+  void allreduce(void* buf, std::size_t count, DataType dtype, ReduceOp op) {
+    allreduce(buf, buf, count, dtype, op);
+  }
+  void broadcast(void* buf, std::size_t count, DataType dtype, int root);
+  // recv holds size()*count elements; rank i's send lands at recv + i*count. send may alias it.
+  void allgather(const void* send, void* recv, std::size_t count, DataType dtype);
+  // send holds size()*recv_count elements; this rank gets the reduced block rank()*recv_count.
+  void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType dtype,
+                      ReduceOp op);
+  void barrier();
+
+  // Room for the parameter-server calls (push/pull/push_pull) of a later issue.
+
+  struct Impl;
+
+private:
+  explicit Communicator(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// "NCCL backend: built without NCCL" / "NCCL not found (libnccl.so.2: ...)" / "NCCL 2.x found".
+std::string nccl_status();
+
+}  // namespace mltrain::comm

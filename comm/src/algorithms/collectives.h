@@ -1,0 +1,58 @@
+// Collective algorithms over links: ring (reduce-scatter + allgather, pipelined) for large
+// messages, recursive doubling for small ones on power-of-two worlds, chain broadcast, ring
+// allgather/reduce-scatter, and a barrier. They see links and the engine only, never sockets.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "algorithms/engine.h"
+#include "mltrain/comm.hpp"
+
+namespace mltrain::comm::detail {
+
+inline constexpr std::uint32_t kCollMagic = 0x4d4c4343;  // "MLCC"
+inline constexpr std::uint16_t kCollVersion = 1;
+
+enum class Coll : std::uint8_t { allreduce = 1, broadcast = 2, allgather = 3, reduce_scatter = 4,
+                                 barrier = 5 };
+const char* coll_name(Coll coll);
+
+// Sent to each peer at the start of every collective and compared on arrival, so ranks that
+// disagree on the call fail with a message naming both sides instead of corrupting data.
+struct WireHeader {
+  std::uint32_t magic = kCollMagic;
+  std::uint16_t version = kCollVersion;
+  std::uint8_t coll = 0;
+  std::uint8_t dtype = 0;
+  std::uint8_t redop = 0;
+  std::uint8_t reserved[3] = {};
+  std::int32_t root = 0;
+  std::uint64_t count = 0;
+  std::uint64_t seq = 0;
+};
+static_assert(sizeof(WireHeader) == 32);
+
+struct Context {
+  int rank = 0;
+  int size = 1;
+  std::function<Link*(int)> link;  // connects on first use
+  EngineConfig engine;
+  std::size_t small_bytes = 64u << 10;
+  std::vector<std::byte>* scratch = nullptr;
+  WireHeader header;  // this rank's view of the call (seq, coll, dtype, ...)
+};
+
+// Throws Error(mismatch) naming both calls when theirs differs from mine.
+void check_header(const WireHeader& mine, const WireHeader& theirs, const Link& from);
+
+void allreduce(Context& ctx, const void* send, void* recv, std::size_t count, DataType dtype,
+               ReduceOp op);
+void broadcast(Context& ctx, void* buf, std::size_t count, DataType dtype, int root);
+void allgather(Context& ctx, const void* send, void* recv, std::size_t count, DataType dtype);
+void reduce_scatter(Context& ctx, const void* send, void* recv, std::size_t recv_count,
+                    DataType dtype, ReduceOp op);
+void barrier(Context& ctx);
+
+}  // namespace mltrain::comm::detail

@@ -1,0 +1,50 @@
+// The progress engine every algorithm runs on: a list of steps, each sending one buffer on one
+// link and receiving (copying or reducing) one buffer from another. Send and receive streams
+// advance independently and in pieces, so a ring pipelines send, receive and reduce; a send may
+// depend byte-for-byte on an earlier step's receive (send_dep), which is what chains ring steps.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/reduce.h"
+#include "transport/link.h"
+#include "transport/socket.h"
+
+namespace mltrain::comm::detail {
+
+struct Step {
+  Link* tx = nullptr;
+  const void* send = nullptr;
+  std::size_t send_bytes = 0;
+  int send_dep = -1;  // index of the step whose received bytes this step sends on
+
+  Link* rx = nullptr;
+  void* recv = nullptr;
+  const void* own = nullptr;  // reduce: recv = own op incoming
+  std::size_t recv_bytes = 0;
+  int recv_dep = -1;  // index of the step whose sent bytes this step's receive may overwrite
+  bool reduce = false;
+  bool finalize = false;  // apply the finalizer (avg) to each reduced piece
+  bool align = false;     // pad both streams to 8 bytes first (headers start collectives)
+  bool header = false;    // call on_header when received
+};
+
+struct EngineConfig {
+  std::size_t elem = 1;
+  ReduceFn reduce = nullptr;
+  std::function<void(void*, std::size_t)> finalize;
+  std::function<void(std::size_t)> on_header;
+  std::size_t piece = 128u << 10;
+  int spin_us = 50;
+  Bell* bell = nullptr;
+  std::chrono::milliseconds timeout{300000};  // longest stretch without progress
+};
+
+// Runs the steps to completion; throws Error(timeout / peer_closed) naming the peer.
+void run_steps(std::vector<Step>& steps, const EngineConfig& config);
+
+}  // namespace mltrain::comm::detail

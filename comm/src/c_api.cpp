@@ -1,0 +1,112 @@
+// The C API: a thin shell over the C++ one; errors become codes plus a thread-local message.
+#include "mltrain/comm.h"
+
+#include <string>
+
+#include "mltrain/comm.hpp"
+
+struct mltrain_comm {
+  std::unique_ptr<mltrain::comm::Communicator> impl;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+int code_of(mltrain::comm::Error::Kind kind) {
+  using K = mltrain::comm::Error::Kind;
+  switch (kind) {
+  case K::usage: return MLTRAIN_COMM_EUSAGE;
+  case K::store: return MLTRAIN_COMM_ESTORE;
+  case K::timeout: return MLTRAIN_COMM_ETIMEOUT;
+  case K::peer_closed: return MLTRAIN_COMM_EPEER;
+  case K::mismatch: return MLTRAIN_COMM_EMISMATCH;
+  case K::internal: return MLTRAIN_COMM_EINTERNAL;
+  }
+  return MLTRAIN_COMM_EINTERNAL;
+}
+
+template <class F> int guarded(mltrain_comm_t* comm, F&& f) {
+  if (comm == nullptr || !comm->impl) {
+    last_error = "mltrain-comm: null communicator";
+    return MLTRAIN_COMM_EUSAGE;
+  }
+  try {
+    f(*comm->impl);
+    return MLTRAIN_COMM_OK;
+  } catch (const mltrain::comm::Error& e) {
+    last_error = e.what();
+    return code_of(e.kind());
+  } catch (const std::exception& e) {  // e.g. bad_alloc: must not cross the C boundary
+    last_error = std::string("mltrain-comm: ") + e.what();
+    return MLTRAIN_COMM_EINTERNAL;
+  }
+}
+
+mltrain::comm::DataType dt(int v) { return static_cast<mltrain::comm::DataType>(v); }
+mltrain::comm::ReduceOp op(int v) { return static_cast<mltrain::comm::ReduceOp>(v); }
+
+}  // namespace
+
+extern "C" {
+
+int mltrain_comm_init_from_env(mltrain_comm_t** out) {
+  if (out == nullptr) {
+    last_error = "mltrain-comm: null output pointer";
+    return MLTRAIN_COMM_EUSAGE;
+  }
+  *out = nullptr;
+  auto holder = std::make_unique<mltrain_comm>();
+  try {
+    holder->impl = mltrain::comm::Communicator::init_from_env();
+  } catch (const mltrain::comm::Error& e) {
+    last_error = e.what();
+    return code_of(e.kind());
+  } catch (const std::exception& e) {
+    last_error = std::string("mltrain-comm: ") + e.what();
+    return MLTRAIN_COMM_EINTERNAL;
+  }
+  *out = holder.release();
+  return MLTRAIN_COMM_OK;
+}
+
+int mltrain_comm_destroy(mltrain_comm_t* comm) {
+  delete comm;
+  return MLTRAIN_COMM_OK;
+}
+
+int mltrain_comm_rank(const mltrain_comm_t* comm) {
+  return comm != nullptr && comm->impl ? comm->impl->rank() : -1;
+}
+
+int mltrain_comm_size(const mltrain_comm_t* comm) {
+  return comm != nullptr && comm->impl ? comm->impl->size() : -1;
+}
+
+int mltrain_comm_allreduce(mltrain_comm_t* comm, const void* send, void* recv, size_t count,
+                           int dtype, int redop) {
+  return guarded(comm, [&](auto& c) { c.allreduce(send, recv, count, dt(dtype), op(redop)); });
+}
+
+int mltrain_comm_broadcast(mltrain_comm_t* comm, void* buf, size_t count, int dtype, int root) {
+  return guarded(comm, [&](auto& c) { c.broadcast(buf, count, dt(dtype), root); });
+}
+
+int mltrain_comm_allgather(mltrain_comm_t* comm, const void* send, void* recv, size_t count,
+                           int dtype) {
+  return guarded(comm, [&](auto& c) { c.allgather(send, recv, count, dt(dtype)); });
+}
+
+int mltrain_comm_reduce_scatter(mltrain_comm_t* comm, const void* send, void* recv,
+                                size_t recv_count, int dtype, int redop) {
+  return guarded(comm,
+                 [&](auto& c) { c.reduce_scatter(send, recv, recv_count, dt(dtype), op(redop)); });
+}
+
+int mltrain_comm_barrier(mltrain_comm_t* comm) {
+  return guarded(comm, [&](auto& c) { c.barrier(); });
+}
+
+const char* mltrain_comm_last_error(void) { return last_error.c_str(); }
+
+}  // extern "C"

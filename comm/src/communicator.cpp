@@ -1,0 +1,420 @@
+// Communicator: joins the job through the store, connects links on first use (shm to ranks on
+// the same host, TCP otherwise), runs collectives, and turns failures into one message that
+// names the rank that failed first.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <random>
+#include <thread>
+#include <unistd.h>
+
+#include "algorithms/collectives.h"
+#include "mltrain/comm.hpp"
+#include "rendezvous/store.h"
+#include "transport/shm_link.h"
+#include "transport/tcp_link.h"
+
+namespace mltrain::comm {
+
+using namespace detail;
+
+namespace {
+
+struct PeerInfo {
+  std::string host;  // identity, also shown in messages
+  std::string ip;
+  int port = 0;
+  int pid = 0;
+};
+
+std::string this_host() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
+  return buf;
+}
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (true) {
+    const auto nl = text.find('\n', start);
+    out.push_back(text.substr(start, nl == std::string::npos ? std::string::npos : nl - start));
+    if (nl == std::string::npos) return out;
+    start = nl + 1;
+  }
+}
+
+std::string hex64(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+}  // namespace
+
+struct Communicator::Impl {
+  Options opt;
+  std::string host;
+  std::unique_ptr<StoreServer> server;
+  std::unique_ptr<StoreClient> store;
+  std::uint64_t session = 0;
+  std::string session_hex;
+  Fd listener;
+  int listen_port = 0;
+  std::unique_ptr<ShmMapping> bell_map;
+  Bell local_bell;  // used when shared memory is off
+  Bell* bell = &local_bell;
+  std::vector<PeerInfo> peers;
+  std::map<int, std::unique_ptr<Link>> links;
+  std::map<int, Fd> accepted;  // connections from lower ranks not claimed yet
+  std::vector<std::byte> scratch;
+  std::uint64_t seq = 0;
+  bool broken = false;
+  std::string broken_reason;
+
+  explicit Impl(const Options& o);
+  ~Impl();
+  Deadline deadline() const { return Clock::now() + opt.timeout; }
+  std::string me() const {
+    return "rank " + std::to_string(opt.rank) + " (" + host + ")";
+  }
+  std::string label(int peer) const {
+    return "rank " + std::to_string(peer) + " (" + peers[static_cast<std::size_t>(peer)].host + ")";
+  }
+  Link* link(int peer);
+  Fd accept_from(int peer);
+  bool wants_shm(int peer) const;
+  template <class Body>
+  void collective(Coll coll, DataType dtype, ReduceOp op, int root, std::size_t count, Body&& body);
+  [[noreturn]] void fail(Coll coll, const Error& e);
+};
+
+Communicator::Impl::Impl(const Options& o) : opt(o) {
+  if (opt.world_size < 1 || opt.world_size > 4096)
+    throw Error(Error::Kind::usage, "WORLD_SIZE=" + std::to_string(opt.world_size) +
+                                        " is out of range (1..4096)");
+  if (opt.rank < 0 || opt.rank >= opt.world_size)
+    throw Error(Error::Kind::usage, "RANK=" + std::to_string(opt.rank) + " is not in 0.." +
+                                        std::to_string(opt.world_size - 1));
+  host = opt.host.empty() ? this_host() : opt.host;
+  opt.shm_bytes = std::max<std::size_t>((opt.shm_bytes + 4095) / 4096 * 4096, 64u << 10);
+  opt.chunk_bytes = std::max<std::size_t>(opt.chunk_bytes, 4096);
+  peers.resize(static_cast<std::size_t>(opt.world_size));
+  peers[static_cast<std::size_t>(opt.rank)].host = host;
+  if (opt.world_size == 1) return;  // nothing to join
+
+  const Deadline dl = deadline();
+  if (opt.rank == 0 && opt.host_store)
+    server = std::make_unique<StoreServer>(split_host_port(opt.store_addr).second, opt.token);
+  store = std::make_unique<StoreClient>(opt.store_addr, opt.token, opt.rank, dl);
+  if (opt.rank == 0) {
+    std::random_device rd;
+    session = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^
+              static_cast<std::uint64_t>(Clock::now().time_since_epoch().count());
+    session_hex = hex64(session);
+    store->set("session", session_hex, dl);
+  } else {
+    session_hex = store->wait("session", dl);
+    session = std::stoull(session_hex, nullptr, 16);
+  }
+  auto [fd, port] = listen_tcp(0);
+  listener = std::move(fd);
+  listen_port = port;
+  if (opt.transport != Transport::tcp) {
+    bell_map = std::make_unique<ShmMapping>(
+        "/mltrain-" + session_hex + "-bell-" + std::to_string(opt.rank), 4096, true);
+    bell = new (bell_map->data()) Bell{};
+  }
+  store->set("rank/" + std::to_string(opt.rank),
+             host + "\n" + store->local_address() + "\n" + std::to_string(listen_port) + "\n" +
+                 std::to_string(::getpid()),
+             dl);
+  for (int p = 0; p < opt.world_size; ++p) {
+    if (p == opt.rank) continue;
+    std::string info;
+    try {
+      info = store->wait("rank/" + std::to_string(p), dl);
+    } catch (const Error& e) {
+      if (e.kind() != Error::Kind::timeout) throw;
+      throw Error(Error::Kind::timeout,
+                  "mltrain-comm: " + me() + ": rank " + std::to_string(p) +
+                      " did not join through the store at " + opt.store_addr + " within " +
+                      std::to_string(opt.timeout.count() / 1000) + " s (is it running?)",
+                  p);
+    }
+    const auto lines = split_lines(info);
+    if (lines.size() < 4) throw Error(Error::Kind::store, "bad rank record for rank " + std::to_string(p));
+    PeerInfo& pi = peers[static_cast<std::size_t>(p)];
+    pi.host = lines[0];
+    pi.ip = lines[1];
+    pi.port = std::stoi(lines[2]);
+    pi.pid = std::stoi(lines[3]);
+  }
+  // Ring neighbours now, so later failures are about collectives, not setup.
+  link((opt.rank + 1) % opt.world_size);
+  link((opt.rank + opt.world_size - 1) % opt.world_size);
+}
+
+Communicator::Impl::~Impl() {
+  for (auto& [peer, l] : links) l->close();
+  links.clear();
+}
+
+bool Communicator::Impl::wants_shm(int peer) const {
+  if (opt.transport == Transport::shm) return true;
+  if (opt.transport == Transport::tcp) return false;
+  return peers[static_cast<std::size_t>(peer)].host == host;
+}
+
+Fd Communicator::Impl::accept_from(int peer) {
+  if (auto it = accepted.find(peer); it != accepted.end()) {
+    Fd fd = std::move(it->second);
+    accepted.erase(it);
+    return fd;
+  }
+  const Deadline dl = deadline();
+  while (true) {
+    Fd fd = accept_tcp(listener.get(), dl);
+    if (!fd)
+      throw Error(Error::Kind::timeout, label(peer) + " did not connect within " +
+                                            std::to_string(opt.timeout.count() / 1000) + " s",
+                  peer, peers[static_cast<std::size_t>(peer)].host);
+    LinkHello hello;
+    const std::string from = peer_name(fd.get());
+    try {
+      recv_all(fd.get(), &hello, sizeof hello, std::min(dl, Clock::now() + std::chrono::seconds(10)),
+               "connection from " + from);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "mltrain-comm %s: dropped %s\n", me().c_str(), e.what());
+      continue;
+    }
+    if (hello.magic != kLinkMagic || hello.version != kLinkVersion || hello.session != session ||
+        hello.to_rank != opt.rank || hello.from_rank < 0 || hello.from_rank >= opt.world_size) {
+      std::fprintf(stderr,
+                   "mltrain-comm %s: refused connection from %s: %s\n", me().c_str(), from.c_str(),
+                   hello.magic != kLinkMagic || hello.version != kLinkVersion
+                       ? "bad magic or wire version"
+                       : "not from this job (session or rank mismatch)");
+      continue;
+    }
+    if (hello.from_rank == peer) return fd;
+    accepted[hello.from_rank] = std::move(fd);
+  }
+}
+
+Link* Communicator::Impl::link(int peer) {
+  if (auto it = links.find(peer); it != links.end()) return it->second.get();
+  const PeerInfo& pi = peers[static_cast<std::size_t>(peer)];
+  const Deadline dl = deadline();
+  const int r = opt.rank;
+  std::unique_ptr<Link> made;
+  if (wants_shm(peer)) {
+    const int a = std::min(r, peer), b = std::max(r, peer);
+    const std::string pair = std::to_string(a) + "-" + std::to_string(b);
+    const std::string name = "/mltrain-" + session_hex + "-" + pair;
+    const std::size_t bytes = ShmLink::segment_bytes(opt.shm_bytes);
+    std::unique_ptr<ShmMapping> segment;
+    if (r == a) {
+      segment = std::make_unique<ShmMapping>(name, bytes, true);
+      ShmLink::init_segment(segment->data(), opt.shm_bytes);
+      store->set("shm/" + pair, name, dl);
+    } else {
+      store->wait("shm/" + pair, dl);
+      segment = std::make_unique<ShmMapping>(name, bytes, false);
+      segment->unlink();  // both ends mapped: nothing left behind if a process dies
+      ShmLink::check_segment(segment->data(), opt.shm_bytes, label(peer));
+    }
+    auto peer_bell = std::make_unique<ShmMapping>(
+        "/mltrain-" + session_hex + "-bell-" + std::to_string(peer), 4096, false);
+    made = std::make_unique<ShmLink>(std::move(segment), r == a ? 0 : 1, bell,
+                                     std::move(peer_bell), pi.pid, peer, pi.host);
+  } else {
+    Fd fd;
+    if (r < peer) {
+      fd = connect_tcp(pi.ip, pi.port, dl, me() + " connecting to " + label(peer));
+      LinkHello hello;
+      hello.from_rank = r;
+      hello.to_rank = peer;
+      hello.session = session;
+      send_all(fd.get(), &hello, sizeof hello, dl, "hello to " + label(peer));
+    } else {
+      fd = accept_from(peer);
+    }
+    made = std::make_unique<TcpLink>(std::move(fd), peer, pi.host,
+                                     std::max<std::size_t>(2 * opt.chunk_bytes, 256u << 10));
+  }
+  Link* raw = made.get();
+  links[peer] = std::move(made);
+  return raw;
+}
+
+template <class Body>
+void Communicator::Impl::collective(Coll coll, DataType dtype, ReduceOp op, int root,
+                                    std::size_t count, Body&& body) {
+  if (broken)
+    throw Error(Error::Kind::usage, "mltrain-comm: " + me() + ": " + coll_name(coll) +
+                                        " on a communicator broken by an earlier error: " +
+                                        broken_reason);
+  ++seq;
+  try {
+    if (static_cast<unsigned>(dtype) > 6u)
+      throw Error(Error::Kind::usage, "unknown dtype " + std::to_string(static_cast<int>(dtype)));
+    if (static_cast<unsigned>(op) > 4u)
+      throw Error(Error::Kind::usage, "unknown reduce op " + std::to_string(static_cast<int>(op)));
+    if (root < 0 || root >= opt.world_size)
+      throw Error(Error::Kind::usage, "root " + std::to_string(root) + " is not a rank");
+    Context ctx;
+    ctx.rank = opt.rank;
+    ctx.size = opt.world_size;
+    ctx.link = [this](int peer) { return link(peer); };
+    ctx.engine.piece = opt.chunk_bytes;
+    ctx.engine.spin_us = opt.spin_us;
+    ctx.engine.bell = bell;
+    ctx.engine.timeout = opt.timeout;
+    ctx.small_bytes = opt.small_bytes;
+    ctx.scratch = &scratch;
+    ctx.header.coll = static_cast<std::uint8_t>(coll);
+    ctx.header.dtype = static_cast<std::uint8_t>(dtype);
+    ctx.header.redop = static_cast<std::uint8_t>(op);
+    ctx.header.root = root;
+    ctx.header.count = count;
+    ctx.header.seq = seq;
+    body(ctx);
+  } catch (const Error& e) {
+    fail(coll, e);
+  }
+}
+
+void Communicator::Impl::fail(Coll coll, const Error& e) {
+  broken = true;
+  int culprit = e.kind() == Error::Kind::usage ? opt.rank : e.peer_rank();
+  std::string culprit_host = e.kind() == Error::Kind::usage ? host : e.peer_host();
+  std::string detail = e.what();
+  std::string first;  // the first failure in the job, when another rank reported it
+  if (store) {
+    // The rank that fails first publishes why before it closes its links; ranks that only saw
+    // a closed link report that root cause. Best effort: the store may be gone with rank 0.
+    const Deadline dl = Clock::now() + std::min<std::chrono::milliseconds>(opt.timeout, std::chrono::seconds(2));
+    try {
+      std::optional<std::string> found;
+      if (e.kind() == Error::Kind::timeout && e.peer_rank() >= 0) {
+        // The peer we waited on may itself be waiting on another rank: record whom we wait on,
+        // give the others a moment to do the same, and follow the chain to the rank that
+        // stopped (the one not waiting on anybody).
+        store->set("waiting/" + std::to_string(opt.rank), std::to_string(e.peer_rank()), dl);
+        const auto grace_end =
+            Clock::now() + std::min<std::chrono::milliseconds>(opt.timeout / 2, std::chrono::seconds(1));
+        while (Clock::now() < grace_end && !(found = store->get("abort", dl)))
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        if (!found) {
+          std::vector<bool> seen(peers.size(), false);
+          seen[static_cast<std::size_t>(opt.rank)] = true;
+          int at = e.peer_rank();
+          std::string chain;
+          while (!seen[static_cast<std::size_t>(at)]) {
+            seen[static_cast<std::size_t>(at)] = true;
+            const auto next = store->get("waiting/" + std::to_string(at), dl);
+            if (!next) break;
+            chain += ", which waits on rank " + *next;
+            at = std::stoi(*next);
+          }
+          if (at != e.peer_rank()) {
+            culprit = at;
+            culprit_host = peers[static_cast<std::size_t>(at)].host;
+            detail += "; rank " + std::to_string(e.peer_rank()) + chain + " (" + label(at) +
+                      " stopped making progress)";
+          }
+        }
+      }
+      if (!found) found = store->get("abort", dl);
+      if (!found) {
+        if (store->add("abort/claims", 1, dl) == 1) {
+          store->set("abort",
+                     std::to_string(culprit) + "\n" + culprit_host + "\n" + me() + ": " +
+                         coll_name(coll) + " #" + std::to_string(seq) + ": " + detail,
+                     dl);
+        } else {
+          for (int i = 0; i < 100 && !found; ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            found = store->get("abort", dl);
+          }
+        }
+      }
+      if (found) {
+        const auto lines = split_lines(*found);
+        if (lines.size() >= 3 && lines[2].rfind(me() + ":", 0) != 0) {
+          culprit = std::stoi(lines[0]);
+          culprit_host = lines[1];
+          first = lines[2];
+          for (std::size_t i = 3; i < lines.size(); ++i) first += "\n" + lines[i];
+        }
+      }
+    } catch (const Error&) {
+      // Store unreachable (rank 0 gone?): the local error below is all we can report.
+    }
+  }
+  for (auto& [peer, l] : links) l->close();
+  std::string msg = "mltrain-comm: " + me() + ": " + coll_name(coll) + " #" +
+                    std::to_string(seq) + ": " + detail;
+  if (!first.empty()) msg += "\n  first failure: " + first;
+  broken_reason = msg;
+  throw Error(e.kind(), msg, culprit, culprit_host);
+}
+
+Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Communicator::~Communicator() = default;
+
+std::unique_ptr<Communicator> Communicator::create(const Options& options) {
+  return std::unique_ptr<Communicator>(new Communicator(std::make_unique<Impl>(options)));
+}
+
+std::unique_ptr<Communicator> Communicator::init_from_env() { return create(Options::from_env()); }
+
+int Communicator::rank() const noexcept { return impl_->opt.rank; }
+int Communicator::size() const noexcept { return impl_->opt.world_size; }
+const std::string& Communicator::host() const noexcept { return impl_->host; }
+
+namespace {
+void require(bool ok, const char* what) {
+  if (!ok) throw Error(Error::Kind::usage, what);
+}
+}  // namespace
+
+void Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType dtype,
+                             ReduceOp op) {
+  impl_->collective(Coll::allreduce, dtype, op, 0, count, [&](Context& ctx) {
+    require(count == 0 || (send != nullptr && recv != nullptr), "null buffer");
+    detail::allreduce(ctx, send, recv, count, dtype, op);
+  });
+}
+
+void Communicator::broadcast(void* buf, std::size_t count, DataType dtype, int root) {
+  impl_->collective(Coll::broadcast, dtype, ReduceOp::sum, root, count, [&](Context& ctx) {
+    require(count == 0 || buf != nullptr, "null buffer");
+    detail::broadcast(ctx, buf, count, dtype, root);
+  });
+}
+
+void Communicator::allgather(const void* send, void* recv, std::size_t count, DataType dtype) {
+  impl_->collective(Coll::allgather, dtype, ReduceOp::sum, 0, count, [&](Context& ctx) {
+    require(count == 0 || (send != nullptr && recv != nullptr), "null buffer");
+    detail::allgather(ctx, send, recv, count, dtype);
+  });
+}
+
+void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count,
+                                  DataType dtype, ReduceOp op) {
+  impl_->collective(Coll::reduce_scatter, dtype, op, 0, recv_count, [&](Context& ctx) {
+    require(recv_count == 0 || (send != nullptr && recv != nullptr), "null buffer");
+    detail::reduce_scatter(ctx, send, recv, recv_count, dtype, op);
+  });
+}
+
+void Communicator::barrier() {
+  impl_->collective(Coll::barrier, DataType::u8, ReduceOp::sum, 0, 1,
+                    [&](Context& ctx) { detail::barrier(ctx); });
+}
+
+}  // namespace mltrain::comm

@@ -1,0 +1,180 @@
+#include "core/reduce.h"
+
+#include <cstring>
+#include <type_traits>
+
+namespace mltrain::comm::detail {
+
+namespace {
+
+inline std::uint32_t bits_of(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+inline float float_of(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+}  // namespace
+
+// After F. Giesen's half<->float conversions (public domain), round to nearest even.
+float f16_to_f32(std::uint16_t h) {
+  const std::uint32_t shifted_exp = 0x7c00u << 13;
+  std::uint32_t o = (static_cast<std::uint32_t>(h) & 0x7fffu) << 13;
+  const std::uint32_t exp = shifted_exp & o;
+  o += (127u - 15u) << 23;
+  if (exp == shifted_exp) {
+    o += (128u - 16u) << 23;  // Inf/NaN
+  } else if (exp == 0) {
+    o += 1u << 23;  // subnormal: renormalise
+    o = bits_of(float_of(o) - float_of(113u << 23));
+  }
+  return float_of(o | ((static_cast<std::uint32_t>(h) & 0x8000u) << 16));
+}
+
+std::uint16_t f32_to_f16(float f) {
+  std::uint32_t u = bits_of(f);
+  const std::uint32_t sign = u & 0x80000000u;
+  u ^= sign;
+  std::uint32_t o;
+  if (u >= (127u + 16u) << 23) {
+    o = (u > 255u << 23) ? 0x7e00u : 0x7c00u;  // NaN stays NaN, overflow goes to Inf
+  } else if (u < 113u << 23) {
+    const std::uint32_t magic = ((127u - 15u) + (23u - 10u) + 1u) << 23;
+    o = bits_of(float_of(u) + float_of(magic)) - magic;
+  } else {
+    const std::uint32_t mant_odd = (u >> 13) & 1u;
+    u += ((15u - 127u) << 23) + 0xfffu;
+    u += mant_odd;
+    o = u >> 13;
+  }
+  return static_cast<std::uint16_t>(o | (sign >> 16));
+}
+
+float bf16_to_f32(std::uint16_t h) { return float_of(static_cast<std::uint32_t>(h) << 16); }
+
+std::uint16_t f32_to_bf16(float f) {
+  const std::uint32_t u = bits_of(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
+  return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+namespace {
+
+struct Sum {
+  template <class T> static T apply(T a, T b) {
+    if constexpr (std::is_integral_v<T>) {
+      using U = std::make_unsigned_t<T>;  // wrap, never UB
+      return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+    } else {
+      return a + b;
+    }
+  }
+};
+struct Prod {
+  template <class T> static T apply(T a, T b) {
+    if constexpr (std::is_integral_v<T>) {
+      using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned,
+                                   std::make_unsigned_t<T>>;
+      return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+    } else {
+      return a * b;
+    }
+  }
+};
+struct Min {
+  template <class T> static T apply(T a, T b) { return b < a ? b : a; }
+};
+struct Max {
+  template <class T> static T apply(T a, T b) { return a < b ? b : a; }
+};
+
+struct F16 {
+  static float load(std::uint16_t v) { return f16_to_f32(v); }
+  static std::uint16_t store(float v) { return f32_to_f16(v); }
+};
+struct BF16 {
+  static float load(std::uint16_t v) { return bf16_to_f32(v); }
+  static std::uint16_t store(float v) { return f32_to_bf16(v); }
+};
+
+template <class T, class Op>
+void kernel_inplace(T* __restrict dst, const T* __restrict in, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) dst[i] = Op::apply(dst[i], in[i]);
+}
+template <class T, class Op>
+void kernel_3(T* __restrict dst, const T* __restrict own, const T* __restrict in, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) dst[i] = Op::apply(own[i], in[i]);
+}
+
+template <class T, class Op>
+void reduce_native(void* dst, const void* own, const void* in, std::size_t n) {
+  if (dst == own)
+    kernel_inplace<T, Op>(static_cast<T*>(dst), static_cast<const T*>(in), n);
+  else
+    kernel_3<T, Op>(static_cast<T*>(dst), static_cast<const T*>(own), static_cast<const T*>(in),
+                    n);
+}
+
+template <class H, class Op>
+void kernel_half(std::uint16_t* dst, const std::uint16_t* own, const std::uint16_t* __restrict in,
+                 std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i)
+    dst[i] = H::store(Op::apply(H::load(own[i]), H::load(in[i])));
+}
+template <class H, class Op>
+void reduce_half(void* dst, const void* own, const void* in, std::size_t n) {
+  kernel_half<H, Op>(static_cast<std::uint16_t*>(dst), static_cast<const std::uint16_t*>(own),
+                     static_cast<const std::uint16_t*>(in), n);
+}
+
+template <class Op> ReduceFn pick(DataType dtype) {
+  switch (dtype) {
+  case DataType::f32: return reduce_native<float, Op>;
+  case DataType::f64: return reduce_native<double, Op>;
+  case DataType::f16: return reduce_half<F16, Op>;
+  case DataType::bf16: return reduce_half<BF16, Op>;
+  case DataType::i32: return reduce_native<std::int32_t, Op>;
+  case DataType::i64: return reduce_native<std::int64_t, Op>;
+  case DataType::u8: return reduce_native<std::uint8_t, Op>;
+  }
+  throw Error(Error::Kind::usage, "unknown dtype " + std::to_string(static_cast<int>(dtype)));
+}
+
+template <class T> void divide(T* buf, std::size_t n, int world) {
+  for (std::size_t i = 0; i < n; ++i) buf[i] = static_cast<T>(buf[i] / static_cast<T>(world));
+}
+template <class H> void divide_half(std::uint16_t* buf, std::size_t n, int world) {
+  for (std::size_t i = 0; i < n; ++i)
+    buf[i] = H::store(H::load(buf[i]) / static_cast<float>(world));
+}
+
+}  // namespace
+
+ReduceFn reduce_fn(DataType dtype, ReduceOp op) {
+  switch (op) {
+  case ReduceOp::sum:
+  case ReduceOp::avg: return pick<Sum>(dtype);
+  case ReduceOp::prod: return pick<Prod>(dtype);
+  case ReduceOp::min: return pick<Min>(dtype);
+  case ReduceOp::max: return pick<Max>(dtype);
+  }
+  throw Error(Error::Kind::usage, "unknown reduce op " + std::to_string(static_cast<int>(op)));
+}
+
+void finalize_avg(void* buf, std::size_t n, DataType dtype, int world) {
+  switch (dtype) {
+  case DataType::f32: return divide(static_cast<float*>(buf), n, world);
+  case DataType::f64: return divide(static_cast<double*>(buf), n, world);
+  case DataType::f16: return divide_half<F16>(static_cast<std::uint16_t*>(buf), n, world);
+  case DataType::bf16: return divide_half<BF16>(static_cast<std::uint16_t*>(buf), n, world);
+  case DataType::i32: return divide(static_cast<std::int32_t*>(buf), n, world);
+  case DataType::i64: return divide(static_cast<std::int64_t*>(buf), n, world);
+  case DataType::u8: return divide(static_cast<std::uint8_t*>(buf), n, world);
+  }
+}
+
+}  // namespace mltrain::comm::detail

@@ -1,0 +1,59 @@
+// The rendezvous store: a small TCP key-value store that rank 0 hosts. Every connection opens
+// with a hello (magic, version, rank, MLTRAIN_TOKEN); a wrong token is refused and logged.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "transport/socket.h"
+
+namespace mltrain::comm::detail {
+
+inline constexpr std::uint32_t kStoreMagic = 0x4d4c5354;  // "MLST"
+inline constexpr std::uint16_t kStoreVersion = 1;
+
+class StoreServer {
+public:
+  // Listens on all interfaces at port (0 picks a free one) and serves from a thread.
+  StoreServer(int port, std::string token);
+  ~StoreServer();
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+  int port() const { return port_; }
+
+private:
+  void serve();
+  Fd listen_;
+  int port_ = 0;
+  std::string token_;
+  Fd wake_read_, wake_write_;
+  std::thread thread_;
+};
+
+class StoreClient {
+public:
+  // Connects (retrying until connect_deadline, the server may start later) and proves the token.
+  StoreClient(std::string addr, std::string token, int rank, Deadline connect_deadline);
+  void set(const std::string& key, const std::string& value, Deadline deadline);
+  std::optional<std::string> get(const std::string& key, Deadline deadline);
+  // Blocks until the key exists; throws Error(timeout) naming the key at the deadline.
+  std::string wait(const std::string& key, Deadline deadline);
+  std::int64_t add(const std::string& key, std::int64_t delta, Deadline deadline);
+  // The local address that routes to the store's host: what peers on other hosts can reach.
+  std::string local_address() const { return local_ip_; }
+  const std::string& addr() const { return addr_; }
+
+private:
+  void ensure_connected(Deadline deadline);
+  void request(const std::string& frame, Deadline deadline);
+  void read_exact(void* data, std::size_t n, Deadline deadline);
+  std::string addr_, token_;
+  int rank_;
+  Fd fd_;
+  std::string local_ip_;
+};
+
+}  // namespace mltrain::comm::detail

@@ -1,0 +1,3 @@
+#include "mltrain/bench.hpp"
+
+int main(int argc, char** argv) { return mltrain::comm::bench_main(argc, argv); }

@@ -1,0 +1,445 @@
+// libmltrain-comm: ranks run as threads in this process over the real transports (shared
+// memory and TCP), like gloo's tests. Reference results are computed here in the same dtype
+// semantics: integers exact (wrapping), floats within n*u*sum|x| (docs/comm.md).
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "core/reduce.h"
+#include "rendezvous/store.h"
+#include "mltrain/comm.h"
+#include "mltrain/comm.hpp"
+
+using namespace mltrain::comm;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct World {
+  int size;
+  Transport transport;
+};
+
+// Runs fn(comm) on `size` threads, each with its own Communicator; rethrows the first failure.
+void run_ranks(int size, Transport transport, const std::function<void(Communicator&)>& fn,
+               std::chrono::milliseconds timeout = 20s) {
+  detail::StoreServer server(0, "secret");
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::string failure;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        Options o;
+        o.rank = r;
+        o.world_size = size;
+        o.store_addr = "127.0.0.1:" + std::to_string(server.port());
+        o.token = "secret";
+        o.host_store = false;
+        o.timeout = timeout;
+        o.transport = transport;
+        o.host = "testhost";
+        o.spin_us = 5;
+        o.shm_bytes = 256u << 10;  // small rings: exercise wrap-around and back-pressure
+        o.chunk_bytes = 32u << 10;
+        o.small_bytes = 16u << 10;
+        auto comm = Communicator::create(o);
+        fn(*comm);
+      } catch (const std::exception& e) {
+        std::lock_guard lock(mu);
+        if (failure.empty()) failure = "rank " + std::to_string(r) + ": " + e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (!failure.empty()) FAIL(failure);
+}
+
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Input element i of rank r, as a double exactly representable in dtype.
+double input(DataType dt, ReduceOp op, int r, std::size_t i) {
+  const std::uint64_t h = mix(i * 131 + static_cast<std::uint64_t>(r) * 7919 + static_cast<std::uint64_t>(op));
+  const double unit = static_cast<double>(h >> 11) / 9007199254740992.0;  // [0,1)
+  const bool integral = dt == DataType::i32 || dt == DataType::i64 || dt == DataType::u8;
+  double v;
+  if (op == ReduceOp::prod) v = integral ? static_cast<double>(1 + h % 2) : 0.9 + 0.2 * unit;
+  else if (integral) v = dt == DataType::u8 ? static_cast<double>(h % 7) : static_cast<double>(static_cast<std::int64_t>(h % 2001) - 1000);
+  else v = 2 * unit - 1;
+  if (dt == DataType::f16) v = detail::f16_to_f32(detail::f32_to_f16(static_cast<float>(v)));
+  if (dt == DataType::bf16) v = detail::bf16_to_f32(detail::f32_to_bf16(static_cast<float>(v)));
+  if (dt == DataType::f32) v = static_cast<float>(v);
+  return v;
+}
+
+void put(void* buf, std::size_t i, DataType dt, double v) {
+  switch (dt) {
+  case DataType::f32: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
+  case DataType::f64: static_cast<double*>(buf)[i] = v; break;
+  case DataType::f16: static_cast<std::uint16_t*>(buf)[i] = detail::f32_to_f16(static_cast<float>(v)); break;
+  case DataType::bf16: static_cast<std::uint16_t*>(buf)[i] = detail::f32_to_bf16(static_cast<float>(v)); break;
+  case DataType::i32: static_cast<std::int32_t*>(buf)[i] = static_cast<std::int32_t>(v); break;
+  case DataType::i64: static_cast<std::int64_t*>(buf)[i] = static_cast<std::int64_t>(v); break;
+  case DataType::u8: static_cast<std::uint8_t*>(buf)[i] = static_cast<std::uint8_t>(v); break;
+  }
+}
+
+double get(const void* buf, std::size_t i, DataType dt) {
+  switch (dt) {
+  case DataType::f32: return static_cast<const float*>(buf)[i];
+  case DataType::f64: return static_cast<const double*>(buf)[i];
+  case DataType::f16: return detail::f16_to_f32(static_cast<const std::uint16_t*>(buf)[i]);
+  case DataType::bf16: return detail::bf16_to_f32(static_cast<const std::uint16_t*>(buf)[i]);
+  case DataType::i32: return static_cast<const std::int32_t*>(buf)[i];
+  case DataType::i64: return static_cast<double>(static_cast<const std::int64_t*>(buf)[i]);
+  case DataType::u8: return static_cast<const std::uint8_t*>(buf)[i];
+  }
+  return 0;
+}
+
+double unit_roundoff(DataType dt) {
+  switch (dt) {
+  case DataType::f32: return std::ldexp(1.0, -24);
+  case DataType::f64: return std::ldexp(1.0, -53);
+  case DataType::f16: return std::ldexp(1.0, -11);
+  case DataType::bf16: return std::ldexp(1.0, -8);
+  default: return 0;
+  }
+}
+
+// Integer reference in the dtype's wrapping arithmetic.
+std::int64_t wrap(DataType dt, std::int64_t v) {
+  if (dt == DataType::i32) return static_cast<std::int32_t>(static_cast<std::uint32_t>(v));
+  if (dt == DataType::u8) return static_cast<std::uint8_t>(v);
+  return v;
+}
+
+// Checks element i of a reduced result; returns an error text or empty.
+std::string check_reduced(DataType dt, ReduceOp op, int n, std::size_t i, double got) {
+  const bool integral = dt == DataType::i32 || dt == DataType::i64 || dt == DataType::u8;
+  if (integral) {
+    std::int64_t acc = static_cast<std::int64_t>(input(dt, op, 0, i));
+    for (int r = 1; r < n; ++r) {
+      const auto v = static_cast<std::int64_t>(input(dt, op, r, i));
+      switch (op) {
+      case ReduceOp::prod: acc = wrap(dt, static_cast<std::int64_t>(static_cast<std::uint64_t>(acc) * static_cast<std::uint64_t>(v))); break;
+      case ReduceOp::min: acc = std::min(acc, v); break;
+      case ReduceOp::max: acc = std::max(acc, v); break;
+      default: acc = wrap(dt, static_cast<std::int64_t>(static_cast<std::uint64_t>(acc) + static_cast<std::uint64_t>(v)));
+      }
+    }
+    if (op == ReduceOp::avg) acc /= n;
+    if (static_cast<double>(acc) == got) return {};
+    return "element " + std::to_string(i) + ": got " + std::to_string(got) + ", want " + std::to_string(acc);
+  }
+  double exact = input(dt, op, 0, i), magnitude = std::fabs(exact);
+  for (int r = 1; r < n; ++r) {
+    const double v = input(dt, op, r, i);
+    switch (op) {
+    case ReduceOp::prod: exact *= v; break;
+    case ReduceOp::min: exact = std::min(exact, v); break;
+    case ReduceOp::max: exact = std::max(exact, v); break;
+    default: exact += v; magnitude += std::fabs(v);
+    }
+  }
+  double tol = 0;
+  if (op == ReduceOp::sum) tol = n * unit_roundoff(dt) * magnitude;
+  if (op == ReduceOp::avg) { exact /= n; tol = 2 * unit_roundoff(dt) * magnitude; }
+  if (op == ReduceOp::prod) tol = n * unit_roundoff(dt) * std::fabs(exact);
+  tol += 1e-7 * (dt == DataType::f16);  // f16 subnormal spacing (6e-8)
+  if (std::fabs(got - exact) <= tol) return {};
+  return "element " + std::to_string(i) + ": got " + std::to_string(got) + ", want " +
+         std::to_string(exact) + " +- " + std::to_string(tol);
+}
+
+const DataType kDtypes[] = {DataType::f32, DataType::f64, DataType::f16, DataType::bf16,
+                            DataType::i32, DataType::i64, DataType::u8};
+const ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg};
+
+struct Shared {
+  std::mutex mu;
+  std::vector<std::vector<std::byte>> results;  // per rank, for the bitwise-equality check
+  std::string first_error;
+  void error(const std::string& e) {
+    std::lock_guard lock(mu);
+    if (first_error.empty()) first_error = e;
+  }
+};
+
+// Every op x dtype x count for one world; large counts only where `large` says.
+void exercise(Communicator& c, const std::vector<std::size_t>& counts, Shared& shared,
+              bool large_subset) {
+  const int n = c.size(), r = c.rank();
+  std::size_t case_no = 0;
+  for (std::size_t count : counts) {
+    const bool big = count > 100000;
+    for (DataType dt : kDtypes) {
+      if (big && large_subset && dt != DataType::f32 && dt != DataType::i64 && dt != DataType::bf16) continue;
+      const std::size_t es = size_of(dt);
+      for (ReduceOp op : kOps) {
+        if (big && large_subset && op != ReduceOp::sum && !(dt == DataType::i64 && op == ReduceOp::max)) continue;
+        const bool inplace = (++case_no % 2) == 0;
+        // allreduce
+        std::vector<std::byte> in(count * es + 8), out(count * es + 8);
+        for (std::size_t i = 0; i < count; ++i) put(in.data(), i, dt, input(dt, op, r, i));
+        if (inplace) {
+          c.allreduce(in.data(), count, dt, op);
+          out = in;
+        } else {
+          c.allreduce(in.data(), out.data(), count, dt, op);
+        }
+        for (std::size_t i = 0; i < count; ++i) {
+          auto e = check_reduced(dt, op, n, i, get(out.data(), i, dt));
+          if (!e.empty()) {
+            shared.error("allreduce " + std::string(name_of(dt)) + " " + std::string(name_of(op)) +
+                         " count " + std::to_string(count) + " world " + std::to_string(n) + ": " + e);
+            break;
+          }
+        }
+        out.resize(count * es);
+        shared.results[static_cast<std::size_t>(r)] = out;
+        c.barrier();
+        if (shared.results[static_cast<std::size_t>(r)] != shared.results[0])
+          shared.error("allreduce results differ between rank 0 and rank " + std::to_string(r));
+        c.barrier();
+        // reduce_scatter: input n*count, this rank's block back
+        std::vector<std::byte> rs_in(count * es * static_cast<std::size_t>(n) + 8), rs_out(count * es + 8);
+        for (std::size_t i = 0; i < count * static_cast<std::size_t>(n); ++i)
+          put(rs_in.data(), i, dt, input(dt, op, r, i));
+        if (inplace) {
+          c.reduce_scatter(rs_in.data(), rs_in.data() + static_cast<std::size_t>(r) * count * es, count, dt, op);
+          std::memcpy(rs_out.data(), rs_in.data() + static_cast<std::size_t>(r) * count * es, count * es);
+        } else {
+          c.reduce_scatter(rs_in.data(), rs_out.data(), count, dt, op);
+        }
+        for (std::size_t i = 0; i < count; ++i) {
+          const std::size_t gi = static_cast<std::size_t>(r) * count + i;
+          auto e = check_reduced(dt, op, n, gi, get(rs_out.data(), i, dt));
+          if (!e.empty()) {
+            shared.error("reduce_scatter " + std::string(name_of(dt)) + " " + std::string(name_of(op)) +
+                         " count " + std::to_string(count) + " world " + std::to_string(n) + ": " + e);
+            break;
+          }
+        }
+      }
+      // broadcast from a rotating root
+      const int root = static_cast<int>(case_no % static_cast<std::size_t>(n));
+      std::vector<std::byte> b(count * es + 8);
+      for (std::size_t i = 0; i < count; ++i)
+        put(b.data(), i, dt, r == root ? input(dt, ReduceOp::sum, root, i) : 0.0);
+      c.broadcast(b.data(), count, dt, root);
+      for (std::size_t i = 0; i < count; ++i)
+        if (get(b.data(), i, dt) != input(dt, ReduceOp::sum, root, i)) {
+          shared.error("broadcast " + std::string(name_of(dt)) + " count " + std::to_string(count) +
+                       " root " + std::to_string(root) + " element " + std::to_string(i));
+          break;
+        }
+      // allgather
+      std::vector<std::byte> mine(count * es + 8), all(count * es * static_cast<std::size_t>(n) + 8);
+      for (std::size_t i = 0; i < count; ++i) put(mine.data(), i, dt, input(dt, ReduceOp::max, r, i));
+      c.allgather(mine.data(), all.data(), count, dt);
+      for (int q = 0; q < n; ++q)
+        for (std::size_t i = 0; i < count; ++i)
+          if (get(all.data(), static_cast<std::size_t>(q) * count + i, dt) != input(dt, ReduceOp::max, q, i)) {
+            shared.error("allgather " + std::string(name_of(dt)) + " count " + std::to_string(count) +
+                         " block " + std::to_string(q) + " element " + std::to_string(i));
+            q = n;
+            break;
+          }
+    }
+  }
+}
+
+void correctness(int n, Transport transport, bool with_large) {
+  Shared shared;
+  shared.results.resize(static_cast<std::size_t>(n));
+  std::vector<std::size_t> counts{0, 1, 7};
+  if (n > 1) counts.push_back(static_cast<std::size_t>(n - 1));
+  if (with_large) counts.push_back((1u << 20) + 3);
+  run_ranks(n, transport, [&](Communicator& c) { exercise(c, counts, shared, true); });
+  CHECK_MESSAGE(shared.first_error.empty(), shared.first_error);
+}
+
+}  // namespace
+
+TEST_CASE("reduce kernels: f16/bf16 conversions round to nearest even") {
+  CHECK(detail::f16_to_f32(detail::f32_to_f16(1.0f)) == 1.0f);
+  CHECK(detail::f16_to_f32(detail::f32_to_f16(65504.0f)) == 65504.0f);
+  CHECK(std::isinf(detail::f16_to_f32(detail::f32_to_f16(70000.0f))));
+  CHECK(detail::f16_to_f32(detail::f32_to_f16(1.0f + 1.0f / 4096)) == 1.0f);  // tie to even
+  CHECK(detail::f16_to_f32(detail::f32_to_f16(5.96e-8f)) == doctest::Approx(5.96e-8f));
+  CHECK(detail::bf16_to_f32(detail::f32_to_bf16(1.00390625f)) == 1.0f);  // tie to even
+  CHECK(std::isnan(detail::bf16_to_f32(detail::f32_to_bf16(std::nanf("")))));
+}
+
+TEST_CASE("store: set/get/wait/add, and a wrong token is refused") {
+  detail::StoreServer server(0, "tok");
+  const std::string addr = "127.0.0.1:" + std::to_string(server.port());
+  const auto dl = [] { return detail::Clock::now() + 5s; };
+  detail::StoreClient a(addr, "tok", 0, dl());
+  detail::StoreClient b(addr, "tok", 1, dl());
+  CHECK_FALSE(a.get("k", dl()).has_value());
+  std::thread setter([&] {
+    std::this_thread::sleep_for(20ms);
+    b.set("k", "value", dl());
+  });
+  CHECK(a.wait("k", dl()) == "value");
+  setter.join();
+  CHECK(*b.get("k", dl()) == "value");
+  CHECK(a.add("n", 2, dl()) == 2);
+  CHECK(b.add("n", 3, dl()) == 5);
+  try {
+    detail::StoreClient bad(addr, "wrong", 7, dl());
+    FAIL("wrong token accepted");
+  } catch (const Error& e) {
+    CHECK(e.kind() == Error::Kind::store);
+    CHECK(std::string(e.what()).find("wrong MLTRAIN_TOKEN") != std::string::npos);
+  }
+  CHECK_THROWS_AS(a.wait("never", detail::Clock::now() + 50ms), Error);
+}
+
+TEST_CASE("collectives: every op x dtype x count, world 1..8, shared memory") {
+  for (int n : {1, 2, 3, 4, 8}) {
+    CAPTURE(n);
+    correctness(n, Transport::shm, n == 2 || n == 3);
+  }
+}
+
+TEST_CASE("collectives: every op x dtype x count, world 2..8, TCP") {
+  for (int n : {2, 3, 4, 8}) {
+    CAPTURE(n);
+    correctness(n, Transport::tcp, n == 2 || n == 4);
+  }
+}
+
+TEST_CASE("allreduce: large messages take the pipelined ring, results bitwise equal on all ranks") {
+  for (Transport t : {Transport::shm, Transport::tcp}) {
+    std::vector<std::vector<float>> got(4);
+    run_ranks(4, t, [&](Communicator& c) {
+      std::vector<float> v((1u << 20) + 3);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(input(DataType::f32, ReduceOp::sum, c.rank(), i));
+      c.allreduce(v.data(), v.size(), DataType::f32, ReduceOp::sum);
+      got[static_cast<std::size_t>(c.rank())] = std::move(v);
+    });
+    for (int r = 1; r < 4; ++r) CHECK(got[static_cast<std::size_t>(r)] == got[0]);
+    for (std::size_t i = 0; i < got[0].size(); i += 4099)
+      CHECK(check_reduced(DataType::f32, ReduceOp::sum, 4, i, got[0][i]) == "");
+  }
+}
+
+TEST_CASE("mismatched counts are detected and named") {
+  std::atomic<int> named{0};
+  detail::StoreServer server(0, "");
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      Options o;
+      o.rank = r;
+      o.world_size = 2;
+      o.store_addr = "127.0.0.1:" + std::to_string(server.port());
+      o.host_store = false;
+      o.timeout = 5s;
+      o.host = "testhost";
+      auto c = Communicator::create(o);
+      std::vector<float> v(20);
+      try {
+        c->allreduce(v.data(), r == 0 ? 10 : 11, DataType::f32, ReduceOp::sum);
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        if (e.kind() == Error::Kind::mismatch && what.find("count=10") != std::string::npos &&
+            what.find("count=11") != std::string::npos)
+          ++named;
+      }
+    });
+  for (auto& t : threads) t.join();
+  CHECK(named == 2);
+}
+
+namespace {
+// Rank 1 stops taking part (closing its links, or just hanging); the others must fail fast,
+// naming rank 1.
+void fault(Transport transport, bool hang) {
+  detail::StoreServer server(0, "t");
+  const auto timeout = 1500ms;
+  std::atomic<int> named{0};
+  std::vector<std::string> messages(3);
+  std::vector<double> seconds(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r)
+    threads.emplace_back([&, r] {
+      Options o;
+      o.rank = r;
+      o.world_size = 3;
+      o.store_addr = "127.0.0.1:" + std::to_string(server.port());
+      o.token = "t";
+      o.host_store = false;
+      o.timeout = timeout;
+      o.transport = transport;
+      o.host = "testhost";
+      auto c = Communicator::create(o);
+      std::vector<float> v(1u << 20, 1.0f);
+      c->allreduce(v.data(), v.size(), DataType::f32, ReduceOp::sum);  // all fine once
+      if (r == 1) {
+        if (hang) std::this_thread::sleep_for(timeout + 1s);
+        return;  // destroys the communicator: links close mid-job
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        for (int i = 0; i < 3; ++i) c->allreduce(v.data(), v.size(), DataType::f32, ReduceOp::sum);
+      } catch (const Error& e) {
+        messages[static_cast<std::size_t>(r)] = e.what();
+        if (e.peer_rank() == 1 && std::string(e.what()).find("rank 1 (testhost)") != std::string::npos)
+          ++named;
+      }
+      seconds[static_cast<std::size_t>(r)] =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    });
+  for (auto& t : threads) t.join();
+  CAPTURE(messages[0]);
+  CAPTURE(messages[2]);
+  CHECK(named == 2);
+  CHECK(seconds[0] < 4.0);
+  CHECK(seconds[2] < 4.0);
+}
+}  // namespace
+
+TEST_CASE("fault: a rank that closes mid-job is named by the others (shm and TCP)") {
+  fault(Transport::shm, false);
+  fault(Transport::tcp, false);
+}
+
+TEST_CASE("fault: a rank that hangs is named within the timeout (shm and TCP)") {
+  fault(Transport::shm, true);
+  fault(Transport::tcp, true);
+}
+
+TEST_CASE("C API: single-rank job from the environment, and errors as codes") {
+  ::setenv("RANK", "0", 1);
+  ::setenv("WORLD_SIZE", "1", 1);
+  mltrain_comm_t* comm = nullptr;
+  REQUIRE(mltrain_comm_init_from_env(&comm) == MLTRAIN_COMM_OK);
+  CHECK(mltrain_comm_rank(comm) == 0);
+  CHECK(mltrain_comm_size(comm) == 1);
+  double x[3] = {1, 2, 3}, y[3] = {};
+  CHECK(mltrain_comm_allreduce(comm, x, y, 3, MLTRAIN_F64, MLTRAIN_SUM) == MLTRAIN_COMM_OK);
+  CHECK(y[2] == 3.0);
+  CHECK(mltrain_comm_barrier(comm) == MLTRAIN_COMM_OK);
+  CHECK(mltrain_comm_allreduce(comm, x, y, 3, 42, MLTRAIN_SUM) == MLTRAIN_COMM_EUSAGE);
+  CHECK(std::string(mltrain_comm_last_error()).find("dtype") != std::string::npos);
+  mltrain_comm_destroy(comm);
+  CHECK(mltrain_comm_barrier(nullptr) == MLTRAIN_COMM_EUSAGE);
+  CHECK(!nccl_status().empty());
+}
