@@ -1,0 +1,200 @@
+"""Shared fixtures for the end-to-end tests that drive the built `mltrain` binary.
+
+Every test gets its own MLTRAIN_HOME, XDG_CONFIG_HOME and working directory under tmp_path, so
+run records never mix. Every subprocess has a timeout: a hang fails the test instead of CI.
+"""
+import os
+import random
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_TIMEOUT = 30
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: takes more than ~10 s (flood, grace-period timing)")
+
+
+def _wait_for_binary(path: Path, wait_s: float = 180.0) -> Path:
+    # Another engineer may be relinking build/mltrain: it can be missing for a moment.
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+        time.sleep(1.0)
+    pytest.exit(f"mltrain binary not found at {path} (build it, or set MLTRAIN_BIN)", returncode=4)
+
+
+@pytest.fixture(scope="session")
+def mltrain_bin(tmp_path_factory) -> Path:
+    """A private copy of the binary, so a concurrent rebuild cannot swap it mid-suite."""
+    src = Path(os.environ.get("MLTRAIN_BIN", REPO / "build" / "mltrain"))
+    if not src.is_absolute():
+        src = REPO / src
+    src = _wait_for_binary(src)
+    dst = tmp_path_factory.mktemp("bin") / "mltrain"
+    for attempt in range(30):
+        try:
+            shutil.copy2(src, dst)
+            break
+        except (FileNotFoundError, OSError):
+            time.sleep(1.0)
+            _wait_for_binary(src)
+    dst.chmod(0o755)
+    return dst
+
+
+def unique_marker() -> str:
+    """A sleep duration no other process on the machine uses: '9' and 7 random digits."""
+    return "9" + "".join(random.choice("0123456789") for _ in range(7))
+
+
+def pids_with_arg(marker: str):
+    """Pids of live processes whose argv holds `marker` as a whole argument (scanning /proc)."""
+    me = os.getpid()
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == me:
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+            with open(f"/proc/{d}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state == b"Z":  # a zombie is already dead; its parent just has not reaped it
+            continue
+        if marker.encode() in args:
+            found.append(int(d))
+    return found
+
+
+def wait_gone(marker: str, within_s: float) -> list:
+    """Waits until no process carries `marker`; returns the pids still alive after within_s."""
+    deadline = time.monotonic() + within_s
+    while True:
+        left = pids_with_arg(marker)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.1)
+
+
+class Mltrain:
+    """Runs the binary with an isolated environment rooted at tmp_path."""
+
+    def __init__(self, binary: Path, tmp_path: Path):
+        self.bin = str(binary)
+        self.dir = tmp_path
+        self.home = tmp_path / "home"
+        self.config = tmp_path / "config"
+        self.home.mkdir()
+        self.config.mkdir()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("MLTRAIN_", "SLURM_"))}
+        env.pop("NO_COLOR", None)
+        env.update(MLTRAIN_HOME=str(self.home), XDG_CONFIG_HOME=str(self.config),
+                   XDG_STATE_HOME=str(tmp_path / "state"), LC_ALL="C.UTF-8")
+        self.env = env
+        self.markers = []
+        self.procs = []
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.home / "runs"
+
+    def run_dirs(self):
+        if not self.runs_dir.exists():
+            return []
+        return sorted(p for p in self.runs_dir.iterdir() if p.is_dir())
+
+    def marker(self) -> str:
+        m = unique_marker()
+        self.markers.append(m)
+        return m
+
+    def _env(self, env=None, unset=()):
+        e = dict(self.env)
+        if env:
+            e.update(env)
+        for k in unset:
+            e.pop(k, None)
+        return e
+
+    def __call__(self, *args, timeout=DEFAULT_TIMEOUT, env=None, unset=(), text=True, input=None,
+                 cwd=None):
+        """Runs `mltrain ARGS...` to completion; a hang past `timeout` fails the test."""
+        try:
+            return subprocess.run([self.bin, *map(str, args)], env=self._env(env, unset),
+                                  cwd=str(cwd or self.dir), capture_output=True, text=text,
+                                  input=input, timeout=timeout,
+                                  **({"errors": "replace"} if text else {}))
+        except subprocess.TimeoutExpired as e:
+            pytest.fail(f"mltrain {' '.join(map(str, args))} did not finish within {timeout}s; "
+                        f"stdout={e.stdout!r:.2000} stderr={e.stderr!r:.2000}")
+
+    def popen(self, *args, env=None, unset=(), **kw):
+        kw.setdefault("stdout", subprocess.PIPE)
+        kw.setdefault("stderr", subprocess.PIPE)
+        p = subprocess.Popen([self.bin, *map(str, args)], env=self._env(env, unset),
+                             cwd=str(self.dir), **kw)
+        self.procs.append(p)
+        return p
+
+    def write(self, name: str, text: str) -> Path:
+        p = self.dir / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+        return p
+
+    def cleanup(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            try:
+                p.communicate(timeout=5)
+            except Exception:
+                pass
+        # Anything a test left behind carries one of its markers: kill exactly those pids.
+        for m in self.markers:
+            for pid in pids_with_arg(m):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+
+@pytest.fixture
+def ml(mltrain_bin, tmp_path):
+    m = Mltrain(mltrain_bin, tmp_path)
+    yield m
+    m.cleanup()
+
+
+def communicate(p: subprocess.Popen, timeout: float):
+    """Popen.communicate that fails the test (and kills the launcher) on a hang."""
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate(timeout=10)
+        pytest.fail(f"mltrain did not finish within {timeout}s; stdout={out[-2000:]!r} "
+                    f"stderr={err[-2000:]!r}")
+    if isinstance(out, bytes):
+        out, err = out.decode(errors="replace"), err.decode(errors="replace")
+    return out, err
+
+
+def wait_for(pred, timeout: float, what: str, step: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(step)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}")
