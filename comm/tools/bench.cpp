@@ -2,6 +2,7 @@
 // runs it (env as for init_from_env); rank 0 prints the table.
 #include "mltrain/bench.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -27,7 +28,7 @@ struct Args {
   std::uint64_t min_bytes = 4096, max_bytes = 256ull << 20;
   double factor = 2;
   int iters = 20, warmup = 5;
-  bool check = false, json = false, inplace = false;
+  bool check = false, json = false, inplace = false, median = false;
   int root = 0;
 };
 
@@ -35,7 +36,7 @@ const char* kUsage =
     "usage: mltrain-comm-bench [--op allreduce|broadcast|allgather|reduce_scatter]\n"
     "         [--redop sum|prod|min|max|avg] [--dtype f32|f64|f16|bf16|i32|i64|u8]\n"
     "         [-b MIN] [-e MAX] [-f FACTOR] [-n|--iters N] [-w|--warmup N] [-c|--check]\n"
-    "         [--inplace] [--root R] [--json]\n"
+    "         [--inplace] [--root R] [--stat mean|median] [--json]\n"
     "  Sizes take K/M/G suffixes. Start one process per rank with RANK, WORLD_SIZE,\n"
     "  MLTRAIN_STORE_ADDR, MLTRAIN_TOKEN set (mltrain bench -n N does this).\n";
 
@@ -78,6 +79,10 @@ Args parse(int argc, char** argv) {
       a.check = true;
     } else if (f == "--json") {
       a.json = true;
+    } else if (f == "--stat") {
+      const std::string v = need(i);
+      if (v != "mean" && v != "median") throw Error(Error::Kind::usage, "--stat takes mean or median");
+      a.median = v == "median";
     } else if (f == "--inplace") {
       a.inplace = true;
     } else if (f == "--root") {
@@ -261,6 +266,17 @@ int bench_main(int argc, char** argv) {
                   "(GB/s)", "(GB/s)", "");
       std::fflush(stdout);
     }
+    // Warm up links, page tables and the scheduler before the first timed size.
+    {
+      float x = 0;
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+      int go = 1;
+      while (go != 0) {
+        for (int i = 0; i < 50; ++i) comm->allreduce(&x, 1, DataType::f32, ReduceOp::sum);
+        go = std::chrono::steady_clock::now() < until ? 1 : 0;
+        comm->allreduce(&go, 1, DataType::i32, ReduceOp::max);  // everyone stops together
+      }
+    }
     Buffers b;
     for (double size = static_cast<double>(a.min_bytes); size <= static_cast<double>(a.max_bytes) * 1.0001;
          size *= a.factor) {
@@ -271,9 +287,20 @@ int bench_main(int argc, char** argv) {
       b.recv.assign(total * es + 64, std::byte{0});
       for (int i = 0; i < a.warmup; ++i) run_once_and_check(*comm, a, total, false, b);
       comm->barrier();
+      std::vector<double> times;
       const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < a.iters; ++i) run_once_and_check(*comm, a, total, false, b);
-      const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / a.iters;
+      auto t_prev = t0;
+      for (int i = 0; i < a.iters; ++i) {
+        run_once_and_check(*comm, a, total, false, b);
+        const auto t = std::chrono::steady_clock::now();
+        times.push_back(std::chrono::duration<double, std::micro>(t - t_prev).count());
+        t_prev = t;
+      }
+      double us = std::chrono::duration<double, std::micro>(t_prev - t0).count() / a.iters;
+      if (a.median) {
+        std::sort(times.begin(), times.end());
+        us = times[times.size() / 2];
+      }
       double slowest = us;
       comm->allreduce(&slowest, 1, DataType::f64, ReduceOp::max);
       std::int64_t wrong = a.check ? run_once_and_check(*comm, a, total, true, b) : 0;

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# bench/compare.sh: allreduce (f32, sum) of mltrain-comm-bench beside Gloo's allreduce
+# algorithms (Gloo TCP transport) and Open MPI MPI_Allreduce over TCP (--mca btl tcp,self), for
+# the same ranks and sizes on this host. Prints one table: median time per call, busbw
+# (algbw * 2(n-1)/n, as nccl-tests) and the ratio of mltrain's busbw to the best other.
+#
+#   bench/compare.sh                       # 2 and 4 ranks, 4K..256M (x4 steps), a few minutes
+#   RANKS="2" SIZES="4096 268435456" bench/compare.sh
+#   BUILD=build-comm bench/compare.sh      # which CMake build dir holds mltrain-comm-bench
+#
+# Needs: libgloo-dev, libopenmpi-dev, openmpi-bin (Debian). Never fails on speed.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${BUILD:-$root/build-comm}
+ranks=${RANKS:-"2 4"}
+sizes=${SIZES:-"4096 16384 65536 262144 1048576 4194304 16777216 67108864 268435456"}
+work=$(mktemp -d /tmp/mltrain-compare.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+need() { command -v "$1" >/dev/null || { echo "compare.sh: '$1' not found ($2)" >&2; exit 2; }; }
+need mpicxx "apt-get install libopenmpi-dev openmpi-bin"
+need mpirun "apt-get install openmpi-bin"
+[[ -e /usr/include/gloo/allreduce_ring.h ]] || { echo "compare.sh: Gloo headers missing (apt-get install libgloo-dev)" >&2; exit 2; }
+
+echo "# building benchmarks" >&2
+if [[ ! -f $build/build.ninja && ! -f $build/Makefile ]]; then
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+fi
+cmake --build "$build" -j2 --target mltrain-comm-bench >/dev/null
+bench=$build/comm/mltrain-comm-bench
+g++ -O2 -std=c++17 "$root/bench/compare/gloo_allreduce.cpp" -o "$work/gloo_allreduce" -lgloo -lpthread
+mpicxx -O2 "$root/bench/compare/mpi_allreduce.cpp" -o "$work/mpi_allreduce"
+
+iters_for() {  # same schedule as the Gloo and MPI programs
+  if (( $1 <= 65536 )); then echo 200; elif (( $1 <= 4194304 )); then echo 20;
+  elif (( $1 <= 67108864 )); then echo 5; else echo 3; fi
+}
+
+run_mltrain() {  # ranks size -> "mltrain n bytes us"
+  local n=$1 size=$2 port=$((20000 + RANDOM % 30000)) pids=() r
+  for ((r = 0; r < n; r++)); do
+    RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 \
+      MLTRAIN_STORE_ADDR=127.0.0.1:$port MLTRAIN_TOKEN=compare \
+      "$bench" --op allreduce --dtype f32 --redop sum -b "$size" -e "$size" \
+      -n "$(iters_for "$size")" -w 2 --stat median --json >"$work/ml.$r" &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+  sed -n 's/.*"size":\([0-9]*\).*"time_us":\([0-9.]*\).*/mltrain '"$n"' \1 \2/p' "$work/ml.0"
+}
+
+results=$work/results
+: >"$results"
+for n in $ranks; do
+  echo "# $n ranks: mltrain-comm" >&2
+  for s in $sizes; do run_mltrain "$n" "$s" >>"$results"; done
+  echo "# $n ranks: gloo" >&2
+  rm -rf "$work/gloo-store" && mkdir -p "$work/gloo-store"
+  pids=()
+  for ((r = 0; r < n; r++)); do
+    RANK=$r WORLD_SIZE=$n GLOO_STORE_DIR=$work/gloo-store "$work/gloo_allreduce" $sizes >"$work/gloo.$r" &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+  cat "$work/gloo.0" >>"$results"
+  echo "# $n ranks: Open MPI over TCP" >&2
+  mpirun --allow-run-as-root --oversubscribe --bind-to none --mca pml ob1 --mca btl tcp,self \
+    -np "$n" "$work/mpi_allreduce" $sizes >>"$results" 2>"$work/mpi.err" ||
+    { cat "$work/mpi.err" >&2; exit 1; }
+done
+
+echo "# allreduce f32 sum, $(nproc) cores, $(date -u +%FT%TZ); time = median us per call; busbw GB/s"
+awk '
+  function busbw(n, bytes, us) { return bytes / us / 1e3 * 2 * (n - 1) / n }
+  $1 == "mltrain" { ml[$2 " " $3] = $4; order[++count] = $2 " " $3 }
+  $1 == "mpi"     { mpi[$2 " " $3] = $4 }
+  $1 ~ /^gloo-/   { k = $2 " " $3; if (!(k in gl) || $4 < gl[k]) { gl[k] = $4; ga[k] = substr($1, 6) } }
+  END {
+    printf "%5s %10s | %10s %7s | %10s %7s %-20s | %10s %7s | %8s %8s\n", "ranks", "bytes",
+      "mltrain_us", "busbw", "gloo_us", "busbw", "(best algorithm)", "mpi_us", "busbw",
+      "x_best", "x_mpi"
+    for (i = 1; i <= count; i++) {
+      k = order[i]; split(k, p, " "); r = p[1]; b = p[2]
+      m = busbw(r, b, ml[k]); g = busbw(r, b, gl[k]); o = busbw(r, b, mpi[k])
+      best = g > o ? g : o
+      printf "%5d %10d | %10.1f %7.3f | %10.1f %7.3f %-20s | %10.1f %7.3f | %8.2f %8.2f\n",
+        r, b, ml[k], m, gl[k], g, "(" ga[k] ")", mpi[k], o, m / best, m / o
+    }
+  }' "$results"
