@@ -247,7 +247,7 @@ void apply(const toml::table& root, JobSpec& s, const std::string& base_dir, boo
               s.logs.ranks = text::join(parts, ",");
             } else {
               s.logs.ranks = get_string(v, "ranks");
-              if (!text::parse_int_list(s.logs.ranks))
+              if (!s.logs.ranks.empty() && !text::parse_int_list(s.logs.ranks))
                 fail(v.source(), "'ranks' is '" + s.logs.ranks + "', not a rank list", "write ranks like \"0,3-5\"");
             }
           }},

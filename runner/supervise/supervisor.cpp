@@ -411,7 +411,9 @@ int Gang::run() {
     spawn_all();
     while (!all_exited()) {
       auto now = Clock::now();
-      milliseconds wait(500);
+      // Wake up in time for the next heartbeat.
+      milliseconds wait = std::clamp(std::chrono::duration_cast<milliseconds>(next_ping - now), milliseconds(1),
+                                     milliseconds(500));
       if (now >= job_deadline && ending_ == Ending::none) {
         ending_ = Ending::timeout;
         out_->flush();

@@ -1,0 +1,124 @@
+// Output merging: whole prefixed lines on the console, exact bytes in rank files.
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "runner/supervise/output.h"
+
+namespace fs = std::filesystem;
+using namespace mltrain::supervise;
+
+namespace {
+
+struct Fixture {
+  fs::path dir;
+  int out[2], err[2];
+  Fixture() {
+    char tmpl[] = "/tmp/mltrain-output-XXXXXX";
+    dir = ::mkdtemp(tmpl);
+    REQUIRE(::pipe(out) == 0);
+    REQUIRE(::pipe(err) == 0);
+    ::fcntl(out[0], F_SETFL, O_NONBLOCK);
+    ::fcntl(err[0], F_SETFL, O_NONBLOCK);
+  }
+  ~Fixture() {
+    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+    fs::remove_all(dir);
+  }
+  static std::string drain(int fd) {
+    std::string s;
+    char buf[65536];
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0) s.append(buf, size_t(n));
+    return s;
+  }
+  std::string file(int rank) const {
+    std::ifstream in(dir / ("rank-" + std::to_string(rank) + ".log"));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  std::vector<RankInfo> ranks(int n) {
+    std::vector<RankInfo> v;
+    for (int i = 0; i < n; ++i) v.push_back({i, i, 0, "h"});
+    return v;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("output: interleaved partial writes come out as whole prefixed lines") {
+  Fixture fx;
+  {
+    Output o(fx.ranks(2), false, fx.dir.string(), ConsoleOptions{}, fx.out[1], fx.err[1]);
+    o.data(0, 1, "hel");
+    o.data(1, 1, "wor");
+    o.data(0, 1, "lo\nsecond ");
+    o.data(1, 1, "ld\n");
+    o.data(0, 2, "oops\n");
+    o.data(0, 1, "line\n");
+    o.flush();
+    CHECK(Fixture::drain(fx.out[0]) == "[0] hello\n[1] world\n[0] second line\n");
+    CHECK(Fixture::drain(fx.err[0]) == "[0] oops\n");
+  }
+  CHECK(fx.file(0) == "hello\noops\nsecond line\n");
+  CHECK(fx.file(1) == "world\n");
+}
+
+TEST_CASE("output: an unterminated last line is kept; the console ends it") {
+  Fixture fx;
+  {
+    Output o(fx.ranks(1), false, fx.dir.string(), ConsoleOptions{}, fx.out[1], fx.err[1]);
+    o.data(0, 1, "done\nno newline");
+    o.finish(0);
+    o.flush();
+    CHECK(Fixture::drain(fx.out[0]) == "[0] done\n[0] no newline\n");
+    CHECK(o.tail(0) == std::vector<std::string>{"done", "no newline"});
+  }
+  CHECK(fx.file(0) == "done\nno newline");
+}
+
+TEST_CASE("output: an overlong line is passed on in pieces, bytes intact") {
+  Fixture fx;
+  std::string big(Output::kMaxLine * 2 + 10, 'z');
+  {
+    ConsoleOptions c;
+    c.quiet = true;
+    Output o(fx.ranks(1), false, fx.dir.string(), c, fx.out[1], fx.err[1]);
+    for (size_t off = 0; off < big.size(); off += 70000) o.data(0, 1, std::string_view(big).substr(off, 70000));
+    o.data(0, 1, "\n");
+  }
+  CHECK(fx.file(0) == big + "\n");
+  CHECK(Fixture::drain(fx.out[0]).empty());
+}
+
+TEST_CASE("output: console filter, prefix templates, colour") {
+  Fixture fx;
+  ConsoleOptions c;
+  c.ranks = std::set<int>{1};
+  c.prefix = "<{host}/{rank}/{local_rank}>";
+  c.color = true;
+  {
+    Output o(fx.ranks(2), true, fx.dir.string(), c, fx.out[1], fx.err[1]);
+    o.data(0, 1, "hidden\n");
+    o.data(1, 1, "shown\n");
+    o.flush();
+    std::string console = Fixture::drain(fx.out[0]);
+    CHECK(console.find("hidden") == std::string::npos);
+    CHECK(console.find("<h/1/1>\033[0m shown\n") != std::string::npos);
+    CHECK(console.find("\033[") == 0);
+  }
+  CHECK(fx.file(0) == "hidden\n");  // files get every rank
+}
+
+TEST_CASE("output: render_prefix") {
+  RankInfo r{5, 1, 2, "gpu3"};
+  CHECK(render_prefix("auto", r, false) == "[5]");
+  CHECK(render_prefix("auto", r, true) == "[gpu3:5]");
+  CHECK(render_prefix("", r, true).empty());
+  CHECK(render_prefix("{node}.{local_rank}", r, false) == "2.1");
+}

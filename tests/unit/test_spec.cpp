@@ -1,0 +1,249 @@
+// Job spec loading: every key, the profile merge rule, and malformed specs (one-line errors with
+// file:line:col, exit code 2).
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "runner/common/error.h"
+#include "runner/spec/spec.h"
+
+namespace fs = std::filesystem;
+using namespace mltrain;
+
+namespace {
+
+// Each test case gets its own folder, so files never leak between cases.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/mltrain-spec-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string write(const std::string& name, const std::string& text) const {
+    fs::path p = path / name;
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+    return p.string();
+  }
+};
+
+std::string error_of(const std::string& text, const TempDir* dir = nullptr) {
+  TempDir own;
+  const TempDir& d = dir ? *dir : own;
+  std::string path = d.write("job.toml", text);
+  try {
+    spec::check(spec::load_file(path));
+  } catch (const Error& e) {
+    CHECK(e.code() == 2);
+    std::string msg = e.what();
+    CHECK(msg.find('\n') == std::string::npos);
+    // Report relative to the file name so cases read naturally.
+    auto pos = msg.find("job.toml");
+    return pos == std::string::npos ? msg : msg.substr(pos);
+  }
+  return "no error";
+}
+
+}  // namespace
+
+TEST_CASE("spec: a full spec loads every key") {
+  TempDir d;
+  std::string path = d.write("job.toml", R"(
+name = "train"
+[run]
+argv = ["python3", "train.py", "--lr", "0.1"]
+workdir = "src"
+env = { OMP_NUM_THREADS = 4, MODE = "fast", DEBUG = true }
+forward_env = ["NCCL_*"]
+max_restarts = 2
+timeout = "1h30m"
+grace_period = "10s"
+[cluster]
+hosts = ["a:2", "b:2"]
+procs_per_host = 2
+include = "a"
+[comm]
+mode = "ps"
+backend = "tcp"
+master_port = 29500
+[gpus]
+per_proc = 1
+[ssh]
+user = "me"
+port = 2222
+strict_host_keys = "accept-new"
+connect_timeout = "5s"
+[logs]
+ranks = [0, 3]
+prefix = false
+timestamps = true
+)");
+  auto s = spec::load_file(path);
+  CHECK(s.name == "train");
+  CHECK(s.run.argv == std::vector<std::string>{"python3", "train.py", "--lr", "0.1"});
+  CHECK(!s.run.command);
+  CHECK(s.run.workdir == (d.path / "src").string());
+  REQUIRE(s.run.env.size() == 3);
+  std::map<std::string, std::string> env(s.run.env.begin(), s.run.env.end());
+  CHECK(env["OMP_NUM_THREADS"] == "4");
+  CHECK(env["MODE"] == "fast");
+  CHECK(env["DEBUG"] == "1");
+  CHECK(s.run.forward_env == std::vector<std::string>{"NCCL_*"});
+  CHECK(s.run.max_restarts == 2);
+  CHECK(s.run.timeout == std::chrono::minutes(90));
+  CHECK(s.run.grace_period == std::chrono::seconds(10));
+  CHECK(s.cluster.hosts == std::vector<std::string>{"a:2", "b:2"});
+  CHECK(s.cluster.procs_per_host == 2);
+  CHECK(s.comm.mode == "ps");
+  CHECK(s.comm.master_port == 29500);
+  CHECK(s.gpus.per_proc == 1);
+  CHECK(s.ssh.port == 2222);
+  CHECK(s.ssh.strict_host_keys == "accept-new");
+  CHECK(s.logs.ranks == "0,3");
+  CHECK(s.logs.prefix.empty());
+  CHECK(s.logs.timestamps);
+}
+
+TEST_CASE("spec: defaults and the name from the file") {
+  TempDir d;
+  auto s = spec::load_file(d.write("my-job.toml", "[run]\ncommand = 'true'\n"));
+  CHECK(s.name == "my-job");
+  CHECK(s.run.command == "true");
+  CHECK(s.run.grace_period == std::chrono::seconds(5));
+  CHECK(s.comm.master_port == 0);
+  CHECK(s.logs.prefix == "auto");
+}
+
+TEST_CASE("spec: a profile merges under the spec") {
+  TempDir d;
+  d.write("base.toml", R"(
+[run]
+grace_period = "20s"
+max_restarts = 5
+env = { A = "from-profile", B = "from-profile" }
+[comm]
+backend = "nccl"
+)");
+  auto s = spec::load_file(d.write("job.toml", R"(
+profile = "base.toml"
+[run]
+command = "true"
+max_restarts = 1
+env = { B = "from-spec", C = "from-spec" }
+)"));
+  CHECK(s.run.grace_period == std::chrono::seconds(20));  // only the profile sets it
+  CHECK(s.run.max_restarts == 1);                         // the spec wins
+  CHECK(s.comm.backend == "nccl");
+  REQUIRE(s.run.env.size() == 3);  // [run.env] merges variable by variable
+  CHECK(s.run.env[0] == std::pair<std::string, std::string>{"A", "from-profile"});
+  CHECK(s.run.env[1] == std::pair<std::string, std::string>{"B", "from-spec"});
+  CHECK(s.run.env[2] == std::pair<std::string, std::string>{"C", "from-spec"});
+}
+
+TEST_CASE("spec: built-in and user profiles") {
+  TempDir d;
+  auto s = spec::load_file(d.write("job.toml", "profile = 'nccl-ethernet'\n[run]\ncommand = 'true'\n"));
+  CHECK(s.comm.backend == "nccl");
+  CHECK(s.gpus.per_proc == 1);
+
+  d.write("config/mltrain/profiles/mine.toml", "[run]\nmax_restarts = 7\n");
+  ::setenv("XDG_CONFIG_HOME", (d.path / "config").c_str(), 1);
+  auto u = spec::load_file(d.write("job2.toml", "profile = 'mine'\n[run]\ncommand = 'true'\n"));
+  ::unsetenv("XDG_CONFIG_HOME");
+  CHECK(u.run.max_restarts == 7);
+}
+
+TEST_CASE("spec: durations") {
+  TempDir d;
+  auto s = spec::load_file(d.write("job.toml", "[run]\ncommand = 'x'\ntimeout = 90\ngrace_period = '1.5s'\n"));
+  CHECK(s.run.timeout == std::chrono::seconds(90));
+  CHECK(s.run.grace_period == std::chrono::milliseconds(1500));
+}
+
+TEST_CASE("spec: malformed specs give one-line errors with their location") {
+  struct Case {
+    const char* text;
+    const char* expected;  // a part of the message, after "job.toml"
+  };
+  const Case cases[] = {
+      {"[run]\ncomand = 'x'\n", "job.toml:2:1: unknown key 'comand' in [run] (did you mean 'command'?)"},
+      {"nmae = 'x'\n", "job.toml:1:1: unknown key 'nmae' (did you mean 'name'?)"},
+      {"[clustr]\nhosts = []\n", "unknown key 'clustr' (did you mean 'cluster'?)"},
+      {"[run]\ncommand = 3\n", "job.toml:2:11: 'command' must be a string, not an integer"},
+      {"[run]\nargv = 'python3 x.py'\n", "'argv' must be an array of strings, not a string"},
+      {"[run]\nargv = ['a', 2]\n", "job.toml:2:14: 'argv' must hold only strings, found an integer"},
+      {"[run]\nargv = []\n", "'argv' is empty"},
+      {"[run]\ncommand = 'x'\nmax_restarts = -1\n", "job.toml:3:16: 'max_restarts' is -1, out of range"},
+      {"[run]\ncommand = 'x'\nmax_restarts = 'two'\n", "'max_restarts' must be an integer, not a string"},
+      {"[run]\ncommand = 'x'\ntimeout = '10 minutes'\n", "job.toml:3:11: 'timeout' has a malformed duration '10 minutes'"},
+      {"[run]\ncommand = 'x'\ntimeout = '5x'\n", "malformed duration '5x'"},
+      {"[run]\ncommand = 'x'\ngrace_period = -3\n", "'grace_period' must not be negative"},
+      {"[run]\ncommand = 'x'\ntimeout = true\n", "'timeout' must be a duration"},
+      {"[run]\ncommand = 'x'\n[run.env]\nRANK = '3'\n", "job.toml:4:1: env 'RANK' is set by mltrain for every rank"},
+      {"[run]\ncommand = 'x'\n[run.env]\nMASTER_PORT = 1\n", "env 'MASTER_PORT' is set by mltrain"},
+      {"[run]\ncommand = 'x'\n[run.env]\n'1BAD' = 'v'\n", "'1BAD' is not a valid environment variable name"},
+      {"[run]\ncommand = 'x'\n[run.env]\n'A-B' = 'v'\n", "'A-B' is not a valid environment variable name"},
+      {"[run]\ncommand = 'x'\nenv = { A = [1] }\n", "env 'A' must be a string, number or boolean, not an array"},
+      {"[run]\ncommand = 'x'\nforward_env = 'NCCL_*'\n", "'forward_env' must be an array of strings"},
+      {"[run]\ncommand = 'x'\n[cluster]\nprocs_per_host = 0\n", "job.toml:4:18: 'procs_per_host' is 0, out of range"},
+      {"[run]\ncommand = 'x'\n[cluster]\nhosts = [1, 2]\n", "'hosts' must hold only strings"},
+      {"[run]\ncommand = 'x'\n[comm]\nmode = 'allreduse'\n", "'mode' is 'allreduse', which is not one of: allreduce, ps (did you mean 'allreduce'?)"},
+      {"[run]\ncommand = 'x'\n[comm]\nbackend = 'mpi'\n", "'backend' is 'mpi', which is not one of: auto, tcp, nccl"},
+      {"[run]\ncommand = 'x'\n[comm]\nmaster_port = 70000\n", "'master_port' is 70000, out of range"},
+      {"[run]\ncommand = 'x'\n[comm]\nmaster_port = 'any'\n", "'master_port' is 'any'"},
+      {"[run]\ncommand = 'x'\n[gpus]\nper_proc = 'all'\n", "'per_proc' must be an integer"},
+      {"[run]\ncommand = 'x'\n[ssh]\nstrict_host_keys = 'maybe'\n", "'strict_host_keys' is 'maybe'"},
+      {"[run]\ncommand = 'x'\n[ssh]\nport = 0\n", "'port' is 0, out of range"},
+      {"[run]\ncommand = 'x'\n[logs]\nranks = '0,x'\n", "'ranks' is '0,x', not a rank list"},
+      {"[run]\ncommand = 'x'\n[logs]\ntimestamps = 'yes'\n", "'timestamps' must be true or false"},
+      {"run = 3\n", "job.toml:1:7: 'run' must be a table ([run]), not an integer"},
+      {"[run]\ncommand = 'x\n", "job.toml:2:"},                       // unterminated string
+      {"[run\ncommand = 'x'\n", "job.toml:1:"},                       // bad table header
+      {"[run]\ncommand = 'x'\ncommand = 'y'\n", "job.toml:3:"},        // duplicate key
+      {"name = 'x'\n", "nothing to run"},
+      {"[run]\ncommand = ''\n", "[run] command is empty"},
+      {"name = 'a b'\n[run]\ncommand = 'x'\n", "name 'a b' may hold only letters"},
+      {"profile = 'nope'\n[run]\ncommand = 'x'\n", "job.toml:1:11: unknown profile 'nope'"},
+      {"profile = 'locl'\n[run]\ncommand = 'x'\n", "unknown profile 'locl' (did you mean 'local'?)"},
+      {"[run]\ncommand = 'x'\n[cluster]\ninclude = 'a'\nexclude = 'b'\n", "include and exclude cannot both be set"},
+      {"[run]\ncommand = 'x'\n[gpus]\nper_proc = 1\nprocs_per_gpu = 2\n", "per_proc and procs_per_gpu cannot both be set"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.text);
+    std::string msg = error_of(c.text);
+    CHECK_MESSAGE(msg.find(c.expected) != std::string::npos, msg);
+  }
+}
+
+TEST_CASE("spec: a missing file names the path") {
+  try {
+    spec::load_file("/nonexistent/job.toml");
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()) == "/nonexistent/job.toml: cannot read job spec: No such file or directory");
+    CHECK(e.code() == 2);
+  }
+}
+
+TEST_CASE("spec: errors in a profile point into the profile file") {
+  TempDir d;
+  d.write("bad-profile.toml", "[run]\ngrace = '3s'\n");
+  std::string msg = error_of("profile = 'bad-profile.toml'\n[run]\ncommand = 'x'\n", &d);
+  // error_of trims to "job.toml", which is absent here: the whole message names the profile.
+  CHECK(msg.find("bad-profile.toml:2:1: unknown key 'grace' in [run] (did you mean 'grace_period'?)") != std::string::npos);
+}
+
+TEST_CASE("spec: to_toml round-trips through load_file") {
+  TempDir d;
+  auto s = spec::load_file(d.write("job.toml", "name = 'rt'\n[run]\nargv = ['a', 'b c']\nmax_restarts = 3\n[run.env]\nK = 'v w'\n"));
+  auto again = spec::load_file(d.write("again.toml", spec::to_toml(s)));
+  CHECK(again.name == "rt");
+  CHECK(again.run.argv == s.run.argv);
+  CHECK(again.run.max_restarts == 3);
+  CHECK(again.run.env == s.run.env);
+}
