@@ -1,0 +1,135 @@
+"""Output under load: nothing lost, nothing torn, bounded launcher memory."""
+import os
+import subprocess
+import time
+
+import pytest
+
+from conftest import communicate
+
+RANKS = 8
+LINES = int(os.environ.get("MLTRAIN_E2E_FLOOD_LINES", "200000"))
+WIDTH = 100  # bytes per line, newline included
+RSS_LIMIT_KB = 100 * 1024
+
+# Each line: "<rank> <index> xxxx...\n", exactly WIDTH bytes.
+AWK = ('BEGIN { r = ENVIRON["RANK"]; pad = sprintf("%0*d", 200, 0); gsub(/0/, "x", pad); '
+       'for (i = 0; i < N; i++) { s = r " " sprintf("%07d", i) " "; '
+       f'printf "%s%s\\n", s, substr(pad, 1, {WIDTH - 1} - length(s)) }} }}')
+
+
+def expected_lines(rank: int, n: int) -> bytes:
+    out = []
+    for i in range(n):
+        s = f"{rank} {i:07d} "
+        out.append(s + "x" * (WIDTH - 1 - len(s)) + "\n")
+    return "".join(out).encode()
+
+
+def peak_kb(pid: int):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for ln in f:
+                if ln.startswith("VmHWM:"):
+                    return int(ln.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def children(pid: int):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def test_flood_every_line_once_and_whole(ml, tmp_path):
+    out_path = tmp_path / "stdout"
+    with open(out_path, "wb") as out:
+        p = ml.popen("run", "-n", RANKS, "--", "awk", "-v", f"N={LINES}", AWK, stdout=out,
+                     stderr=subprocess.PIPE)
+        launcher_peak = 0
+        agent_peak = {}
+        deadline = time.monotonic() + 90
+        while p.poll() is None and time.monotonic() < deadline:
+            launcher_peak = max(launcher_peak, peak_kb(p.pid) or 0)
+            for c in children(p.pid):  # the local agent runs as the launcher's child
+                agent_peak[c] = max(agent_peak.get(c, 0), peak_kb(c) or 0)
+            time.sleep(0.02)
+        _, err = communicate(p, 10)
+    assert p.returncode == 0, err[-2000:]
+    assert launcher_peak < RSS_LIMIT_KB, f"launcher peak RSS {launcher_peak} kB"
+    assert all(v < RSS_LIMIT_KB for v in agent_peak.values()), agent_peak
+
+    data = out_path.read_bytes()
+    assert len(data) == RANKS * LINES * (WIDTH + len("[0] ")), len(data)
+    per_rank = {r: [] for r in range(RANKS)}
+    for ln in data.split(b"\n")[:-1]:
+        assert ln[:1] == b"[" and ln[2:4] == b"] ", ln[:120]
+        per_rank[int(ln[1:2])].append(ln[4:])
+    (run_dir,) = ml.run_dirs()
+    for r in range(RANKS):
+        want = expected_lines(r, LINES)
+        got = b"\n".join(per_rank[r]) + b"\n"
+        assert got == want, f"rank {r}: console lines lost, torn or reordered"
+        assert (run_dir / f"rank-{r}.log").read_bytes() == want, f"rank-{r}.log differs"
+
+
+def test_partial_last_line_is_kept(ml):
+    r = ml("run", "-n", "2", "--", "sh", "-c", 'echo "full $RANK"; printf "partial $RANK"')
+    assert r.returncode == 0
+    assert sorted(r.stdout.splitlines()) == ["[0] full 0", "[0] partial 0", "[1] full 1",
+                                             "[1] partial 1"]
+    assert r.stdout.endswith("\n")  # the console line is ended, so prompts are not glued on
+    (d,) = ml.run_dirs()
+    assert (d / "rank-1.log").read_bytes() == b"full 1\npartial 1"  # the file stays exact
+
+
+def test_huge_line_without_newline(ml):
+    size = 3 * 1024 * 1024
+    r = ml("run", "-n", "2", "--", "sh", "-c",
+           f'echo "before $RANK"; head -c {size} /dev/zero | tr "\\0" "$RANK"; echo "after $RANK" >&2',
+           text=False, timeout=60)
+    assert r.returncode == 0
+    (d,) = ml.run_dirs()
+    for k in range(2):
+        digit = str(k).encode()
+        log = (d / f"rank-{k}.log").read_bytes()
+        assert log.startswith(b"before %d\n" % k)
+        body = log[len(b"before 0\n"):]
+        # the stderr line may land before or after the unterminated line
+        assert body.replace(b"after %d\n" % k, b"", 1) == digit * size or \
+            body == digit * size + b"after %d" % k, (len(body), body[-40:])
+        # On the console the line arrives whole or in prefixed pieces (bounded memory), but every
+        # byte arrives exactly once and in order.
+        prefix = b"[%d] " % k
+        pieces = [ln[len(prefix):] for ln in r.stdout.split(b"\n") if ln.startswith(prefix)]
+        assert pieces[0] == b"before %d" % k
+        assert b"".join(pieces[1:]) == digit * size
+        assert b"[%d] after %d" % (k, k) in r.stderr.split(b"\n")
+
+
+def test_stderr_lines_reach_stderr_and_the_log(ml):
+    n = 2000
+    r = ml("run", "-n", "3", "--", "sh", "-c",
+           f'i=0; while [ $i -lt {n} ]; do echo "out $RANK $i"; echo "err $RANK $i" >&2; '
+           'i=$((i+1)); done', timeout=60)
+    assert r.returncode == 0
+    for k in range(3):
+        outs = [ln for ln in r.stdout.splitlines() if ln.startswith(f"[{k}] ")]
+        errs = [ln for ln in r.stderr.splitlines() if ln.startswith(f"[{k}] ")]
+        assert outs == [f"[{k}] out {k} {i}" for i in range(n)]
+        assert errs == [f"[{k}] err {k} {i}" for i in range(n)]
+    (d,) = ml.run_dirs()
+    log = (d / "rank-2.log").read_text().splitlines()
+    assert sorted(log) == sorted([f"out 2 {i}" for i in range(n)] + [f"err 2 {i}" for i in range(n)])
+    # Within one stream the order is kept.
+    assert [ln for ln in log if ln.startswith("err")] == [f"err 2 {i}" for i in range(n)]
+
+
+def test_binary_and_invalid_utf8_pass_through(ml):
+    r = ml("run", "-n", "1", "--no-prefix", "--", "printf", "a\\377\\001b\\r\\n", text=False)
+    assert r.returncode == 0
+    assert r.stdout == b"a\xff\x01b\r\n"
