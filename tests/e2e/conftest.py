@@ -25,8 +25,14 @@ def _wait_for_binary(path: Path, wait_s: float = 180.0) -> Path:
     # Another engineer may be relinking build/mltrain: it can be missing for a moment.
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        if path.is_file() and os.access(path, os.X_OK):
-            return path
+        try:
+            st = path.stat()
+            # Present, executable, not a half-written link output, and not changed just now.
+            if (os.access(path, os.X_OK) and st.st_size > 1_000_000
+                    and time.time() - st.st_mtime > 2.0):
+                return path
+        except OSError:
+            pass
         time.sleep(1.0)
     pytest.exit(f"mltrain binary not found at {path} (build it, or set MLTRAIN_BIN)", returncode=4)
 
