@@ -1,1 +1,149 @@
-# fish
+# mltrain fish completion.
+# Install: mltrain completions fish > ~/.config/fish/completions/mltrain.fish
+# or load it in a running shell: mltrain completions fish | source
+
+# The words before any '--' that are neither options nor option values: the subcommand first,
+# then its positionals.
+function __mltrain_words
+    set -l with_value --color -n --nprocs --procs-per-host --hostfile -H --hosts --include --exclude -e --env \
+        --max-restarts --timeout --grace-period --profile --name --workdir --ranks -r --rank -g --grep -t --tail
+    set -l skip 0
+    for tok in (commandline -opc)[2..-1]
+        if test $skip -eq 1
+            set skip 0
+            continue
+        end
+        switch $tok
+            case --
+                return
+            case '-*=*'
+                continue
+            case '-*'
+                contains -- $tok $with_value; and set skip 1
+                continue
+        end
+        echo $tok
+    end
+end
+
+# True once a '--' is on the command line: what follows is the command to run.
+function __mltrain_after_dashdash
+    contains -- -- (commandline -opc)
+end
+
+# True when no subcommand has been given yet.
+function __mltrain_no_subcommand
+    test (count (__mltrain_words)) -eq 0
+    and not __mltrain_after_dashdash
+end
+
+# True when the subcommand is one of the arguments, and no '--' has been given.
+function __mltrain_using
+    set -l words (__mltrain_words)
+    set -q words[1]; and contains -- $words[1] $argv; and not __mltrain_after_dashdash
+end
+
+# True while the subcommand has no positional argument yet.
+function __mltrain_no_positional
+    set -l words (__mltrain_words)
+    test (count $words) -le 1
+end
+
+# Run ids: the folders in the runs directory (the same place mltrain itself looks), plus "latest".
+function __mltrain_run_ids
+    set -l home $MLTRAIN_HOME
+    if test -z "$home"
+        if test -n "$XDG_STATE_HOME"
+            set home $XDG_STATE_HOME/mltrain
+        else
+            set home $HOME/.local/state/mltrain
+        end
+    end
+    for d in $home/runs/*/
+        basename -- $d
+    end
+    echo latest
+end
+
+# *.toml files, and directories to walk into.
+function __mltrain_toml_files
+    complete -C "__fish_command_without_completions "(commandline -ct) | string match -r -- '^.*(?:\.toml|/)$'
+end
+
+# Profiles: the built-in names, the user's profiles (by name), and .toml paths once a path is typed.
+function __mltrain_profiles
+    printf '%s\tbuilt-in profile\n' local nccl-ethernet cpu-cluster
+    set -l config $XDG_CONFIG_HOME
+    test -n "$config"; or set config $HOME/.config
+    for p in $config/mltrain/profiles/*.toml
+        printf '%s\tuser profile\n' (basename -- $p .toml)
+    end
+    set -l cur (commandline -ct)
+    if string match -q -r -- '[/.~]' $cur
+        __mltrain_toml_files
+    end
+end
+
+# After '--': complete the command to run and its arguments with that command's own completions.
+function __mltrain_complete_command
+    set -l tokens (commandline -opc)
+    set -l i (contains -i -- -- $tokens)
+    set -l rest $tokens[(math $i + 1)..-1]
+    __fish_complete_subcommand --commandline $rest (commandline -ct)
+end
+
+complete -c mltrain -f
+
+# Subcommands.
+complete -c mltrain -n __mltrain_no_subcommand -a run -d "Start a job's ranks, stream their output, stop them together"
+complete -c mltrain -n __mltrain_no_subcommand -a validate -d "Check a job spec and its hosts without starting anything"
+complete -c mltrain -n __mltrain_no_subcommand -a logs -d "Print a run's logs (the latest run by default)"
+complete -c mltrain -n __mltrain_no_subcommand -a ls -d "List recorded runs, oldest first"
+complete -c mltrain -n __mltrain_no_subcommand -a show -d "Show one run: command, hosts, ranks and how each ended"
+complete -c mltrain -n __mltrain_no_subcommand -a stop -d "Stop a running job"
+complete -c mltrain -n __mltrain_no_subcommand -a completions -d "Print the shell completion script for bash, zsh or fish"
+complete -c mltrain -n __mltrain_no_subcommand -a knobs -d "List the environment variables mltrain reads, with defaults"
+
+# Global options (mltrain also takes them after the subcommand).
+complete -c mltrain -n 'not __mltrain_after_dashdash' -s h -l help -d 'Print help and exit'
+complete -c mltrain -n __mltrain_no_subcommand -l version -d 'Print the version and exit'
+complete -c mltrain -n 'not __mltrain_after_dashdash' -s v -l verbose -d 'More diagnostics on stderr (repeat for debug)'
+complete -c mltrain -n 'not __mltrain_after_dashdash' -l color -x -a 'auto always never' -d 'Colour rank prefixes'
+
+# run and validate.
+set -l job 'run validate'
+complete -c mltrain -n "__mltrain_using $job; and __mltrain_no_positional" -k -a '(__mltrain_toml_files)' -d 'Job spec'
+complete -c mltrain -n "__mltrain_using $job" -s n -l nprocs -x -d 'Number of ranks'
+complete -c mltrain -n "__mltrain_using $job" -l procs-per-host -x -d 'Ranks on each host'
+complete -c mltrain -n "__mltrain_using $job" -l hostfile -r -F -d 'Hostfile (DeepSpeed, Open MPI or Horovod format)'
+complete -c mltrain -n "__mltrain_using $job" -s H -l hosts -x -a '(__fish_print_hostnames)' -d "Hosts, e.g. 'a:4,b:4'"
+complete -c mltrain -n "__mltrain_using $job" -l include -x -a '(__fish_print_hostnames)' -d 'Only these hosts/slots'
+complete -c mltrain -n "__mltrain_using $job" -l exclude -x -a '(__fish_print_hostnames)' -d 'All but these hosts/slots'
+complete -c mltrain -n "__mltrain_using $job" -s e -l env -x -a '(set -xn | string replace -r \'$\' =)' -d 'Set a variable for every rank (K=V)'
+complete -c mltrain -n "__mltrain_using $job" -l max-restarts -x -d 'Restart the whole gang up to N times on failure'
+complete -c mltrain -n "__mltrain_using $job" -l timeout -x -d 'Stop the job after this long, e.g. 90s, 2h'
+complete -c mltrain -n "__mltrain_using $job" -l grace-period -x -d 'Time between SIGTERM and SIGKILL'
+complete -c mltrain -n "__mltrain_using $job" -l profile -x -a '(__mltrain_profiles)' -d 'Profile to merge under the spec'
+complete -c mltrain -n "__mltrain_using $job" -l name -x -d 'Job name (for run ids and records)'
+complete -c mltrain -n "__mltrain_using $job" -l workdir -x -a '(__fish_complete_directories (commandline -ct))' -d 'Working directory of every rank'
+complete -c mltrain -n "__mltrain_using $job" -l ranks -x -d 'Show only these ranks on the console, e.g. 0,3-5'
+complete -c mltrain -n "__mltrain_using $job" -l no-prefix -d 'Print rank output without the [rank] prefix'
+complete -c mltrain -n "__mltrain_using $job" -l timestamps -d 'Start console lines with the time'
+complete -c mltrain -n "__mltrain_using $job" -l json -d 'Machine-readable output'
+complete -c mltrain -n '__mltrain_using run' -l dry-run -d 'Print the plan; start nothing'
+complete -c mltrain -n '__mltrain_using run' -s d -l detach -d 'Print the run id and leave the job running'
+
+# logs, ls, show, stop.
+complete -c mltrain -n '__mltrain_using logs show stop; and __mltrain_no_positional' -k -a '(__mltrain_run_ids)' -d 'Run id'
+complete -c mltrain -n '__mltrain_using logs' -s f -l follow -d 'Keep printing new lines until the run ends'
+complete -c mltrain -n '__mltrain_using logs' -s r -l rank -x -d 'Only these ranks, e.g. 0,3-5'
+complete -c mltrain -n '__mltrain_using logs' -s g -l grep -x -d 'Only lines matching this regular expression'
+complete -c mltrain -n '__mltrain_using logs' -s t -l tail -x -d 'Only the last N lines of each rank'
+complete -c mltrain -n '__mltrain_using logs' -l no-prefix -d 'Print lines without the [rank] prefix'
+complete -c mltrain -n '__mltrain_using ls show' -l json -d 'Print as JSON'
+
+# completions.
+complete -c mltrain -n '__mltrain_using completions; and __mltrain_no_positional' -a 'bash zsh fish' -d 'Shell'
+
+# After '--': the command to run.
+complete -c mltrain -n __mltrain_after_dashdash -x -a '(__mltrain_complete_command)'
