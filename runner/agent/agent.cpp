@@ -1,6 +1,12 @@
 #include "runner/agent/agent.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -59,6 +65,7 @@ class Agent {
  private:
   void handle_frame(const Frame& f);
   void spawn(const Frame& f);
+  void prepare(const Frame& f);
   void send(Type t, uint32_t id, std::string_view payload, uint16_t flags = 0);
   void flush_outbox(bool block);
   void read_rank_fd(Rank& r, int which);
@@ -310,6 +317,103 @@ void Agent::spawn(const Frame& f) {
   send(Type::started, f.id, Writer().i32(pid).take());
 }
 
+// The interface and local address this host uses to reach `addr` (no packet is sent).
+void route_to(const std::string& addr, std::string& ifname, std::string& local_ip) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_socktype = SOCK_DGRAM;
+  if (::getaddrinfo(addr.c_str(), "9", &hints, &res) != 0 || !res) return;
+  int fd = ::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_storage local{};
+  socklen_t len = sizeof local;
+  bool ok = fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+            ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0;
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(res);
+  if (!ok) return;
+  char buf[INET6_ADDRSTRLEN] = {};
+  const void* a = local.ss_family == AF_INET ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+                                              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+  ::inet_ntop(local.ss_family, a, buf, sizeof buf);
+  local_ip = buf;
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) != 0) return;
+  for (ifaddrs* i = ifs; i; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != local.ss_family) continue;
+    char b[INET6_ADDRSTRLEN] = {};
+    const void* ia = i->ifa_addr->sa_family == AF_INET
+                         ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr)
+                         : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr);
+    ::inet_ntop(i->ifa_addr->sa_family, ia, b, sizeof b);
+    if (local_ip == b) {
+      ifname = i->ifa_name;
+      break;
+    }
+  }
+  ::freeifaddrs(ifs);
+}
+
+bool is_executable_file(const std::string& path) {
+  struct stat st{};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+// Preflight on this host: the route to the master, free ports, the workdir, the program.
+void Agent::prepare(const Frame& f) {
+  Reader rd(f.payload);
+  std::string master = rd.str();
+  uint32_t nports = rd.u32();
+  std::string workdir = rd.str();
+  std::string argv0 = rd.str();
+  std::string path = rd.str();
+  std::vector<std::string> problems;
+  std::string ifname, local_ip;
+  if (!master.empty()) {
+    route_to(master, ifname, local_ip);
+    if (ifname.empty()) problems.push_back("no route to the master address " + master);
+  }
+  std::vector<std::string> ports;
+  std::vector<int> held;
+  for (uint32_t i = 0; i < nports && i < 16; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    socklen_t len = sizeof a;
+    if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+      ports.push_back(std::to_string(ntohs(a.sin_port)));
+      held.push_back(fd);  // held until all are chosen, so they differ
+    } else {
+      problems.push_back(std::string("cannot find a free TCP port: ") + std::strerror(errno));
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  for (int fd : held) ::close(fd);
+  struct stat st{};
+  if (!workdir.empty() && (::stat(workdir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)))
+    problems.push_back("workdir " + workdir + " does not exist here");
+  else if (!argv0.empty()) {
+    if (argv0.find('/') != std::string::npos) {
+      std::string full = argv0[0] == '/' || workdir.empty() ? argv0 : workdir + "/" + argv0;
+      if (!is_executable_file(full)) problems.push_back("program " + argv0 + " is not an executable file here");
+    } else {
+      if (path.empty()) path = ::getenv("PATH") ? ::getenv("PATH") : "/usr/bin:/bin";
+      bool found = false;
+      size_t start = 0;
+      while (!found) {
+        size_t colon = path.find(':', start);
+        std::string dir = path.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+        if (dir.empty()) dir = ".";
+        if (dir[0] != '/' && !workdir.empty()) dir = workdir + "/" + dir;
+        found = is_executable_file(dir + "/" + argv0);
+        if (colon == std::string::npos) break;
+        start = colon + 1;
+      }
+      if (!found) problems.push_back("program " + argv0 + " not found in PATH (" + path + ")");
+    }
+  }
+  send(Type::prepared, f.id, Writer().str(ifname).str(local_ip).strings(ports).strings(problems).take());
+}
+
 void Agent::handle_frame(const Frame& f) {
   last_heard_ms_ = now_ms();
   if (!greeted_ && f.type != Type::hello) {
@@ -338,6 +442,7 @@ void Agent::handle_frame(const Frame& f) {
       break;
     }
     case Type::spawn: spawn(f); break;
+    case Type::prepare: prepare(f); break;
     case Type::signal: {
       Reader rd(f.payload);
       int sig = rd.i32();

@@ -126,6 +126,8 @@ const char* type_name(Type t) {
     case Type::pong: return "pong";
     case Type::error: return "error";
     case Type::bye: return "bye";
+    case Type::prepare: return "prepare";
+    case Type::prepared: return "prepared";
   }
   return "unknown";
 }

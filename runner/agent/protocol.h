@@ -26,6 +26,7 @@ enum class Type : uint16_t {
   terminate = 4,  // TERM every rank's process group, wait grace_ms, then KILL
   ping = 5,       // seq; answered by pong
   shutdown = 6,   // kill whatever is left and exit
+  prepare = 7,    // preflight: master_addr, nports, workdir, argv0, path ("" = the agent's PATH)
   // agent -> launcher
   hello_ack = 101,  // magic, version, pid, hostname, arch
   started = 102,    // id = rank; pid
@@ -35,6 +36,7 @@ enum class Type : uint16_t {
   pong = 106,       // seq
   error = 107,      // message: something the agent could not do
   bye = 108,        // the agent is exiting after shutdown
+  prepared = 109,   // ifname routing to master_addr, local ip, ports[] (as strings), problems[]
 };
 
 struct Frame {

@@ -195,6 +195,10 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
   for (const auto& [k, v] : s.run.env) put(base, k, v);
   bool user_ifname_nccl = has(base, "NCCL_SOCKET_IFNAME");
   bool user_ifname_gloo = has(base, "GLOO_SOCKET_IFNAME");
+  p.user_nccl_ifname = user_ifname_nccl;
+  p.user_gloo_ifname = user_ifname_gloo;
+  p.auto_master_port = s.comm.master_port == 0;
+  p.ps_mode = s.comm.mode == "ps";
 
   int world = int(p.ranks.size());
   for (auto& r : p.ranks) {
@@ -250,6 +254,30 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
     r.env = std::move(env);
   }
   return p;
+}
+
+void set_rendezvous(Plan& p, const Rendezvous& r) {
+  p.master_addr = r.master_addr;
+  p.master_port = r.master_port;
+  p.store_addr = r.master_addr + ":" + std::to_string(r.store_port);
+  for (auto& rank : p.ranks) {
+    put(rank.env, "MASTER_ADDR", p.master_addr);
+    put(rank.env, "MASTER_PORT", std::to_string(p.master_port));
+    put(rank.env, "MLTRAIN_STORE_ADDR", p.store_addr);
+    if (p.ps_mode) {
+      put(rank.env, "DMLC_PS_ROOT_URI", p.master_addr);
+      if (r.ps_port) put(rank.env, "DMLC_PS_ROOT_PORT", std::to_string(r.ps_port));
+    }
+  }
+}
+
+void set_interface(Plan& p, int host, const std::string& ifname) {
+  if (ifname.empty()) return;
+  for (auto& rank : p.ranks) {
+    if (rank.host != host) continue;
+    if (!p.user_nccl_ifname) put(rank.env, "NCCL_SOCKET_IFNAME", ifname);
+    if (!p.user_gloo_ifname) put(rank.env, "GLOO_SOCKET_IFNAME", ifname);
+  }
 }
 
 void set_restart_count(Plan& p, int restart_count) {

@@ -42,7 +42,22 @@ struct Plan {
   std::string store_addr;
   std::string token;
   bool multi_host = false;
+  bool auto_master_port = true;   // the ports are chosen on rank 0's host at preflight
+  bool ps_mode = false;
+  bool user_nccl_ifname = false;  // the user chose the interfaces; mltrain leaves them alone
+  bool user_gloo_ifname = false;
 };
+
+// Where ranks meet, as learnt from rank 0's host at preflight.
+struct Rendezvous {
+  std::string master_addr;
+  int master_port = 0;
+  int store_port = 0;
+  int ps_port = 0;  // 0 when not in PS mode
+};
+void set_rendezvous(Plan& p, const Rendezvous& r);
+// Sets NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME for the ranks of one host, unless the user set them.
+void set_interface(Plan& p, int host, const std::string& ifname);
 
 // Side effects the planner needs, behind a seam so tests can fix them.
 struct Inputs {

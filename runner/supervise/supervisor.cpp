@@ -66,7 +66,11 @@ struct Host {
   proto::Decoder decoder;
   std::string outbox;
   bool greeted = false;
+  bool prepared = false;
   bool open = false;
+  std::string ifname;
+  std::vector<std::string> ports;
+  std::vector<std::string> problems;
   Clock::time_point last_heard;
   std::string hostname;  // as the agent reports it
 };
@@ -122,47 +126,107 @@ void Gang::send(Host& h, proto::Type t, uint32_t id, const std::string& payload)
 }
 
 void Gang::connect_all() {
-  // Preflight: every host connected and its agent greeted before any rank starts.
+  // Preflight: every host connected, its agent greeted and prepared before any rank starts.
   hosts_.resize(plan_.hosts.size());
   std::vector<std::string> problems(plan_.hosts.size());
-  for (size_t i = 0; i < plan_.hosts.size(); ++i) {
-    Host& h = hosts_[i];
-    h.plan = &plan_.hosts[i];
-    try {
-      h.link = transport_for_(*h.plan).connect(*h.plan);
-      h.open = true;
-      h.last_heard = Clock::now();
-      send(h, proto::Type::hello, 0,
-           proto::Writer()
-               .u32(proto::kMagic)
-               .u32(proto::kVersion)
-               .u32(uint32_t(opts_.grace.count()))
-               .u32(uint32_t(opts_.heartbeat_timeout.count()))
-               .take());
-    } catch (const Error& e) {
-      problems[i] = e.what();
+  {
+    // Connections open in parallel: a slow or dead host costs its timeout once, not once per host.
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < plan_.hosts.size(); ++i) {
+      hosts_[i].plan = &plan_.hosts[i];
+      threads.emplace_back([&, i] {
+        try {
+          hosts_[i].link = transport_for_(plan_.hosts[i]).connect(plan_.hosts[i]);
+        } catch (const Error& e) {
+          problems[i] = e.what();
+        } catch (const std::exception& e) {
+          problems[i] = e.what();
+        }
+      });
     }
+    for (auto& t : threads) t.join();
   }
-  auto deadline = Clock::now() + milliseconds(30000);
-  while (Clock::now() < deadline) {
-    bool waiting = false;
-    for (size_t i = 0; i < hosts_.size(); ++i)
-      if (problems[i].empty() && !hosts_[i].greeted) {
-        if (!hosts_[i].open) problems[i] = "the agent exited before answering (see its message above)";
-        else waiting = true;
+  for (auto& h : hosts_) {
+    if (!h.link) continue;
+    h.open = true;
+    h.last_heard = Clock::now();
+    send(h, proto::Type::hello, 0,
+         proto::Writer()
+             .u32(proto::kMagic)
+             .u32(proto::kVersion)
+             .u32(uint32_t(opts_.grace.count()))
+             .u32(uint32_t(opts_.heartbeat_timeout.count()))
+             .take());
+  }
+  auto wait_for = [&](auto done, const char* what) {
+    auto deadline = Clock::now() + milliseconds(30000);
+    while (true) {
+      bool waiting = false;
+      for (size_t i = 0; i < hosts_.size(); ++i)
+        if (problems[i].empty() && !done(hosts_[i])) {
+          if (!hosts_[i].open) problems[i] = "the agent exited before answering (see its message above)";
+          else waiting = true;
+        }
+      if (!waiting) break;
+      if (Clock::now() >= deadline) {
+        for (size_t i = 0; i < hosts_.size(); ++i)
+          if (problems[i].empty() && !done(hosts_[i])) problems[i] = std::string("the agent did not ") + what + " within 30s";
+        break;
       }
-    if (!waiting) break;
-    pump(milliseconds(200));
+      pump(milliseconds(200));
+    }
+  };
+  wait_for([](const Host& h) { return h.greeted; }, "answer");
+
+  // Where ranks meet: rank 0's host, by an address the other hosts reach.
+  std::string master = "127.0.0.1";
+  if (plan_.multi_host && hosts_[0].link) {
+    master = hosts_[0].link->address();
+    if (plan_.hosts[0].local)
+      for (auto& h : hosts_)
+        if (h.link && !h.plan->local && !h.link->local_address().empty()) {
+          master = h.link->local_address();
+          break;
+        }
   }
+  uint32_t nports = plan_.multi_host ? (plan_.auto_master_port ? 1u : 0u) + 1u + (plan_.ps_mode ? 1u : 0u) : 0u;
+  std::string path;
+  for (const auto& [k, v] : plan_.ranks[0].env)
+    if (k == "PATH") path = v;
   for (size_t i = 0; i < hosts_.size(); ++i)
-    if (problems[i].empty() && !hosts_[i].greeted) problems[i] = "the agent did not answer within 30s";
+    if (problems[i].empty())
+      send(hosts_[i], proto::Type::prepare, 0,
+           proto::Writer()
+               .str(plan_.multi_host ? master : std::string())
+               .u32(i == 0 ? nports : 0)
+               .str(plan_.workdir)
+               .str(plan_.argv.empty() ? std::string() : plan_.argv[0])
+               .str(path)
+               .take());
+  wait_for([](const Host& h) { return h.prepared; }, "finish its preflight");
+  for (size_t i = 0; i < hosts_.size(); ++i)
+    if (problems[i].empty() && !hosts_[i].problems.empty()) problems[i] = text::join(hosts_[i].problems, "; ");
+
   std::vector<std::string> lines;
   for (size_t i = 0; i < hosts_.size(); ++i)
     if (!problems[i].empty()) lines.push_back("  " + plan_.hosts[i].host.name + ": " + problems[i]);
   if (!lines.empty()) {
     std::string msg = "preflight failed on " + std::to_string(lines.size()) + " of " + std::to_string(hosts_.size()) +
-                      " hosts; no rank was started:\n" + text::join(lines, "\n");
-    throw Error(msg, "fix the hosts above, then run again (mltrain doctor checks hosts)", exit_code::host_failure);
+                      (hosts_.size() == 1 ? " host" : " hosts") + "; no rank was started:\n" + text::join(lines, "\n");
+    throw Error(msg, "fix the hosts above, then run again", exit_code::host_failure);
+  }
+
+  if (plan_.multi_host) {
+    plan::Rendezvous r;
+    r.master_addr = master;
+    const auto& ports = hosts_[0].ports;
+    size_t k = 0;
+    auto next = [&](int fallback) { return k < ports.size() ? std::stoi(ports[k++]) : fallback; };
+    r.master_port = plan_.auto_master_port ? next(plan_.master_port) : plan_.master_port;
+    r.store_port = next(plan_.master_port + 1);
+    r.ps_port = plan_.ps_mode ? next(0) : 0;
+    plan::set_rendezvous(plan_, r);
+    for (size_t i = 0; i < hosts_.size(); ++i) plan::set_interface(plan_, int(i), hosts_[i].ifname);
   }
 }
 
@@ -294,6 +358,13 @@ void Gang::on_frame(size_t i, const proto::Frame& f) {
       }
       break;
     }
+    case proto::Type::prepared:
+      h.ifname = rd.str();
+      rd.str();  // the host's own address on that route (for doctor)
+      h.ports = rd.strings();
+      h.problems = rd.strings();
+      h.prepared = true;
+      break;
     case proto::Type::pong: break;
     case proto::Type::error:
       std::fprintf(stderr, "mltrain: %s: agent: %s\n", h.link->describe().c_str(), rd.str().c_str());
@@ -399,7 +470,8 @@ int Gang::run() {
     records::save(rec_);
     throw;
   }
-  // Addresses the hosts gave us replace the planned names.
+  // The record shows the rendezvous and environment as preflight settled them.
+  records::fill_from_plan(rec_, plan_);
   for (size_t i = 0; i < hosts_.size(); ++i) rec_.hosts[i].address = hosts_[i].link->address();
 
   // A zero timeout means none: a deadline past any real run.

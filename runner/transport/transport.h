@@ -22,6 +22,8 @@ class AgentLink {
   virtual std::string describe() const = 0;
   // The address other hosts reach this host at (MASTER_ADDR when it runs rank 0).
   virtual std::string address() const = 0;
+  // This machine's address on the way to that host ("" for a local agent).
+  virtual std::string local_address() const { return {}; }
   // Last resort when the agent stops answering: drop the connection without a goodbye. An agent
   // that is still alive sees it close and stops its ranks.
   virtual void kill() = 0;

@@ -44,6 +44,7 @@ using ScriptFor = std::function<Script(int rank, int restart)>;
 struct FakeHostBehaviour {
   bool refuse_connect = false;  // connect() throws
   bool go_silent_after_spawn = false;  // stops answering (a cut link)
+  std::string preflight_problem;       // reported by prepare
 };
 
 class FakeAgent {
@@ -92,6 +93,13 @@ class FakeAgent {
             case proto::Type::hello:
               send(proto::Type::hello_ack, 0, proto::Writer().u32(proto::kMagic).u32(proto::kVersion).i32(1).str("fake").str("x86_64").take());
               break;
+            case proto::Type::prepare: {
+              std::vector<std::string> problems;
+              if (!b_.preflight_problem.empty()) problems.push_back(b_.preflight_problem);
+              send(proto::Type::prepared, 0,
+                   proto::Writer().str("fake0").str("10.0.0.9").strings({"20001", "20002"}).strings(problems).take());
+              break;
+            }
             case proto::Type::spawn: {
               int restart = spawns[f.id]++;
               if (f.id == 0) restarts_seen_ = restart;
@@ -226,6 +234,11 @@ TEST_CASE("supervisor: every rank succeeds") {
   CHECK(saved.status == "succeeded");
   CHECK(saved.ranks[2].exit_code == 0);
   CHECK(saved.ranks[2].pid == 1002);
+  // Rendezvous learnt at preflight: rank 0's host address and the ports it chose.
+  CHECK(run.rec.master_addr == "a");
+  CHECK(run.rec.master_port == 20001);
+  CHECK(saved.ranks[3].env["MLTRAIN_STORE_ADDR"] == "a:20002");
+  CHECK(saved.ranks[3].env["NCCL_SOCKET_IFNAME"] == "fake0");
 }
 
 TEST_CASE("supervisor: the first failure stops the gang and sets the exit code") {
@@ -281,7 +294,8 @@ TEST_CASE("supervisor: restarts run out") {
 
 TEST_CASE("supervisor: a host that cannot be reached fails preflight; nothing starts") {
   std::atomic<int> spawned{0};
-  FakeTransport t([&](int, int) { ++spawned; return Script{}; }, {{"b", FakeHostBehaviour{true, false}}});
+  FakeTransport t([&](int, int) { ++spawned; return Script{}; },
+                  {{"b", FakeHostBehaviour{true, false, ""}}, {"c", FakeHostBehaviour{false, false, "workdir /x does not exist here"}}});
   Run run;
   try {
     run.go("a:1,b:1,c:1", t);
@@ -289,6 +303,8 @@ TEST_CASE("supervisor: a host that cannot be reached fails preflight; nothing st
   } catch (const Error& e) {
     CHECK(e.code() == exit_code::host_failure);
     CHECK(std::string(e.what()).find("b: connection refused") != std::string::npos);
+    CHECK(std::string(e.what()).find("c: workdir /x does not exist here") != std::string::npos);
+    CHECK(std::string(e.what()).find("preflight failed on 2 of 3 hosts") != std::string::npos);
     CHECK(std::string(e.what()).find("no rank was started") != std::string::npos);
   }
   CHECK(spawned == 0);
@@ -296,7 +312,7 @@ TEST_CASE("supervisor: a host that cannot be reached fails preflight; nothing st
 }
 
 TEST_CASE("supervisor: a host that stops answering is named within the heartbeat timeout") {
-  FakeTransport t([](int, int) { return Script{"", 0, 60000ms}; }, {{"b", FakeHostBehaviour{false, true}}});
+  FakeTransport t([](int, int) { return Script{"", 0, 60000ms}; }, {{"b", FakeHostBehaviour{false, true, ""}}});
   Run run;
   supervise::Options o;
   o.heartbeat_interval = 50ms;
