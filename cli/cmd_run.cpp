@@ -16,6 +16,7 @@
 #include "runner/records/records.h"
 #include "runner/spec/spec.h"
 #include "runner/supervise/supervisor.h"
+#include "runner/transport/ssh_transport.h"
 #include "runner/transport/transport.h"
 
 namespace mltrain::cli {
@@ -30,7 +31,8 @@ struct RunFlags {
   std::vector<std::string> env;
   int max_restarts = -1;
   std::string timeout, grace;
-  std::string profile, name, workdir, include, exclude, ranks;
+  std::string profile, name, workdir, include, exclude, ranks, ssh_config;
+  bool accept_new_host_keys = false;
   bool dry_run = false, json = false, detach = false, no_prefix = false, timestamps = false;
 };
 
@@ -52,6 +54,8 @@ void add_job_flags(CLI::App* c, RunFlags& f) {
   c->add_option("--ranks", f.ranks, "Show only these ranks on the console, e.g. 0,3-5 (files get all)");
   c->add_flag("--no-prefix", f.no_prefix, "Print rank output without the [rank] prefix");
   c->add_flag("--timestamps", f.timestamps, "Start console lines with the time");
+  c->add_option("--ssh-config", f.ssh_config, "ssh config file (default ~/.ssh/config)");
+  c->add_flag("--accept-new-host-keys", f.accept_new_host_keys, "Accept and record host keys never seen before");
 }
 
 spec::JobSpec build_spec(RunFlags& f, Global& g) {
@@ -111,6 +115,8 @@ spec::JobSpec build_spec(RunFlags& f, Global& g) {
   if (!f.ranks.empty()) s.logs.ranks = f.ranks;
   if (f.no_prefix) s.logs.prefix = "";
   if (f.timestamps) s.logs.timestamps = true;
+  if (!f.ssh_config.empty()) s.ssh.config = f.ssh_config;
+  if (f.accept_new_host_keys) s.ssh.strict_host_keys = "accept-new";
   spec::check(s);
   if (!s.logs.ranks.empty() && !text::parse_int_list(s.logs.ranks))
     throw Error("--ranks '" + s.logs.ranks + "' is not a rank list", "write ranks like 0,3-5");
@@ -173,11 +179,7 @@ int do_run(RunFlags& f, Global& g) {
 
   // Plan before creating the record, so a bad host list leaves no empty run behind.
   in.run_id = "pending";
-  plan::Plan probe = plan::make_plan(s, in);
-  for (const auto& h : probe.hosts)
-    if (!h.local)
-      throw Error("host '" + h.host.name + "' (" + h.host.origin + ") is remote, and this build runs jobs on localhost only",
-                  "run without hosts, or use localhost", exit_code::usage);
+  plan::make_plan(s, in);
   in.run_id = records::create_run(s.name);
   plan::Plan p = plan::make_plan(s, in);
 
@@ -235,7 +237,18 @@ int do_run(RunFlags& f, Global& g) {
   records::save(rec);
 
   auto local = transport::make_local_transport();
-  supervise::TransportFor tf = [&](const plan::HostPlan&) -> transport::Transport& { return *local; };
+  transport::SshOptions so;
+  so.config = s.ssh.config;
+  so.user = s.ssh.user;
+  so.port = s.ssh.port;
+  so.identity_file = s.ssh.identity_file;
+  so.known_hosts = s.ssh.known_hosts;
+  so.strict_host_keys = s.ssh.strict_host_keys;
+  so.connect_timeout = s.ssh.connect_timeout;
+  auto ssh = transport::make_ssh_transport(so);
+  supervise::TransportFor tf = [&](const plan::HostPlan& h) -> transport::Transport& {
+    return h.local ? *local : *ssh;
+  };
   int code = supervise::run_job(p, rec, o, tf);
   if (f.detach) {
     std::fflush(stdout);

@@ -176,7 +176,9 @@ void Gang::connect_all() {
       pump(milliseconds(200));
     }
   };
+  log::info("supervise", "connected to " + std::to_string(hosts_.size()) + " host(s)");
   wait_for([](const Host& h) { return h.greeted; }, "answer");
+  log::info("supervise", "every agent answered");
 
   // Where ranks meet: rank 0's host, by an address the other hosts reach.
   std::string master = "127.0.0.1";
@@ -204,12 +206,17 @@ void Gang::connect_all() {
                .str(path)
                .take());
   wait_for([](const Host& h) { return h.prepared; }, "finish its preflight");
+  log::info("supervise", "preflight done");
   for (size_t i = 0; i < hosts_.size(); ++i)
     if (problems[i].empty() && !hosts_[i].problems.empty()) problems[i] = text::join(hosts_[i].problems, "; ");
 
   std::vector<std::string> lines;
   for (size_t i = 0; i < hosts_.size(); ++i)
-    if (!problems[i].empty()) lines.push_back("  " + plan_.hosts[i].host.name + ": " + problems[i]);
+    if (!problems[i].empty()) {
+      const std::string& n = plan_.hosts[i].host.name;
+      bool named = problems[i].compare(0, n.size() + 2, n + ": ") == 0;
+      lines.push_back("  " + (named ? problems[i] : n + ": " + problems[i]));
+    }
   if (!lines.empty()) {
     std::string msg = "preflight failed on " + std::to_string(lines.size()) + " of " + std::to_string(hosts_.size()) +
                       (hosts_.size() == 1 ? " host" : " hosts") + "; no rank was started:\n" + text::join(lines, "\n");
@@ -514,6 +521,7 @@ int Gang::run() {
       pump(wait);
     }
     out_->flush();
+    log::info("supervise", "every rank has ended");
     bool failed = ending_ == Ending::failure;
     bool can_restart = failed && restart_ < opts_.max_restarts &&
                        std::all_of(hosts_.begin(), hosts_.end(), [](const Host& h) { return h.open; });
@@ -536,6 +544,7 @@ int Gang::run() {
     pump(milliseconds(100));
   }
   out_->flush();
+  log::info("supervise", "agents shut down");
 
   int code = 0;
   switch (ending_) {

@@ -20,7 +20,7 @@ struct Options {
   std::chrono::milliseconds grace{5000};
   std::chrono::milliseconds timeout{0};  // 0: none
   std::chrono::milliseconds heartbeat_interval{2000};
-  std::chrono::milliseconds heartbeat_timeout{15000};
+  std::chrono::milliseconds heartbeat_timeout{10000};
   int max_restarts = 0;
   ConsoleOptions console;
   bool json_summary = false;  // print the summary as JSON on stdout

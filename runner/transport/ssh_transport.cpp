@@ -1,0 +1,381 @@
+// The SSH transport (libssh): one connection and one channel per host, however many ranks it
+// runs. The channel carries the agent protocol; a pump thread per host moves bytes between the
+// channel and a socketpair the supervisor polls like any other agent stream.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <libssh/libssh.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "runner/common/error.h"
+#include "runner/common/log.h"
+#include "runner/transport/ssh_transport.h"
+
+namespace mltrain::transport {
+namespace {
+
+#if defined(__x86_64__)
+constexpr const char* kAgentArch = "x86_64";
+#elif defined(__aarch64__)
+constexpr const char* kAgentArch = "aarch64";
+#else
+constexpr const char* kAgentArch = "unknown";
+#endif
+
+std::string expand_home(const std::string& p) {
+  if (p.size() >= 1 && p[0] == '~') {
+    const char* home = std::getenv("HOME");
+    return std::string(home ? home : "") + p.substr(1);
+  }
+  return p;
+}
+
+bool file_exists(const std::string& p) {
+  struct stat st{};
+  return ::stat(p.c_str(), &st) == 0;
+}
+
+std::string sock_address(int fd, bool peer) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof a;
+  int rc = peer ? ::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) : ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  if (rc != 0) return {};
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (a.ss_family == AF_INET) ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&a)->sin_addr, buf, sizeof buf);
+  else if (a.ss_family == AF_INET6) ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&a)->sin6_addr, buf, sizeof buf);
+  return buf;
+}
+
+std::string agent_remote_path() {
+  return "\"$HOME/.cache/mltrain/mltrain-agent-" + std::string(agent_hash().substr(0, 16)) + "\"";
+}
+
+struct SessionDeleter {
+  void operator()(ssh_session s) const {
+    if (s) {
+      ssh_disconnect(s);
+      ssh_free(s);
+    }
+  }
+};
+using Session = std::unique_ptr<ssh_session_struct, SessionDeleter>;
+
+class SshLink : public AgentLink {
+ public:
+  SshLink(Session s, ssh_channel ch, std::string name, std::string leftover)
+      : session_(std::move(s)), channel_(ch), name_(std::move(name)) {
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+      throw Error(std::string("socketpair: ") + std::strerror(errno), {}, exit_code::internal);
+    ours_ = sv[0];
+    theirs_ = sv[1];
+    ::fcntl(ours_, F_SETFL, ::fcntl(ours_, F_GETFL) | O_NONBLOCK);
+    int fd = ssh_get_fd(session_.get());
+    peer_ = sock_address(fd, true);
+    local_ = sock_address(fd, false);
+    done_ = done_promise_.get_future();
+    pump_ = std::thread([this, leftover = std::move(leftover)] {
+      pump(leftover);
+      done_promise_.set_value();
+    });
+  }
+  ~SshLink() override {
+    stop_ = true;
+    ::shutdown(ours_, SHUT_RDWR);
+    // A pump stuck writing to a cut link must not hang the launcher's exit.
+    if (done_.wait_for(std::chrono::seconds(3)) == std::future_status::ready) {
+      pump_.join();
+      if (channel_) {
+        ssh_channel_close(channel_);
+        ssh_channel_free(channel_);
+      }
+    } else {
+      log::warn("transport", name_ + ": the connection is stuck; leaving it");
+      pump_.detach();
+      (void)session_.release();
+    }
+    ::close(ours_);
+  }
+  int read_fd() const override { return ours_; }
+  int write_fd() const override { return ours_; }
+  std::string describe() const override { return peer_.empty() || peer_ == name_ ? name_ : name_ + " (" + peer_ + ")"; }
+  std::string address() const override { return peer_; }
+  std::string local_address() const override { return local_; }
+  void kill() override {
+    stop_ = true;
+    ::shutdown(ours_, SHUT_RDWR);
+  }
+
+ private:
+  bool write_sock(const char* p, size_t n) {
+    while (n > 0) {
+      ssize_t w = ::send(theirs_, p, n, MSG_NOSIGNAL);
+      if (w > 0) {
+        p += w;
+        n -= size_t(w);
+      } else if (w < 0 && (errno == EINTR || errno == EAGAIN)) {
+        pollfd pf{theirs_, POLLOUT, 0};
+        ::poll(&pf, 1, 100);
+        if (stop_) return false;
+      } else {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  void pump(const std::string& leftover) {
+    ssh_session s = session_.get();
+    if (!leftover.empty() && !write_sock(leftover.data(), leftover.size())) stop_ = true;
+    std::vector<char> buf(256 * 1024);
+    while (!stop_) {
+      pollfd fds[2] = {{theirs_, POLLIN, 0}, {ssh_get_fd(s), POLLIN, 0}};
+      ::poll(fds, 2, 50);
+      if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+        ssize_t n = ::read(theirs_, buf.data(), buf.size());
+        if (n > 0) {
+          if (ssh_channel_write(channel_, buf.data(), uint32_t(n)) == SSH_ERROR) break;
+        } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+          ssh_channel_send_eof(channel_);  // the supervisor let go: the agent sees EOF and stops
+          break;
+        }
+      }
+      bool progress = true;
+      while (progress && !stop_) {
+        progress = false;
+        int n = ssh_channel_read_nonblocking(channel_, buf.data(), uint32_t(buf.size()), 0);
+        if (n > 0) {
+          progress = true;
+          if (!write_sock(buf.data(), size_t(n))) stop_ = true;
+        } else if (n == SSH_ERROR) {
+          stop_ = true;
+        }
+        int e = ssh_channel_read_nonblocking(channel_, buf.data(), uint32_t(buf.size()), 1);
+        if (e > 0) {
+          progress = true;
+          std::string text(buf.data(), size_t(e));
+          while (!text.empty() && text.back() == '\n') text.pop_back();
+          std::fprintf(stderr, "mltrain: %s: %s\n", name_.c_str(), text.c_str());
+        }
+      }
+      if (ssh_channel_is_eof(channel_) || ssh_channel_is_closed(channel_) || !ssh_is_connected(s)) break;
+    }
+    ::shutdown(theirs_, SHUT_RDWR);
+    ::close(theirs_);
+  }
+
+  Session session_;
+  ssh_channel channel_;
+  std::string name_, peer_, local_;
+  int ours_ = -1, theirs_ = -1;
+  std::atomic<bool> stop_{false};
+  std::promise<void> done_promise_;
+  std::future<void> done_;
+  std::thread pump_;
+};
+
+class SshTransport : public Transport {
+ public:
+  explicit SshTransport(SshOptions o) : o_(std::move(o)) {}
+
+  std::unique_ptr<AgentLink> connect(const plan::HostPlan& hp) override {
+    const auto& h = hp.host;
+    Session s(ssh_new());
+    if (!s) throw Error("cannot create an SSH session", {}, exit_code::internal);
+    ssh_session ss = s.get();
+    std::string name = h.name;
+    ssh_options_set(ss, SSH_OPTIONS_HOST, h.name.c_str());
+    int no = 0;
+    ssh_options_set(ss, SSH_OPTIONS_PROCESS_CONFIG, &no);
+    std::string config = expand_home(o_.config.empty() ? "~/.ssh/config" : o_.config);
+    if (file_exists(config)) {
+      if (ssh_options_parse_config(ss, config.c_str()) != SSH_OK)
+        throw Error(config + ": cannot parse the ssh config: " + ssh_get_error(ss), "fix the file, or pass --ssh-config");
+    } else if (!o_.config.empty()) {
+      throw Error(config + ": ssh config file not found", "check [ssh] config / --ssh-config");
+    }
+    // Explicit settings win over the config: the hostfile's, then the spec's.
+    std::string user = !h.user.empty() ? h.user : o_.user;
+    if (!user.empty()) ssh_options_set(ss, SSH_OPTIONS_USER, user.c_str());
+    int port = h.port > 0 ? h.port : o_.port;
+    if (port > 0) ssh_options_set(ss, SSH_OPTIONS_PORT, &port);
+    if (!o_.identity_file.empty()) ssh_options_set(ss, SSH_OPTIONS_ADD_IDENTITY, expand_home(o_.identity_file).c_str());
+    if (!o_.known_hosts.empty()) ssh_options_set(ss, SSH_OPTIONS_KNOWNHOSTS, expand_home(o_.known_hosts).c_str());
+    long timeout = std::max<long>(1, long(o_.connect_timeout.count() / 1000));
+    ssh_options_set(ss, SSH_OPTIONS_TIMEOUT, &timeout);
+
+    if (ssh_connect(ss) != SSH_OK)
+      throw Error(name + ": cannot connect: " + ssh_get_error(ss), "check the host name, that sshd runs there, and the network",
+                  exit_code::host_failure);
+    verify_host_key(ss, name);
+    authenticate(ss, name);
+    return start_agent(std::move(s), name);
+  }
+
+ private:
+  void verify_host_key(ssh_session ss, const std::string& name) {
+    ssh_key key = nullptr;
+    std::string fingerprint = "(unknown)";
+    if (ssh_get_server_publickey(ss, &key) == SSH_OK) {
+      unsigned char* hash = nullptr;
+      size_t hlen = 0;
+      if (ssh_get_publickey_hash(key, SSH_PUBLICKEY_HASH_SHA256, &hash, &hlen) == 0) {
+        char* fp = ssh_get_fingerprint_hash(SSH_PUBLICKEY_HASH_SHA256, hash, hlen);
+        if (fp) {
+          fingerprint = std::string(ssh_key_type_to_char(ssh_key_type(key))) + " " + fp;
+          ssh_string_free_char(fp);
+        }
+        ssh_clean_pubkey_hash(&hash);
+      }
+      ssh_key_free(key);
+    }
+    switch (ssh_session_is_known_server(ss)) {
+      case SSH_KNOWN_HOSTS_OK: return;
+      case SSH_KNOWN_HOSTS_CHANGED:
+        throw Error(name + ": HOST KEY CHANGED: the host now presents " + fingerprint +
+                        ", which differs from the key recorded in known_hosts. Someone may be intercepting the "
+                        "connection, or the host was reinstalled",
+                    "if the change is expected, remove the old key (ssh-keygen -R " + name + ") and connect again",
+                    exit_code::host_failure);
+      case SSH_KNOWN_HOSTS_OTHER:
+        throw Error(name + ": the host presents a key of another type (" + fingerprint + ") than known_hosts records",
+                    "check the host; remove the old entry with ssh-keygen -R " + name + " if the change is expected",
+                    exit_code::host_failure);
+      case SSH_KNOWN_HOSTS_NOT_FOUND:
+      case SSH_KNOWN_HOSTS_UNKNOWN:
+        if (o_.strict_host_keys == "no") return;
+        if (o_.strict_host_keys == "accept-new") {
+          if (ssh_session_update_known_hosts(ss) != SSH_OK)
+            throw Error(name + ": cannot record the host key: " + ssh_get_error(ss), {}, exit_code::host_failure);
+          log::info("transport", name + ": recorded new host key " + fingerprint);
+          return;
+        }
+        throw Error(name + ": unknown host key " + fingerprint + "; refusing to connect",
+                    "check the fingerprint, then accept it with --accept-new-host-keys (or [ssh] strict_host_keys = "
+                    "\"accept-new\"), which records it in known_hosts",
+                    exit_code::host_failure);
+      case SSH_KNOWN_HOSTS_ERROR:
+      default:
+        throw Error(name + ": cannot check the host key: " + ssh_get_error(ss), {}, exit_code::host_failure);
+    }
+  }
+
+  void authenticate(ssh_session ss, const std::string& name) {
+    int rc = ssh_userauth_none(ss, nullptr);
+    if (rc == SSH_AUTH_SUCCESS) return;
+    rc = ssh_userauth_publickey_auto(ss, nullptr, nullptr);
+    if (rc == SSH_AUTH_SUCCESS) return;
+    char* user = nullptr;
+    ssh_options_get(ss, SSH_OPTIONS_USER, &user);
+    std::string who = std::string(user ? user : "?") + "@" + name;
+    if (user) ssh_string_free_char(user);
+    throw Error(name + ": authentication failed for " + who + " (tried ssh-agent and the identity files)" +
+                    (rc == SSH_AUTH_ERROR ? std::string(": ") + ssh_get_error(ss) : std::string()),
+                "check that your public key is in the host's authorized_keys, or set [ssh] identity_file",
+                exit_code::host_failure);
+  }
+
+  // Runs the agent over one exec channel: "OK" and the agent's stream, or "MISSING" (upload it
+  // by content hash, then try again), or "ARCH x" (this build cannot serve that host).
+  std::unique_ptr<AgentLink> start_agent(Session s, const std::string& name) {
+    ssh_session ss = s.get();
+    std::string a = agent_remote_path();
+    std::string cmd = "a=" + a + "; m=$(uname -m); if [ \"$m\" != " + kAgentArch +
+                      " ]; then echo \"MLTRAIN-ARCH $m\"; exit 0; fi; if [ -x \"$a\" ]; then echo MLTRAIN-AGENT-OK; "
+                      "exec \"$a\"; fi; echo MLTRAIN-AGENT-MISSING";
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      ssh_channel ch = ssh_channel_new(ss);
+      if (!ch || ssh_channel_open_session(ch) != SSH_OK || ssh_channel_request_exec(ch, cmd.c_str()) != SSH_OK) {
+        std::string err = ssh_get_error(ss);
+        if (ch) ssh_channel_free(ch);
+        throw Error(name + ": cannot start a command over SSH: " + err, "check the host's sshd (MaxSessions, ForceCommand)",
+                    exit_code::host_failure);
+      }
+      std::string line, rest;
+      read_marker(ss, ch, name, line, rest);
+      if (line == "MLTRAIN-AGENT-OK") return std::make_unique<SshLink>(std::move(s), ch, name, rest);
+      ssh_channel_close(ch);
+      ssh_channel_free(ch);
+      if (line.rfind("MLTRAIN-ARCH ", 0) == 0)
+        throw Error(name + ": the host's architecture is " + line.substr(13) + "; this mltrain carries an agent for " +
+                        kAgentArch,
+                    "run mltrain built for that architecture", exit_code::host_failure);
+      if (line != "MLTRAIN-AGENT-MISSING" || attempt == 1)
+        throw Error(name + ": the agent did not start (got '" + line + "')", "check that the host has a POSIX sh and glibc",
+                    exit_code::host_failure);
+      upload_agent(ss, name, a);
+    }
+    throw Error(name + ": the agent did not start", {}, exit_code::host_failure);
+  }
+
+  void read_marker(ssh_session ss, ssh_channel ch, const std::string& name, std::string& line, std::string& rest) {
+    auto deadline = std::chrono::steady_clock::now() + o_.connect_timeout + std::chrono::seconds(5);
+    std::string got, err;
+    char buf[4096];
+    while (std::chrono::steady_clock::now() < deadline) {
+      int n = ssh_channel_read_timeout(ch, buf, sizeof buf, 0, 200);
+      if (n > 0) got.append(buf, size_t(n));
+      int e = ssh_channel_read_nonblocking(ch, buf, sizeof buf, 1);
+      if (e > 0) err.append(buf, size_t(e));
+      auto nl = got.find('\n');
+      if (nl != std::string::npos) {
+        line = got.substr(0, nl);
+        rest = got.substr(nl + 1);
+        return;
+      }
+      if (n == SSH_ERROR || ssh_channel_is_eof(ch)) break;
+    }
+    throw Error(name + ": no answer from the remote shell" + (err.empty() ? std::string() : ": " + err) +
+                    (ssh_get_error(ss)[0] ? std::string(" (") + ssh_get_error(ss) + ")" : std::string()),
+                "check that the host has a POSIX sh", exit_code::host_failure);
+  }
+
+  void upload_agent(ssh_session ss, const std::string& name, const std::string& a) {
+    std::string cmd = "a=" + a + "; mkdir -p \"$HOME/.cache/mltrain\" && t=\"$a.tmp.$$\" && cat > \"$t\" && chmod 755 \"$t\" && mv -f \"$t\" \"$a\"";
+    ssh_channel ch = ssh_channel_new(ss);
+    if (!ch || ssh_channel_open_session(ch) != SSH_OK || ssh_channel_request_exec(ch, cmd.c_str()) != SSH_OK) {
+      if (ch) ssh_channel_free(ch);
+      throw Error(name + ": cannot upload the agent: " + ssh_get_error(ss), {}, exit_code::host_failure);
+    }
+    auto bytes = agent_bytes();
+    size_t off = 0;
+    while (off < bytes.size()) {
+      uint32_t chunk = uint32_t(std::min<size_t>(bytes.size() - off, 64 * 1024));
+      int n = ssh_channel_write(ch, bytes.data() + off, chunk);
+      if (n <= 0) break;
+      off += size_t(n);
+    }
+    ssh_channel_send_eof(ch);
+    std::string err;
+    char buf[1024];
+    int n;
+    while ((n = ssh_channel_read(ch, buf, sizeof buf, 1)) > 0) err.append(buf, size_t(n));
+    int status = ssh_channel_get_exit_status(ch);
+    ssh_channel_close(ch);
+    ssh_channel_free(ch);
+    if (off != bytes.size() || status != 0)
+      throw Error(name + ": cannot upload the agent to ~/.cache/mltrain" + (err.empty() ? "" : ": " + err),
+                  "check free space and permissions in the remote home", exit_code::host_failure);
+    log::info("transport", name + ": agent uploaded (" + std::to_string(bytes.size()) + " bytes)");
+  }
+
+  SshOptions o_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_ssh_transport(SshOptions o) { return std::make_unique<SshTransport>(std::move(o)); }
+
+}  // namespace mltrain::transport
