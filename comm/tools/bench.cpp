@@ -269,7 +269,7 @@ int bench_main(int argc, char** argv) {
     // Warm up links, page tables and the scheduler before the first timed size.
     {
       float x = 0;
-      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
       int go = 1;
       while (go != 0) {
         for (int i = 0; i < 50; ++i) comm->allreduce(&x, 1, DataType::f32, ReduceOp::sum);

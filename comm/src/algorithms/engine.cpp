@@ -199,8 +199,13 @@ void run_steps(std::vector<Step>& steps, const EngineConfig& cfg) {
       if (!ready) sleep_on_bell(bell, seen, cap_ms);
       bell->waiters.fetch_sub(1, std::memory_order_seq_cst);
     }
-    for (Link* l : {tx_want, rx_want})
-      if (l != nullptr && !l->peer_alive())
+    // A peer that exited after sending its last bytes is fine: only blame it when nothing is
+    // left to read from it (or no room to write to it).
+    if (rx_want != nullptr && !rx_want->can_recv() && !rx_want->peer_alive())
+      throw Error(Error::Kind::peer_closed, rx_want->peer_label() + ": its process is gone",
+                  rx_want->peer_rank(), rx_want->peer_host());
+    for (Link* l : {tx_want})
+      if (l != nullptr && !l->can_send() && !l->peer_alive())
         throw Error(Error::Kind::peer_closed, l->peer_label() + ": its process is gone",
                     l->peer_rank(), l->peer_host());
   }
