@@ -375,3 +375,59 @@ def test_env_flag_after_spec(ml):
     r = ml("run", spec, "--env", "A=1", "-e", "B=2")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[0] A=1"
+
+
+# --- the rank environment of a real run -------------------------------------------------------
+
+def test_real_rank_env_matches_the_plan(ml, tmp_path):
+    out = tmp_path / "env"
+    out.mkdir()
+    r = ml("run", "-n", "3", "--max-restarts", "1", "--", "sh", "-c", f'env > "{out}/$RANK"')
+    assert r.returncode == 0, r.stderr
+    envs = []
+    for i in range(3):
+        env = dict(ln.split("=", 1) for ln in (out / str(i)).read_text().splitlines() if "=" in ln)
+        envs.append(env)
+        for k in RANK_ENV:
+            assert k in env, k
+        assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == \
+            (str(i), str(i), "3", "3")
+        assert env["NODE_RANK"] == env["GROUP_RANK"] == "0"
+        assert env["MASTER_ADDR"] == "127.0.0.1"
+        assert env["TORCHELASTIC_MAX_RESTARTS"] == "1" and env["TORCHELASTIC_RESTART_COUNT"] == "0"
+        assert re.fullmatch(r"[0-9a-f]{16,}", env["MLTRAIN_TOKEN"]), env["MLTRAIN_TOKEN"]
+    (d,) = ml.run_dirs()
+    for k in ("MASTER_PORT", "MLTRAIN_STORE_ADDR", "MLTRAIN_TOKEN", "MLTRAIN_RUN_ID", "TORCHELASTIC_RUN_ID"):
+        assert len({e[k] for e in envs}) == 1, k  # one job, one value
+    assert envs[0]["MLTRAIN_RUN_ID"] == envs[0]["TORCHELASTIC_RUN_ID"] == d.name
+    # The job's secret is in no record, log or listing.
+    token = envs[0]["MLTRAIN_TOKEN"]
+    for f in d.iterdir():
+        assert token not in f.read_text(errors="replace"), f
+    assert token not in ml("show", "--json").stdout + ml("ls", "--json").stdout
+
+
+def test_two_runs_get_different_ports_and_tokens(ml, tmp_path):
+    vals = []
+    for i in range(2):
+        r = ml("run", "-n", "1", "--", "sh", "-c", 'echo "$MASTER_PORT $MLTRAIN_TOKEN"')
+        vals.append(r.stdout.split()[1:])
+    assert vals[0][1] != vals[1][1]
+
+
+def test_prefix_template(ml):
+    spec = ml.write("job.toml", """
+[run]
+command = 'echo hi'
+[cluster]
+nprocs = 2
+[logs]
+prefix = "{node}/{rank}@{host}:{local_rank}|"
+""")
+    r = ml("run", spec)
+    assert r.returncode == 0, r.stderr
+    lines = sorted(r.stdout.splitlines())
+    assert [ln.split("|")[0] for ln in lines] == ["0/0@localhost:0", "0/1@localhost:1"], lines
+    assert all(ln.split("|", 1)[1].strip() == "hi" for ln in lines)
+    spec2 = ml.write("job2.toml", "[run]\ncommand = 'echo hi'\n[logs]\nprefix = false\n")
+    assert ml("run", spec2).stdout == "hi\n"

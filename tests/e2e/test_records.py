@@ -207,3 +207,24 @@ def test_ls_empty_home(ml):
     assert json.loads(ml("ls", "--json").stdout) == []
     r = ml("logs")
     assert r.returncode != 0 and r.returncode > 0 and "mltrain: error:" in r.stderr
+
+
+def test_stop_an_attached_run_from_elsewhere(ml):
+    m = ml.marker()
+    p = ml.popen("run", "-n", "2", "--", "sleep", m, text=True)
+    wait_for(lambda: len(set(__import__("conftest").pids_with_arg(m)) - {p.pid}) == 2, 10, "ranks")
+    s = ml("stop", timeout=15)
+    assert s.returncode == 0, s.stderr
+    out, err = communicate(p, 15)
+    assert p.returncode == 143, err
+    assert wait_gone(m, 2) == []
+    assert _record(ml)["status"] == "stopped"
+
+
+def test_timeout_is_not_restarted(ml):
+    t0 = time.monotonic()
+    r = ml("run", "-n", "2", "--max-restarts", "3", "--timeout", "1s", "--", "sleep", "30")
+    assert r.returncode == 124
+    assert time.monotonic() - t0 < 4
+    rec = _record(ml)
+    assert rec["restarts"] == 0 and rec["exit_code"] == 124
