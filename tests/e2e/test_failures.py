@@ -2,6 +2,7 @@
 import json
 import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -220,3 +221,33 @@ grace_period = "1s"
     assert r.returncode == 124, r.stderr
     assert time.monotonic() - t0 < 1 + 1 + 2
     assert wait_gone(m, 0.5) == []
+
+
+# --- teardown while the output pipes are full --------------------------------------------------
+
+def test_fail_fast_while_other_ranks_flood(ml):
+    m = ml.marker()
+    t0 = time.monotonic()
+    p = ml.popen("run", "-n", "3", "--grace-period", "2s", "--", "sh", "-c",
+                 'if [ "$RANK" = 0 ]; then sleep 0.5; exit 3; fi; exec yes "$0"', m,
+                 stdout=subprocess.DEVNULL, text=True)
+    _, err = communicate(p, 20)
+    assert p.returncode == 3, err
+    assert time.monotonic() - t0 < 0.5 + 2 + 2
+    assert wait_gone(m, 1) == []
+    for d in ml.run_dirs():  # keep tmp small: the flood wrote a few hundred MB
+        for f in d.glob("rank-*.log"):
+            f.unlink()
+
+
+def test_sigkill_of_launcher_while_ranks_flood(ml):
+    m = ml.marker()
+    p = ml.popen("run", "-n", "2", "--", "yes", m, stdout=subprocess.DEVNULL)
+    wait_for(lambda: len(set(pids_with_arg(m)) - {p.pid}) == 2, 10, "ranks to start")
+    time.sleep(0.5)
+    p.kill()
+    communicate(p, 10)
+    assert wait_gone(m, 5) == [], "flooding ranks outlived the launcher"
+    for d in ml.run_dirs():
+        for f in d.glob("rank-*.log"):
+            f.unlink()
