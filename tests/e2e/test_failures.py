@@ -251,3 +251,19 @@ def test_sigkill_of_launcher_while_ranks_flood(ml):
     for d in ml.run_dirs():
         for f in d.glob("rank-*.log"):
             f.unlink()
+
+
+@pytest.mark.parametrize("sig,code,status", [(signal.SIGINT, 130, "interrupted"),
+                                             (signal.SIGTERM, 143, "stopped")], ids=["INT", "TERM"])
+def test_signals_are_not_restarted(ml, tmp_path, sig, code, status):
+    m = ml.marker()
+    p = ml.popen("run", "-n", "2", "--max-restarts", "3", "--env", f"D={tmp_path}", "--",
+                 "sh", "-c", 'touch "$D/ready.$RANK"; exec sleep "$0"', m, text=True)
+    wait_for(_ready_files(tmp_path, 2), 10, "ranks to start")
+    wait_for(lambda: len(set(pids_with_arg(m)) - {p.pid}) == 2, 5, "ranks to exec sleep")
+    p.send_signal(sig)
+    _, err = communicate(p, 15)
+    assert p.returncode == code, err
+    assert wait_gone(m, 2) == []
+    rec = json.loads(ml("show", "--json").stdout)
+    assert rec["restarts"] == 0 and rec["status"] == status
