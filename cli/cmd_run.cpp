@@ -15,6 +15,7 @@
 #include "runner/plan/plan.h"
 #include "runner/records/records.h"
 #include "runner/spec/spec.h"
+#include "runner/supervise/doctor.h"
 #include "runner/supervise/supervisor.h"
 #include "runner/transport/ssh_transport.h"
 #include "runner/transport/transport.h"
@@ -161,6 +162,25 @@ void print_plan(const plan::Plan& p) {
   }
 }
 
+// The local transport for this machine, SSH for every other host.
+struct Transports {
+  std::unique_ptr<transport::Transport> local, ssh;
+  supervise::TransportFor for_host;
+  explicit Transports(const spec::JobSpec& s) {
+    local = transport::make_local_transport();
+    transport::SshOptions so;
+    so.config = s.ssh.config;
+    so.user = s.ssh.user;
+    so.port = s.ssh.port;
+    so.identity_file = s.ssh.identity_file;
+    so.known_hosts = s.ssh.known_hosts;
+    so.strict_host_keys = s.ssh.strict_host_keys;
+    so.connect_timeout = s.ssh.connect_timeout;
+    ssh = transport::make_ssh_transport(so);
+    for_host = [this](const plan::HostPlan& h) -> transport::Transport& { return h.local ? *local : *ssh; };
+  }
+};
+
 int do_run(RunFlags& f, Global& g) {
   spec::JobSpec s = build_spec(f, g);
   plan::Inputs in;
@@ -236,20 +256,8 @@ int do_run(RunFlags& f, Global& g) {
   rec.launcher_start = records::process_start_time(rec.launcher_pid);
   records::save(rec);
 
-  auto local = transport::make_local_transport();
-  transport::SshOptions so;
-  so.config = s.ssh.config;
-  so.user = s.ssh.user;
-  so.port = s.ssh.port;
-  so.identity_file = s.ssh.identity_file;
-  so.known_hosts = s.ssh.known_hosts;
-  so.strict_host_keys = s.ssh.strict_host_keys;
-  so.connect_timeout = s.ssh.connect_timeout;
-  auto ssh = transport::make_ssh_transport(so);
-  supervise::TransportFor tf = [&](const plan::HostPlan& h) -> transport::Transport& {
-    return h.local ? *local : *ssh;
-  };
-  int code = supervise::run_job(p, rec, o, tf);
+  Transports t(s);
+  int code = supervise::run_job(p, rec, o, t.for_host);
   if (f.detach) {
     std::fflush(stdout);
     ::_exit(code);
@@ -279,7 +287,39 @@ int do_validate(RunFlags& f, Global& g) {
   return 0;
 }
 
+int do_doctor(RunFlags& f, Global& g) {
+  if (!g.has_trailing) {
+    g.has_trailing = true;
+    g.trailing = {"true"};  // doctor checks hosts, not a program
+  }
+  spec::JobSpec s = build_spec(f, g);
+  plan::Inputs in;
+  in.environ = plan::current_environ();
+  in.cwd = std::filesystem::current_path().string();
+  in.token = "doctor";
+  in.run_id = "doctor";
+  int port = 29500;
+  in.free_port = [&] { return port++; };
+  plan::Plan p = plan::make_plan(s, in);
+  Transports t(s);
+  auto reports = supervise::run_doctor(p.hosts, t.for_host, s.comm.master_port);
+  std::fputs(supervise::format_doctor(reports, f.json).c_str(), stdout);
+  for (const auto& r : reports)
+    if (!r.ok) return exit_code::host_failure;
+  return 0;
+}
+
 }  // namespace
+
+void register_doctor(CLI::App& app, Global& g, std::function<int()>& handler) {
+  static RunFlags f;
+  auto* c = app.add_subcommand("doctor", "Check every host of a job: reachable, host key, auth, agent, GPUs, NCCL, Python, torch, clock");
+  add_job_flags(c, f);
+  c->add_flag("--json", f.json, "Print the report as JSON");
+  c->footer("Examples:\n  mltrain doctor job.toml\n  mltrain doctor --hostfile hosts.txt --ssh-config ./ssh_config\n"
+            "Exit code 0 when every host is ready, 255 when one is not.");
+  c->callback([&] { handler = [&] { return do_doctor(f, g); }; });
+}
 
 void register_run(CLI::App& app, Global& g, std::function<int()>& handler) {
   static RunFlags f;

@@ -30,6 +30,7 @@ void register_ls(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_show(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_stop(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_completions(CLI::App& app, Global& g, std::function<int()>& handler);
+void register_doctor(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_knobs(CLI::App& app, Global& g, std::function<int()>& handler);
 
 // Whether console output should be coloured (flag, NO_COLOR, TTY).

@@ -128,6 +128,8 @@ const char* type_name(Type t) {
     case Type::bye: return "bye";
     case Type::prepare: return "prepare";
     case Type::prepared: return "prepared";
+    case Type::probe: return "probe";
+    case Type::probed: return "probed";
   }
   return "unknown";
 }

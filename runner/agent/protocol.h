@@ -27,6 +27,7 @@ enum class Type : uint16_t {
   ping = 5,       // seq; answered by pong
   shutdown = 6,   // kill whatever is left and exit
   prepare = 7,    // preflight: master_addr, nports, workdir, argv0, path ("" = the agent's PATH)
+  probe = 8,      // doctor: port to test; answered by probed
   // agent -> launcher
   hello_ack = 101,  // magic, version, pid, hostname, arch
   started = 102,    // id = rank; pid
@@ -37,6 +38,7 @@ enum class Type : uint16_t {
   error = 107,      // message: something the agent could not do
   bye = 108,        // the agent is exiting after shutdown
   prepared = 109,   // ifname routing to master_addr, local ip, ports[] (as strings), problems[]
+  probed = 110,     // facts[] as "key=value" (arch, glibc, gpus, nccl, python3, torch, time_ms, port_free)
 };
 
 struct Frame {
