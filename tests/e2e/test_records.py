@@ -255,3 +255,17 @@ def test_record_without_id_is_not_listed_blank(ml):
     (odd / "run.json").write_text("{}")
     ids = [x["id"] for x in json.loads(ml("ls", "--json").stdout)]
     assert "" not in ids
+
+
+def test_logs_follow_through_restarts(ml):
+    r = ml("run", "-d", "-n", "2", "--max-restarts", "2", "--", "sh", "-c",
+           'echo "try $TORCHELASTIC_RESTART_COUNT"; sleep 0.5; [ "$TORCHELASTIC_RESTART_COUNT" = 2 ]',
+           timeout=10)
+    run_id = r.stdout.strip()
+    f = ml("logs", "-f", run_id, timeout=30)
+    assert f.returncode == 0, f.stderr
+    for k in range(2):
+        mine = [ln for ln in f.stdout.splitlines() if ln.startswith(f"[{k}] ")]
+        assert [ln for ln in mine if "try" in ln] == [f"[{k}] try {i}" for i in range(3)]
+        assert sum("restart" in ln for ln in mine) == 2
+    assert _record(ml, run_id)["status"] == "succeeded"
