@@ -52,7 +52,7 @@ check_log() {  # $1: rank-N.log, $2: rank
     END { if (NR != N || bad) printf "rank-%d.log: %d lines (want %d), %d bad\n", r, NR, N, bad + 0 }' "$1"
 }
 
-run_mltrain() {  # prints "wall_s rss_kb"
+run_mltrain() {  # writes "wall_s rss_kb" to $work/result; exits the script on lost output
   local home="$work/home" out="$work/console" rss="$work/rss" t0 t1 problems
   rm -rf "$home"; mkdir -p "$home"
   t0=$(now)
@@ -76,10 +76,10 @@ run_mltrain() {  # prints "wall_s rss_kb"
     exit 1
   fi
   rm -f "$out"; rm -rf "$home"
-  echo "$(elapsed "$t0" "$t1") $(tail -1 "$rss")"
+  echo "$(elapsed "$t0" "$t1") $(tail -1 "$rss")" > "$work/result"
 }
 
-run_peer() {  # prints "wall_s"
+run_peer() {  # writes "wall_s" to $work/result
   local out="$work/peer" t0 t1 script=""
   for ((r = 0; r < RANKS; r++)); do
     script+="RANK=$r awk -v N=$LINES -v W=$WIDTH \"\$GEN\" & "
@@ -92,14 +92,16 @@ run_peer() {  # prints "wall_s"
   n=$(wc -l < "$out")
   [ "$n" -eq $((RANKS * LINES)) ] || { echo "output_flood: the peer printed $n lines" >&2; exit 1; }
   rm -f "$out"
-  elapsed "$t0" "$t1"
+  elapsed "$t0" "$t1" > "$work/result"
 }
 
 m_wall=() m_rss=() p_wall=()
 for ((i = 1; i <= RUNS; i++)); do
-  read -r w k < <(run_mltrain)
+  run_mltrain   # not in a subshell, so a failed check ends the script
+  read -r w k < "$work/result"
   m_wall+=("$w"); m_rss+=("$k")
-  p_wall+=("$(run_peer)")
+  run_peer
+  p_wall+=("$(cat "$work/result")")
   echo "run $i/$RUNS: mltrain ${w}s (peak RSS ${k} kB), peer ${p_wall[-1]}s" >&2
 done
 
