@@ -476,3 +476,20 @@ def test_color_on_a_tty_and_no_color(ml):
     assert b"\x1b[" not in out, out
     rc, out = _run_on_pty(ml, ["--color", "never", "run", "-n", "2", "--", "echo", "hi"])
     assert b"\x1b[" not in out, out
+
+
+def test_dry_run_with_detach_starts_nothing(ml, tmp_path):
+    flag = tmp_path / "started"
+    r = ml("run", "-d", "--dry-run", "-n", "1", "--", "touch", flag)
+    assert r.returncode == 0, r.stderr
+    import time as _time
+    _time.sleep(0.5)
+    assert not flag.exists() and not ml.run_dirs()
+
+
+def test_detach_json(ml):
+    r = ml("run", "-d", "--json", "-n", "1", "--", "true", timeout=10)
+    assert r.returncode == 0
+    doc = json.loads(r.stdout)
+    run_id = doc.get("run_id") or doc.get("id")
+    assert run_id and ml("logs", "-f", run_id, timeout=10).returncode == 0
