@@ -29,7 +29,7 @@ bool use_color(const Global& g, int fd) {
 namespace {
 
 const Register kCommands[] = {register_run,  register_validate, register_logs,        register_ls,    register_show,
-                              register_stop, register_doctor,   register_completions, register_knobs};
+                              register_stop, register_doctor,   register_bench,       register_completions, register_knobs};
 
 int run_main(int argc, char** argv) {
   Global g;
@@ -83,6 +83,8 @@ int run_main(int argc, char** argv) {
 int main(int argc, char** argv) {
   using namespace mltrain;
   try {
+    // Ranks of `mltrain bench` are mltrain itself; they speak the benchmark's own flags.
+    if (argc >= 2 && std::strcmp(argv[1], "__bench-worker") == 0) return cli::bench_worker_main(argc - 1, argv + 1);
     return cli::run_main(argc, argv);
   } catch (const Error& e) {
     std::fflush(stdout);

@@ -9,17 +9,19 @@ here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/lib.sh"
 
 usage() {
-  echo "usage: $0 [-n N] [-d STATE_DIR] [--max-sessions hK=M]... [--etc-hosts]" >&2
+  echo "usage: $0 [-n N] [-d STATE_DIR] [--max-sessions hK=M]... [--etc-hosts] [--user NAME]" >  echo "usage: $0 [-n N] [-d STATE_DIR] [--max-sessions hK=M]... [--etc-hosts]" >&22
   echo "  -n N                 number of hosts (default 4, at most 200)" >&2
   echo "  -d STATE_DIR         keys, configs, logs (default $MLT_DEFAULT_DIR)" >&2
   echo "  --max-sessions hK=M  sshd MaxSessions M on host hK (default 10); repeatable" >&2
   echo "  --etc-hosts          also add 'IP hK' lines to /etc/hosts (down.sh removes them)" >&2
+  echo "  --user NAME          the user ssh logs in as (default mltest, created with /bin/sh as its shell)" >&2
   exit 2
 }
 
 n=4
 dir="$MLT_DEFAULT_DIR"
 etc_hosts=0
+user=mltest
 declare -A max_sessions=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -32,6 +34,7 @@ while [ $# -gt 0 ]; do
       [[ "$ms" =~ ^h?[0-9]+=[0-9]+$ ]] || mlt_die "bad --max-sessions '$ms' (want hK=M)"
       max_sessions[$(mlt_host_index "${ms%%=*}")]="${ms#*=}" ;;
     --etc-hosts) etc_hosts=1; shift ;;
+    --user) [ $# -ge 2 ] || usage; user="$2"; shift 2 ;;
     -h|--help) usage ;;
     *) echo "up.sh: unknown argument '$1'" >&2; usage ;;
   esac
@@ -41,6 +44,12 @@ for k in "${!max_sessions[@]}"; do
   [ "$k" -le "$n" ] || mlt_die "--max-sessions names h$k but the cluster has $n hosts"
 done
 mlt_need_root
+# The hosts log in a plain user whose shell is /bin/sh, as on a minimal node: root's login shell
+# here runs a slow ~/.bashrc (pyenv) on every ssh command, which would swamp launch timings.
+if [ "$user" != root ] && ! id "$user" >/dev/null 2>&1; then
+  # "*": no password, yet not locked (sshd without PAM refuses locked accounts even with a key).
+  useradd --create-home --shell /bin/sh --password "*" "$user" || mlt_die "cannot create the test user '$user'"
+fi
 command -v ssh-keygen >/dev/null || mlt_die "ssh-keygen not found (apt-get install openssh-client)"
 for c in ssh sftp; do command -v $c >/dev/null || mlt_die "$c not found (apt-get install openssh-client)"; done
 case "$dir" in /*) ;; *) dir="$(pwd)/$dir" ;; esac
@@ -52,7 +61,7 @@ mlt_lock
 
 trace down
 mkdir -p "$dir"
-chmod 700 "$dir"
+chmod 711 "$dir"  # the test user reads authorized_keys; the private key stays 600
 rm -rf "${dir:?}"/h[0-9]* "$dir"/{id_ed25519,id_ed25519.pub,authorized_keys,known_hosts,ssh_config,hostfile,env.sh}
 
 # Keys: the client key and every host key, generated in parallel.
@@ -64,7 +73,7 @@ done
 wait
 trace keys
 cp "$dir/id_ed25519.pub" "$dir/authorized_keys"
-chmod 600 "$dir/authorized_keys"
+chmod 644 "$dir/authorized_keys"
 
 # Network: the bridge in the root namespace (the launcher runs there), one veth per host.
 # Permanent neighbour (ARP) entries everywhere: with no ARP on the wire, a cut host (fault.sh cut)
@@ -108,7 +117,7 @@ for k in $(seq 1 "$n"); do
   cat >>"$dir/ssh_config" <<EOF
 Host h$k
   HostName $(mlt_ip "$k")
-  User root
+  User $user
   Port 22
   IdentityFile $dir/id_ed25519
   UserKnownHostsFile $dir/known_hosts
