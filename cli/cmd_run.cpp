@@ -45,7 +45,7 @@ void add_job_flags(CLI::App* c, RunFlags& f) {
   c->add_option("-H,--hosts", f.hosts, "Hosts, e.g. 'a:4,b:4' or 'gpu[01-04]:8'");
   c->add_option("--include", f.include, "Only these hosts/slots, e.g. 'host1:0,2@host2'");
   c->add_option("--exclude", f.exclude, "All but these hosts/slots");
-  c->add_option("-e,--env", f.env, "Set a variable for every rank (K=V; repeatable)");
+  c->add_option("-e,--env", f.env, "Set a variable for every rank (K=V; repeatable)")->allow_extra_args(false);
   c->add_option("--max-restarts", f.max_restarts, "Restart the whole gang up to N times on failure")->check(CLI::Range(0, 1000));
   c->add_option("--timeout", f.timeout, "Stop the job after this long, e.g. 90s, 2h");
   c->add_option("--grace-period", f.grace, "Time between SIGTERM and SIGKILL when stopping ranks");
@@ -86,18 +86,27 @@ spec::JobSpec build_spec(RunFlags& f, Global& g) {
   if (!f.hostfile.empty()) {
     s.cluster.hostfile = f.hostfile;
     s.cluster.hosts.clear();
+    s.origins["cluster.hostfile"] = "--hostfile";
   }
   if (!f.hosts.empty()) {
     s.cluster.hosts = {f.hosts};
     s.cluster.hostfile.clear();
+    s.origins["cluster.hosts"] = "-H";
   }
-  if (!f.include.empty()) s.cluster.include = f.include;
-  if (!f.exclude.empty()) s.cluster.exclude = f.exclude;
+  if (!f.include.empty()) {
+    s.cluster.include = f.include;
+    s.origins["cluster.include"] = "--include";
+  }
+  if (!f.exclude.empty()) {
+    s.cluster.exclude = f.exclude;
+    s.origins["cluster.exclude"] = "--exclude";
+  }
   for (const auto& kv : f.env) {
     auto eq = kv.find('=');
     if (eq == std::string::npos || eq == 0)
       throw Error("--env '" + kv + "' is not K=V", "write --env NAME=value");
     std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
+    spec::check_env_name(k, "--env");
     bool replaced = false;
     for (auto& [ek, ev] : s.run.env)
       if (ek == k) ev = v, replaced = true;
@@ -218,6 +227,7 @@ int do_run(RunFlags& f, Global& g) {
   o.timeout = s.run.timeout;
   o.max_restarts = s.run.max_restarts;
   o.json_summary = f.json;
+  o.console_fd = f.json ? 2 : 1;  // with --json, stdout carries the summary alone
   o.console.color = use_color(g, 1);
   o.console.timestamps = s.logs.timestamps;
   o.console.prefix = s.logs.prefix;
@@ -266,7 +276,8 @@ int do_run(RunFlags& f, Global& g) {
 }
 
 int do_validate(RunFlags& f, Global& g) {
-  if (f.positional.empty()) throw Error("validate needs a job spec", "mltrain validate job.toml");
+  if (f.positional.empty() && !g.has_trailing)
+    throw Error("validate needs a job spec or a command", "mltrain validate job.toml, or mltrain validate -n 2 -- CMD");
   spec::JobSpec s = build_spec(f, g);
   plan::Inputs in;
   in.environ = plan::current_environ();
@@ -281,7 +292,7 @@ int do_validate(RunFlags& f, Global& g) {
   } else {
     std::vector<std::string> hosts;
     for (const auto& h : p.hosts) hosts.push_back(h.host.name + "(" + std::to_string(h.ranks.size()) + ")");
-    std::printf("%s: ok: %zu rank%s on %s\n", f.positional[0].c_str(), p.ranks.size(), p.ranks.size() == 1 ? "" : "s",
+    std::printf("%s: ok: %zu rank%s on %s\n", f.positional.empty() ? "command" : f.positional[0].c_str(), p.ranks.size(), p.ranks.size() == 1 ? "" : "s",
                 text::join(hosts, ", ").c_str());
   }
   return 0;

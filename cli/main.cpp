@@ -2,6 +2,7 @@
 // prints it and maps it to a documented exit code (docs/exit-codes.md).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -64,9 +65,32 @@ int run_main(int argc, char** argv) {
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
     app.parse(reversed);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);
-    return rc == 0 ? 0 : exit_code::usage;
+    // One line, like every other error, with a suggestion for a mistyped verb.
+    std::vector<std::string> verbs;
+    for (const auto* sub : app.get_subcommands({})) verbs.push_back(sub->get_name());
+    std::string first;
+    for (const auto& a : args)
+      if (!a.empty() && a[0] != '-') {
+        first = a;
+        break;
+      }
+    bool known = std::find(verbs.begin(), verbs.end(), first) != verbs.end();
+    std::string msg = e.what();
+    std::string hint = "see mltrain --help";
+    if (!first.empty() && !known) {
+      msg = "unknown command '" + first + "'" + text::did_you_mean(first, verbs);
+      hint = "commands: " + text::join(verbs, ", ");
+    } else if (known) {
+      hint = "see mltrain " + first + " --help";
+    }
+    throw Error(msg, hint, exit_code::usage);
   }
   if (!log::set_level_from_env())
     std::fprintf(stderr, "mltrain: warning: MLTRAIN_LOG='%s' is not one of debug, info, warn, error, off\n",

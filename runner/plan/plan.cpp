@@ -20,12 +20,22 @@ namespace mltrain::plan {
 namespace {
 
 // Hostfile parse errors are spec errors: same exit code, same one-line form.
+// Hostfile parse errors are spec errors. A filter error names the flag; when the filter came
+// from the spec, name the spec's line instead.
 template <class F>
-auto hostfile_call(F&& f) {
+auto hostfile_call(F&& f, const spec::JobSpec* s = nullptr) {
   try {
     return f();
   } catch (const hostfile::ParseError& e) {
-    throw Error(e.what(), "fix the host list; see docs/hostfile.md");
+    std::string msg = e.what();
+    if (s)
+      for (const char* key : {"include", "exclude"}) {
+        std::string flag = std::string("--") + key + ":";
+        std::string origin = s->origin(std::string("cluster.") + key, "");
+        if (msg.rfind(flag, 0) == 0 && !origin.empty() && origin[0] != '-')
+          msg = origin + ": " + key + msg.substr(flag.size());
+      }
+    throw Error(msg, "fix the host list; see docs/hostfile.md");
   }
 }
 
@@ -87,7 +97,7 @@ std::vector<hostfile::Host> resolve_hosts(const spec::JobSpec& s, const std::map
   if (!s.cluster.hostfile.empty()) {
     hosts = hostfile_call([&] { return hostfile::load_hostfile(s.cluster.hostfile); });
   } else if (!s.cluster.hosts.empty()) {
-    std::string origin = s.source.empty() ? "-H" : s.source + " [cluster] hosts";
+    std::string origin = s.origin("cluster.hosts", "-H");
     hosts = hostfile_call([&] { return hostfile::parse_host_list(text::join(s.cluster.hosts, ","), origin); });
   } else if (auto it = env.find("SLURM_JOB_NODELIST"); it != env.end() && !it->second.empty()) {
     auto names = hostfile_call([&] { return hostfile::expand_nodelist(it->second); });
@@ -105,7 +115,7 @@ std::vector<hostfile::Host> resolve_hosts(const spec::JobSpec& s, const std::map
     hosts.push_back(h);
   }
   if (!s.cluster.include.empty() || !s.cluster.exclude.empty())
-    hosts = hostfile_call([&] { return hostfile::apply_filters(hosts, s.cluster.include, s.cluster.exclude); });
+    hosts = hostfile_call([&] { return hostfile::apply_filters(hosts, s.cluster.include, s.cluster.exclude); }, &s);
   if (hosts.empty()) throw Error("no host is left after the include/exclude filters", "loosen [cluster] include/exclude");
   return hosts;
 }

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <deque>
 #include <cstdio>
 #include <regex>
 #include <thread>
@@ -133,7 +134,7 @@ int print_logs(const LogsOptions& o) {
       std::string p = "[" + std::to_string(k.rank) + "]";
       f.prefix = o.color ? std::string(kColors[size_t(k.rank) % std::size(kColors)]) + p + "\033[0m " : p + " ";
     }
-    if (o.tail >= 0) f.offset = tail_offset(f.path, o.tail);
+    if (o.tail >= 0 && !re) f.offset = tail_offset(f.path, o.tail);
     fs.push_back(std::move(f));
   }
   if (o.ranks)
@@ -141,7 +142,41 @@ int print_logs(const LogsOptions& o) {
       if (r < 0 || size_t(r) >= rec.ranks.size())
         throw Error("run " + id + " has no rank " + std::to_string(r) + " (it has " + std::to_string(rec.ranks.size()) +
                     " ranks)", "pick ranks from 0 to " + std::to_string(rec.ranks.size() - 1));
-  for (auto& f : fs) pump(f, re, !o.follow);
+  if (o.tail >= 0 && re) {
+    // The last N matching lines: filter the whole file, keep a window of N.
+    for (auto& f : fs) {
+      std::string collected;
+      std::deque<std::string> last;
+      int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd >= 0) {
+        char buf[65536];
+        ssize_t n;
+        std::string partial;
+        auto take = [&](std::string_view line) {
+          if (!std::regex_search(line.begin(), line.end(), *re)) return;
+          last.emplace_back(line);
+          if (last.size() > size_t(o.tail)) last.pop_front();
+        };
+        while ((n = ::read(fd, buf, sizeof buf)) > 0) {
+          f.offset += n;
+          partial.append(buf, size_t(n));
+          size_t start = 0, nl;
+          while ((nl = partial.find('\n', start)) != std::string::npos) {
+            take(std::string_view(partial).substr(start, nl - start));
+            start = nl + 1;
+          }
+          partial.erase(0, start);
+        }
+        ::close(fd);
+        if (o.follow) f.partial = partial;
+        else if (!partial.empty()) take(partial);
+      }
+      for (const auto& l : last) collected += f.prefix + l + "\n";
+      std::fwrite(collected.data(), 1, collected.size(), stdout);
+    }
+  } else {
+    for (auto& f : fs) pump(f, re, !o.follow);
+  }
   std::fflush(stdout);
   if (!o.follow) return 0;
 
@@ -152,10 +187,10 @@ int print_logs(const LogsOptions& o) {
     std::fflush(stdout);
     if (!any) {
       RunRecord now = load(id);
-      if (now.status != "running" || !launcher_alive(now)) {
+      if (now.status != "running") {
         for (auto& f : fs) pump(f, re, true);
         std::fflush(stdout);
-        if (now.status == "running")
+        if (now.status == "lost")
           std::fprintf(stderr, "mltrain: the launcher of run %s is gone without recording an end\n", id.c_str());
         return now.exit_code > 0 ? now.exit_code : 0;
       }
@@ -176,8 +211,7 @@ void print_list(bool json) {
   }
   std::printf("%-34s %-12s %5s %5s %-19s %9s %4s\n", "ID", "STATUS", "RANKS", "HOSTS", "STARTED", "DURATION", "EXIT");
   for (const auto& r : runs) {
-    std::string status = r.status;
-    if (status == "running" && !launcher_alive(r)) status = "lost";
+    const std::string& status = r.status;
     std::printf("%-34s %-12s %5zu %5zu %-19s %9s %4s\n", r.id.c_str(), status.c_str(), r.ranks.size(), r.hosts.size(),
                 age(r.started_at).c_str(), duration_of(r).c_str(),
                 r.exit_code >= 0 ? std::to_string(r.exit_code).c_str() : "-");
@@ -191,8 +225,7 @@ void print_show(const std::string& query, bool json) {
     std::printf("%s\n", to_json(r, true).c_str());
     return;
   }
-  std::string status = r.status;
-  if (status == "running" && !launcher_alive(r)) status = "lost (the launcher died without recording an end)";
+  std::string status = r.status == "lost" ? "lost (the launcher died without recording an end)" : r.status;
   std::printf("run        %s\n", r.id.c_str());
   std::printf("name       %s\n", r.name.c_str());
   std::printf("status     %s", status.c_str());
@@ -223,9 +256,9 @@ void print_show(const std::string& query, bool json) {
 }
 
 int stop_run(const std::string& query) {
-  std::string id = resolve(query);
+  std::string id = resolve(query, /*unique=*/true);
   RunRecord r = load(id);
-  if (r.status != "running") {
+  if (r.status != "running" && r.status != "lost") {
     std::printf("run %s already ended (%s)\n", id.c_str(), r.status.c_str());
     return 0;
   }
@@ -240,7 +273,7 @@ int stop_run(const std::string& query) {
   for (int i = 0; i < 600; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     RunRecord now = load(id);
-    if (now.status != "running" || !launcher_alive(now)) {
+    if (now.status != "running") {
       std::printf("run %s %s\n", id.c_str(), now.status.c_str());
       return 0;
     }

@@ -190,11 +190,16 @@ RunRecord load(const std::string& id) {
   bool ok = false;
   std::string data = read_all(path, ok);
   if (!ok) throw Error(path + ": cannot read run record: " + std::strerror(errno), "list runs with 'mltrain ls'");
+  RunRecord r;
   try {
-    return from_json(json::parse(data));
+    r = from_json(json::parse(data));
   } catch (const json::exception& e) {
     throw Error(path + ": corrupt run record: " + e.what(), "remove the folder, or restore run.json");
   }
+  if (r.id != id) throw Error(path + ": corrupt run record: its id is '" + r.id + "'", "remove the folder, or restore run.json");
+  // A launcher that died without writing the end leaves "running" behind: say what it is.
+  if (r.status == "running" && !launcher_alive(r)) r.status = "lost";
+  return r;
 }
 
 std::vector<RunRecord> list() {
@@ -217,7 +222,7 @@ std::vector<RunRecord> list() {
   return out;
 }
 
-std::string resolve(const std::string& query) {
+std::string resolve(const std::string& query, bool unique) {
   auto runs = list();
   if (runs.empty()) throw Error("no runs recorded in " + runs_dir(), "start one with 'mltrain run'");
   if (query.empty() || query == "latest" || query == "last") return runs.back().id;
@@ -231,8 +236,12 @@ std::string resolve(const std::string& query) {
   for (auto* set : {&prefix, &sub}) {
     if (set->size() == 1) return set->front();
     if (set->size() > 1) {
-      // Several runs of the same name: the newest is what people mean ("logs hello").
-      return set->back();
+      // Several runs of the same name: to read, the newest is what people mean ("logs hello");
+      // to act on one (stop), guessing is not allowed.
+      if (!unique) return set->back();
+      std::vector<std::string> shown(set->end() - std::min<long>(long(set->size()), 5), set->end());
+      throw Error("'" + query + "' matches " + std::to_string(set->size()) + " runs: " + text::join(shown, ", "),
+                  "give more of the id");
     }
   }
   std::vector<std::string> ids;
@@ -290,6 +299,11 @@ unsigned long long process_start_time(int pid) {
 bool launcher_alive(const RunRecord& r) {
   if (r.launcher_pid <= 0) return false;
   if (::kill(r.launcher_pid, 0) != 0 && errno == ESRCH) return false;
+  bool ok = false;
+  std::string stat = read_all("/proc/" + std::to_string(r.launcher_pid) + "/stat", ok);
+  auto paren = stat.rfind(')');
+  if (!ok || paren == std::string::npos || paren + 2 >= stat.size()) return false;
+  if (stat[paren + 2] == 'Z' || stat[paren + 2] == 'X') return false;  // dead, not yet reaped
   return process_start_time(r.launcher_pid) == r.launcher_start;
 }
 

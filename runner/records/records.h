@@ -41,7 +41,7 @@ struct Failure {
 
 struct RunRecord {
   std::string id, name;
-  std::string status = "running";  // running | succeeded | failed | interrupted | stopped | timeout | host-failure
+  std::string status = "running";  // running | lost (launcher died) | succeeded | failed | interrupted | stopped | timeout | host-failure
   int exit_code = -1;
   int launcher_pid = 0;
   unsigned long long launcher_start = 0;  // /proc start time, to tell a reused pid apart
@@ -75,7 +75,8 @@ RunRecord load(const std::string& id);
 // Every run, oldest first; unreadable folders are skipped with a warning.
 std::vector<RunRecord> list();
 // "" or "latest" -> the newest run; else an exact id, a unique prefix or a unique substring.
-std::string resolve(const std::string& query);
+// Several matches: the newest, or an error when `unique` is asked for.
+std::string resolve(const std::string& query, bool unique = false);
 
 std::string to_json(const RunRecord& r, bool pretty);
 std::string list_to_json(const std::vector<RunRecord>& runs);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -57,6 +58,12 @@ struct LogsSection {
 };
 
 struct JobSpec {
+  // Where each setting came from: "run.timeout" -> "job.toml:7:11", or the flag ("--timeout").
+  std::map<std::string, std::string> origins;
+  std::string origin(const std::string& key, const std::string& fallback) const {
+    auto it = origins.find(key);
+    return it == origins.end() ? fallback : it->second;
+  }
   std::string name;
   std::string profile;
   std::string source;  // the spec file path, or "" for an ad-hoc run
@@ -80,5 +87,9 @@ std::string to_toml(const JobSpec& s);
 
 // Final checks after command-line overrides; throws mltrain::Error.
 void check(const JobSpec& s);
+
+// Throws mltrain::Error (naming `origin`) unless `name` may be set in a rank's environment:
+// a valid name, and not one of the variables mltrain sets itself.
+void check_env_name(const std::string& name, const std::string& origin);
 
 }  // namespace mltrain::spec

@@ -113,6 +113,9 @@ bool valid_env_name(const std::string& k) {
 
 using Handler = std::function<void(const toml::node&)>;
 
+// Where each visited key was written; the spec being loaded (or its profile) owns it.
+thread_local std::map<std::string, std::string>* g_origins = nullptr;
+
 // Visits each key of `table` with its handler; an unknown key is an error with a suggestion.
 void visit(const toml::table& table, const std::string& section, const std::map<std::string, Handler>& handlers) {
   std::vector<std::string> known;
@@ -124,6 +127,7 @@ void visit(const toml::table& table, const std::string& section, const std::map<
       std::string what = section.empty() ? "unknown key '" + k + "'" : "unknown key '" + k + "' in [" + section + "]";
       fail(key.source(), what + text::did_you_mean(k, known), "see docs/spec.md for every key");
     }
+    if (g_origins) (*g_origins)[section.empty() ? k : section + "." + k] = where(node.source());
     it->second(node);
   }
 }
@@ -141,6 +145,10 @@ std::string resolve_path(const std::string& p, const std::string& base_dir) {
 // Applies one TOML document (a profile or the spec itself) over `s`: every key present replaces
 // what was there, except [run.env], which merges variable by variable.
 void apply(const toml::table& root, JobSpec& s, const std::string& base_dir, bool is_profile) {
+  struct OriginsScope {
+    explicit OriginsScope(std::map<std::string, std::string>* o) { g_origins = o; }
+    ~OriginsScope() { g_origins = nullptr; }
+  } scope(&s.origins);
   visit(root, "", {
     {"name", [&](const toml::node& n) { s.name = get_string(n, "name"); }},
     {"profile", [&](const toml::node& n) {
@@ -159,13 +167,7 @@ void apply(const toml::table& root, JobSpec& s, const std::string& base_dir, boo
          {"env", [&](const toml::node& v) {
             for (const auto& [key, val] : as_table(v, "run.env")) {
               std::string k(key.str());
-              if (!valid_env_name(k))
-                fail(key.source(), "'" + k + "' is not a valid environment variable name",
-                     "use letters, digits and '_', not starting with a digit");
-              for (const auto& r : kReservedEnv)
-                if (r == k)
-                  fail(key.source(), "env '" + k + "' is set by mltrain for every rank and cannot be overridden",
-                       "remove it from [run.env]; see docs/spec.md, Rank environment");
+              check_env_name(k, where(key.source()));
               std::string value;
               if (auto str = val.as_string()) value = str->get();
               else if (auto i = val.as_integer()) value = std::to_string(i->get());
@@ -292,6 +294,16 @@ void apply_profile(JobSpec& s, const std::string& base_dir, const std::string& o
 
 }  // namespace
 
+void check_env_name(const std::string& k, const std::string& origin) {
+  if (!valid_env_name(k))
+    throw Error(origin + ": '" + k + "' is not a valid environment variable name",
+                "use letters, digits and '_', not starting with a digit");
+  for (const auto& r : kReservedEnv)
+    if (r == k)
+      throw Error(origin + ": env '" + k + "' is set by mltrain for every rank and cannot be overridden",
+                  "remove it; see docs/spec.md, Rank environment");
+}
+
 JobSpec load_file(const std::string& path) {
   std::string text = read_file(path);
   toml::table root = parse_text(text, path);
@@ -322,18 +334,21 @@ JobSpec from_command(std::vector<std::string> argv, const std::string& profile) 
 }
 
 void check(const JobSpec& s) {
-  std::string where_ = s.source.empty() ? std::string("command line") : s.source;
+  std::string file = s.source.empty() ? std::string("command line") : s.source;
   if (!s.run.command && s.run.argv.empty())
-    throw Error(where_ + ": nothing to run", "set [run] command or [run] argv, or give a command after '--'");
-  if (s.run.command && s.run.command->empty()) throw Error(where_ + ": [run] command is empty", "give a shell command");
+    throw Error(file + ": nothing to run", "set [run] command or [run] argv, or give a command after '--'");
+  if (s.run.command && s.run.command->empty())
+    throw Error(s.origin("run.command", file) + ": [run] command is empty", "give a shell command");
   if (!s.cluster.include.empty() && !s.cluster.exclude.empty())
-    throw Error(where_ + ": [cluster] include and exclude cannot both be set", "keep one of them");
+    throw Error(s.origin("cluster.exclude", file) + ": include (" + s.origin("cluster.include", file) +
+                    ") and exclude cannot both be set",
+                "keep one of them");
   if (s.gpus.per_proc > 0 && s.gpus.procs_per_gpu > 0)
-    throw Error(where_ + ": [gpus] per_proc and procs_per_gpu cannot both be set",
+    throw Error(s.origin("gpus.procs_per_gpu", file) + ": [gpus] per_proc and procs_per_gpu cannot both be set",
                 "per_proc gives each rank N GPUs; procs_per_gpu shares one GPU among N ranks");
   for (const auto& n : s.name)
     if (!(std::isalnum(static_cast<unsigned char>(n)) || n == '-' || n == '_' || n == '.'))
-      throw Error(where_ + ": name '" + s.name + "' may hold only letters, digits, '-', '_' and '.'",
+      throw Error(s.origin("name", file) + ": name '" + s.name + "' may hold only letters, digits, '-', '_' and '.'",
                   "rename the job");
 }
 

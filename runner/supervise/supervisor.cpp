@@ -465,7 +465,7 @@ int Gang::run() {
   std::vector<RankInfo> infos;
   for (const auto& r : plan_.ranks)
     infos.push_back({r.rank, r.local_rank, plan_.hosts[size_t(r.host)].node_rank, plan_.hosts[size_t(r.host)].host.name});
-  out_ = std::make_unique<Output>(infos, plan_.multi_host, records::run_dir(rec_.id), opts_.console);
+  out_ = std::make_unique<Output>(infos, plan_.multi_host, records::run_dir(rec_.id), opts_.console, opts_.console_fd, 2);
 
   try {
     connect_all();

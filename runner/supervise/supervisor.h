@@ -24,6 +24,7 @@ struct Options {
   int max_restarts = 0;
   ConsoleOptions console;
   bool json_summary = false;  // print the summary as JSON on stdout
+  int console_fd = 1;         // where ranks' stdout lines go
 };
 
 // Chooses the transport for a host (local child or SSH).
