@@ -50,24 +50,32 @@ run_mltrain() {  # ranks size -> "mltrain n bytes us"
   sed -n 's/.*"size":\([0-9]*\).*"time_us":\([0-9.]*\).*/mltrain '"$n"' \1 \2/p' "$work/ml.0"
 }
 
-results=$work/results
-: >"$results"
-for n in $ranks; do
-  echo "# $n ranks: mltrain-comm" >&2
-  for s in $sizes; do run_mltrain "$n" "$s" >>"$results"; done
-  echo "# $n ranks: gloo" >&2
+run_gloo() {  # ranks size -> "gloo-<algorithm> n bytes us" lines
+  local n=$1 size=$2 pids=() r
   rm -rf "$work/gloo-store" && mkdir -p "$work/gloo-store"
-  pids=()
   for ((r = 0; r < n; r++)); do
-    RANK=$r WORLD_SIZE=$n GLOO_STORE_DIR=$work/gloo-store "$work/gloo_allreduce" $sizes >"$work/gloo.$r" &
+    RANK=$r WORLD_SIZE=$n GLOO_STORE_DIR=$work/gloo-store "$work/gloo_allreduce" "$size" >"$work/gloo.$r" &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p"; done
-  cat "$work/gloo.0" >>"$results"
-  echo "# $n ranks: Open MPI over TCP" >&2
+  cat "$work/gloo.0"
+}
+
+run_mpi() {  # ranks size -> "mpi n bytes us"
   mpirun --allow-run-as-root --oversubscribe --bind-to none --mca pml ob1 --mca btl tcp,self \
-    -np "$n" "$work/mpi_allreduce" $sizes >>"$results" 2>"$work/mpi.err" ||
-    { cat "$work/mpi.err" >&2; exit 1; }
+    -np "$1" "$work/mpi_allreduce" "$2" 2>"$work/mpi.err" || { cat "$work/mpi.err" >&2; exit 1; }
+}
+
+# Interleaved per size, so the three see the same machine load (2 shared cores are noisy).
+results=$work/results
+: >"$results"
+for n in $ranks; do
+  for s in $sizes; do
+    echo "# $n ranks, $s bytes: mltrain-comm, gloo, open mpi" >&2
+    run_mltrain "$n" "$s" >>"$results"
+    run_gloo "$n" "$s" >>"$results"
+    run_mpi "$n" "$s" >>"$results"
+  done
 done
 
 echo "# allreduce f32 sum, $(nproc) cores, $(date -u +%FT%TZ); time = median us per call; busbw GB/s"
