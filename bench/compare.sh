@@ -61,9 +61,11 @@ run_gloo() {  # ranks size -> "gloo-<algorithm> n bytes us" lines
   cat "$work/gloo.0"
 }
 
-run_mpi() {  # ranks size -> "mpi n bytes us"
+run_mpi() {  # ranks size -> "mpi n bytes us"; loopback only (other interfaces may come and go)
   mpirun --allow-run-as-root --oversubscribe --bind-to none --mca pml ob1 --mca btl tcp,self \
-    -np "$1" "$work/mpi_allreduce" "$2" 2>"$work/mpi.err" || { cat "$work/mpi.err" >&2; exit 1; }
+    --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
+    -np "$1" "$work/mpi_allreduce" "$2" 2>"$work/mpi.err" ||
+    { echo "compare.sh: Open MPI failed at $1 ranks, $2 bytes (left out):" >&2; tail -3 "$work/mpi.err" >&2; }
 }
 
 # Interleaved per size, so the three see the same machine load (2 shared cores are noisy).
@@ -90,9 +92,13 @@ awk '
       "x_best", "x_mpi"
     for (i = 1; i <= count; i++) {
       k = order[i]; split(k, p, " "); r = p[1]; b = p[2]
-      m = busbw(r, b, ml[k]); g = busbw(r, b, gl[k]); o = busbw(r, b, mpi[k])
+      m = busbw(r, b, ml[k])
+      g = 0; gt = "-"; if (k in gl) { g = busbw(r, b, gl[k]); gt = sprintf("%.1f", gl[k]) }
+      o = 0; ot = "-"; if (k in mpi) { o = busbw(r, b, mpi[k]); ot = sprintf("%.1f", mpi[k]) }
       best = g > o ? g : o
-      printf "%5d %10d | %10.1f %7.3f | %10.1f %7.3f %-20s | %10.1f %7.3f | %8.2f %8.2f\n",
-        r, b, ml[k], m, gl[k], g, "(" ga[k] ")", mpi[k], o, m / best, m / o
+      xb = "-"; if (best > 0) xb = sprintf("%.2f", m / best)
+      xm = "-"; if (o > 0) xm = sprintf("%.2f", m / o)
+      printf "%5d %10d | %10.1f %7.3f | %10s %7.3f %-20s | %10s %7.3f | %8s %8s\n",
+        r, b, ml[k], m, gt, g, "(" ga[k] ")", ot, o, xb, xm
     }
   }' "$results"

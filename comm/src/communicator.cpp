@@ -313,14 +313,23 @@ void Communicator::Impl::fail(Coll coll, const Error& e) {
           seen[static_cast<std::size_t>(opt.rank)] = true;
           int at = e.peer_rank();
           std::string chain;
-          while (!seen[static_cast<std::size_t>(at)]) {
+          bool cycle = false;
+          while (true) {
             seen[static_cast<std::size_t>(at)] = true;
             const auto next = store->get("waiting/" + std::to_string(at), dl);
             if (!next) break;
             chain += ", which waits on rank " + *next;
-            at = std::stoi(*next);
+            const int to = std::stoi(*next);
+            if (to < 0 || to >= opt.world_size || seen[static_cast<std::size_t>(to)]) {
+              cycle = true;  // ranks wait on each other: nobody in particular stopped
+              break;
+            }
+            at = to;
           }
-          if (at != e.peer_rank()) {
+          if (cycle) {
+            detail += "; rank " + std::to_string(e.peer_rank()) + chain +
+                      " (a cycle: the ranks wait on each other)";
+          } else if (at != e.peer_rank()) {
             culprit = at;
             culprit_host = peers[static_cast<std::size_t>(at)].host;
             detail += "; rank " + std::to_string(e.peer_rank()) + chain + " (" + label(at) +
