@@ -68,7 +68,8 @@ void register_bench(CLI::App& app, Global& g, std::function<int()>& handler) {
       if (!f.ssh_config.empty()) args.insert(args.end(), {"--ssh-config", f.ssh_config});
       if (f.accept_new) args.push_back("--accept-new-host-keys");
       if (f.job.empty() && !f.nprocs && f.hostfile.empty() && f.hosts.empty()) args.insert(args.end(), {"-n", "2"});
-      args.insert(args.end(), {"--name", "bench", "--ranks", "0", "--no-prefix", "--"});
+      // The ranks run mltrain itself, not the user's code: any directory every host has will do.
+      args.insert(args.end(), {"--name", "bench", "--workdir", "/", "--ranks", "0", "--no-prefix", "--"});
       args.insert(args.end(), {self_exe(), "__bench-worker", "--op", f.op, "--redop", f.redop, "--dtype", f.dtype, "-b",
                                f.min_bytes, "-e", f.max_bytes, "-f", f.factor, "--iters", std::to_string(f.iters),
                                "--warmup", std::to_string(f.warmup), "--stat", f.stat});

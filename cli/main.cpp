@@ -89,6 +89,18 @@ int run_main(int argc, char** argv) {
       hint = "commands: " + text::join(verbs, ", ");
     } else if (known) {
       hint = "see mltrain " + first + " --help";
+      // "The following argument was not expected: --nproc": suggest the flag meant.
+      auto colon = msg.rfind(": ");
+      std::string bad = colon == std::string::npos ? "" : text::trim(msg.substr(colon + 2));
+      if (!bad.empty() && bad[0] == '-') {
+        std::vector<std::string> flags;
+        for (const auto* opt : app.get_subcommand(first)->get_options()) {
+          for (const auto& l : opt->get_lnames()) flags.push_back("--" + l);
+          for (const auto& sn : opt->get_snames()) flags.push_back("-" + sn);
+        }
+        std::string word = bad.substr(0, bad.find('='));
+        msg = "unknown flag '" + word + "' for 'mltrain " + first + "'" + text::did_you_mean(word, flags);
+      }
     }
     throw Error(msg, hint, exit_code::usage);
   }

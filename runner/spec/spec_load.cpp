@@ -340,11 +340,11 @@ void check(const JobSpec& s) {
   if (s.run.command && s.run.command->empty())
     throw Error(s.origin("run.command", file) + ": [run] command is empty", "give a shell command");
   if (!s.cluster.include.empty() && !s.cluster.exclude.empty())
-    throw Error(s.origin("cluster.exclude", file) + ": include (" + s.origin("cluster.include", file) +
-                    ") and exclude cannot both be set",
+    throw Error(s.origin("cluster.include", file) + ": include and exclude (" + s.origin("cluster.exclude", file) +
+                    ") cannot both be set",
                 "keep one of them");
   if (s.gpus.per_proc > 0 && s.gpus.procs_per_gpu > 0)
-    throw Error(s.origin("gpus.procs_per_gpu", file) + ": [gpus] per_proc and procs_per_gpu cannot both be set",
+    throw Error(s.origin("gpus.per_proc", file) + ": [gpus] per_proc and procs_per_gpu cannot both be set",
                 "per_proc gives each rank N GPUs; procs_per_gpu shares one GPU among N ranks");
   for (const auto& n : s.name)
     if (!(std::isalnum(static_cast<unsigned char>(n)) || n == '-' || n == '_' || n == '.'))

@@ -57,9 +57,6 @@ def test_detached_launcher_killed(ml):
     assert s.returncode in (0, 1, 2)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: after a detached launcher dies, 'show' and 'ls' say "
-                   "'lost' but 'show --json' and 'ls --json' still say status 'running' (run.json "
-                   "verbatim), so a script polling the JSON waits forever")
 def test_detached_launcher_killed_json_status(ml):
     m = ml.marker()
     run_id = ml("run", "-d", "-n", "1", "--", "sleep", m, timeout=10).stdout.strip()

@@ -156,8 +156,6 @@ def test_logs_latest_with_filters(ml):
     assert r.returncode == 2 and "--grep" in r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: logs --grep RE --tail N takes the last N lines, then "
-                   "greps them; the help example '--grep loss --tail 20' means the last 20 matches")
 def test_logs_grep_then_tail(ml):
     _three_runs(ml)
     r = ml("logs", "--rank", "0", "--grep", "loss", "--tail", "2")
@@ -183,8 +181,6 @@ def test_run_json_summary(ml):
     assert summary["id"] == _record(ml)["id"]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG?: with run --json, rank output still goes to stdout "
-                   "before the summary, so 'mltrain run --json ... | jq' cannot parse stdout")
 def test_run_json_stdout_is_only_json(ml):
     r = ml("run", "--json", "-n", "1", "--", "echo", "hi")
     json.loads(r.stdout)
@@ -245,9 +241,6 @@ def test_corrupt_record_does_not_break_the_others(ml):
     assert r.returncode == 2 and "no rank 7" in r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a run.json without an 'id' (e.g. '{}') is listed by "
-                   "'ls' as a row with an empty ID and status 'unknown' instead of being skipped or "
-                   "named after its folder")
 def test_record_without_id_is_not_listed_blank(ml):
     ml("run", "-n", "1", "--", "true")
     odd = ml.runs_dir / "20000101-000000-odd-0000"

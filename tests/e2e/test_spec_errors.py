@@ -122,21 +122,7 @@ CASES = [
     ("gpus-both", {"job.toml": RUN + "[gpus]\nper_proc = 1\nprocs_per_gpu = 2\n"}, loc(4), "cannot both"),
 ]
 
-# Where the location lacks the line and column today (see the report): strict xfails.
-NO_LINE = "BUG: this error names the spec file but not FILE:LINE:COL of the offending key"
-FILTER_WHERE = ("BUG: a host list / include / exclude written in the spec is reported as '-H:' or "
-                "'--include: column N', not as the spec's FILE:LINE (docs/hostfile.md says job.toml:7)")
-KNOWN_BUGS = {
-    "include-and-exclude": NO_LINE,
-    "command-empty": NO_LINE,
-    "name-with-space": NO_LINE,
-    "gpus-both": NO_LINE,
-    "hosts-list-bad": FILTER_WHERE,
-    "include-unknown-host": FILTER_WHERE,
-    "include-unknown-slot": FILTER_WHERE,
-    "exclude-host-twice": FILTER_WHERE,
-    "exclude-empty-item": FILTER_WHERE,
-}
+KNOWN_BUGS = {}  # case id -> reason, for strict xfails
 
 
 def _params():
@@ -193,25 +179,16 @@ CLI_CASES = [
 ]
 
 
-FLAG_OVER_SPEC = ("BUG: with a spec file, an error in a flag (-H, --include/--exclude) is blamed on "
-                  "the spec ('job.toml [cluster] hosts: column 7', 'job.toml: [cluster] include and "
-                  "exclude ...') although the spec has no such key")
-
-
 def _flag_params():
     for c in CLI_CASES:
         for verb in ("validate", "run"):
-            marks = []
-            if verb == "validate" and c[0] in ("hosts-flag", "include-exclude-flags"):
-                marks = [pytest.mark.xfail(strict=True, reason=FLAG_OVER_SPEC)]
-            yield pytest.param(verb, *c[1:], id=f"{c[0]}-{verb}", marks=marks)
+            yield pytest.param(verb, *c[1:], id=f"{c[0]}-{verb}")
 
 
 @pytest.mark.parametrize("verb,args,files,where_re,text", list(_flag_params()))
 def test_flag_error(ml, verb, args, files, where_re, text):
     _write(ml, files)
     ml.write("job.toml", RUN)
-    # The spec goes first: '--env K=V job.toml' swallows the spec (see test_basic.py).
     argv = ["job.toml", *args] if verb == "validate" else [*args, "-n", "1", "--", "true"]
     t0 = time.monotonic()
     r = ml(verb, *argv, timeout=15)
@@ -219,8 +196,6 @@ def test_flag_error(ml, verb, args, files, where_re, text):
     assert not ml.run_dirs()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: 'validate --help' says 'or give a command after --', "
-                   "but 'mltrain validate -n 2 -- true' fails: 'validate needs a job spec'")
 def test_validate_adhoc_command(ml):
     r = ml("validate", "-n", "2", "--", "true")
     assert r.returncode == 0, r.stderr
@@ -267,9 +242,6 @@ def test_cli_parse_error_exit_2(ml, args):
     assert not ml.run_dirs()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: command-line parse errors come from CLI11 verbatim "
-                   "('The following argument was not expected: --bogus', 'A subcommand is required' "
-                   "for 'mltrain rnu') instead of one 'mltrain: error: ...' line with a did-you-mean")
 @pytest.mark.parametrize("args,hint", [(["rnu"], "run"), (["run", "--nproc", "2", "--", "true"], "--nprocs")],
                          ids=["verb-typo", "flag-typo"])
 def test_cli_parse_error_format(ml, args, hint):
