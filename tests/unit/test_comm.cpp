@@ -443,3 +443,48 @@ TEST_CASE("C API: single-rank job from the environment, and errors as codes") {
   CHECK(mltrain_comm_barrier(nullptr) == MLTRAIN_COMM_EUSAGE);
   CHECK(!nccl_status().empty());
 }
+
+TEST_CASE("init: a rank that never joins is named; a wrong token is refused") {
+  detail::StoreServer server(0, "job-secret");
+  Options o;
+  o.world_size = 2;
+  o.store_addr = "127.0.0.1:" + std::to_string(server.port());
+  o.token = "job-secret";
+  o.host_store = false;
+  o.timeout = 300ms;
+  o.rank = 0;
+  try {
+    Communicator::create(o);
+    FAIL("init finished without rank 1");
+  } catch (const Error& e) {
+    CHECK(e.kind() == Error::Kind::timeout);
+    CHECK(e.peer_rank() == 1);
+    CHECK(std::string(e.what()).find("rank 1 did not join") != std::string::npos);
+  }
+  o.rank = 1;
+  o.token = "guess";
+  try {
+    Communicator::create(o);
+    FAIL("wrong token accepted");
+  } catch (const Error& e) {
+    CHECK(e.kind() == Error::Kind::store);
+    CHECK(std::string(e.what()).find("wrong MLTRAIN_TOKEN") != std::string::npos);
+  }
+}
+
+TEST_CASE("options: knobs parse from the environment") {
+  ::setenv("MLTRAIN_COMM_TIMEOUT", "2.5", 1);
+  ::setenv("MLTRAIN_COMM_TRANSPORT", "tcp", 1);
+  ::setenv("MLTRAIN_COMM_SHM_BYTES", "4M", 1);
+  ::setenv("MLTRAIN_STORE_ADDR", "h0:1234", 1);
+  const Options o = Options::from_env();
+  CHECK(o.timeout == 2500ms);
+  CHECK(o.transport == Transport::tcp);
+  CHECK(o.shm_bytes == (4u << 20));
+  CHECK(o.store_addr == "h0:1234");
+  ::setenv("MLTRAIN_COMM_TRANSPORT", "carrier-pigeon", 1);
+  CHECK_THROWS_AS(Options::from_env(), Error);
+  for (const char* k : {"MLTRAIN_COMM_TIMEOUT", "MLTRAIN_COMM_TRANSPORT", "MLTRAIN_COMM_SHM_BYTES",
+                        "MLTRAIN_STORE_ADDR"})
+    ::unsetenv(k);
+}
