@@ -46,7 +46,7 @@ run_mltrain() {  # ranks size -> "mltrain n bytes us"
       -n "$(iters_for "$size")" -w 2 --stat median --json >"$work/ml.$r" &
     pids+=($!)
   done
-  for p in "${pids[@]}"; do wait "$p"; done
+  for p in "${pids[@]}"; do wait "$p" || { echo "compare.sh: mltrain-comm-bench failed at $n ranks, $size bytes" >&2; return 0; }; done
   sed -n 's/.*"size":\([0-9]*\).*"time_us":\([0-9.]*\).*/mltrain '"$n"' \1 \2/p' "$work/ml.0"
 }
 
@@ -54,10 +54,17 @@ run_gloo() {  # ranks size -> "gloo-<algorithm> n bytes us" lines
   local n=$1 size=$2 pids=() r
   rm -rf "$work/gloo-store" && mkdir -p "$work/gloo-store"
   for ((r = 0; r < n; r++)); do
-    RANK=$r WORLD_SIZE=$n GLOO_STORE_DIR=$work/gloo-store "$work/gloo_allreduce" "$size" >"$work/gloo.$r" &
+    RANK=$r WORLD_SIZE=$n GLOO_STORE_DIR=$work/gloo-store "$work/gloo_allreduce" "$size" \
+      >"$work/gloo.$r" 2>"$work/gloo.err.$r" &
     pids+=($!)
   done
-  for p in "${pids[@]}"; do wait "$p"; done
+  local failed=0
+  for p in "${pids[@]}"; do wait "$p" || failed=1; done
+  if ((failed)); then
+    echo "compare.sh: Gloo failed at $n ranks, $size bytes (left out):" >&2
+    tail -n 2 "$work"/gloo.err.* >&2
+    return 0
+  fi
   cat "$work/gloo.0"
 }
 

@@ -84,5 +84,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
+  // Leave together: a rank that exits early closes pairs others may still be reading.
+  gloo::BarrierAllToAll(ctx).run();
   return 0;
 }
