@@ -32,5 +32,6 @@ fi
 
 if [ "$build" = 1 ]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-  cmake --build build -j"$(nproc)"
+  # Only the binary: the tests and benchmarks are built by scripts/test.sh.
+  cmake --build build -j"$(nproc)" --target mltrain
 fi

@@ -155,7 +155,9 @@ void Gang::connect_all() {
              .u32(proto::kMagic)
              .u32(proto::kVersion)
              .u32(uint32_t(opts_.grace.count()))
-             .u32(uint32_t(opts_.heartbeat_timeout.count()))
+             // A local agent sees the launcher go by EOF on its pipe; a heartbeat would only
+             // kill the job while the launcher is suspended (Ctrl-Z).
+             .u32(h.plan->local ? 0u : uint32_t(opts_.heartbeat_timeout.count()))
              .take());
   }
   auto wait_for = [&](auto done, const char* what) {

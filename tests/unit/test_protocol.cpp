@@ -44,11 +44,13 @@ TEST_CASE("protocol: integers are little-endian and 64-bit values survive") {
 }
 
 TEST_CASE("protocol: short or lying payloads fail without reading past the end") {
-  Reader r(std::string("\x05\x00\x00\x00ab", 6));
+  const std::string short_payload("\x05\x00\x00\x00" "ab", 6);  // a 5-byte string with 2 bytes
+  Reader r(short_payload);
   CHECK(r.str().empty());
   CHECK(r.failed());
 
-  Reader many(std::string("\xff\xff\xff\x7f", 4));  // claims two billion strings
+  const std::string lying("\xff\xff\xff\x7f", 4);  // claims two billion strings
+  Reader many(lying);
   CHECK(many.strings().empty());
   CHECK(many.failed());
 }
