@@ -12,14 +12,12 @@
 #include "runner/common/text.h"
 #include "runner/records/records.h"
 #include "runner/records/views.h"
+#include "runner/supervise/output.h"
 #include "runner/supervise/supervisor.h"
 
 namespace mltrain::records {
 
 namespace {
-
-const char* kColors[] = {"\033[36m", "\033[33m", "\033[32m", "\033[35m", "\033[34m", "\033[31m",
-                         "\033[96m", "\033[93m", "\033[92m", "\033[95m", "\033[94m", "\033[91m"};
 
 struct Follower {
   int rank = 0;
@@ -132,7 +130,7 @@ int print_logs(const LogsOptions& o) {
     f.path = run_dir(id) + "/rank-" + std::to_string(k.rank) + ".log";
     if (o.prefix) {
       std::string p = "[" + std::to_string(k.rank) + "]";
-      f.prefix = o.color ? std::string(kColors[size_t(k.rank) % std::size(kColors)]) + p + "\033[0m " : p + " ";
+      f.prefix = o.color ? std::string(supervise::rank_color(k.rank)) + p + supervise::kColorReset + " " : p + " ";
     }
     if (o.tail >= 0 && !re) f.offset = tail_offset(f.path, o.tail);
     fs.push_back(std::move(f));

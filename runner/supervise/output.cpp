@@ -16,7 +16,6 @@ namespace mltrain::supervise {
 namespace {
 const char* kColors[] = {"\033[36m", "\033[33m", "\033[32m", "\033[35m", "\033[34m", "\033[31m",
                          "\033[96m", "\033[93m", "\033[92m", "\033[95m", "\033[94m", "\033[91m"};
-constexpr const char* kReset = "\033[0m";
 constexpr size_t kFileFlushAt = 256 * 1024;
 constexpr size_t kConsoleFlushAt = 1 << 20;
 
@@ -34,6 +33,8 @@ std::string timestamp() {
   return buf;
 }
 }  // namespace
+
+const char* rank_color(int rank) { return kColors[size_t(rank) % std::size(kColors)]; }
 
 std::string render_prefix(const std::string& tmpl, const RankInfo& r, bool multi_host) {
   if (tmpl.empty()) return {};
@@ -57,7 +58,7 @@ Output::Output(std::vector<RankInfo> ranks, bool multi_host, const std::string& 
     if (r.fd < 0) log::warn("output", "cannot open " + path + ": " + std::strerror(errno));
     std::string p = render_prefix(opts_.prefix, r.info, multi_host);
     if (!p.empty()) {
-      r.prefix = opts_.color ? std::string(kColors[i % std::size(kColors)]) + p + kReset + " " : p + " ";
+      r.prefix = opts_.color ? std::string(rank_color(int(i))) + p + kColorReset + " " : p + " ";
     }
     r.shown = !opts_.quiet && (!opts_.ranks || opts_.ranks->count(r.info.rank));
   }
