@@ -428,7 +428,7 @@ def _shared_binary(mh):
 
 
 def test_bench_check_no_wrong_results(mh, cluster):
-    # Binary in a dir the cluster user can read, cwd /tmp: see the two xfails below.
+    # Binary in a dir the cluster user can read: see the xfail below.
     p = _bench(mh, _shared_binary(mh), "/tmp", "--hostfile", cluster.hostfile,
                "--procs-per-host", "1", "-b", "1M", "-e", "4M", "--check")
     assert p.returncode == 0, p.stderr + p.stdout
@@ -455,13 +455,181 @@ def test_bench_needs_no_mltrain_on_the_hosts(mh, cluster):
     assert p.returncode == 0, p.stderr
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG: mltrain bench runs its ranks in the launcher's cwd and has no --workdir: run from a "
-    "directory the remote user cannot enter (any laptop path absent on the cluster), it fails "
-    "preflight 'workdir <cwd> does not exist here' on every host, although bench runs no user "
-    "program"))
 def test_bench_does_not_depend_on_launcher_cwd(mh, cluster):
+    # Fixed in 0d115d3 (bench ranks run in /); before, they ran in the launcher's cwd.
     # mh.ml.dir is root's pytest tmp dir (mode 700): it "does not exist" for the cluster user.
     p = _bench(mh, _shared_binary(mh), mh.ml.dir, "-H", "h1:1,h2:1", "-b", "1K", "-e", "1K",
                "--check", timeout=60)
     assert p.returncode == 0, p.stderr
+
+
+# --- more faults: signals, a cut host at connect time, a corrupt cached agent -------------------
+
+def test_remote_rank_killed_by_signal_named(mh):
+    m = mh.ml.marker()
+    cmd = f'if [ "$RANK" = 3 ]; then sleep 0.5; kill -SEGV $$; fi; exec sleep {m}'
+    p = mh.run("-H", "h1:2,h2:2,h3:2", "--workdir", "/tmp", "--", "sh", "-c", cmd, timeout=30)
+    assert p.returncode == 139, p.stderr
+    first = [l for l in p.stderr.splitlines() if "first failure" in l]
+    assert first and "rank 3" in first[0] and "h2" in first[0] and "SIGSEGV" in first[0], p.stderr
+    assert not wait_gone(m, 3.0)
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)],
+                         ids=["SIGTERM", "SIGINT"])
+def test_launcher_signal_stops_every_host(mh, sig, code):
+    m = mh.ml.marker()
+    p = mh.popen("-H", "h1:2,h2:2,h3:2,h4:2", "--workdir", "/tmp", "--", "sleep", m)
+    wait_for(lambda: len([x for x in pids_with_arg(m) if x != p.pid]) == 8, 20, "8 ranks")
+    ranks = [x for x in pids_with_arg(m) if x != p.pid]
+    agents = agent_ancestors(ranks)
+    p.send_signal(sig)
+    out, err = communicate(p, 30)
+    assert p.returncode == code, err
+    assert not wait_pids_gone(ranks, 3.0), "ranks outlived the launcher"
+    assert not wait_pids_gone(agents, 5.0), "agents outlived the launcher"
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "BUG: the ssh config's ConnectTimeout is ignored: ssh_transport.cpp always sets "
+    "SSH_OPTIONS_TIMEOUT from [ssh] connect_timeout (default 10s) after parsing the config, so a "
+    "silent host (ConnectTimeout 5 in the cluster's config) fails preflight after ~10 s, not ~5 s"))
+def test_cut_host_before_run_fails_preflight_within_connect_timeout(mh, cluster):
+    assert "ConnectTimeout 5" in cluster.ssh_config.read_text()
+    cluster.cut("h3")
+    try:
+        t0 = time.monotonic()
+        p = mh.run("--hostfile", cluster.hostfile, "--procs-per-host", "1", *_touch_cmd(mh),
+                   timeout=60)
+        took = time.monotonic() - t0
+        assert p.returncode == 255, p.stderr
+        assert "no rank was started" in p.stderr
+        assert re.search(r"^\s*h3: .*(connect|timeout|timed out)", p.stderr, re.M | re.I), p.stderr
+        _assert_nothing_started(mh)
+        assert took < 8.0, f"preflight took {took:.1f}s with ConnectTimeout 5"
+    finally:
+        cluster.heal("h3")
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "BUG: launcher SIGSEGV (exit 139) when an agent's connection closes during connect_all: "
+    "Gang::on_host_lost (runner/supervise/supervisor.cpp:298) indexes ranks_[r] before checking "
+    "ranks_.empty() (ranks_ is empty before the gang starts). Reproducer: corrupt the cached agent "
+    "(~mltest/.cache/mltrain/mltrain-agent-<hash>, e.g. `printf garbage >` it, as a disk-full or "
+    "interrupted upload would leave it), then `mltrain run -H h1:1 -- true` -> Segmentation fault. "
+    "The cached agent is also trusted by name, never checked against its hash"))
+def test_corrupt_cached_agent_is_replaced_or_refused_cleanly(mh):
+    m = mh.ml.marker()
+    p = mh.popen("-H", "h1:1", "--workdir", "/tmp", "--", "sleep", m)
+    wait_for(lambda: [x for x in pids_with_arg(m) if x != p.pid], 20, "the rank")
+    agents = agent_ancestors([x for x in pids_with_arg(m) if x != p.pid])
+    assert agents
+    path = os.readlink(f"/proc/{agents[0]}/exe")
+    p.send_signal(signal.SIGTERM)
+    communicate(p, 30)
+    assert "/mltrain-agent-" in path and os.path.isfile(path), path
+    st = os.stat(path)
+    tmp = path + ".corrupt-test"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(b"garbage\n")
+        os.chown(tmp, st.st_uid, st.st_gid)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)   # a new inode: running agents of other jobs keep theirs
+        r = mh.run("-H", "h1:1", "--workdir", "/tmp", "--", "echo", "alive", timeout=60)
+        assert r.returncode >= 0 and r.returncode != 139, f"launcher crashed: {r.returncode}"
+        assert r.returncode in (0, 255), (r.returncode, r.stderr)
+        if r.returncode == 0:
+            assert "alive" in r.stdout
+        else:
+            assert "h1" in r.stderr and "no rank was started" in r.stderr, r.stderr
+    finally:
+        try:
+            os.unlink(path)   # the next run uploads a good copy
+        except OSError:
+            pass
+
+
+# --- hosts dying or blinking mid-run, stop of a detached run, output over ssh -------------------
+
+def test_host_killed_mid_run_is_named_quickly(mh, cluster):
+    m = mh.ml.marker()
+    p = mh.popen("-H", "h1:2,h2:2,h3:2,h4:2", "--workdir", "/tmp", "--", "sleep", m)
+    try:
+        wait_for(lambda: len([x for x in pids_with_arg(m) if x != p.pid]) == 8, 20, "8 ranks")
+        ranks = [x for x in pids_with_arg(m) if x != p.pid]
+        cluster.kill("h3")    # its sshd and sessions die: the launcher sees the connection close
+        t0 = time.monotonic()
+        out, err = communicate(p, 30)
+        assert time.monotonic() - t0 < 5, "a closed connection must be noticed at once"
+        assert p.returncode == 255, err
+        first = [l for l in err.splitlines() if "first failure" in l]
+        assert first and "h3" in first[0], err
+        assert not wait_pids_gone(ranks, 3.0)
+    finally:
+        cluster.revive("h3")
+
+
+def test_short_network_blip_is_not_a_failure(mh, cluster):
+    # A 2.5 s silence is well under the heartbeat timeout: the job must finish normally.
+    p = mh.popen("-H", "h1:1,h2:1,h3:1", "--workdir", "/tmp", "--",
+                 "sh", "-c", 'sleep 6; echo "done $RANK"')
+    try:
+        time.sleep(1.0)
+        cluster.cut("h2")
+        time.sleep(2.5)
+    finally:
+        cluster.heal("h2")
+    out, err = communicate(p, 40)
+    assert p.returncode == 0, err
+    assert sorted(re.findall(r"done (\d)", out)) == ["0", "1", "2"], out
+
+
+def test_stop_detached_multihost_run(mh):
+    m = mh.ml.marker()
+    p = mh.run("-H", "h1:2,h2:2,h4:2", "--workdir", "/tmp", "--detach", "--", "sleep", m)
+    assert p.returncode == 0, p.stderr
+    run_id = p.stdout.strip().split()[-1]
+    wait_for(lambda: len([x for x in pids_with_arg(m)
+                          if host_of_pid(x) in HOSTS]) == 6, 20, "6 ranks")
+    ranks = [x for x in pids_with_arg(m) if host_of_pid(x) in HOSTS]
+    agents = agent_ancestors(ranks)
+    s = mh.ml("stop", run_id, timeout=30)
+    assert s.returncode == 0, s.stderr
+    assert not wait_pids_gone(ranks + agents, 5.0)
+    wait_for(lambda: mh.show()["status"] != "running", 10, "the record to close")
+    rec = mh.show()
+    assert rec["id"] == run_id and rec["status"] == "stopped" and rec["exit_code"] == 143, rec
+
+
+def test_rank_children_on_remote_hosts_die_with_the_gang(mh):
+    m = mh.ml.marker()
+    cmd = (f'sleep {m} & sleep {m} & '
+           f'if [ "$RANK" = 2 ]; then sleep 1; exit 4; fi; wait')
+    p = mh.run("-H", "h1:1,h2:1,h3:1", "--workdir", "/tmp", "--", "sh", "-c", cmd, timeout=30)
+    assert p.returncode == 4, p.stderr
+    assert not wait_gone(m, 3.0), "a rank's background children outlived the gang"
+
+
+def test_output_flood_from_every_host_complete_and_in_order(mh):
+    n = 20000
+    gen = ('awk -v r="$RANK" \'BEGIN { for (i = 0; i < %d; i++) '
+           'printf "%%d %%08d %%s\\n", r, i, "' + "x" * 80 + '" }\'; printf "tail-$RANK"') % n
+    p = mh.run("-H", "h1:2,h2:2,h3:2,h4:2", "--workdir", "/tmp", "--", "sh", "-c", gen,
+               timeout=120)
+    assert p.returncode == 0, p.stderr
+    seen = {r: [] for r in range(8)}
+    tails = set()
+    for line in p.stdout.splitlines():
+        mm = re.fullmatch(r"\[(h\d):(\d)\] (\d) (\d{8}) x{80}", line)
+        if mm:
+            assert mm.group(2) == mm.group(3)
+            seen[int(mm.group(2))].append(int(mm.group(4)))
+        elif "tail-" in line:
+            tails.add(line.split("tail-")[1])
+    for r in range(8):
+        assert seen[r] == list(range(n)), f"rank {r}: {len(seen[r])} lines, in order: " \
+            f"{seen[r] == sorted(seen[r])}"
+        log = mh.rank_log(r)
+        assert log.count("\n") >= n and log.endswith(f"tail-{r}"), log[-200:]
+    assert tails == {str(r) for r in range(8)}, "a last line without newline was lost"
