@@ -175,6 +175,9 @@ def test_cut_host_is_named_and_its_agent_stops_its_ranks(mh, cluster):
         assert not left, f"h2's ranks still alive {time.monotonic() - t_cut:.1f}s after the cut"
         left = wait_pids_gone(h2_agents, 5.0)
         assert not left, "h2's agent still alive after its ranks were stopped"
+        rec = mh.show()
+        assert rec["status"] == "host-failure" and rec["exit_code"] == 255, rec["status"]
+        assert "h2" in json.dumps(rec["failure"]), rec["failure"]
     finally:
         cluster.heal("h2")
         err.join()
