@@ -29,6 +29,7 @@ void run_steps(std::vector<Step>& steps, const EngineConfig& cfg) {
   Clock::time_point idle_since{};
   bool idle = false;
   unsigned idle_loops = 0;
+  long mixed_wait_us = 20;  // TCP and shm at once: poll the socket, re-check the ring, backing off
   const auto spin = std::chrono::microseconds(cfg.spin_us);
 
   while (si < n_steps || ri < n_steps) {
@@ -144,6 +145,7 @@ void run_steps(std::vector<Step>& steps, const EngineConfig& cfg) {
 
     if (progress) {
       idle = false;
+      mixed_wait_us = 20;
       continue;
     }
     if (si >= n_steps && ri >= n_steps) break;
@@ -189,8 +191,12 @@ void run_steps(std::vector<Step>& steps, const EngineConfig& cfg) {
     }
     if (tx_want == nullptr && rx_want == nullptr) {
       sched_yield();
+    } else if (nfds > 0 && any_shm) {
+      const timespec ts{0, mixed_wait_us * 1000};
+      ::ppoll(fds, static_cast<nfds_t>(nfds), &ts, nullptr);
+      mixed_wait_us = std::min<long>(mixed_wait_us * 2, 1000);
     } else if (nfds > 0) {
-      ::poll(fds, static_cast<nfds_t>(nfds), any_shm ? 1 : cap_ms);
+      ::poll(fds, static_cast<nfds_t>(nfds), cap_ms);
     } else if (cfg.bell != nullptr) {
       Bell* bell = cfg.bell;
       bell->waiters.fetch_add(1, std::memory_order_seq_cst);
