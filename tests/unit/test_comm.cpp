@@ -321,7 +321,7 @@ TEST_CASE("collectives: every op x dtype x count, world 1..8, shared memory") {
 TEST_CASE("collectives: every op x dtype x count, world 2..8, TCP") {
   for (int n : {2, 3, 4, 8}) {
     CAPTURE(n);
-    correctness(n, Transport::tcp, n == 2 || n == 4);
+    correctness(n, Transport::tcp, n == 3);  // 1M+3 over TCP: one world (time budget)
   }
 }
 
@@ -373,8 +373,8 @@ namespace {
 // naming rank 1.
 void fault(Transport transport, bool hang) {
   detail::StoreServer server(0, "t");
-  const auto timeout = 1500ms;
-  std::atomic<int> named{0};
+  const auto timeout = 1000ms;
+  std::atomic<int> named{0}, finished{0};
   std::vector<std::string> messages(3);
   std::vector<double> seconds(3);
   std::vector<std::thread> threads;
@@ -393,7 +393,8 @@ void fault(Transport transport, bool hang) {
       std::vector<float> v(1u << 20, 1.0f);
       c->allreduce(v.data(), v.size(), DataType::f32, ReduceOp::sum);  // all fine once
       if (r == 1) {
-        if (hang) std::this_thread::sleep_for(timeout + 1s);
+        // Hang (holding the links open) until the others have given up.
+        for (int i = 0; hang && finished < 2 && i < 1000; ++i) std::this_thread::sleep_for(10ms);
         return;  // destroys the communicator: links close mid-job
       }
       const auto t0 = std::chrono::steady_clock::now();
@@ -406,13 +407,14 @@ void fault(Transport transport, bool hang) {
       }
       seconds[static_cast<std::size_t>(r)] =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      ++finished;
     });
   for (auto& t : threads) t.join();
   CAPTURE(messages[0]);
   CAPTURE(messages[2]);
   CHECK(named == 2);
-  CHECK(seconds[0] < 4.0);
-  CHECK(seconds[2] < 4.0);
+  CHECK(seconds[0] < 3.0);  // timeout 1 s + at most 0.5 s of blame-finding grace, with slack
+  CHECK(seconds[2] < 3.0);
 }
 }  // namespace
 
