@@ -185,6 +185,7 @@ struct Transports {
     so.known_hosts = s.ssh.known_hosts;
     so.strict_host_keys = s.ssh.strict_host_keys;
     so.connect_timeout = s.ssh.connect_timeout;
+    so.connect_timeout_set = s.origins.count("ssh.connect_timeout") > 0;
     ssh = transport::make_ssh_transport(so);
     for_host = [this](const plan::HostPlan& h) -> transport::Transport& { return h.local ? *local : *ssh; };
   }

@@ -168,7 +168,8 @@ void fill_from_plan(RunRecord& r, const plan::Plan& p) {
 void save(const RunRecord& r) {
   std::string dir = run_dir(r.id);
   std::string tmp = dir + "/.run.json.tmp";
-  std::string data = to_json_value(r).dump(2) + "\n";
+  // Env values are bytes; a record shows invalid UTF-8 as U+FFFD rather than failing the run.
+  std::string data = to_json_value(r).dump(2, ' ', false, json::error_handler_t::replace) + "\n";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     log::warn("records", "cannot write " + tmp + ": " + std::strerror(errno));
@@ -249,7 +250,9 @@ std::string resolve(const std::string& query, bool unique) {
   throw Error("no run matches '" + query + "'" + text::did_you_mean(query, ids), "list runs with 'mltrain ls'");
 }
 
-std::string to_json(const RunRecord& r, bool pretty) { return to_json_value(r).dump(pretty ? 2 : -1); }
+std::string to_json(const RunRecord& r, bool pretty) {
+  return to_json_value(r).dump(pretty ? 2 : -1, ' ', false, json::error_handler_t::replace);
+}
 
 std::string list_to_json(const std::vector<RunRecord>& runs) {
   json a = json::array();
@@ -259,7 +262,7 @@ std::string list_to_json(const std::vector<RunRecord>& runs) {
     for (auto& k : j["ranks"]) k.erase("env");
     a.push_back(j);
   }
-  return a.dump(2);
+  return a.dump(2, ' ', false, json::error_handler_t::replace);
 }
 
 std::string plan_to_json(const plan::Plan& p) {
@@ -277,7 +280,7 @@ std::string plan_to_json(const plan::Plan& p) {
   json j{{"run_id", p.run_id}, {"name", p.name}, {"argv", p.argv}, {"workdir", p.workdir},
          {"master_addr", p.master_addr}, {"master_port", p.master_port}, {"store_addr", p.store_addr},
          {"world_size", p.ranks.size()}, {"hosts", hosts}, {"ranks", ranks}};
-  return j.dump(2);
+  return j.dump(2, ' ', false, json::error_handler_t::replace);
 }
 
 unsigned long long process_start_time(int pid) {

@@ -138,7 +138,8 @@ void Gang::connect_all() {
         try {
           hosts_[i].link = transport_for_(plan_.hosts[i]).connect(plan_.hosts[i]);
         } catch (const Error& e) {
-          problems[i] = e.what();
+          // Each host's own advice stays with it in the report.
+          problems[i] = e.hint().empty() ? e.what() : std::string(e.what()) + "\n      (" + e.hint() + ")";
         } catch (const std::exception& e) {
           problems[i] = e.what();
         }
@@ -295,9 +296,9 @@ void Gang::on_host_lost(size_t i, const std::string& why) {
   Host& h = hosts_[i];
   if (!h.open) return;
   h.open = false;
-  // Ranks on a lost host cannot be waited for; count them as gone.
+  // Ranks on a lost host cannot be waited for; count them as gone (none exist before spawning).
   for (int r : h.plan->ranks)
-    if (!ranks_[size_t(r)].exited && !ranks_.empty()) {
+    if (size_t(r) < ranks_.size() && !ranks_[size_t(r)].exited) {
       ranks_[size_t(r)].exited = true;
       ranks_[size_t(r)].status = -1;
       out_->finish(r);

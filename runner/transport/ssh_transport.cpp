@@ -3,6 +3,7 @@
 // channel and a socketpair the supervisor polls like any other agent stream.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <libssh/libssh.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -56,6 +57,40 @@ std::string sock_address(int fd, bool peer) {
   if (a.ss_family == AF_INET) ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&a)->sin_addr, buf, sizeof buf);
   else if (a.ss_family == AF_INET6) ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&a)->sin6_addr, buf, sizeof buf);
   return buf;
+}
+
+// Whether the ssh config gives `host` a ConnectTimeout (libssh applies it when it parses the
+// file; only an explicit [ssh] connect_timeout should override it). A plain scan of Host blocks
+// with glob patterns, as ssh matches them.
+bool config_sets_timeout(const std::string& config, const std::string& host) {
+  FILE* f = std::fopen(config.c_str(), "r");
+  if (!f) return false;
+  char line[1024];
+  bool applies = true, found = false;
+  while (!found && std::fgets(line, sizeof line, f)) {
+    std::string l(line);
+    size_t b = l.find_first_not_of(" \t");
+    if (b == std::string::npos || l[b] == '#') continue;
+    std::string key = l.substr(b, l.find_first_of(" \t=", b) - b);
+    for (auto& c : key) c = char(std::tolower(static_cast<unsigned char>(c)));
+    std::string rest = l.substr(std::min(l.size(), b + key.size()));
+    if (key == "host") {
+      applies = false;
+      size_t p = 0;
+      while ((p = rest.find_first_not_of(" \t=\r\n", p)) != std::string::npos) {
+        size_t e = rest.find_first_of(" \t\r\n", p);
+        std::string pat = rest.substr(p, e == std::string::npos ? std::string::npos : e - p);
+        if (::fnmatch(pat.c_str(), host.c_str(), 0) == 0) applies = true;
+        p = e;
+      }
+    } else if (key == "match") {
+      applies = false;
+    } else if (key == "connecttimeout" && applies) {
+      found = true;
+    }
+  }
+  std::fclose(f);
+  return found;
 }
 
 std::string agent_remote_path() {
@@ -213,8 +248,10 @@ class SshTransport : public Transport {
     if (port > 0) ssh_options_set(ss, SSH_OPTIONS_PORT, &port);
     if (!o_.identity_file.empty()) ssh_options_set(ss, SSH_OPTIONS_ADD_IDENTITY, expand_home(o_.identity_file).c_str());
     if (!o_.known_hosts.empty()) ssh_options_set(ss, SSH_OPTIONS_KNOWNHOSTS, expand_home(o_.known_hosts).c_str());
-    long timeout = std::max<long>(1, long(o_.connect_timeout.count() / 1000));
-    ssh_options_set(ss, SSH_OPTIONS_TIMEOUT, &timeout);
+    if (o_.connect_timeout_set || !config_sets_timeout(config, h.name)) {
+      long timeout = std::max<long>(1, long(o_.connect_timeout.count() / 1000));
+      ssh_options_set(ss, SSH_OPTIONS_TIMEOUT, &timeout);
+    }
 
     if (ssh_connect(ss) != SSH_OK)
       throw Error(name + ": cannot connect: " + ssh_get_error(ss), "check the host name, that sshd runs there, and the network",

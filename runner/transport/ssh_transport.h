@@ -15,6 +15,7 @@ struct SshOptions {
   int port = 0;
   std::string strict_host_keys = "yes";  // yes | accept-new | no
   std::chrono::milliseconds connect_timeout{10000};
+  bool connect_timeout_set = false;  // else the ssh config's ConnectTimeout (or this default) applies
 };
 
 // Host keys are checked strictly unless told otherwise: unknown or changed keys are refused
