@@ -12,6 +12,7 @@ told by its network namespace (/proc/PID/ns/net against /run/netns/mlt-hK).
 """
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from cluster import Cluster, available
+from conftest import communicate, pids_with_arg, wait_for
 
 MAX_SESSIONS = {"h2": 2}
 
@@ -198,3 +200,18 @@ def python_has_torch(python="/usr/bin/python3"):
     if p.returncode != 0:
         return False, f"{python} cannot import torch: {p.stderr.strip().splitlines()[-1:]}"
     return True, ""
+
+
+def cached_agent_path(mh, host="h1"):
+    """Path of this binary's agent in the cluster user's cache, read from a running agent's exe
+    (runs a one-rank job on `host` to find it)."""
+    m = mh.ml.marker()
+    p = mh.popen("-H", f"{host}:1", "--workdir", "/tmp", "--", "sleep", m)
+    wait_for(lambda: [x for x in pids_with_arg(m) if x != p.pid], 20, "the rank")
+    agents = agent_ancestors([x for x in pids_with_arg(m) if x != p.pid])
+    assert agents, "no mltrain-agent above the rank"
+    path = os.readlink(f"/proc/{agents[0]}/exe")
+    p.send_signal(signal.SIGTERM)
+    communicate(p, 30)
+    assert "/mltrain-agent-" in path and os.path.isfile(path), path
+    return path

@@ -3,13 +3,11 @@
 A cluster of its own (h1 default, h2 MaxSessions 1), so this module brings one up and down.
 """
 import os
-import signal
 
 import pytest
 
 from cluster import Cluster, available
-from conftest import communicate, pids_with_arg, wait_for
-from multihost_fixtures import agent_ancestors, mh, shared_root  # noqa: F401
+from multihost_fixtures import cached_agent_path, mh, shared_root  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -24,23 +22,9 @@ def cluster():
         c.down()
 
 
-def _cached_agent_path(mh):
-    """Path of this binary's agent in the cluster user's cache (from a running agent's exe)."""
-    m = mh.ml.marker()
-    p = mh.popen("-H", "h1:1", "--workdir", "/tmp", "--", "sleep", m)
-    wait_for(lambda: [x for x in pids_with_arg(m) if x != p.pid], 20, "the rank")
-    agents = agent_ancestors([x for x in pids_with_arg(m) if x != p.pid])
-    assert agents
-    path = os.readlink(f"/proc/{agents[0]}/exe")
-    p.send_signal(signal.SIGTERM)
-    communicate(p, 30)
-    assert "/mltrain-agent-" in path and os.path.isfile(path), path
-    return path
-
-
 def test_cached_agent_runs_with_max_sessions_1(mh, cluster):
     assert "MaxSessions 1" in (cluster.dir / "h2" / "sshd_config").read_text()
-    _cached_agent_path(mh)   # makes sure it is cached
+    cached_agent_path(mh)   # makes sure it is cached
     p = mh.run("-H", "h2:4", "--workdir", "/tmp", "--", "sh", "-c", 'echo "r$RANK $(hostname)"')
     assert p.returncode == 0, p.stderr
     assert sorted(l.split("] ")[1] for l in p.stdout.splitlines() if "] r" in l) == \
@@ -55,7 +39,7 @@ def test_cached_agent_runs_with_max_sessions_1(mh, cluster):
     "tests/cluster/up.sh -n 2 --max-sessions h2=1; rm ~mltest/.cache/mltrain/mltrain-agent-*; "
     "mltrain run --ssh-config /tmp/mltrain-cluster/ssh_config -H h2:1 --workdir /tmp -- true"))
 def test_agent_upload_with_max_sessions_1(mh, cluster):
-    path = _cached_agent_path(mh)
+    path = cached_agent_path(mh)
     os.unlink(path)           # the next connect must upload it again
     p = mh.run("-H", "h2:2", "--workdir", "/tmp", "--", "true")
     assert p.returncode == 0, p.stderr
