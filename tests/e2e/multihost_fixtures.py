@@ -71,10 +71,21 @@ class MultiHost:
         assert p.returncode == 0, p.stderr
         return json.loads(p.stdout)
 
-    def rank_log(self, rank: int) -> str:
+    def latest_run_dir(self):
+        """The run folder of the run started last (ids sort by second, then by name)."""
+        import json
+
+        def started(d):
+            try:
+                return json.loads((d / "run.json").read_text()).get("started_at") or ""
+            except (OSError, ValueError):
+                return ""
         runs = self.ml.run_dirs()
         assert runs, "no run folder"
-        return (runs[-1] / f"rank-{rank}.log").read_text(errors="replace")
+        return max(runs, key=lambda d: (started(d), d.stat().st_mtime))
+
+    def rank_log(self, rank: int) -> str:
+        return (self.latest_run_dir() / f"rank-{rank}.log").read_text(errors="replace")
 
     def touched(self):
         """Files ranks created in the shared dir."""

@@ -221,12 +221,8 @@ def test_unknown_host_key_refused_then_accepted(mh, cluster):
         cluster.trust("h3")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG: the preflight summary drops each host's hint: ssh_transport.cpp's unknown-key Error "
-    "carries 'accept it with --accept-new-host-keys', but stderr shows only 'h3: unknown host key "
-    "ssh-ed25519 SHA256:…; refusing to connect' and the generic 'hint: fix the hosts above, then "
-    "run again' (the changed-key hint 'ssh-keygen -R h2' is dropped the same way)"))
 def test_unknown_host_key_message_mentions_accept_flag(mh, cluster):
+    # Was a bug (per-host hints dropped from the preflight summary), fixed in 1805bea.
     cluster.forget("h3")
     try:
         p = mh.run("-H", "h1:1,h3:1", *_touch_cmd(mh))
@@ -311,13 +307,9 @@ def test_adversarial_env_values_byte_exact(mh, how):
         assert len(got) == len(want) and not bad, f"rank {rank} ({how}): {bad}"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG: an env value that is not UTF-8 (e.g. --env $'K=\\xff', or a forwarded launcher variable "
-    "with such bytes) makes mltrain exit 70 'internal error: [json.exception.type_error.316] "
-    "invalid UTF-8 byte' before starting anything; env values are bytes and should arrive "
-    "byte-exact (or be refused as bad input, exit 2)"))
 @pytest.mark.parametrize("how", ["--env", "forward_env"])
 def test_non_utf8_env_value_byte_exact(mh, how):
+    # Was a bug (exit 70, json type_error.316 on non-UTF-8 bytes), fixed in 1805bea.
     val = b"\xff\xfe latin1 \xe9"
     code = "import os; print('ENV', os.environb.get(b'KB', b'MISSING').hex())"
     args = [mh.ml.bin, "run", *mh.args("-H", "h2:1", "--workdir", "/tmp")]
@@ -495,11 +487,8 @@ def test_launcher_signal_stops_every_host(mh, sig, code):
     assert not wait_pids_gone(agents, 5.0), "agents outlived the launcher"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG: the ssh config's ConnectTimeout is ignored: ssh_transport.cpp always sets "
-    "SSH_OPTIONS_TIMEOUT from [ssh] connect_timeout (default 10s) after parsing the config, so a "
-    "silent host (ConnectTimeout 5 in the cluster's config) fails preflight after ~10 s, not ~5 s"))
 def test_cut_host_before_run_fails_preflight_within_connect_timeout(mh, cluster):
+    # Was a bug (the config's ConnectTimeout overridden by a 10 s default), fixed in 1805bea.
     assert "ConnectTimeout 5" in cluster.ssh_config.read_text()
     cluster.cut("h3")
     try:
@@ -516,15 +505,8 @@ def test_cut_host_before_run_fails_preflight_within_connect_timeout(mh, cluster)
         cluster.heal("h3")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG: launcher SIGSEGV (exit 139) when an agent's connection closes during connect_all: "
-    "Gang::on_host_lost (runner/supervise/supervisor.cpp:298) indexes ranks_[r] before checking "
-    "ranks_.empty() (ranks_ is empty before the gang starts). Reproducer: corrupt the cached agent "
-    "(~mltest/.cache/mltrain/mltrain-agent-<hash>: `printf garbage >` it; any agent that dies "
-    "before answering does the same), then `mltrain run -H h1:1 -- true` -> Segmentation fault. "
-    "The cached agent is also trusted by name (`[ -x $a ] && exec $a`), never checked against "
-    "its hash, so a damaged copy is never replaced"))
 def test_corrupt_cached_agent_is_replaced_or_refused_cleanly(mh):
+    # Was a bug (launcher SIGSEGV in Gang::on_host_lost before ranks exist), fixed in 1805bea.
     path = cached_agent_path(mh)
     st = os.stat(path)
     tmp = path + ".corrupt-test"
@@ -678,3 +660,48 @@ def test_localhost_with_remote_hosts_master_reachable(mh):
     assert env[0][1] == "mltbr0" and env[1][1] == "eth0" and env[2][1] == "eth0", env
     assert [env[1][2], env[2][2]] == ["h2", "h3"]
     assert "MET [1, 2]" in mh.rank_log(0), mh.rank_log(0)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "BUG: 'StrictHostKeyChecking accept-new' in the user's ssh config is ignored (libssh's config "
+    "parser only knows yes/no, and mltrain's own [ssh] strict_host_keys default 'yes' applies): "
+    "an unknown key is refused, where OpenSSH with the same config accepts and records it. "
+    "(With 'StrictHostKeyChecking no' in the config, a CHANGED key is accepted without any "
+    "warning, where OpenSSH prints its REMOTE HOST IDENTIFICATION HAS CHANGED banner.)"))
+def test_ssh_config_accept_new_is_honoured(mh, cluster):
+    cfg = mh.ml.write("ssh_config", cluster.ssh_config.read_text().replace(
+        "StrictHostKeyChecking yes", "StrictHostKeyChecking accept-new"))
+    blob = (cluster.dir / "h4" / "ssh_host_ed25519_key.pub").read_text().split()[1]
+    cluster.forget("h4")
+    try:
+        p = mh.ml("run", "--ssh-config", cfg, "-H", "h4:1", *_touch_cmd(mh), timeout=60)
+        assert p.returncode == 0, p.stderr
+        assert blob in cluster.known_hosts.read_text()
+    finally:
+        cluster.trust("h4")
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "BUG: a damaged cached agent is never replaced: the remote probe is `[ -x \"$a\" ] && exec "
+    "\"$a\"` (ssh_transport.cpp start_agent), nothing checks the file against the hash in its "
+    "name, so every later run on that host fails preflight 'the agent exited before answering' "
+    "until the user finds and deletes ~/.cache/mltrain/mltrain-agent-<hash> by hand (the "
+    "message does not say so). Reproducer: printf garbage > ~mltest/.cache/mltrain/mltrain-agent-*; "
+    "mltrain run --ssh-config /tmp/mltrain-cluster/ssh_config -H h1:1 --workdir /tmp -- true"))
+def test_damaged_cached_agent_is_replaced(mh):
+    path = cached_agent_path(mh)
+    st = os.stat(path)
+    tmp = path + ".damaged-test"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(b"garbage\n")
+        os.chown(tmp, st.st_uid, st.st_gid)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)
+        r = mh.run("-H", "h1:1", "--workdir", "/tmp", "--", "echo", "alive", timeout=60)
+        assert r.returncode == 0 and "alive" in r.stdout, r.stderr
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
