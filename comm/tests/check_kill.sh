@@ -33,7 +33,7 @@ for transport in shm tcp; do
     fi
   done
   echo "$transport: ranks 0 and 2 failed ${took}s after rank 1 was killed"
-  sed 's/^/  rank 0: /' "$work/err.0"
+  sed "s/^/  rank 0: /" "$work/err.0"; sed "s/^/  rank 2: /" "$work/err.2"
   if (( $(echo "$took > 4" | bc) )); then echo "FAIL ($transport): too slow" >&2; status=1; fi
 done
 exit $status

@@ -149,6 +149,11 @@ void run_steps(std::vector<Step>& steps, const EngineConfig& cfg) {
       continue;
     }
     if (si >= n_steps && ri >= n_steps) break;
+    // Stuck on a stream the peer closed (e.g. killed mid-element): waiting cannot help.
+    if (rx_want != nullptr && rx_want->peer_gone())
+      throw Error(Error::Kind::peer_closed,
+                  rx_want->peer_label() + " closed the connection in the middle of a message",
+                  rx_want->peer_rank(), rx_want->peer_host());
     const auto now = Clock::now();
     if (!idle) {
       idle = true;

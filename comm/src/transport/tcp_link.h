@@ -29,6 +29,7 @@ public:
   bool can_send() override { return true; }
   bool can_recv() override { return rend_ - rpos_ >= 8; }
   int fd() const override { return fd_.get(); }
+  bool peer_gone() const override { return eof_; }
   void close() override;
   const char* kind() const override { return "tcp"; }
 
