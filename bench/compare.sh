@@ -2,7 +2,8 @@
 # bench/compare.sh: allreduce (f32, sum) of mltrain-comm-bench beside Gloo's allreduce
 # algorithms (Gloo TCP transport) and Open MPI MPI_Allreduce over TCP (--mca btl tcp,self), for
 # the same ranks and sizes on this host. Prints one table: median time per call, busbw
-# (algbw * 2(n-1)/n, as nccl-tests) and the ratio of mltrain's busbw to the best other.
+# (algbw * 2(n-1)/n, as nccl-tests) and the ratio of mltrain's busbw to the best other; the last
+# columns are mltrain forced onto TCP (MLTRAIN_COMM_TRANSPORT=tcp; TCP=0 leaves them out).
 #
 #   bench/compare.sh                       # 2 and 4 ranks, 4K..256M (x4 steps), a few minutes
 #   RANKS="2" SIZES="4096 268435456" bench/compare.sh
@@ -37,17 +38,19 @@ iters_for() {  # same schedule as the Gloo and MPI programs
   elif (( $1 <= 67108864 )); then echo 5; else echo 3; fi
 }
 
-run_mltrain() {  # ranks size -> "mltrain n bytes us"
-  local n=$1 size=$2 port=$((20000 + RANDOM % 30000)) pids=() r
+run_mltrain() {  # ranks size [transport] -> "mltrain[-tcp] n bytes us"
+  local n=$1 size=$2 transport=${3:-auto} port=$((20000 + RANDOM % 30000)) pids=() r
+  local tag=mltrain
+  [[ $transport == tcp ]] && tag=mltrain-tcp
   for ((r = 0; r < n; r++)); do
     RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 \
-      MLTRAIN_STORE_ADDR=127.0.0.1:$port MLTRAIN_TOKEN=compare \
+      MLTRAIN_STORE_ADDR=127.0.0.1:$port MLTRAIN_TOKEN=compare MLTRAIN_COMM_TRANSPORT=$transport \
       "$bench" --op allreduce --dtype f32 --redop sum -b "$size" -e "$size" \
       -n "$(iters_for "$size")" -w 2 --stat median --json >"$work/ml.$r" &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || { echo "compare.sh: mltrain-comm-bench failed at $n ranks, $size bytes" >&2; return 0; }; done
-  sed -n 's/.*"size":\([0-9]*\).*"time_us":\([0-9.]*\).*/mltrain '"$n"' \1 \2/p' "$work/ml.0"
+  sed -n 's/.*"size":\([0-9]*\).*"time_us":\([0-9.]*\).*/'"$tag $n"' \1 \2/p' "$work/ml.0"
 }
 
 run_gloo() {  # ranks size -> "gloo-<algorithm> n bytes us" lines
@@ -80,8 +83,9 @@ results=$work/results
 : >"$results"
 for n in $ranks; do
   for s in $sizes; do
-    echo "# $n ranks, $s bytes: mltrain-comm, gloo, open mpi" >&2
+    echo "# $n ranks, $s bytes: mltrain-comm (shm, tcp), gloo, open mpi" >&2
     run_mltrain "$n" "$s" >>"$results"
+    [[ ${TCP:-1} == 1 ]] && run_mltrain "$n" "$s" tcp >>"$results"
     run_gloo "$n" "$s" >>"$results"
     run_mpi "$n" "$s" >>"$results"
   done
@@ -92,11 +96,12 @@ awk '
   function busbw(n, bytes, us) { return bytes / us / 1e3 * 2 * (n - 1) / n }
   $1 == "mltrain" { ml[$2 " " $3] = $4; order[++count] = $2 " " $3 }
   $1 == "mpi"     { mpi[$2 " " $3] = $4 }
+  $1 == "mltrain-tcp" { tcp[$2 " " $3] = $4 }
   $1 ~ /^gloo-/   { k = $2 " " $3; if (!(k in gl) || $4 < gl[k]) { gl[k] = $4; ga[k] = substr($1, 6) } }
   END {
-    printf "%5s %10s | %10s %7s | %10s %7s %-20s | %10s %7s | %8s %8s\n", "ranks", "bytes",
-      "mltrain_us", "busbw", "gloo_us", "busbw", "(best algorithm)", "mpi_us", "busbw",
-      "x_best", "x_mpi"
+    printf "%5s %10s | %10s %7s | %10s %7s %-20s | %10s %7s | %8s %8s | %10s %7s %7s\n", "ranks",
+      "bytes", "mltrain_us", "busbw", "gloo_us", "busbw", "(best algorithm)", "mpi_us", "busbw",
+      "x_best", "x_mpi", "ml_tcp_us", "busbw", "x_best"
     for (i = 1; i <= count; i++) {
       k = order[i]; split(k, p, " "); r = p[1]; b = p[2]
       m = busbw(r, b, ml[k])
@@ -105,7 +110,9 @@ awk '
       best = g > o ? g : o
       xb = "-"; if (best > 0) xb = sprintf("%.2f", m / best)
       xm = "-"; if (o > 0) xm = sprintf("%.2f", m / o)
-      printf "%5d %10d | %10.1f %7.3f | %10s %7.3f %-20s | %10s %7.3f | %8s %8s\n",
-        r, b, ml[k], m, gt, g, "(" ga[k] ")", ot, o, xb, xm
+      t = 0; tt = "-"; xt = "-"
+      if (k in tcp) { t = busbw(r, b, tcp[k]); tt = sprintf("%.1f", tcp[k]); if (best > 0) xt = sprintf("%.2f", t / best) }
+      printf "%5d %10d | %10.1f %7.3f | %10s %7.3f %-20s | %10s %7.3f | %8s %8s | %10s %7.3f %7s\n",
+        r, b, ml[k], m, gt, g, "(" ga[k] ")", ot, o, xb, xm, tt, t, xt
     }
   }' "$results"
