@@ -243,7 +243,7 @@ Link* Communicator::Impl::link(int peer) {
       fd = accept_from(peer);
     }
     made = std::make_unique<TcpLink>(std::move(fd), peer, pi.host,
-                                     std::max<std::size_t>(2 * opt.chunk_bytes, 256u << 10));
+                                     std::max<std::size_t>(4 * opt.chunk_bytes, 1u << 20));
   }
   Link* raw = made.get();
   links[peer] = std::move(made);

@@ -54,7 +54,7 @@ struct Options {
   std::chrono::milliseconds timeout{300000};
   Transport transport = Transport::automatic;  // automatic: shm on one host, TCP across hosts
   std::size_t shm_bytes = 1u << 20;            // ring capacity per direction per pair
-  std::size_t chunk_bytes = 128u << 10;        // pipeline piece
+  std::size_t chunk_bytes = 256u << 10;        // pipeline piece (TCP links use 2x, >= 512K)
   std::size_t small_bytes = 64u << 10;         // below: latency-oriented algorithm
   int spin_us = 50;                            // spin (with yields) before blocking
   std::string host;                            // host identity; default gethostname()

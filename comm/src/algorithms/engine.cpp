@@ -72,7 +72,7 @@ void run_steps(std::vector<Step>& steps, const EngineConfig& cfg) {
       }
       if (so >= limit) break;  // waits on a receive
       const std::size_t k = s.tx->send_some(static_cast<const std::byte*>(s.send) + so,
-                                            std::min(limit - so, cfg.piece));
+                                            std::min(limit - so, s.tx->piece_bytes(cfg.piece)));
       so += k;
       progress |= k > 0;
       if (so == s.send_bytes) {
@@ -124,7 +124,7 @@ void run_steps(std::vector<Step>& steps, const EngineConfig& cfg) {
       }
       if (ro >= limit) break;  // waits on a send
       const auto view = s.rx->peek();
-      std::size_t n = std::min({view.size(), limit - ro, cfg.piece});
+      std::size_t n = std::min({view.size(), limit - ro, s.rx->piece_bytes(cfg.piece)});
       if (s.reduce) n -= n % cfg.elem;
       if (n == 0) {
         rx_want = s.rx;

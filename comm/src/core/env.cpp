@@ -16,7 +16,7 @@ const Knob kKnobs[] = {
     {"MLTRAIN_COMM_TIMEOUT", "300", "seconds any call may block before it fails naming the peer"},
     {"MLTRAIN_COMM_TRANSPORT", "auto", "auto (shm on one host, TCP across), tcp, or shm"},
     {"MLTRAIN_COMM_SHM_BYTES", "1M", "shared-memory ring capacity per direction per pair"},
-    {"MLTRAIN_COMM_CHUNK_BYTES", "128K", "pipeline piece of the ring algorithms"},
+    {"MLTRAIN_COMM_CHUNK_BYTES", "256K", "pipeline piece (TCP links: twice that, at least 512K)"},
     {"MLTRAIN_COMM_SMALL_BYTES", "64K", "at or below: recursive doubling (power-of-two worlds)"},
     {"MLTRAIN_COMM_SPIN_US", "50", "microseconds to spin (yielding) before blocking"},
     {"MLTRAIN_COMM_HOST", "gethostname()", "host identity; equal identities use shared memory"},
@@ -92,7 +92,7 @@ Options Options::from_env() {
                 "MLTRAIN_COMM_TRANSPORT='" + transport + "' (expected auto, tcp or shm)");
   o.shm_bytes = parse_size(env_string("MLTRAIN_COMM_SHM_BYTES", "1M"), "MLTRAIN_COMM_SHM_BYTES");
   o.chunk_bytes =
-      parse_size(env_string("MLTRAIN_COMM_CHUNK_BYTES", "128K"), "MLTRAIN_COMM_CHUNK_BYTES");
+      parse_size(env_string("MLTRAIN_COMM_CHUNK_BYTES", "256K"), "MLTRAIN_COMM_CHUNK_BYTES");
   o.small_bytes =
       parse_size(env_string("MLTRAIN_COMM_SMALL_BYTES", "64K"), "MLTRAIN_COMM_SMALL_BYTES");
   o.spin_us = static_cast<int>(env_int("MLTRAIN_COMM_SPIN_US", 50));

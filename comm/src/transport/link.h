@@ -48,6 +48,8 @@ public:
   virtual bool can_recv() = 0;
   virtual int fd() const { return -1; }  // -1: wait on the bell instead
   virtual bool peer_alive() { return true; }
+  // Bytes to move per engine step on this link, given the configured piece.
+  virtual std::size_t piece_bytes(std::size_t base) const { return base; }
   // The peer closed its end: whatever is buffered is all that will ever come.
   virtual bool peer_gone() const { return false; }
   virtual void close() = 0;  // tells the peer we are gone; idempotent
