@@ -126,7 +126,10 @@ spec::JobSpec build_spec(RunFlags& f, Global& g) {
   if (f.no_prefix) s.logs.prefix = "";
   if (f.timestamps) s.logs.timestamps = true;
   if (!f.ssh_config.empty()) s.ssh.config = f.ssh_config;
-  if (f.accept_new_host_keys) s.ssh.strict_host_keys = "accept-new";
+  if (f.accept_new_host_keys) {
+    s.ssh.strict_host_keys = "accept-new";
+    s.origins["ssh.strict_host_keys"] = "--accept-new-host-keys";
+  }
   spec::check(s);
   if (!s.logs.ranks.empty() && !text::parse_int_list(s.logs.ranks))
     throw Error("--ranks '" + s.logs.ranks + "' is not a rank list", "write ranks like 0,3-5");
@@ -186,6 +189,7 @@ struct Transports {
     so.strict_host_keys = s.ssh.strict_host_keys;
     so.connect_timeout = s.ssh.connect_timeout;
     so.connect_timeout_set = s.origins.count("ssh.connect_timeout") > 0;
+    so.strict_host_keys_set = s.origins.count("ssh.strict_host_keys") > 0;
     ssh = transport::make_ssh_transport(so);
     for_host = [this](const plan::HostPlan& h) -> transport::Transport& { return h.local ? *local : *ssh; };
   }

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <fnmatch.h>
 #include <libssh/libssh.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -59,38 +60,61 @@ std::string sock_address(int fd, bool peer) {
   return buf;
 }
 
-// Whether the ssh config gives `host` a ConnectTimeout (libssh applies it when it parses the
-// file; only an explicit [ssh] connect_timeout should override it). A plain scan of Host blocks
-// with glob patterns, as ssh matches them.
-bool config_sets_timeout(const std::string& config, const std::string& host) {
+// The first value the ssh config gives `key` (lower case) for `host`, as ssh reads Host blocks
+// (glob patterns; Match blocks are skipped). Used for the settings mltrain itself acts on
+// (ConnectTimeout, StrictHostKeyChecking); libssh applies the rest when it parses the file.
+std::string config_value(const std::string& config, const std::string& host, const std::string& want) {
   FILE* f = std::fopen(config.c_str(), "r");
-  if (!f) return false;
+  if (!f) return {};
   char line[1024];
-  bool applies = true, found = false;
-  while (!found && std::fgets(line, sizeof line, f)) {
+  bool applies = true;
+  std::string value;
+  while (value.empty() && std::fgets(line, sizeof line, f)) {
     std::string l(line);
     size_t b = l.find_first_not_of(" \t");
     if (b == std::string::npos || l[b] == '#') continue;
     std::string key = l.substr(b, l.find_first_of(" \t=", b) - b);
     for (auto& c : key) c = char(std::tolower(static_cast<unsigned char>(c)));
     std::string rest = l.substr(std::min(l.size(), b + key.size()));
+    size_t vb = rest.find_first_not_of(" \t=");
+    size_t ve = rest.find_last_not_of(" \t\r\n");
+    std::string v = vb == std::string::npos || ve < vb ? std::string() : rest.substr(vb, ve - vb + 1);
     if (key == "host") {
       applies = false;
       size_t p = 0;
-      while ((p = rest.find_first_not_of(" \t=\r\n", p)) != std::string::npos) {
-        size_t e = rest.find_first_of(" \t\r\n", p);
-        std::string pat = rest.substr(p, e == std::string::npos ? std::string::npos : e - p);
+      while ((p = v.find_first_not_of(" \t", p)) != std::string::npos) {
+        size_t e = v.find_first_of(" \t", p);
+        std::string pat = v.substr(p, e == std::string::npos ? std::string::npos : e - p);
         if (::fnmatch(pat.c_str(), host.c_str(), 0) == 0) applies = true;
         p = e;
       }
     } else if (key == "match") {
       applies = false;
-    } else if (key == "connecttimeout" && applies) {
-      found = true;
+    } else if (key == want && applies) {
+      value = v;
     }
   }
   std::fclose(f);
-  return found;
+  for (auto& c : value) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return value;
+}
+
+// The address of the HostName libssh connects to, resolved here (numeric), or the name itself.
+std::string resolved_host(ssh_session s) {
+  char* host = nullptr;
+  if (ssh_options_get(s, SSH_OPTIONS_HOST, &host) != SSH_OK || !host) return {};
+  std::string name = host;
+  ssh_string_free_char(host);
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_socktype = SOCK_STREAM;
+  if (::getaddrinfo(name.c_str(), nullptr, &hints, &res) != 0 || !res) return name;
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (res->ai_family == AF_INET)
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, buf, sizeof buf);
+  else if (res->ai_family == AF_INET6)
+    ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(res->ai_addr)->sin6_addr, buf, sizeof buf);
+  ::freeaddrinfo(res);
+  return buf[0] ? std::string(buf) : name;
 }
 
 std::string agent_remote_path() {
@@ -120,6 +144,7 @@ class SshLink : public AgentLink {
     int fd = ssh_get_fd(session_.get());
     peer_ = sock_address(fd, true);
     local_ = sock_address(fd, false);
+    if (peer_.empty()) peer_ = resolved_host(session_.get());  // through a ProxyCommand: no TCP socket here
     done_ = done_promise_.get_future();
     pump_ = std::thread([this, leftover = std::move(leftover)] {
       pump(leftover);
@@ -248,21 +273,29 @@ class SshTransport : public Transport {
     if (port > 0) ssh_options_set(ss, SSH_OPTIONS_PORT, &port);
     if (!o_.identity_file.empty()) ssh_options_set(ss, SSH_OPTIONS_ADD_IDENTITY, expand_home(o_.identity_file).c_str());
     if (!o_.known_hosts.empty()) ssh_options_set(ss, SSH_OPTIONS_KNOWNHOSTS, expand_home(o_.known_hosts).c_str());
-    if (o_.connect_timeout_set || !config_sets_timeout(config, h.name)) {
+    if (o_.connect_timeout_set || config_value(config, h.name, "connecttimeout").empty()) {
       long timeout = std::max<long>(1, long(o_.connect_timeout.count() / 1000));
       ssh_options_set(ss, SSH_OPTIONS_TIMEOUT, &timeout);
+    }
+
+    // Host keys: the spec or flag decides; else the ssh config's StrictHostKeyChecking; else strict.
+    std::string strict = o_.strict_host_keys;
+    if (!o_.strict_host_keys_set) {
+      std::string c = config_value(config, h.name, "stricthostkeychecking");
+      if (c == "accept-new") strict = "accept-new";
+      else if (c == "no" || c == "off") strict = "no";
     }
 
     if (ssh_connect(ss) != SSH_OK)
       throw Error(name + ": cannot connect: " + ssh_get_error(ss), "check the host name, that sshd runs there, and the network",
                   exit_code::host_failure);
-    verify_host_key(ss, name);
+    verify_host_key(ss, name, strict);
     authenticate(ss, name);
     return start_agent(std::move(s), name);
   }
 
  private:
-  void verify_host_key(ssh_session ss, const std::string& name) {
+  void verify_host_key(ssh_session ss, const std::string& name, const std::string& strict) {
     ssh_key key = nullptr;
     std::string fingerprint = "(unknown)";
     if (ssh_get_server_publickey(ss, &key) == SSH_OK) {
@@ -292,8 +325,8 @@ class SshTransport : public Transport {
                     exit_code::host_failure);
       case SSH_KNOWN_HOSTS_NOT_FOUND:
       case SSH_KNOWN_HOSTS_UNKNOWN:
-        if (o_.strict_host_keys == "no") return;
-        if (o_.strict_host_keys == "accept-new") {
+        if (strict == "no") return;
+        if (strict == "accept-new") {
           if (ssh_session_update_known_hosts(ss) != SSH_OK)
             throw Error(name + ": cannot record the host key: " + ssh_get_error(ss), {}, exit_code::host_failure);
           log::info("transport", name + ": recorded new host key " + fingerprint);
@@ -324,44 +357,69 @@ class SshTransport : public Transport {
                 exit_code::host_failure);
   }
 
-  // Runs the agent over one exec channel: "OK" and the agent's stream, or "MISSING" (upload it
-  // by content hash, then try again), or "ARCH x" (this build cannot serve that host).
+  // Runs the agent over one exec channel. The remote shell checks the cached agent by content
+  // hash (size, where sha256sum is missing); when it is absent or damaged it says so and reads
+  // the agent from the same channel (one channel: sshd's MaxSessions may be 1), then execs it.
   std::unique_ptr<AgentLink> start_agent(Session s, const std::string& name) {
     ssh_session ss = s.get();
-    std::string a = agent_remote_path();
-    std::string cmd = "a=" + a + "; m=$(uname -m); if [ \"$m\" != " + kAgentArch +
-                      " ]; then echo \"MLTRAIN-ARCH $m\"; exit 0; fi; if [ -x \"$a\" ]; then echo MLTRAIN-AGENT-OK; "
-                      "exec \"$a\"; fi; echo MLTRAIN-AGENT-MISSING";
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      ssh_channel ch = ssh_channel_new(ss);
-      if (!ch || ssh_channel_open_session(ch) != SSH_OK || ssh_channel_request_exec(ch, cmd.c_str()) != SSH_OK) {
-        std::string err = ssh_get_error(ss);
-        if (ch) ssh_channel_free(ch);
-        throw Error(name + ": cannot start a command over SSH: " + err, "check the host's sshd (MaxSessions, ForceCommand)",
-                    exit_code::host_failure);
-      }
-      std::string line, rest;
-      read_marker(ss, ch, name, line, rest);
-      if (line == "MLTRAIN-AGENT-OK") return std::make_unique<SshLink>(std::move(s), ch, name, rest);
+    auto bytes = agent_bytes();
+    std::string size = std::to_string(bytes.size());
+    std::string hash(agent_hash());
+    std::string cmd =
+        "a=" + agent_remote_path() + "; m=$(uname -m); if [ \"$m\" != " + kAgentArch +
+        " ]; then echo \"MLTRAIN-ARCH $m\"; exit 0; fi; ok=0; if [ -x \"$a\" ]; then "
+        "if command -v sha256sum >/dev/null 2>&1; then [ \"$(sha256sum < \"$a\" | cut -d' ' -f1)\" = " + hash +
+        " ] && ok=1; else [ \"$(wc -c < \"$a\")\" -eq " + size + " ] && ok=1; fi; fi; "
+        "if [ $ok = 0 ]; then echo MLTRAIN-AGENT-MISSING; mkdir -p \"$HOME/.cache/mltrain\" && t=\"$a.tmp.$$\" && "
+        "head -c " + size + " > \"$t\" && chmod 755 \"$t\" && mv -f \"$t\" \"$a\" || "
+        "{ echo MLTRAIN-UPLOAD-FAILED; exit 0; }; fi; echo MLTRAIN-AGENT-OK; exec \"$a\"";
+    ssh_channel ch = ssh_channel_new(ss);
+    if (!ch || ssh_channel_open_session(ch) != SSH_OK || ssh_channel_request_exec(ch, cmd.c_str()) != SSH_OK) {
+      std::string err = ssh_get_error(ss);
+      if (ch) ssh_channel_free(ch);
+      throw Error(name + ": cannot start a command over SSH: " + err, "check the host's sshd (MaxSessions, ForceCommand)",
+                  exit_code::host_failure);
+    }
+    auto fail = [&](const std::string& what, const std::string& hint) -> std::unique_ptr<AgentLink> {
       ssh_channel_close(ch);
       ssh_channel_free(ch);
-      if (line.rfind("MLTRAIN-ARCH ", 0) == 0)
-        throw Error(name + ": the host's architecture is " + line.substr(13) + "; this mltrain carries an agent for " +
-                        kAgentArch,
-                    "run mltrain built for that architecture", exit_code::host_failure);
-      if (line != "MLTRAIN-AGENT-MISSING" || attempt == 1)
-        throw Error(name + ": the agent did not start (got '" + line + "')", "check that the host has a POSIX sh and glibc",
-                    exit_code::host_failure);
-      upload_agent(ss, name, a);
+      throw Error(name + ": " + what, hint, exit_code::host_failure);
+    };
+    std::string line, rest;
+    read_marker(ss, ch, name, line, rest);
+    if (line == "MLTRAIN-AGENT-MISSING") {
+      size_t off = 0;
+      while (off < bytes.size()) {
+        int n = ssh_channel_write(ch, bytes.data() + off, uint32_t(std::min<size_t>(bytes.size() - off, 64 * 1024)));
+        if (n <= 0) return fail(std::string("cannot upload the agent: ") + ssh_get_error(ss), "check the connection");
+        off += size_t(n);
+      }
+      // The marker after the upload may already be buffered behind the first one.
+      std::string pending = rest;
+      read_marker(ss, ch, name, line, rest, pending);
+      log::info("transport", name + ": agent uploaded (" + size + " bytes)");
     }
-    throw Error(name + ": the agent did not start", {}, exit_code::host_failure);
+    if (line == "MLTRAIN-AGENT-OK") return std::make_unique<SshLink>(std::move(s), ch, name, rest);
+    if (line.rfind("MLTRAIN-ARCH ", 0) == 0)
+      return fail("the host's architecture is " + line.substr(13) + "; this mltrain carries an agent for " + kAgentArch,
+                  "run mltrain built for that architecture");
+    if (line == "MLTRAIN-UPLOAD-FAILED")
+      return fail("cannot write the agent to ~/.cache/mltrain", "check free space and permissions in the remote home");
+    return fail("the agent did not start (got '" + line + "')", "check that the host has a POSIX sh and glibc");
   }
 
-  void read_marker(ssh_session ss, ssh_channel ch, const std::string& name, std::string& line, std::string& rest) {
+  void read_marker(ssh_session ss, ssh_channel ch, const std::string& name, std::string& line, std::string& rest,
+                   const std::string& buffered = {}) {
     auto deadline = std::chrono::steady_clock::now() + o_.connect_timeout + std::chrono::seconds(5);
-    std::string got, err;
+    std::string got = buffered, err;
     char buf[4096];
     while (std::chrono::steady_clock::now() < deadline) {
+      auto nl0 = got.find('\n');
+      if (nl0 != std::string::npos) {
+        line = got.substr(0, nl0);
+        rest = got.substr(nl0 + 1);
+        return;
+      }
       int n = ssh_channel_read_timeout(ch, buf, sizeof buf, 0, 200);
       if (n > 0) got.append(buf, size_t(n));
       int e = ssh_channel_read_nonblocking(ch, buf, sizeof buf, 1);
@@ -377,35 +435,6 @@ class SshTransport : public Transport {
     throw Error(name + ": no answer from the remote shell" + (err.empty() ? std::string() : ": " + err) +
                     (ssh_get_error(ss)[0] ? std::string(" (") + ssh_get_error(ss) + ")" : std::string()),
                 "check that the host has a POSIX sh", exit_code::host_failure);
-  }
-
-  void upload_agent(ssh_session ss, const std::string& name, const std::string& a) {
-    std::string cmd = "a=" + a + "; mkdir -p \"$HOME/.cache/mltrain\" && t=\"$a.tmp.$$\" && cat > \"$t\" && chmod 755 \"$t\" && mv -f \"$t\" \"$a\"";
-    ssh_channel ch = ssh_channel_new(ss);
-    if (!ch || ssh_channel_open_session(ch) != SSH_OK || ssh_channel_request_exec(ch, cmd.c_str()) != SSH_OK) {
-      if (ch) ssh_channel_free(ch);
-      throw Error(name + ": cannot upload the agent: " + ssh_get_error(ss), {}, exit_code::host_failure);
-    }
-    auto bytes = agent_bytes();
-    size_t off = 0;
-    while (off < bytes.size()) {
-      uint32_t chunk = uint32_t(std::min<size_t>(bytes.size() - off, 64 * 1024));
-      int n = ssh_channel_write(ch, bytes.data() + off, chunk);
-      if (n <= 0) break;
-      off += size_t(n);
-    }
-    ssh_channel_send_eof(ch);
-    std::string err;
-    char buf[1024];
-    int n;
-    while ((n = ssh_channel_read(ch, buf, sizeof buf, 1)) > 0) err.append(buf, size_t(n));
-    int status = ssh_channel_get_exit_status(ch);
-    ssh_channel_close(ch);
-    ssh_channel_free(ch);
-    if (off != bytes.size() || status != 0)
-      throw Error(name + ": cannot upload the agent to ~/.cache/mltrain" + (err.empty() ? "" : ": " + err),
-                  "check free space and permissions in the remote home", exit_code::host_failure);
-    log::info("transport", name + ": agent uploaded (" + std::to_string(bytes.size()) + " bytes)");
   }
 
   SshOptions o_;

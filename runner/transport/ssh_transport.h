@@ -14,6 +14,7 @@ struct SshOptions {
   std::string user, identity_file, known_hosts;
   int port = 0;
   std::string strict_host_keys = "yes";  // yes | accept-new | no
+  bool strict_host_keys_set = false;     // else the ssh config's StrictHostKeyChecking applies
   std::chrono::milliseconds connect_timeout{10000};
   bool connect_timeout_set = false;  // else the ssh config's ConnectTimeout (or this default) applies
 };

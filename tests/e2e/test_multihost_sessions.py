@@ -31,13 +31,6 @@ def test_cached_agent_runs_with_max_sessions_1(mh, cluster):
         [f"r{i} h2" for i in range(4)], p.stdout
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG: with sshd MaxSessions 1 the agent upload fails: 'h2: cannot upload the agent: Channel "
-    "opening failure: channel N error (2) open failed'. Likely cause: ssh_transport.cpp start_agent() closes "
-    "the probe channel (ssh_channel_close sends CLOSE without waiting for the server's) and at "
-    "once opens the upload channel, which sshd still counts against MaxSessions. Reproducer: "
-    "tests/cluster/up.sh -n 2 --max-sessions h2=1; rm ~mltest/.cache/mltrain/mltrain-agent-*; "
-    "mltrain run --ssh-config /tmp/mltrain-cluster/ssh_config -H h2:1 --workdir /tmp -- true"))
 def test_agent_upload_with_max_sessions_1(mh, cluster):
     path = cached_agent_path(mh)
     os.unlink(path)           # the next connect must upload it again
