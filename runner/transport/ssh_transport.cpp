@@ -266,6 +266,16 @@ class SshTransport : public Transport {
     } else if (!o_.config.empty()) {
       throw Error(config + ": ssh config file not found", "check [ssh] config / --ssh-config");
     }
+    // libssh turns ProxyJump into "ssh -W ... jump", which would read ~/.ssh/config, not this file.
+    if (!o_.config.empty()) {
+      std::string jump = config_value(config, h.name, "proxyjump");
+      if (!jump.empty() && jump != "none") {
+        auto last = jump.rfind(',');
+        std::string cmd = "ssh -F '" + config + "' -W '[%h]:%p'" +
+                          (last == std::string::npos ? " " + jump : " -J " + jump.substr(0, last) + " " + jump.substr(last + 1));
+        ssh_options_set(ss, SSH_OPTIONS_PROXYCOMMAND, cmd.c_str());
+      }
+    }
     // Explicit settings win over the config: the hostfile's, then the spec's.
     std::string user = !h.user.empty() ? h.user : o_.user;
     if (!user.empty()) ssh_options_set(ss, SSH_OPTIONS_USER, user.c_str());

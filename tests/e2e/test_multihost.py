@@ -501,11 +501,6 @@ def test_proxycommand_hosts_get_a_master_addr(mh, cluster):
         assert kv["IF"] == "eth0" and kv["GIF"] == "eth0", f"rank {rank}: {kv}"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG: 'ProxyJump h1' in the user's ssh config does not work: preflight fails 'j2: cannot "
-    "connect: Socket error: Connection reset by peer' while `ssh -F CFG j2` works. Likely cause: "
-    "libssh 0.10 turns ProxyJump into a ProxyCommand 'ssh -W [%h]:%p h1' that runs without the "
-    "user's --ssh-config file, so 'h1' means nothing to it (works only with ~/.ssh/config)"))
 def test_proxyjump_hosts(mh, cluster):
     cfg = _jump_config(mh, cluster, "jump")
     assert subprocess.run(["ssh", "-F", str(cfg), "-o", "BatchMode=yes", "j2", "true"],
