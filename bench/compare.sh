@@ -39,7 +39,7 @@ iters_for() {  # same schedule as the Gloo and MPI programs
 }
 
 run_mltrain() {  # ranks size [transport] -> "mltrain[-tcp] n bytes us"
-  local n=$1 size=$2 transport=${3:-auto} port=$((20000 + RANDOM % 30000)) pids=() r
+  local n=$1 size=$2 transport=${3:-auto} port=$((20000 + RANDOM % 12000)) pids=() r  # ports below the ephemeral range
   local tag=mltrain
   [[ $transport == tcp ]] && tag=mltrain-tcp
   for ((r = 0; r < n; r++)); do

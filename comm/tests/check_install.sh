@@ -11,7 +11,7 @@ cmake --install "$build" --component comm --prefix "$work/prefix" >/dev/null
 cmake -S "$here/consumer" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
 cmake --build "$work/build" >/dev/null
 run() {
-  local n=$1 exe=$2 port=$((20000 + RANDOM % 30000)) pids=() r
+  local n=$1 exe=$2 port=$((20000 + RANDOM % 12000)) pids=() r  # ports below the ephemeral range
   for ((r = 0; r < n; r++)); do
     RANK=$r WORLD_SIZE=$n MLTRAIN_STORE_ADDR=127.0.0.1:$port MLTRAIN_TOKEN=install "$exe" &
     pids+=($!)

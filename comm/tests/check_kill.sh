@@ -9,7 +9,7 @@ work=$(mktemp -d /tmp/mltrain-kill.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 status=0
 for transport in shm tcp; do
-  port=$((20000 + RANDOM % 30000))
+  port=$((20000 + RANDOM % 12000))  # below the ephemeral range
   pids=()
   for r in 0 1 2; do
     RANK=$r WORLD_SIZE=3 MLTRAIN_STORE_ADDR=127.0.0.1:$port MLTRAIN_TOKEN=kill \

@@ -5,7 +5,7 @@
 set -euo pipefail
 worker=${1:?usage: check_identical.sh PATH_TO_mltrain-sgd}
 run() {
-  local n=$1 port=$((20000 + RANDOM % 30000)) pids=() r
+  local n=$1 port=$((20000 + RANDOM % 12000)) pids=() r  # ports below the ephemeral range
   local out
   out=$(mktemp)
   for ((r = 0; r < n; r++)); do
