@@ -110,7 +110,8 @@ def test_sigkill_of_launcher_leaves_no_rank(ml, tmp_path, ignore_term):
     script = trap + 'touch "$D/ready.$RANK"; while :; do sleep 0.2; done'
     p = ml.popen("run", "-n", "3", "--env", f"D={tmp_path}", "--", "sh", "-c", script, m)
     wait_for(_ready_files(tmp_path, 3), 10, "ranks to start")
-    assert len(set(pids_with_arg(m)) - {p.pid}) == 3
+    # >= : a forked shell, for a moment before it execs sleep, still carries the marker.
+    assert len(set(pids_with_arg(m)) - {p.pid}) >= 3
     p.kill()
     communicate(p, 10)
     left = wait_gone(m, 5.0)
