@@ -29,6 +29,9 @@ cmake --build build -j"$jobs"
 step "unit tests"
 ctest --test-dir build -L unit --output-on-failure -j"$jobs"
 
+step "comm integration tests (installed package, a killed rank, bitwise-identical SGD)"
+ctest --test-dir build -L comm -LE unit --output-on-failure
+
 if [ "$sanitize" = 1 ]; then
   step "unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMLTRAIN_SANITIZE=ON >/dev/null
