@@ -106,8 +106,14 @@ Communicator::Impl::Impl(const Options& o) : opt(o) {
   if (opt.world_size == 1) return;  // nothing to join
 
   const Deadline dl = deadline();
-  if (opt.rank == 0 && opt.host_store)
-    server = std::make_unique<StoreServer>(split_host_port(opt.store_addr).second, opt.token);
+  if (opt.rank == 0 && opt.host_store) {
+    try {
+      server = std::make_unique<StoreServer>(split_host_port(opt.store_addr).second, opt.token);
+    } catch (const Error& e) {
+      throw Error(e.kind(), "mltrain-comm: " + me() + ": cannot host the store at " +
+                                opt.store_addr + " (MLTRAIN_STORE_ADDR): " + e.what());
+    }
+  }
   store = std::make_unique<StoreClient>(opt.store_addr, opt.token, opt.rank, dl);
   if (opt.rank == 0) {
     std::random_device rd;
