@@ -1,0 +1,126 @@
+"""A rank killed mid-allreduce: every other rank gets an error naming it within the timeout, and
+mltrain reports it.
+
+The ranks run the comm benchmark (`mltrain __bench-worker`, a long 64 MiB f32 allreduce loop) and
+ignore SIGTERM, so mltrain's teardown (TERM, then KILL after --grace-period 10s) cannot end them
+before they fail on their own: with MLTRAIN_COMM_TIMEOUT=5s they must exit with the comm error
+(exit code 1, not a signal), naming rank 1, well within the grace period. Rank 1 SIGKILLs itself
+once the benchmark is inside its timed allreduce loop (rank 0 printed the table header, then 3 s).
+
+Locally: 3 ranks, shared memory (the survivors see `rank 1 (...): its process is gone`).
+"""
+import json
+import os
+import re
+import shutil
+import time
+
+import pytest
+
+from conftest import wait_for
+
+COMM_TIMEOUT_S = 5
+GRACE_S = 10
+# Survivors must report within the comm timeout (+ at most 1 s, docs/comm.md), plus slack for 2
+# shared, possibly busy cores (process exit, launcher reaping).
+REPORT_WITHIN_S = COMM_TIMEOUT_S + 1 + 2
+
+# Rank 1 waits until rank 0 printed the benchmark header (init done, every rank joined), then 3 s
+# more (the bench's 0.5 s warm-up of small allreduces, buffers filled, past the barrier, inside the
+# 64 MiB allreduce loop), writes the time, SIGKILLs its own process (the benchmark, which replaced
+# the shell through exec). Where it cannot read
+# rank 0's log (the cluster user cannot enter root's pytest dirs: RUNS empty) it waits $DELAY s.
+WORKER = ('trap "" TERM; '
+          'if [ "$RANK" = 1 ]; then ( '
+          '  if [ -n "$RUNS" ]; then i=0; '
+          '    while [ $i -lt 600 ] && ! grep -q "# iters" "$RUNS/$MLTRAIN_RUN_ID/rank-0.log" 2>/dev/null; '
+          '    do sleep 0.1; i=$((i+1)); done; sleep 3; '
+          '  else sleep "$DELAY"; fi; '
+          '  date +%s.%N > "$D/killed"; kill -9 $$ ) & fi; '
+          'exec "$BIN" __bench-worker -b 64M -e 64M --iters 100000 --warmup 0')
+
+
+def _run_env_pids(run_id):
+    """Pids of live processes whose environment carries MLTRAIN_RUN_ID=run_id (every rank and
+    anything it forked; /proc/PID/environ is readable for every user's process as root)."""
+    needle = f"MLTRAIN_RUN_ID={run_id}".encode()
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{d}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != b"Z" and needle in env:
+            found.append(int(d))
+    return found
+
+
+def _iso_to_epoch(s):
+    # "2026-11-29T15:50:23.919Z"
+    from datetime import datetime, timezone
+    return datetime.strptime(s, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
+
+
+def _check(ml, r, rec, run_dir, killed_file, peer_re):
+    """The common assertions: launcher, record, survivors' logs, timing, nothing left."""
+    out = r.stdout + r.stderr
+    assert r.returncode == 137, out
+    assert re.search(r"rank 1 failed with SIGKILL", out), out
+    assert re.search(r"first failure: rank 1 on \S+: SIGKILL", out), out
+
+    ranks = {x["rank"]: x for x in rec["ranks"]}
+    assert ranks[1]["signal"] == 9, rec["ranks"]
+    # The survivors ended on their own (comm error, exit 1), not through mltrain's KILL.
+    for k in (0, 2):
+        assert ranks[k]["signal"] == 0 and ranks[k]["exit_code"] == 1, rec["ranks"]
+
+    for k in (0, 2):
+        log = (run_dir / f"rank-{k}.log").read_text(errors="replace")
+        errs = [l for l in log.splitlines() if "mltrain-comm:" in l or "first failure:" in l]
+        assert errs, f"rank {k} log has no comm error:\n{log[-2000:]}"
+        # Its own error line, from its communicator: "mltrain-comm: rank K (host): <coll> #N: ..."
+        assert any(re.match(rf"mltrain-comm: rank {k} \(\S+\): (allreduce|barrier) #\d+: ", l)
+                   for l in errs), errs
+        # ... and somewhere in it (its own reason, or the first failure it relays) rank 1 is
+        # named as the cause.
+        assert any(re.search(peer_re, l) for l in errs), errs
+        # The kill landed inside the timed allreduce loop.
+        assert any(" allreduce #" in l for l in errs), errs
+
+    # Within the timeout: the run ended (the last survivor exited) soon after rank 1 died.
+    killed_at = float(killed_file.read_text().strip())
+    ended = _iso_to_epoch(rec["ended_at"])
+    assert ended - killed_at < REPORT_WITHIN_S, (ended - killed_at, rec["ranks"])
+    assert ended - killed_at < GRACE_S
+
+    # Nothing left running (ranks, rank 1's killer subshell).
+    wait_for(lambda: not _run_env_pids(rec["id"]), 3.0, "the ranks of the job to be gone")
+
+
+def test_killed_rank_named_by_all_local(ml, tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    t0 = time.monotonic()
+    r = ml("run", "-n", "3", "--grace-period", f"{GRACE_S}s",
+           "--env", f"MLTRAIN_COMM_TIMEOUT={COMM_TIMEOUT_S}s",
+           "--env", f"D={d}", "--env", f"RUNS={ml.runs_dir}", "--env", f"BIN={ml.bin}",
+           "--", "sh", "-c", WORKER, timeout=120)
+    elapsed = time.monotonic() - t0
+    rec = json.loads(ml("show", "--json").stdout)
+    run_dir = ml.runs_dir / rec["id"]
+    # Shared memory: "rank 1 (host): its process is gone"; TCP would say "closed the connection".
+    _check(ml, r, rec, run_dir, d / "killed",
+           r"rank 1 \(\S+\)(: its process is gone| closed the connection| sent nothing)")
+    assert elapsed < 60, elapsed
+
+    # `mltrain logs --rank 0,2` shows the same errors.
+    lg = ml("logs", "--rank", "0,2", rec["id"])
+    assert lg.returncode == 0, lg.stderr
+    assert re.search(r"^\[0\] mltrain-comm: rank 0 ", lg.stdout, re.M), lg.stdout
+    assert re.search(r"^\[2\] mltrain-comm: rank 2 ", lg.stdout, re.M), lg.stdout
+    assert "rank 1 (" in lg.stdout
