@@ -109,31 +109,6 @@ double input_value(const Args& a, int rank, std::size_t i) {
   }
 }
 
-void store_value(void* buf, std::size_t i, DataType dt, double v) {
-  switch (dt) {
-  case DataType::f32: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
-  case DataType::f64: static_cast<double*>(buf)[i] = v; break;
-  case DataType::f16: static_cast<std::uint16_t*>(buf)[i] = detail::f32_to_f16(static_cast<float>(v)); break;
-  case DataType::bf16: static_cast<std::uint16_t*>(buf)[i] = detail::f32_to_bf16(static_cast<float>(v)); break;
-  case DataType::i32: static_cast<std::int32_t*>(buf)[i] = static_cast<std::int32_t>(v); break;
-  case DataType::i64: static_cast<std::int64_t*>(buf)[i] = static_cast<std::int64_t>(v); break;
-  case DataType::u8: static_cast<std::uint8_t*>(buf)[i] = static_cast<std::uint8_t>(v); break;
-  }
-}
-
-double load_value(const void* buf, std::size_t i, DataType dt) {
-  switch (dt) {
-  case DataType::f32: return static_cast<const float*>(buf)[i];
-  case DataType::f64: return static_cast<const double*>(buf)[i];
-  case DataType::f16: return detail::f16_to_f32(static_cast<const std::uint16_t*>(buf)[i]);
-  case DataType::bf16: return detail::bf16_to_f32(static_cast<const std::uint16_t*>(buf)[i]);
-  case DataType::i32: return static_cast<const std::int32_t*>(buf)[i];
-  case DataType::i64: return static_cast<double>(static_cast<const std::int64_t*>(buf)[i]);
-  case DataType::u8: return static_cast<const std::uint8_t*>(buf)[i];
-  }
-  return 0;
-}
-
 double expected_reduce(const Args& a, int world, std::size_t i, DataType dt) {
   double acc = input_value(a, 0, i);
   for (int r = 1; r < world; ++r) {
@@ -182,7 +157,7 @@ std::int64_t run_once_and_check(Communicator& comm, const Args& a, std::size_t t
     }
     for (std::size_t i = 0; i < inputs; ++i) {
       const std::size_t gi = a.op == BenchOp::allgather ? static_cast<std::size_t>(r) * per + i : i;
-      store_value(in, i, a.dtype, a.op == BenchOp::broadcast ? (r == a.root ? gi % 5 : 99) : input_value(a, r, gi));
+      detail::store_from_double(in, i, a.dtype, a.op == BenchOp::broadcast ? (r == a.root ? gi % 5 : 99) : input_value(a, r, gi));
     }
   }
   switch (a.op) {
@@ -208,21 +183,21 @@ std::int64_t run_once_and_check(Communicator& comm, const Args& a, std::size_t t
   switch (a.op) {
   case BenchOp::allreduce:
     for (std::size_t i = 0; i < total; ++i)
-      wrong += !close_enough(load_value(out, i, a.dtype), expected_reduce(a, n, i, a.dtype), a.dtype);
+      wrong += !close_enough(detail::load_as_double(out, i, a.dtype), expected_reduce(a, n, i, a.dtype), a.dtype);
     break;
   case BenchOp::broadcast:
     for (std::size_t i = 0; i < total; ++i)
-      wrong += load_value(out, i, a.dtype) != static_cast<double>(i % 5);
+      wrong += detail::load_as_double(out, i, a.dtype) != static_cast<double>(i % 5);
     break;
   case BenchOp::allgather:
     for (std::size_t i = 0; i < per * static_cast<std::size_t>(n); ++i)
-      wrong += load_value(out, i, a.dtype) != input_value(a, static_cast<int>(i / per), i);
+      wrong += detail::load_as_double(out, i, a.dtype) != input_value(a, static_cast<int>(i / per), i);
     break;
   case BenchOp::reduce_scatter: {
     const std::byte* mine = a.inplace ? out + static_cast<std::size_t>(r) * per * es : out;
     for (std::size_t i = 0; i < per; ++i) {
       const std::size_t gi = static_cast<std::size_t>(r) * per + i;
-      wrong += !close_enough(load_value(mine, i, a.dtype), expected_reduce(a, n, gi, a.dtype), a.dtype);
+      wrong += !close_enough(detail::load_as_double(mine, i, a.dtype), expected_reduce(a, n, gi, a.dtype), a.dtype);
     }
     break;
   }

@@ -85,31 +85,6 @@ double input(DataType dt, ReduceOp op, int r, std::size_t i) {
   return v;
 }
 
-void put(void* buf, std::size_t i, DataType dt, double v) {
-  switch (dt) {
-  case DataType::f32: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
-  case DataType::f64: static_cast<double*>(buf)[i] = v; break;
-  case DataType::f16: static_cast<std::uint16_t*>(buf)[i] = detail::f32_to_f16(static_cast<float>(v)); break;
-  case DataType::bf16: static_cast<std::uint16_t*>(buf)[i] = detail::f32_to_bf16(static_cast<float>(v)); break;
-  case DataType::i32: static_cast<std::int32_t*>(buf)[i] = static_cast<std::int32_t>(v); break;
-  case DataType::i64: static_cast<std::int64_t*>(buf)[i] = static_cast<std::int64_t>(v); break;
-  case DataType::u8: static_cast<std::uint8_t*>(buf)[i] = static_cast<std::uint8_t>(v); break;
-  }
-}
-
-double get(const void* buf, std::size_t i, DataType dt) {
-  switch (dt) {
-  case DataType::f32: return static_cast<const float*>(buf)[i];
-  case DataType::f64: return static_cast<const double*>(buf)[i];
-  case DataType::f16: return detail::f16_to_f32(static_cast<const std::uint16_t*>(buf)[i]);
-  case DataType::bf16: return detail::bf16_to_f32(static_cast<const std::uint16_t*>(buf)[i]);
-  case DataType::i32: return static_cast<const std::int32_t*>(buf)[i];
-  case DataType::i64: return static_cast<double>(static_cast<const std::int64_t*>(buf)[i]);
-  case DataType::u8: return static_cast<const std::uint8_t*>(buf)[i];
-  }
-  return 0;
-}
-
 double unit_roundoff(DataType dt) {
   switch (dt) {
   case DataType::f32: return std::ldexp(1.0, -24);
@@ -194,7 +169,7 @@ void exercise(Communicator& c, const std::vector<std::size_t>& counts, Shared& s
         const bool inplace = (++case_no % 2) == 0;
         // allreduce
         std::vector<std::byte> in(count * es + 8), out(count * es + 8);
-        for (std::size_t i = 0; i < count; ++i) put(in.data(), i, dt, input(dt, op, r, i));
+        for (std::size_t i = 0; i < count; ++i) detail::store_from_double(in.data(), i, dt, input(dt, op, r, i));
         if (inplace) {
           c.allreduce(in.data(), count, dt, op);
           out = in;
@@ -202,7 +177,7 @@ void exercise(Communicator& c, const std::vector<std::size_t>& counts, Shared& s
           c.allreduce(in.data(), out.data(), count, dt, op);
         }
         for (std::size_t i = 0; i < count; ++i) {
-          auto e = check_reduced(dt, op, n, i, get(out.data(), i, dt));
+          auto e = check_reduced(dt, op, n, i, detail::load_as_double(out.data(), i, dt));
           if (!e.empty()) {
             shared.error("allreduce " + std::string(name_of(dt)) + " " + std::string(name_of(op)) +
                          " count " + std::to_string(count) + " world " + std::to_string(n) + ": " + e);
@@ -218,7 +193,7 @@ void exercise(Communicator& c, const std::vector<std::size_t>& counts, Shared& s
         // reduce_scatter: input n*count, this rank's block back
         std::vector<std::byte> rs_in(count * es * static_cast<std::size_t>(n) + 8), rs_out(count * es + 8);
         for (std::size_t i = 0; i < count * static_cast<std::size_t>(n); ++i)
-          put(rs_in.data(), i, dt, input(dt, op, r, i));
+          detail::store_from_double(rs_in.data(), i, dt, input(dt, op, r, i));
         if (inplace) {
           c.reduce_scatter(rs_in.data(), rs_in.data() + static_cast<std::size_t>(r) * count * es, count, dt, op);
           std::memcpy(rs_out.data(), rs_in.data() + static_cast<std::size_t>(r) * count * es, count * es);
@@ -227,7 +202,7 @@ void exercise(Communicator& c, const std::vector<std::size_t>& counts, Shared& s
         }
         for (std::size_t i = 0; i < count; ++i) {
           const std::size_t gi = static_cast<std::size_t>(r) * count + i;
-          auto e = check_reduced(dt, op, n, gi, get(rs_out.data(), i, dt));
+          auto e = check_reduced(dt, op, n, gi, detail::load_as_double(rs_out.data(), i, dt));
           if (!e.empty()) {
             shared.error("reduce_scatter " + std::string(name_of(dt)) + " " + std::string(name_of(op)) +
                          " count " + std::to_string(count) + " world " + std::to_string(n) + ": " + e);
@@ -239,21 +214,21 @@ void exercise(Communicator& c, const std::vector<std::size_t>& counts, Shared& s
       const int root = static_cast<int>(case_no % static_cast<std::size_t>(n));
       std::vector<std::byte> b(count * es + 8);
       for (std::size_t i = 0; i < count; ++i)
-        put(b.data(), i, dt, r == root ? input(dt, ReduceOp::sum, root, i) : 0.0);
+        detail::store_from_double(b.data(), i, dt, r == root ? input(dt, ReduceOp::sum, root, i) : 0.0);
       c.broadcast(b.data(), count, dt, root);
       for (std::size_t i = 0; i < count; ++i)
-        if (get(b.data(), i, dt) != input(dt, ReduceOp::sum, root, i)) {
+        if (detail::load_as_double(b.data(), i, dt) != input(dt, ReduceOp::sum, root, i)) {
           shared.error("broadcast " + std::string(name_of(dt)) + " count " + std::to_string(count) +
                        " root " + std::to_string(root) + " element " + std::to_string(i));
           break;
         }
       // allgather
       std::vector<std::byte> mine(count * es + 8), all(count * es * static_cast<std::size_t>(n) + 8);
-      for (std::size_t i = 0; i < count; ++i) put(mine.data(), i, dt, input(dt, ReduceOp::max, r, i));
+      for (std::size_t i = 0; i < count; ++i) detail::store_from_double(mine.data(), i, dt, input(dt, ReduceOp::max, r, i));
       c.allgather(mine.data(), all.data(), count, dt);
       for (int q = 0; q < n; ++q)
         for (std::size_t i = 0; i < count; ++i)
-          if (get(all.data(), static_cast<std::size_t>(q) * count + i, dt) != input(dt, ReduceOp::max, q, i)) {
+          if (detail::load_as_double(all.data(), static_cast<std::size_t>(q) * count + i, dt) != input(dt, ReduceOp::max, q, i)) {
             shared.error("allgather " + std::string(name_of(dt)) + " count " + std::to_string(count) +
                          " block " + std::to_string(q) + " element " + std::to_string(i));
             q = n;

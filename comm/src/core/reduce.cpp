@@ -177,4 +177,29 @@ void finalize_avg(void* buf, std::size_t n, DataType dtype, int world) {
   }
 }
 
+double load_as_double(const void* buf, std::size_t i, DataType dt) {
+  switch (dt) {
+  case DataType::f32: return static_cast<const float*>(buf)[i];
+  case DataType::f64: return static_cast<const double*>(buf)[i];
+  case DataType::f16: return f16_to_f32(static_cast<const std::uint16_t*>(buf)[i]);
+  case DataType::bf16: return bf16_to_f32(static_cast<const std::uint16_t*>(buf)[i]);
+  case DataType::i32: return static_cast<const std::int32_t*>(buf)[i];
+  case DataType::i64: return static_cast<double>(static_cast<const std::int64_t*>(buf)[i]);
+  case DataType::u8: return static_cast<const std::uint8_t*>(buf)[i];
+  }
+  return 0;
+}
+
+void store_from_double(void* buf, std::size_t i, DataType dt, double v) {
+  switch (dt) {
+  case DataType::f32: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
+  case DataType::f64: static_cast<double*>(buf)[i] = v; break;
+  case DataType::f16: static_cast<std::uint16_t*>(buf)[i] = f32_to_f16(static_cast<float>(v)); break;
+  case DataType::bf16: static_cast<std::uint16_t*>(buf)[i] = f32_to_bf16(static_cast<float>(v)); break;
+  case DataType::i32: static_cast<std::int32_t*>(buf)[i] = static_cast<std::int32_t>(v); break;
+  case DataType::i64: static_cast<std::int64_t*>(buf)[i] = static_cast<std::int64_t>(v); break;
+  case DataType::u8: static_cast<std::uint8_t*>(buf)[i] = static_cast<std::uint8_t>(v); break;
+  }
+}
+
 }  // namespace mltrain::comm::detail

@@ -22,4 +22,8 @@ std::uint16_t f32_to_f16(float f);
 float bf16_to_f32(std::uint16_t h);
 std::uint16_t f32_to_bf16(float f);
 
+// Element i of a buffer of `dtype`, as a double, and back (for checks in tests and the bench).
+double load_as_double(const void* buf, std::size_t i, DataType dtype);
+void store_from_double(void* buf, std::size_t i, DataType dtype, double v);
+
 }  // namespace mltrain::comm::detail
