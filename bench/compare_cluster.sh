@@ -7,7 +7,7 @@
 #
 # All four "hosts" share this machine's cores, so the ceiling is not a NIC's line rate but what
 # the 4 veth links carry at once: iperf3 servers in every namespace and 4 clients at the same
-# time in a ring (h1->h2, h2->h3, h3->h4, h4->h1), DURATION seconds; ring ceiling = sum of the 4
+# time in a ring (h1->h2, h2->h3, h3->h4, h4->h1), DURATION seconds, IPERF_ARGS (-l 1M); ring ceiling = sum of the 4
 # throughputs, per-link ceiling = ring ceiling / 4. Measured before and after the benchmarks; the
 # higher of the two is used. In a ring allreduce each rank sends 2(n-1)/n of the buffer to its
 # right neighbour, all links at once, so busbw (= algbw * 2(n-1)/n, as nccl-tests) is the payload
@@ -40,6 +40,7 @@ build=${BUILD:-$root/build}
 [[ $build == /* ]] || build=$root/$build
 sizes=${SIZES:-"16777216 67108864 268435456"}
 duration=${DURATION:-5}
+iperf_args=${IPERF_ARGS:-"-l 1M"}  # 1 MiB writes: ~10-15% more than iperf3's default 128K here
 cdir=${MLTRAIN_CLUSTER_DIR:-/tmp/mltrain-cluster}
 cfg=$cdir/ssh_config
 hosts=(h1 h2 h3 h4)
@@ -108,7 +109,7 @@ ceiling() {  # tag -> "ceil TAG sum_bps l1 l2 l3 l4" (bits/s) or "ceilerr TAG wh
   sleep 0.5
   for ((i = 0; i < n; i++)); do
     h=${hosts[i]} next=${hosts[(i + 1) % n]}
-    timeout $((duration + 20)) ip netns exec "mlt-$h" iperf3 -c "$(ip_of "$next")" -p "$port" -t "$duration" -J \
+    timeout $((duration + 20)) ip netns exec "mlt-$h" iperf3 -c "$(ip_of "$next")" -p "$port" -t "$duration" $iperf_args -J \
       >"$work/iperf.$tag.$h.json" 2>&1 &
     pids+=($!)
   done
