@@ -7,7 +7,8 @@ before they fail on their own: with MLTRAIN_COMM_TIMEOUT=5s they must exit with 
 (exit code 1, not a signal), naming rank 1, well within the grace period. Rank 1 SIGKILLs itself
 once the benchmark is inside its timed allreduce loop (rank 0 printed the table header, then 3 s).
 
-Locally: 3 ranks, shared memory (the survivors see `rank 1 (...): its process is gone`).
+Locally (3 ranks, shared memory: the survivors see `rank 1 (...): its process is gone`) and, when
+the test cluster is available, across 3 hosts of it (TCP: `rank 1 (h2) closed the connection`).
 """
 import json
 import os
@@ -124,3 +125,35 @@ def test_killed_rank_named_by_all_local(ml, tmp_path):
     assert re.search(r"^\[0\] mltrain-comm: rank 0 ", lg.stdout, re.M), lg.stdout
     assert re.search(r"^\[2\] mltrain-comm: rank 2 ", lg.stdout, re.M), lg.stdout
     assert "rank 1 (" in lg.stdout
+
+
+# --- the same across hosts of the test cluster (TCP links) ----------------------------------------
+
+try:
+    from multihost_fixtures import cluster, shared_root, mh  # noqa: F401  (fixtures by name)
+except Exception:  # pragma: no cover - the helper is part of the repo; be safe anyway
+    cluster = None
+
+
+@pytest.mark.skipif(cluster is None, reason="tests/e2e/multihost_fixtures.py not importable")
+def test_killed_rank_named_by_all_cluster(mh, cluster, tmp_path):
+    # The cluster user must be able to run the binary and write the kill time: both in mh.shared.
+    binary = mh.shared / "mltrain"
+    shutil.copy2(mh.ml.bin, binary)
+    binary.chmod(0o755)
+    hostfile = mh.ml.write("hostfile", "h1 slots=1\nh2 slots=1\nh3 slots=1\n")
+    t0 = time.monotonic()
+    r = mh.run("--hostfile", hostfile, "--workdir", "/tmp", "--grace-period", f"{GRACE_S}s",
+               "--env", f"MLTRAIN_COMM_TIMEOUT={COMM_TIMEOUT_S}s",
+               "--env", f"D={mh.shared}", "--env", "RUNS=", "--env", "DELAY=4",
+               "--env", f"BIN={binary}",
+               "--", "sh", "-c", WORKER, timeout=120)
+    elapsed = time.monotonic() - t0
+    rec = mh.show()
+    run_dir = mh.latest_run_dir()
+    if not (run_dir / "rank-0.log").exists():
+        pytest.skip("rank logs of cluster runs are not in the local run folder")
+    # Rank 1 is on h2; ranks 0 (h1) and 2 (h3) see its TCP connections close.
+    _check(mh.ml, r, rec, run_dir, mh.shared / "killed",
+           r"rank 1 \(h2\)(: its process is gone| closed the connection| sent nothing)")
+    assert elapsed < 90, elapsed
