@@ -61,25 +61,29 @@ def unique_marker() -> str:
     return "9" + "".join(random.choice("0123456789") for _ in range(7))
 
 
-def pids_with_arg(marker: str):
-    """Pids of live processes whose argv holds `marker` as a whole argument (scanning /proc)."""
+def live_pids_with(proc_file: str, item: bytes):
+    """Pids of live processes whose /proc/PID/<proc_file> (cmdline or environ: NUL-separated)
+    holds `item` as a whole entry. Zombies are already dead; their parent just has not reaped them."""
     me = os.getpid()
     found = []
     for d in os.listdir("/proc"):
         if not d.isdigit() or int(d) == me:
             continue
         try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
+            with open(f"/proc/{d}/{proc_file}", "rb") as f:
+                entries = f.read().split(b"\0")
             with open(f"/proc/{d}/stat", "rb") as f:
                 state = f.read().rsplit(b")", 1)[1].split()[0]
         except OSError:
             continue
-        if state == b"Z":  # a zombie is already dead; its parent just has not reaped it
-            continue
-        if marker.encode() in args:
+        if state != b"Z" and item in entries:
             found.append(int(d))
     return found
+
+
+def pids_with_arg(marker: str):
+    """Pids of live processes whose argv holds `marker` as a whole argument (scanning /proc)."""
+    return live_pids_with("cmdline", marker.encode())
 
 
 def wait_gone(marker: str, within_s: float) -> list:

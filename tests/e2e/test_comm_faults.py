@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from conftest import wait_for
+from conftest import live_pids_with, wait_for
 
 COMM_TIMEOUT_S = 5
 GRACE_S = 10
@@ -44,21 +44,7 @@ WORKER = ('trap "" TERM; '
 def _run_env_pids(run_id):
     """Pids of live processes whose environment carries MLTRAIN_RUN_ID=run_id (every rank and
     anything it forked; /proc/PID/environ is readable for every user's process as root)."""
-    needle = f"MLTRAIN_RUN_ID={run_id}".encode()
-    found = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{d}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{d}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != b"Z" and needle in env:
-            found.append(int(d))
-    return found
+    return live_pids_with("environ", f"MLTRAIN_RUN_ID={run_id}".encode())
 
 
 def _iso_to_epoch(s):
