@@ -40,6 +40,7 @@ build=${BUILD:-$root/build}
 [[ $build == /* ]] || build=$root/$build
 sizes=${SIZES:-"16777216 67108864 268435456"}
 duration=${DURATION:-5}
+rounds=${ROUNDS:-3}
 iperf_args=${IPERF_ARGS:-"-l 1M"}  # 1 MiB writes: ~10-15% more than iperf3's default 128K here
 cdir=${MLTRAIN_CLUSTER_DIR:-/tmp/mltrain-cluster}
 cfg=$cdir/ssh_config
@@ -207,25 +208,35 @@ results=$work/results
 t_start=$(date +%s)
 log "ceiling (iperf3, 4 links at once, ${duration} s)"
 ceiling before >>"$results"
-for s in $sizes; do  # interleaved per size, so the three see the same machine load
-  log "$s bytes: mltrain-comm (tcp), gloo, open mpi"
-  run_mltrain "$s" >>"$results"
-  run_gloo "$s" >>"$results"
-  run_mpi "$s" >>"$results"
+for ((round = 1; round <= rounds; round++)); do
+  for s in $sizes; do  # interleaved per size and round, so all three see the same machine load
+    log "round $round/$rounds, $s bytes: mltrain-comm (tcp), gloo, open mpi"
+    peers=(run_mltrain run_gloo run_mpi)
+    for ((k = 0; k < 3; k++)); do  # rotate who goes first: no peer always gets the coolest slot
+      "${peers[(k + round - 1) % 3]}" "$s" | sed "s/^/$round /" >>"$results"
+    done
+  done
 done
 log "ceiling again (iperf3, ${duration} s)"
 ceiling after >>"$results"
 
 echo "# allreduce f32 sum, $n ranks on $n test-cluster hosts (netns, TCP over veth+bridge), $(nproc) cores," \
   "load $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%FT%TZ), $(( $(date +%s) - t_start )) s"
-awk -v n="$n" '
+awk -v n="$n" -v rounds="$rounds" '
   function busbw(n, bytes, us) { return bytes / us / 1e3 * 2 * (n - 1) / n }
-  $1 == "ceil"    { c[$2] = $3; links[$2] = sprintf("%.2f %.2f %.2f %.2f", $4/8e9, $5/8e9, $6/8e9, $7/8e9) }
-  $1 == "ceilerr" { $1 = ""; cerr[$2] = $0 }
+  function median(list,    k, m, v, i, j, t) {  # list: space-separated numbers
+    m = split(list, v, " ")
+    for (i = 2; i <= m; i++) { t = v[i]; for (j = i - 1; j >= 1 && v[j] > t; j--) v[j + 1] = v[j]; v[j + 1] = t }
+    return m % 2 ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2
+  }
+  $1 == "ceil"    { c[$2] = $3; links[$2] = sprintf("%.2f %.2f %.2f %.2f", $4/8e9, $5/8e9, $6/8e9, $7/8e9); next }
+  $1 == "ceilerr" { $1 = ""; cerr[$2] = $0; next }
+  { rd = $1; $1 = ""; $0 = substr($0, 2) }  # the round number
   $1 == "why"     { k = $3; w = $2; $1 = $2 = $3 = ""; why[w " " k] = substr($0, 4) }
-  $1 == "mltrain" { ml[$3] = $4 }
-  $1 == "mpi"     { mpi[$3] = $4 }
-  $1 ~ /^gloo-/   { k = $3; if (!(k in gl) || $4 < gl[k]) { gl[k] = $4; ga[k] = substr($1, 6) } }
+  $1 == "mltrain" { ml[$3] = ml[$3] " " $4; mlr[$3, rd] = $4 }
+  $1 == "mpi"     { mpi[$3] = mpi[$3] " " $4; mpir[$3, rd] = $4 }
+  $1 ~ /^gloo-/   { a = substr($1, 6); gla[$3, a] = gla[$3, a] " " $4; algos[a] = 1
+                    if (!(($3, rd) in glr) || $4 < glr[$3, rd]) glr[$3, rd] = $4 }
   { if ($1 == "mltrain" || $1 == "mpi" || $1 ~ /^gloo-/ || $1 == "why") if (!($3 in seen)) { seen[$3] = 1; order[++cnt] = $3 } }
   END {
     ceil = 0
@@ -240,19 +251,34 @@ awk -v n="$n" '
     if (ceil == 0) printf "# ceiling not measured: of_ceil left out\n"
     per_link = ceil / 8e9 / n
     if (ceil > 0) printf "# of_ceil = busbw / per-link ceiling (%.2f GB/s = the higher ring sum / %d)\n", per_link, n
+    printf "# times: median over %d interleaved rounds of each peer'"'"'s own median; gloo: its best algorithm by that median\n", rounds
     printf "%10s | %10s %7s %7s | %10s %7s %-20s | %10s %7s | %7s %7s\n", "bytes", "mltrain_us", "busbw",
       "of_ceil", "gloo_us", "busbw", "(best algorithm)", "mpi_us", "busbw", "x_best", "x_mpi"
     for (i = 1; i <= cnt; i++) {
       b = order[i]
-      m = 0; mt = "-"; if (b in ml) { m = busbw(n, b, ml[b]); mt = sprintf("%.1f", ml[b]) }
-      g = 0; gt = "-"; if (b in gl) { g = busbw(n, b, gl[b]); gt = sprintf("%.1f", gl[b]) }
-      o = 0; ot = "-"; if (b in mpi) { o = busbw(n, b, mpi[b]); ot = sprintf("%.1f", mpi[b]) }
+      m = 0; mt = "-"; if (b in ml) { mu = median(ml[b]); m = busbw(n, b, mu); mt = sprintf("%.1f", mu) }
+      g = 0; gt = "-"; ga = ""
+      for (a in algos) if ((b, a) in gla) { u = median(gla[b, a]); if (gt == "-" || u < gu) { gu = u; gt = sprintf("%.1f", u); ga = a } }
+      if (gt != "-") g = busbw(n, b, gu)
+      o = 0; ot = "-"; if (b in mpi) { ou = median(mpi[b]); o = busbw(n, b, ou); ot = sprintf("%.1f", ou) }
       best = g > o ? g : o
       xb = "-"; if (best > 0 && m > 0) xb = sprintf("%.2f", m / best)
       xm = "-"; if (o > 0 && m > 0) xm = sprintf("%.2f", m / o)
       fc = "-"; if (per_link > 0 && m > 0) fc = sprintf("%.2f", m / per_link)
       printf "%10d | %10s %7.3f %7s | %10s %7.3f %-20s | %10s %7.3f | %7s %7s\n",
-        b, mt, m, fc, gt, g, "(" ga[b] ")", ot, o, xb, xm
+        b, mt, m, fc, gt, g, "(" ga ")", ot, o, xb, xm
+    }
+    # Per round, so the spread is visible: mltrain busbw / best of (gloo best algorithm that round, mpi).
+    for (i = 1; i <= cnt; i++) {
+      b = order[i]; line = ""
+      for (r = 1; r <= rounds; r++) {
+        if (!((b, r) in mlr)) { line = line " -"; continue }
+        best = 0
+        if ((b, r) in glr) best = busbw(n, b, glr[b, r])
+        if ((b, r) in mpir && busbw(n, b, mpir[b, r]) > best) best = busbw(n, b, mpir[b, r])
+        line = line (best > 0 ? sprintf(" %.2f", busbw(n, b, mlr[b, r]) / best) : " -")
+      }
+      printf "# %10d x_best per round (vs that round'"'"'s fastest gloo algorithm):%s\n", b, line
     }
     for (k in why) printf "# left out: %s\n", k ": " why[k]
   }' "$results"

@@ -123,21 +123,24 @@ void run_steps(std::vector<Step>& steps, const EngineConfig& cfg) {
         else if (si == dep) limit = std::min(limit, so);
       }
       if (ro >= limit) break;  // waits on a send
-      const auto view = s.rx->peek();
-      std::size_t n = std::min({view.size(), limit - ro, s.rx->piece_bytes(cfg.piece)});
-      if (s.reduce) n -= n % cfg.elem;
+      auto* dst = static_cast<std::byte*>(s.recv) + ro;
+      std::size_t n = 0;
+      if (s.reduce) {
+        const auto view = s.rx->peek();
+        n = std::min({view.size(), limit - ro, s.rx->piece_bytes(cfg.piece)});
+        n -= n % cfg.elem;
+        if (n > 0) {
+          cfg.reduce(dst, static_cast<const std::byte*>(s.own) + ro, view.data(), n / cfg.elem);
+          if (s.finalize) cfg.finalize(dst, n / cfg.elem);
+          s.rx->consume(n);
+        }
+      } else {
+        n = s.rx->recv_into(dst, std::min(limit - ro, s.rx->piece_bytes(cfg.piece)));
+      }
       if (n == 0) {
         rx_want = s.rx;
         break;
       }
-      auto* dst = static_cast<std::byte*>(s.recv) + ro;
-      if (s.reduce) {
-        cfg.reduce(dst, static_cast<const std::byte*>(s.own) + ro, view.data(), n / cfg.elem);
-        if (s.finalize) cfg.finalize(dst, n / cfg.elem);
-      } else {
-        std::memcpy(dst, view.data(), n);
-      }
-      s.rx->consume(n);
       ro += n;
       progress = true;
       if (ro < s.recv_bytes) break;

@@ -40,6 +40,13 @@ public:
     do_consume(n);
     rx_pos_ += n;
   }
+  // Copies up to n received bytes straight into dst (no staging where the transport allows);
+  // returns how many (0: nothing yet). Throws like peek().
+  std::size_t recv_into(void* dst, std::size_t n) {
+    const std::size_t k = do_recv_into(dst, n);
+    rx_pos_ += k;
+    return k;
+  }
   // Stream positions, so both ends can pad to 8-byte boundaries identically.
   std::uint64_t tx_pos() const { return tx_pos_; }
   std::uint64_t rx_pos() const { return rx_pos_; }
@@ -63,6 +70,15 @@ protected:
   virtual std::size_t do_send(const void* data, std::size_t n) = 0;
   virtual std::span<const std::byte> do_peek() = 0;
   virtual void do_consume(std::size_t n) = 0;
+  virtual std::size_t do_recv_into(void* dst, std::size_t n) {
+    const auto view = do_peek();
+    const std::size_t k = view.size() < n ? view.size() : n;
+    if (k > 0) {
+      __builtin_memcpy(dst, view.data(), k);
+      do_consume(k);
+    }
+    return k;
+  }
 
 private:
   int peer_rank_;

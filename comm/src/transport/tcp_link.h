@@ -42,6 +42,7 @@ protected:
   std::size_t do_send(const void* data, std::size_t n) override;
   std::span<const std::byte> do_peek() override;
   void do_consume(std::size_t n) override;
+  std::size_t do_recv_into(void* dst, std::size_t n) override;
 
 private:
   void fill();
