@@ -40,7 +40,7 @@ build=${BUILD:-$root/build}
 [[ $build == /* ]] || build=$root/$build
 sizes=${SIZES:-"16777216 67108864 268435456"}
 duration=${DURATION:-5}
-rounds=${ROUNDS:-3}
+rounds=${ROUNDS:-5}
 iperf_args=${IPERF_ARGS:-"-l 1M"}  # 1 MiB writes: ~10-15% more than iperf3's default 128K here
 cdir=${MLTRAIN_CLUSTER_DIR:-/tmp/mltrain-cluster}
 cfg=$cdir/ssh_config

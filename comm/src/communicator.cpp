@@ -72,6 +72,7 @@ struct Communicator::Impl {
   std::vector<std::byte> scratch;
   std::uint64_t seq = 0;
   bool broken = false;
+  Algo algo = Algo::ring;  // the same on every rank: from options and the hosts of all ranks
   std::string broken_reason;
 
   explicit Impl(const Options& o);
@@ -158,6 +159,22 @@ Communicator::Impl::Impl(const Options& o) : opt(o) {
     pi.port = std::stoi(lines[2]);
     pi.pid = std::stoi(lines[3]);
   }
+  // Over TCP, a connection that carries data both ways at once costs less CPU per byte than two
+  // one-way ones, and talking to one peer at a time less than to two (docs/comm.md, "Across
+  // hosts"): so across hosts, halving/doubling (pairwise exchanges) on power-of-two worlds and
+  // two opposite rings otherwise. Every rank sees the same hosts and options, so every rank
+  // decides the same; the wire header checks it anyway.
+  bool crosses = false;
+  for (int p = 0; p < opt.world_size; ++p)
+    crosses |= peers[static_cast<std::size_t>(p)].host !=
+               peers[static_cast<std::size_t>((p + 1) % opt.world_size)].host;
+  if (opt.transport == Transport::tcp) crosses = true;
+  if (opt.transport == Transport::shm) crosses = false;
+  const bool pow2 = (opt.world_size & (opt.world_size - 1)) == 0;
+  algo = opt.algo;
+  if (algo == Algo::automatic) algo = !crosses ? Algo::ring : pow2 ? Algo::hd : Algo::bidir;
+  if (algo == Algo::hd && !pow2) algo = Algo::ring;
+  if (opt.world_size < 3) algo = Algo::ring;  // with 2 ranks every algorithm is this one
   // Ring neighbours now, so later failures are about collectives, not setup.
   link((opt.rank + 1) % opt.world_size);
   link((opt.rank + opt.world_size - 1) % opt.world_size);
@@ -280,6 +297,7 @@ void Communicator::Impl::collective(Coll coll, DataType dtype, ReduceOp op, int 
     ctx.engine.bell = bell;
     ctx.engine.timeout = opt.timeout;
     ctx.small_bytes = opt.small_bytes;
+    ctx.algo = algo;
     ctx.scratch = &scratch;
     ctx.header.coll = static_cast<std::uint8_t>(coll);
     ctx.header.dtype = static_cast<std::uint8_t>(dtype);

@@ -31,7 +31,8 @@ struct World {
 
 // Runs fn(comm) on `size` threads, each with its own Communicator; rethrows the first failure.
 void run_ranks(int size, Transport transport, const std::function<void(Communicator&)>& fn,
-               std::chrono::milliseconds timeout = 20s) {
+               std::chrono::milliseconds timeout = 20s,
+               const std::function<void(Options&)>& tweak = {}) {
   detail::StoreServer server(0, "secret");
   std::vector<std::thread> threads;
   std::mutex mu;
@@ -52,6 +53,7 @@ void run_ranks(int size, Transport transport, const std::function<void(Communica
         o.shm_bytes = 256u << 10;  // small rings: exercise wrap-around and back-pressure
         o.chunk_bytes = 32u << 10;
         o.small_bytes = 16u << 10;
+        if (tweak) tweak(o);
         auto comm = Communicator::create(o);
         fn(*comm);
       } catch (const std::exception& e) {
@@ -332,6 +334,68 @@ TEST_CASE("allreduce: large messages take the pipelined ring, results bitwise eq
   }
 }
 
+TEST_CASE("allreduce: algorithms ring, bidir and hd give the reference result (bitwise equal on all ranks)") {
+  // hd on a world that is not a power of two falls back to the ring (every rank the same way).
+  for (Algo algo : {Algo::ring, Algo::bidir, Algo::hd, Algo::automatic}) {
+    for (int n : {3, 4, 8}) {
+      for (bool inplace : {false, true}) {
+        for (auto [dt, op] : {std::pair{DataType::f32, ReduceOp::sum}, std::pair{DataType::i32, ReduceOp::max},
+                              std::pair{DataType::f64, ReduceOp::avg}}) {
+          CAPTURE(static_cast<int>(algo));
+          CAPTURE(n);
+          CAPTURE(inplace);
+          CAPTURE(name_of(dt));
+          CAPTURE(name_of(op));
+          const std::size_t count = 100003;  // odd: halves and segments of unequal length
+          const std::size_t es = size_of(dt);
+          std::vector<std::vector<std::byte>> got(static_cast<std::size_t>(n));
+          run_ranks(
+              n, Transport::tcp,
+              [&](Communicator& c) {
+                std::vector<std::byte> in(count * es), out(count * es);
+                for (std::size_t i = 0; i < count; ++i)
+                  detail::store_from_double(in.data(), i, dt, input(dt, op, c.rank(), i));
+                if (inplace) {
+                  c.allreduce(in.data(), count, dt, op);
+                  out = in;
+                } else {
+                  c.allreduce(in.data(), out.data(), count, dt, op);
+                }
+                got[static_cast<std::size_t>(c.rank())] = std::move(out);
+              },
+              20s, [&](Options& o) { o.algo = algo; });
+          for (int r = 1; r < n; ++r) CHECK(got[static_cast<std::size_t>(r)] == got[0]);
+          std::size_t bad = 0;
+          std::string first;
+          for (std::size_t i = 0; i < count; ++i) {
+            const std::string why = check_reduced(dt, op, n, i, detail::load_as_double(got[0].data(), i, dt));
+            if (!why.empty() && bad++ == 0) first = why;
+          }
+          CHECK_MESSAGE(bad == 0, first);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("allreduce: ranks that disagree on MLTRAIN_COMM_ALGO fail naming it, no hang") {
+  std::atomic<int> named{0}, failed{0};
+  run_ranks(
+      4, Transport::tcp,
+      [&](Communicator& c) {
+        std::vector<float> v(100000);
+        try {
+          c.allreduce(v.data(), v.size(), DataType::f32, ReduceOp::sum);
+        } catch (const Error& e) {
+          ++failed;
+          if (std::string(e.what()).find("MLTRAIN_COMM_ALGO=hd") != std::string::npos) ++named;
+        }
+      },
+      5s, [](Options& o) { o.algo = o.rank == 0 ? Algo::hd : Algo::ring; });
+  CHECK(failed == 4);
+  CHECK(named >= 1);
+}
+
 TEST_CASE("mismatched counts are detected and named") {
   std::atomic<int> named{0};
   detail::StoreServer server(0, "");
@@ -478,7 +542,13 @@ TEST_CASE("options: knobs parse from the environment") {
   CHECK(o.store_addr == "h0:1234");
   ::setenv("MLTRAIN_COMM_TRANSPORT", "carrier-pigeon", 1);
   CHECK_THROWS_AS(Options::from_env(), Error);
+  ::unsetenv("MLTRAIN_COMM_TRANSPORT");
+  CHECK(Options::from_env().algo == Algo::automatic);
+  ::setenv("MLTRAIN_COMM_ALGO", "hd", 1);
+  CHECK(Options::from_env().algo == Algo::hd);
+  ::setenv("MLTRAIN_COMM_ALGO", "tree", 1);
+  CHECK_THROWS_WITH_AS(Options::from_env(), doctest::Contains("expected auto, ring, bidir or hd"), Error);
   for (const char* k : {"MLTRAIN_COMM_TIMEOUT", "MLTRAIN_COMM_TRANSPORT", "MLTRAIN_COMM_SHM_BYTES",
-                        "MLTRAIN_STORE_ADDR"})
+                        "MLTRAIN_STORE_ADDR", "MLTRAIN_COMM_ALGO"})
     ::unsetenv(k);
 }

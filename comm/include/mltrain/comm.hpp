@@ -22,6 +22,11 @@ namespace mltrain::comm {
 enum class DataType : int { f32 = 0, f64 = 1, f16 = 2, bf16 = 3, i32 = 4, i64 = 5, u8 = 6 };
 enum class ReduceOp : int { sum = 0, prod = 1, min = 2, max = 3, avg = 4 };
 enum class Transport : int { automatic = 0, tcp = 1, shm = 2 };
+// Large allreduce on 3+ ranks: ring; bidir (two opposite rings on halves of the buffer, so every
+// connection carries data both ways); hd (recursive halving then doubling: each round one
+// partner, both ways; power-of-two worlds, else ring). automatic: ring on one host; across hosts
+// hd on power-of-two worlds, else bidir.
+enum class Algo : int { automatic = 0, ring = 1, bidir = 2, hd = 3 };
 
 std::size_t size_of(DataType dtype);
 std::string_view name_of(DataType dtype);
@@ -57,6 +62,7 @@ struct Options {
   std::size_t chunk_bytes = 256u << 10;        // pipeline piece (TCP links use 2x, >= 512K)
   std::size_t small_bytes = 64u << 10;         // below: latency-oriented algorithm
   int spin_us = 50;                            // spin (with yields) before blocking
+  Algo algo = Algo::automatic;                 // all ranks must agree (checked on every call)
   std::string host;                            // host identity; default gethostname()
 
   static Options from_env();

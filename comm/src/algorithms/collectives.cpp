@@ -30,6 +30,10 @@ std::string describe(const WireHeader& h) {
   if ((coll == Coll::allreduce || coll == Coll::reduce_scatter) && h.redop < 5)
     out += ", " + std::string(name_of(static_cast<ReduceOp>(h.redop)));
   if (coll == Coll::broadcast) out += ", root=" + std::to_string(h.root);
+  if (h.algo >= 1 && h.algo <= 3) {
+    const char* names[] = {"", "ring", "bidir", "hd"};
+    out += std::string(", MLTRAIN_COMM_ALGO=") + names[h.algo];
+  }
   return out + ") #" + std::to_string(h.seq);
 }
 
@@ -78,25 +82,35 @@ EngineConfig reduce_config(const Context& ctx, DataType dtype, ReduceOp op) {
   return cfg;
 }
 
-// Ring reduce-scatter over segments seg, ending with segment `(rank + shift) mod n` fully reduced
+// One direction of the ring as this rank sees it: its position v and its two neighbours. The
+// reverse ring numbers ranks backwards (v = -rank mod n), so the same segment arithmetic holds.
+struct RingDir {
+  int v;
+  Link* right;  // sends go here
+  Link* left;   // receives come from here
+};
+RingDir ring_dir(const Context& ctx, bool reverse) {
+  const int n = ctx.size, r = ctx.rank;
+  if (!reverse) return {r, ctx.link(mod(r + 1, n)), ctx.link(mod(r - 1, n))};
+  return {mod(-r, n), ctx.link(mod(r - 1, n)), ctx.link(mod(r + 1, n))};
+}
+
+// Ring reduce-scatter over segments seg, ending with segment `(v + shift) mod n` fully reduced
 // at `work`. Step 0 sends from `input`; reduced segments land in `work` (own values from input).
 // Returns the index of the last reduce step (or -1 when n == 1).
-int add_ring_reduce_scatter(std::vector<Step>& steps, const Context& ctx, const Segments& seg,
+int add_ring_reduce_scatter(std::vector<Step>& steps, const RingDir& d, int n, const Segments& seg,
                             std::size_t es, const std::byte* input, std::byte* work, int shift,
                             bool finalize_last, std::byte* last_dst) {
-  const int n = ctx.size, r = ctx.rank;
-  Link* right = ctx.link(mod(r + 1, n));
-  Link* left = ctx.link(mod(r - 1, n));
   int prev = -1;
   for (int s = 0; s < n - 1; ++s) {
-    const int send_seg = mod(r + shift - 1 - s, n);
+    const int send_seg = mod(d.v + shift - 1 - s, n);
     const int recv_seg = mod(send_seg - 1, n);
     Step st;
-    st.tx = right;
+    st.tx = d.right;
     st.send = (s == 0 ? input : work) + seg.offset(send_seg) * es;
     st.send_bytes = seg.length(send_seg) * es;
     st.send_dep = prev;
-    st.rx = left;
+    st.rx = d.left;
     const bool last = s == n - 2;
     std::byte* dst_base = (last && last_dst != nullptr) ? last_dst : work + seg.offset(recv_seg) * es;
     st.recv = dst_base;
@@ -108,6 +122,96 @@ int add_ring_reduce_scatter(std::vector<Step>& steps, const Context& ctx, const 
     steps.push_back(st);
   }
   return prev;
+}
+
+// Ring allreduce of count elements (reduce-scatter: v ends owning segment v+1, then allgather);
+// each step's send depends byte-wise on the previous step's receive, so the whole thing streams.
+void add_ring_allreduce(std::vector<Step>& steps, HeaderBox& box, const Context& ctx,
+                        const RingDir& d, std::size_t count, std::size_t es, const std::byte* send,
+                        std::byte* recv, bool avg) {
+  const int n = ctx.size;
+  add_header_step(steps, box, ctx, d.right, d.left);
+  const Segments seg{count, n};
+  int prev = add_ring_reduce_scatter(steps, d, n, seg, es, send, recv, 1, avg, nullptr);
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_seg = mod(d.v + 1 - s, n);
+    const int recv_seg = mod(d.v - s, n);
+    Step st;
+    st.tx = d.right;
+    st.send = recv + seg.offset(send_seg) * es;
+    st.send_bytes = seg.length(send_seg) * es;
+    st.send_dep = prev;
+    st.rx = d.left;
+    st.recv = recv + seg.offset(recv_seg) * es;
+    st.recv_bytes = seg.length(recv_seg) * es;
+    prev = static_cast<int>(steps.size());
+    steps.push_back(st);
+  }
+}
+
+// Recursive halving (reduce-scatter), then recursive doubling (allgather), on a power-of-two
+// world: round k pairs rank r with r ^ 2^k, and the two swap halves of the range they share,
+// both ways on one connection. Nearest partners first, so ranks numbered host by host move
+// most bytes inside a host. Each send streams behind the receive it depends on.
+void add_hd_allreduce(std::vector<Step>& steps, HeaderBox& box, const Context& ctx,
+                      std::size_t count, std::size_t es, const std::byte* send, std::byte* recv,
+                      bool avg) {
+  const int n = ctx.size, r = ctx.rank;
+  int rounds = 0;
+  while ((1 << rounds) < n) ++rounds;
+  struct Range {
+    std::size_t lo, hi;
+    std::size_t len() const { return hi - lo; }
+  };
+  std::vector<Range> keep(static_cast<std::size_t>(rounds)), give(static_cast<std::size_t>(rounds));
+  Range cur{0, count};
+  int prev = -1;
+  for (int k = 0; k < rounds; ++k) {
+    Link* peer = ctx.link(r ^ (1 << k));
+    const std::size_t mid = cur.lo + cur.len() / 2;
+    const bool upper = ((r >> k) & 1) != 0;
+    const Range kept = upper ? Range{mid, cur.hi} : Range{cur.lo, mid};
+    const Range given = upper ? Range{cur.lo, mid} : Range{mid, cur.hi};
+    add_header_step(steps, box, ctx, peer, peer);
+    const std::byte* src = k == 0 ? send : recv;
+    Step st;
+    st.tx = peer;
+    st.send = src + given.lo * es;
+    st.send_bytes = given.len() * es;
+    st.send_dep = prev;  // the previous round received (and reduced) cur; send `given` of it
+    st.send_dep_lead = -static_cast<std::int64_t>((given.lo - cur.lo) * es);
+    st.rx = peer;
+    st.recv = recv + kept.lo * es;
+    st.own = src + kept.lo * es;
+    st.recv_bytes = kept.len() * es;
+    st.reduce = true;
+    st.finalize = avg && k == rounds - 1;
+    prev = static_cast<int>(steps.size());
+    steps.push_back(st);
+    keep[static_cast<std::size_t>(k)] = kept;
+    give[static_cast<std::size_t>(k)] = given;
+    cur = kept;
+  }
+  // Allgather, last round first: send what I own (keep[k]), receive the partner's (give[k]).
+  for (int k = rounds - 1; k >= 0; --k) {
+    const auto ku = static_cast<std::size_t>(k);
+    Link* peer = ctx.link(r ^ (1 << k));
+    add_header_step(steps, box, ctx, peer, peer);
+    Step st;
+    st.tx = peer;
+    st.send = recv + keep[ku].lo * es;
+    st.send_bytes = keep[ku].len() * es;
+    st.send_dep = prev;
+    if (k < rounds - 1) {  // keep[k] = keep[k+1] (mine, complete) + give[k+1] (being received)
+      const bool mine_first = keep[ku + 1].lo < give[ku + 1].lo;
+      st.send_dep_lead = mine_first ? static_cast<std::int64_t>(keep[ku + 1].len() * es) : 0;
+    }
+    st.rx = peer;
+    st.recv = recv + give[ku].lo * es;
+    st.recv_bytes = give[ku].len() * es;
+    prev = static_cast<int>(steps.size());
+    steps.push_back(st);
+  }
 }
 
 }  // namespace
@@ -192,29 +296,32 @@ void allreduce(Context& ctx, const void* send_v, void* recv_v, std::size_t count
     return;
   }
 
-  // Ring: reduce-scatter (rank r ends owning segment r+1), then allgather; each step's send
-  // depends byte-wise on the previous step's receive, so the whole thing streams.
-  Link* right = ctx.link(mod(r + 1, n));
-  Link* left = ctx.link(mod(r - 1, n));
-  add_header_step(steps, box, ctx, right, left);
-  const Segments seg{count, n};
-  int prev = add_ring_reduce_scatter(steps, ctx, seg, es, send, recv, 1, op == ReduceOp::avg,
-                                     nullptr);
-  for (int s = 0; s < n - 1; ++s) {
-    const int send_seg = mod(r + 1 - s, n);
-    const int recv_seg = mod(r - s, n);
-    Step st;
-    st.tx = right;
-    st.send = recv + seg.offset(send_seg) * es;
-    st.send_bytes = seg.length(send_seg) * es;
-    st.send_dep = prev;
-    st.rx = left;
-    st.recv = recv + seg.offset(recv_seg) * es;
-    st.recv_bytes = seg.length(recv_seg) * es;
-    prev = static_cast<int>(steps.size());
-    steps.push_back(st);
+  const Algo algo = bytes <= ctx.small_bytes ? Algo::ring : ctx.algo;
+  ctx.header.algo = static_cast<std::uint8_t>(algo);
+  if (algo == Algo::hd) {
+    add_hd_allreduce(steps, box, ctx, count, es, send, recv, op == ReduceOp::avg);
+    run(steps, box, ctx, cfg);
+    return;
   }
-  run(steps, box, ctx, cfg);
+  if (algo != Algo::bidir) {
+    add_ring_allreduce(steps, box, ctx, ring_dir(ctx, false), count, es, send, recv,
+                       op == ReduceOp::avg);
+    run(steps, box, ctx, cfg);
+    return;
+  }
+  // Two rings at once, in opposite directions, each on half of the buffer: every connection to
+  // a neighbour carries data both ways. Halves split at a multiple of 16 elements.
+  const std::size_t first = (count / 2) & ~std::size_t{15};
+  std::vector<std::vector<Step>> channels(2);
+  HeaderBox boxes[2];
+  add_ring_allreduce(channels[0], boxes[0], ctx, ring_dir(ctx, false), first, es, send, recv,
+                     op == ReduceOp::avg);
+  add_ring_allreduce(channels[1], boxes[1], ctx, ring_dir(ctx, true), count - first, es,
+                     send + first * es, recv + first * es, op == ReduceOp::avg);
+  run_channels(channels, cfg, [&](std::size_t ch, std::size_t step) {
+    for (auto& [index, header] : boxes[ch].by_step)
+      if (index == step) check_header(ctx.header, *header, *channels[ch][step].rx);
+  });
 }
 
 void broadcast(Context& ctx, void* buf, std::size_t count, DataType dtype, int root) {
@@ -292,7 +399,8 @@ void reduce_scatter(Context& ctx, const void* send_v, void* recv_v, std::size_t 
   const Segments seg{recv_count * static_cast<std::size_t>(n), n};  // equal blocks
   std::byte* work = scratch(ctx, block * static_cast<std::size_t>(n));
   // shift 0: rank r ends owning segment r, written straight into recv.
-  add_ring_reduce_scatter(steps, ctx, seg, es, send, work, 0, op == ReduceOp::avg, recv);
+  add_ring_reduce_scatter(steps, ring_dir(ctx, false), n, seg, es, send, work, 0,
+                          op == ReduceOp::avg, recv);
   run(steps, box, ctx, reduce_config(ctx, dtype, op));
 }
 

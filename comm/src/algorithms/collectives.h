@@ -27,7 +27,8 @@ struct WireHeader {
   std::uint8_t coll = 0;
   std::uint8_t dtype = 0;
   std::uint8_t redop = 0;
-  std::uint8_t reserved[3] = {};
+  std::uint8_t algo = 0;  // large allreduce: Algo (1 ring, 2 bidir, 3 hd); else 0
+  std::uint8_t reserved[2] = {};
   std::int32_t root = 0;
   std::uint64_t count = 0;
   std::uint64_t seq = 0;
@@ -40,6 +41,7 @@ struct Context {
   std::function<Link*(int)> link;  // connects on first use
   EngineConfig engine;
   std::size_t small_bytes = 64u << 10;
+  Algo algo = Algo::ring;  // large allreduce on 3+ ranks (resolved: never automatic)
   std::vector<std::byte>* scratch = nullptr;
   WireHeader header;  // this rank's view of the call (seq, coll, dtype, ...)
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <poll.h>
 #include <sched.h>
 
@@ -21,142 +22,211 @@ std::string seconds_text(std::chrono::milliseconds ms) {
 
 }  // namespace
 
-void run_steps(std::vector<Step>& steps, const EngineConfig& cfg) {
-  const std::size_t n_steps = steps.size();
+namespace {
+
+// One step list's progress: a send cursor and a receive cursor.
+struct Cursor {
+  std::vector<Step>* steps;
   std::size_t si = 0, so = 0, spad = 0;
   std::size_t ri = 0, ro = 0, rpad = 0;
   bool send_started = false, recv_started = false;
+  bool done() const { return si >= steps->size() && ri >= steps->size(); }
+};
+
+// Send side: at most one piece per pass, so receives (and other channels) interleave.
+// Returns true on progress; sets *want to the link it waits to write to, if any.
+bool pump_send(Cursor& c, const EngineConfig& cfg, Link** want) {
+  auto& steps = *c.steps;
+  const std::size_t n_steps = steps.size();
+  bool progress = false;
+  while (c.si < n_steps) {
+    Step& s = steps[c.si];
+    if (s.tx == nullptr) {
+      ++c.si;
+      c.send_started = false;
+      continue;
+    }
+    if (!c.send_started) {
+      c.spad = s.align ? (8 - s.tx->tx_pos() % 8) % 8 : 0;
+      c.so = 0;
+      c.send_started = true;
+    }
+    if (c.spad > 0) {
+      const std::size_t k = s.tx->send_some(kZeros, c.spad);
+      c.spad -= k;
+      progress |= k > 0;
+      if (c.spad > 0) {
+        *want = s.tx;
+        break;
+      }
+    }
+    std::size_t limit = s.send_bytes;
+    if (s.send_dep >= 0) {
+      const auto dep = static_cast<std::size_t>(s.send_dep);
+      if (c.ri < dep) limit = 0;
+      else if (c.ri == dep) {
+        const std::int64_t avail = static_cast<std::int64_t>(c.ro) + s.send_dep_lead;
+        limit = std::min<std::size_t>(limit, avail > 0 ? static_cast<std::size_t>(avail) : 0);
+      }
+    }
+    if (c.so == s.send_bytes) {
+      ++c.si;
+      c.send_started = false;
+      continue;
+    }
+    if (c.so >= limit) break;  // waits on a receive
+    const std::size_t k = s.tx->send_some(static_cast<const std::byte*>(s.send) + c.so,
+                                          std::min(limit - c.so, s.tx->piece_bytes(cfg.piece)));
+    c.so += k;
+    progress |= k > 0;
+    if (c.so == s.send_bytes) {
+      ++c.si;
+      c.send_started = false;
+      continue;
+    }
+    if (k == 0) *want = s.tx;
+    break;
+  }
+  return progress;
+}
+
+// Receive side: copy or reduce straight out of the link's buffer.
+bool pump_recv(Cursor& c, std::size_t channel, const EngineConfig& cfg,
+               const std::function<void(std::size_t, std::size_t)>& on_header, Link** want) {
+  auto& steps = *c.steps;
+  const std::size_t n_steps = steps.size();
+  bool progress = false;
+  while (c.ri < n_steps) {
+    Step& s = steps[c.ri];
+    if (s.rx == nullptr) {
+      ++c.ri;
+      c.recv_started = false;
+      continue;
+    }
+    if (!c.recv_started) {
+      c.rpad = s.align ? (8 - s.rx->rx_pos() % 8) % 8 : 0;
+      c.ro = 0;
+      c.recv_started = true;
+    }
+    if (c.rpad > 0) {
+      const auto view = s.rx->peek();
+      const std::size_t k = std::min(view.size(), c.rpad);
+      if (k > 0) {
+        s.rx->consume(k);
+        c.rpad -= k;
+        progress = true;
+      }
+      if (c.rpad > 0) {
+        *want = s.rx;
+        break;
+      }
+    }
+    if (c.ro == s.recv_bytes) {
+      if (s.header && on_header) on_header(channel, c.ri);
+      ++c.ri;
+      c.recv_started = false;
+      continue;
+    }
+    std::size_t limit = s.recv_bytes;
+    if (s.recv_dep >= 0) {  // do not overwrite bytes still to be sent
+      const auto dep = static_cast<std::size_t>(s.recv_dep);
+      if (c.si < dep) limit = 0;
+      else if (c.si == dep) limit = std::min(limit, c.so);
+    }
+    if (c.ro >= limit) break;  // waits on a send
+    auto* dst = static_cast<std::byte*>(s.recv) + c.ro;
+    std::size_t n = 0;
+    if (s.reduce) {
+      const auto view = s.rx->peek();
+      n = std::min({view.size(), limit - c.ro, s.rx->piece_bytes(cfg.piece)});
+      n -= n % cfg.elem;
+      if (n > 0) {
+        cfg.reduce(dst, static_cast<const std::byte*>(s.own) + c.ro, view.data(), n / cfg.elem);
+        if (s.finalize) cfg.finalize(dst, n / cfg.elem);
+        s.rx->consume(n);
+      }
+    } else {
+      n = s.rx->recv_into(dst, std::min(limit - c.ro, s.rx->piece_bytes(cfg.piece)));
+    }
+    if (n == 0) {
+      *want = s.rx;
+      break;
+    }
+    c.ro += n;
+    progress = true;
+    if (c.ro < s.recv_bytes) break;
+  }
+  return progress;
+}
+
+// The link a timeout is blamed on when nothing is waited on explicitly.
+Link* stalled_link(const Cursor& c) {
+  const auto& steps = *c.steps;
+  if (steps.empty()) return nullptr;
+  Link* who = steps[std::min(c.si, steps.size() - 1)].tx;
+  if (who == nullptr) who = steps[std::min(c.ri, steps.size() - 1)].rx;
+  return who;
+}
+
+void run_cursors(std::vector<Cursor>& cursors, const EngineConfig& cfg,
+                 const std::function<void(std::size_t, std::size_t)>& on_header);
+
+}  // namespace
+
+void run_steps(std::vector<Step>& steps, const EngineConfig& cfg) {
+  std::vector<Cursor> cursors{Cursor{&steps}};
+  std::function<void(std::size_t, std::size_t)> on_header;
+  if (cfg.on_header) on_header = [&](std::size_t, std::size_t step) { cfg.on_header(step); };
+  run_cursors(cursors, cfg, on_header);
+}
+
+void run_channels(std::vector<std::vector<Step>>& channels, const EngineConfig& cfg,
+                  const std::function<void(std::size_t, std::size_t)>& on_header) {
+  std::vector<Cursor> cursors;
+  cursors.reserve(channels.size());
+  for (auto& steps : channels) cursors.push_back(Cursor{&steps});
+  run_cursors(cursors, cfg, on_header);
+}
+
+namespace {
+
+void run_cursors(std::vector<Cursor>& cursors, const EngineConfig& cfg,
+                 const std::function<void(std::size_t, std::size_t)>& on_header) {
+  std::vector<Link*> tx_wants(cursors.size()), rx_wants(cursors.size());
   Clock::time_point idle_since{};
   bool idle = false;
   unsigned idle_loops = 0;
   long mixed_wait_us = 20;  // TCP and shm at once: poll the socket, re-check the ring, backing off
   const auto spin = std::chrono::microseconds(cfg.spin_us);
 
-  while (si < n_steps || ri < n_steps) {
-    bool progress = false;
+  while (true) {
+    bool progress = false, all_done = true;
+    for (std::size_t ch = 0; ch < cursors.size(); ++ch) {
+      Cursor& c = cursors[ch];
+      tx_wants[ch] = rx_wants[ch] = nullptr;
+      if (c.done()) continue;
+      progress |= pump_send(c, cfg, &tx_wants[ch]);
+      progress |= pump_recv(c, ch, cfg, on_header, &rx_wants[ch]);
+      all_done &= c.done();
+    }
+    if (all_done) break;
     Link* tx_want = nullptr;
     Link* rx_want = nullptr;
-
-    // Send side: at most one piece per pass, so receives interleave.
-    while (si < n_steps) {
-      Step& s = steps[si];
-      if (s.tx == nullptr) {
-        ++si;
-        send_started = false;
-        continue;
-      }
-      if (!send_started) {
-        spad = s.align ? (8 - s.tx->tx_pos() % 8) % 8 : 0;
-        so = 0;
-        send_started = true;
-      }
-      if (spad > 0) {
-        const std::size_t k = s.tx->send_some(kZeros, spad);
-        spad -= k;
-        progress |= k > 0;
-        if (spad > 0) {
-          tx_want = s.tx;
-          break;
-        }
-      }
-      std::size_t limit = s.send_bytes;
-      if (s.send_dep >= 0) {
-        const auto dep = static_cast<std::size_t>(s.send_dep);
-        if (ri < dep) limit = 0;
-        else if (ri == dep) limit = std::min(limit, ro);
-      }
-      if (so == s.send_bytes) {
-        ++si;
-        send_started = false;
-        continue;
-      }
-      if (so >= limit) break;  // waits on a receive
-      const std::size_t k = s.tx->send_some(static_cast<const std::byte*>(s.send) + so,
-                                            std::min(limit - so, s.tx->piece_bytes(cfg.piece)));
-      so += k;
-      progress |= k > 0;
-      if (so == s.send_bytes) {
-        ++si;
-        send_started = false;
-        continue;
-      }
-      if (k == 0) tx_want = s.tx;
-      break;
+    for (std::size_t ch = 0; ch < cursors.size(); ++ch) {
+      if (tx_want == nullptr) tx_want = tx_wants[ch];
+      if (rx_want == nullptr) rx_want = rx_wants[ch];
     }
-
-    // Receive side: copy or reduce straight out of the link's buffer.
-    while (ri < n_steps) {
-      Step& s = steps[ri];
-      if (s.rx == nullptr) {
-        ++ri;
-        recv_started = false;
-        continue;
-      }
-      if (!recv_started) {
-        rpad = s.align ? (8 - s.rx->rx_pos() % 8) % 8 : 0;
-        ro = 0;
-        recv_started = true;
-      }
-      if (rpad > 0) {
-        const auto view = s.rx->peek();
-        const std::size_t k = std::min(view.size(), rpad);
-        if (k > 0) {
-          s.rx->consume(k);
-          rpad -= k;
-          progress = true;
-        }
-        if (rpad > 0) {
-          rx_want = s.rx;
-          break;
-        }
-      }
-      if (ro == s.recv_bytes) {
-        if (s.header && cfg.on_header) cfg.on_header(ri);
-        ++ri;
-        recv_started = false;
-        continue;
-      }
-      std::size_t limit = s.recv_bytes;
-      if (s.recv_dep >= 0) {  // do not overwrite bytes still to be sent
-        const auto dep = static_cast<std::size_t>(s.recv_dep);
-        if (si < dep) limit = 0;
-        else if (si == dep) limit = std::min(limit, so);
-      }
-      if (ro >= limit) break;  // waits on a send
-      auto* dst = static_cast<std::byte*>(s.recv) + ro;
-      std::size_t n = 0;
-      if (s.reduce) {
-        const auto view = s.rx->peek();
-        n = std::min({view.size(), limit - ro, s.rx->piece_bytes(cfg.piece)});
-        n -= n % cfg.elem;
-        if (n > 0) {
-          cfg.reduce(dst, static_cast<const std::byte*>(s.own) + ro, view.data(), n / cfg.elem);
-          if (s.finalize) cfg.finalize(dst, n / cfg.elem);
-          s.rx->consume(n);
-        }
-      } else {
-        n = s.rx->recv_into(dst, std::min(limit - ro, s.rx->piece_bytes(cfg.piece)));
-      }
-      if (n == 0) {
-        rx_want = s.rx;
-        break;
-      }
-      ro += n;
-      progress = true;
-      if (ro < s.recv_bytes) break;
-    }
-
     if (progress) {
       idle = false;
       mixed_wait_us = 20;
       continue;
     }
-    if (si >= n_steps && ri >= n_steps) break;
     // Stuck on a stream the peer closed (e.g. killed mid-element): waiting cannot help.
-    if (rx_want != nullptr && rx_want->peer_gone())
-      throw Error(Error::Kind::peer_closed,
-                  rx_want->peer_label() + " closed the connection in the middle of a message",
-                  rx_want->peer_rank(), rx_want->peer_host());
+    for (Link* l : rx_wants)
+      if (l != nullptr && l->peer_gone())
+        throw Error(Error::Kind::peer_closed,
+                    l->peer_label() + " closed the connection in the middle of a message",
+                    l->peer_rank(), l->peer_host());
     const auto now = Clock::now();
     if (!idle) {
       idle = true;
@@ -173,8 +243,9 @@ void run_steps(std::vector<Step>& steps, const EngineConfig& cfg) {
                     rx_want->peer_label() + " sent nothing for " + seconds_text(cfg.timeout) +
                         " (stuck or dead? timeout: MLTRAIN_COMM_TIMEOUT)",
                     rx_want->peer_rank(), rx_want->peer_host());
-      Link* who = tx_want != nullptr ? tx_want : steps[std::min(si, n_steps - 1)].tx;
-      if (who == nullptr) who = steps[std::min(ri, n_steps - 1)].rx;
+      Link* who = tx_want;
+      for (std::size_t ch = 0; who == nullptr && ch < cursors.size(); ++ch)
+        if (!cursors[ch].done()) who = stalled_link(cursors[ch]);
       throw Error(Error::Kind::timeout,
                   (who ? who->peer_label() : std::string("a peer")) + " took no data for " +
                       seconds_text(cfg.timeout) + " (stuck or dead? timeout: MLTRAIN_COMM_TIMEOUT)",
@@ -184,20 +255,28 @@ void run_steps(std::vector<Step>& steps, const EngineConfig& cfg) {
         cfg.timeout - (now - idle_since));
     const int cap_ms = static_cast<int>(std::clamp<long long>(left.count() + 1, 1, 200));
 
-    pollfd fds[2];
+    pollfd fds[8];
     int nfds = 0;
-    bool any_shm = false;
-    for (Link* l : {tx_want, rx_want}) {
-      if (l == nullptr) continue;
+    bool any_shm = false, any_want = false;
+    auto want = [&](Link* l, short ev) {
+      if (l == nullptr) return;
+      any_want = true;
       if (l->fd() < 0) {
         any_shm = true;
-        continue;
+        return;
       }
-      const short ev = l == tx_want ? POLLOUT : POLLIN;
-      if (nfds == 1 && fds[0].fd == l->fd()) fds[0].events |= ev;
-      else fds[nfds++] = {l->fd(), ev, 0};
+      for (int i = 0; i < nfds; ++i)
+        if (fds[i].fd == l->fd()) {
+          fds[i].events |= ev;
+          return;
+        }
+      if (nfds < 8) fds[nfds++] = {l->fd(), ev, 0};
+    };
+    for (std::size_t ch = 0; ch < cursors.size(); ++ch) {
+      want(tx_wants[ch], POLLOUT);
+      want(rx_wants[ch], POLLIN);
     }
-    if (tx_want == nullptr && rx_want == nullptr) {
+    if (!any_want) {
       sched_yield();
     } else if (nfds > 0 && any_shm) {
       const timespec ts{0, mixed_wait_us * 1000};
@@ -209,20 +288,26 @@ void run_steps(std::vector<Step>& steps, const EngineConfig& cfg) {
       Bell* bell = cfg.bell;
       bell->waiters.fetch_add(1, std::memory_order_seq_cst);
       const std::uint32_t seen = bell->seq.load(std::memory_order_seq_cst);
-      const bool ready = (tx_want && tx_want->can_send()) || (rx_want && rx_want->can_recv());
+      bool ready = false;
+      for (std::size_t ch = 0; !ready && ch < cursors.size(); ++ch)
+        ready = (tx_wants[ch] && tx_wants[ch]->can_send()) ||
+                (rx_wants[ch] && rx_wants[ch]->can_recv());
       if (!ready) sleep_on_bell(bell, seen, cap_ms);
       bell->waiters.fetch_sub(1, std::memory_order_seq_cst);
     }
     // A peer that exited after sending its last bytes is fine: only blame it when nothing is
     // left to read from it (or no room to write to it).
-    if (rx_want != nullptr && !rx_want->can_recv() && !rx_want->peer_alive())
-      throw Error(Error::Kind::peer_closed, rx_want->peer_label() + ": its process is gone",
-                  rx_want->peer_rank(), rx_want->peer_host());
-    for (Link* l : {tx_want})
+    for (Link* l : rx_wants)
+      if (l != nullptr && !l->can_recv() && !l->peer_alive())
+        throw Error(Error::Kind::peer_closed, l->peer_label() + ": its process is gone",
+                    l->peer_rank(), l->peer_host());
+    for (Link* l : tx_wants)
       if (l != nullptr && !l->can_send() && !l->peer_alive())
         throw Error(Error::Kind::peer_closed, l->peer_label() + ": its process is gone",
                     l->peer_rank(), l->peer_host());
   }
 }
+
+}  // namespace
 
 }  // namespace mltrain::comm::detail

@@ -21,6 +21,9 @@ struct Step {
   const void* send = nullptr;
   std::size_t send_bytes = 0;
   int send_dep = -1;  // index of the step whose received bytes this step sends on
+  // While send_dep is receiving: bytes sendable = its received bytes + lead (negative: this send
+  // starts further into that receive; positive: a prefix is already there).
+  std::int64_t send_dep_lead = 0;
 
   Link* rx = nullptr;
   void* recv = nullptr;
@@ -46,5 +49,12 @@ struct EngineConfig {
 
 // Runs the steps to completion; throws Error(timeout / peer_closed) naming the peer.
 void run_steps(std::vector<Step>& steps, const EngineConfig& config);
+
+// Runs several step lists at once, round-robin, each with its own send and receive cursor (and
+// dependencies by index within its own list). Channels must not share a link direction: two
+// channels may use one link only if one sends on it and the other receives from it. On_header
+// gets (channel, step).
+void run_channels(std::vector<std::vector<Step>>& channels, const EngineConfig& config,
+                  const std::function<void(std::size_t, std::size_t)>& on_header = {});
 
 }  // namespace mltrain::comm::detail

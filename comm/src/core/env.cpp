@@ -19,6 +19,7 @@ const Knob kKnobs[] = {
     {"MLTRAIN_COMM_CHUNK_BYTES", "256K", "pipeline piece (TCP links: twice that, at least 512K)"},
     {"MLTRAIN_COMM_SMALL_BYTES", "64K", "at or below: recursive doubling (power-of-two worlds)"},
     {"MLTRAIN_COMM_SPIN_US", "50", "microseconds to spin (yielding) before blocking"},
+    {"MLTRAIN_COMM_ALGO", "auto", "large allreduce, 3+ ranks: ring, bidir, hd, or auto (ring on one host; across hosts hd on power-of-two worlds, else bidir)"},
     {"MLTRAIN_COMM_HOST", "gethostname()", "host identity; equal identities use shared memory"},
 };
 }  // namespace
@@ -96,6 +97,14 @@ Options Options::from_env() {
   o.small_bytes =
       parse_size(env_string("MLTRAIN_COMM_SMALL_BYTES", "64K"), "MLTRAIN_COMM_SMALL_BYTES");
   o.spin_us = static_cast<int>(env_int("MLTRAIN_COMM_SPIN_US", 50));
+  const std::string algo = env_string("MLTRAIN_COMM_ALGO", "auto");
+  if (algo == "auto") o.algo = Algo::automatic;
+  else if (algo == "ring") o.algo = Algo::ring;
+  else if (algo == "bidir") o.algo = Algo::bidir;
+  else if (algo == "hd") o.algo = Algo::hd;
+  else
+    throw Error(Error::Kind::usage,
+                "MLTRAIN_COMM_ALGO='" + algo + "' (expected auto, ring, bidir or hd)");
   o.host = env_string("MLTRAIN_COMM_HOST");
   return o;
 }
