@@ -14,6 +14,11 @@
 # rate of each link: busbw / per-link ceiling is the fraction of the ceiling an allreduce reaches
 # (column `of_ceil`).
 #
+# The machine is noisy (a shared VM): each peer runs ROUNDS times (default 5) per size, rounds
+# interleaved and the peers' order rotated per round; the table shows the median over rounds of
+# each run's own median (Gloo: each algorithm's, then the best algorithm), and one line per size
+# with the ratio in every round, so the spread is visible.
+#
 # How each runs (one rank per namespace, all from this root namespace):
 #   mltrain  `ip netns exec mlt-hK env RANK=.. WORLD_SIZE=4 MLTRAIN_STORE_ADDR=10.231.0.11:PORT
 #            MLTRAIN_COMM_HOST=hK MLTRAIN_COMM_TRANSPORT=tcp .. mltrain-comm-bench`
@@ -26,7 +31,8 @@
 #            h1..h4 slots=1 (orted per host, as bench/launch does), --mca pml ob1 --mca btl
 #            tcp,self, btl/oob_tcp_if_include 10.231.0.0/24; ranks run as the cluster's login user
 #
-#   bench/compare_cluster.sh                         # 16M, 64M, 256M; about 2-4 minutes
+#   bench/compare_cluster.sh                         # 16M, 64M, 256M, 5 rounds; about 9 minutes
+#   ROUNDS=3 SIZES="16777216" bench/compare_cluster.sh
 #   SIZES="16777216" bench/compare_cluster.sh
 #   BUILD=build-comm DURATION=5 bench/compare_cluster.sh
 #
@@ -232,7 +238,7 @@ awk -v n="$n" -v rounds="$rounds" '
   $1 == "ceil"    { c[$2] = $3; links[$2] = sprintf("%.2f %.2f %.2f %.2f", $4/8e9, $5/8e9, $6/8e9, $7/8e9); next }
   $1 == "ceilerr" { $1 = ""; cerr[$2] = $0; next }
   { rd = $1; $1 = ""; $0 = substr($0, 2) }  # the round number
-  $1 == "why"     { k = $3; w = $2; $1 = $2 = $3 = ""; why[w " " k] = substr($0, 4) }
+  $1 == "why"     { k = $3; w = $2; $1 = $2 = $3 = ""; why[w " " k] = substr($0, 4); whyn[w " " k]++ }
   $1 == "mltrain" { ml[$3] = ml[$3] " " $4; mlr[$3, rd] = $4 }
   $1 == "mpi"     { mpi[$3] = mpi[$3] " " $4; mpir[$3, rd] = $4 }
   $1 ~ /^gloo-/   { a = substr($1, 6); gla[$3, a] = gla[$3, a] " " $4; algos[a] = 1
@@ -280,5 +286,11 @@ awk -v n="$n" -v rounds="$rounds" '
       }
       printf "# %10d x_best per round (vs that round'"'"'s fastest gloo algorithm):%s\n", b, line
     }
-    for (k in why) printf "# left out: %s\n", k ": " why[k]
+    for (k in why) {
+      split(k, kw, " ")
+      has = (kw[1] == "mltrain" && (kw[2] in ml)) || (kw[1] == "mpi" && (kw[2] in mpi))
+      if (kw[1] == "gloo") for (a in algos) if ((kw[2], a) in gla) has = 1
+      if (has) printf "# %s failed in %d of %d rounds (its median is over the others): %s\n", k, whyn[k], rounds, why[k]
+      else printf "# left out: %s\n", k ": " why[k]
+    }
   }' "$results"

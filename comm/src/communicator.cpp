@@ -408,6 +408,7 @@ std::unique_ptr<Communicator> Communicator::init_from_env() { return create(Opti
 int Communicator::rank() const noexcept { return impl_->opt.rank; }
 int Communicator::size() const noexcept { return impl_->opt.world_size; }
 const std::string& Communicator::host() const noexcept { return impl_->host; }
+Algo Communicator::algo() const noexcept { return impl_->algo; }
 
 namespace {
 void require(bool ok, const char* what) {

@@ -231,8 +231,8 @@ int bench_main(int argc, char** argv) {
     const std::size_t es = size_of(a.dtype);
     const bool reduces = a.op == BenchOp::allreduce || a.op == BenchOp::reduce_scatter;
     if (r == 0 && !a.json) {
-      std::printf("# mltrain-comm-bench: %s, %d ranks, rank 0 on %s\n", a.op_name.c_str(), n,
-                  comm->host().c_str());
+      std::printf("# mltrain-comm-bench: %s, %d ranks, rank 0 on %s, large allreduce: %s\n",
+                  a.op_name.c_str(), n, comm->host().c_str(), name_of(comm->algo()).data());
       std::printf("# %s\n", nccl_status().c_str());
       std::printf("# iters %d, warmup %d, %s\n", a.iters, a.warmup, a.inplace ? "in place" : "out of place");
       std::printf("#%12s %12s %6s %6s %11s %8s %8s %7s\n", "size", "count", "type", "redop",

@@ -438,6 +438,8 @@ def test_bench_check_no_wrong_results(mh, cluster):
     wrong = cols.index("#wrong")
     assert all(len(r) == len(cols) and r[wrong] == "0" for r in rows), p.stdout
     assert "4 ranks" in p.stdout
+    # Across hosts on a power-of-two world the large allreduce is halving/doubling.
+    assert "large allreduce: hd" in p.stdout, p.stdout
 
 
 def test_ssh_config_accept_new_is_honoured(mh, cluster):

@@ -31,6 +31,7 @@ enum class Algo : int { automatic = 0, ring = 1, bidir = 2, hd = 3 };
 std::size_t size_of(DataType dtype);
 std::string_view name_of(DataType dtype);
 std::string_view name_of(ReduceOp op);
+std::string_view name_of(Algo algo);
 std::optional<DataType> parse_dtype(std::string_view text);
 std::optional<ReduceOp> parse_redop(std::string_view text);
 
@@ -80,6 +81,8 @@ public:
   int rank() const noexcept;
   int size() const noexcept;
   const std::string& host() const noexcept;
+  // The large-allreduce algorithm this job uses (never automatic; the same on every rank).
+  Algo algo() const noexcept;
 
   // recv may equal send (in place). Buffers hold count elements, naturally aligned.
   void allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op);

@@ -10,11 +10,13 @@ constexpr std::array<std::string_view, 7> kDtypeNames{"f32", "f64", "f16", "bf16
                                                       "u8"};
 constexpr std::array<std::size_t, 7> kDtypeSizes{4, 8, 2, 2, 4, 8, 1};
 constexpr std::array<std::string_view, 5> kOpNames{"sum", "prod", "min", "max", "avg"};
+constexpr std::array<std::string_view, 4> kAlgoNames{"auto", "ring", "bidir", "hd"};
 }  // namespace
 
 std::size_t size_of(DataType dtype) { return kDtypeSizes.at(static_cast<std::size_t>(dtype)); }
 std::string_view name_of(DataType dtype) { return kDtypeNames.at(static_cast<std::size_t>(dtype)); }
 std::string_view name_of(ReduceOp op) { return kOpNames.at(static_cast<std::size_t>(op)); }
+std::string_view name_of(Algo algo) { return kAlgoNames.at(static_cast<std::size_t>(algo)); }
 
 std::optional<DataType> parse_dtype(std::string_view text) {
   for (std::size_t i = 0; i < kDtypeNames.size(); ++i)
