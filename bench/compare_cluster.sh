@@ -279,13 +279,16 @@ awk -v n="$n" -v rounds="$rounds" '
       b = order[i]; line = ""
       for (r = 1; r <= rounds; r++) {
         if (!((b, r) in mlr)) { line = line " -"; continue }
-        best = 0
-        if ((b, r) in glr) best = busbw(n, b, glr[b, r])
+        best = 0; mark = ""
+        if ((b, r) in glr) best = busbw(n, b, glr[b, r]); else mark = "*"
         if ((b, r) in mpir && busbw(n, b, mpir[b, r]) > best) best = busbw(n, b, mpir[b, r])
-        line = line (best > 0 ? sprintf(" %.2f", busbw(n, b, mlr[b, r]) / best) : " -")
+        if (!((b, r) in mpir)) mark = mark "+"
+        line = line (best > 0 ? sprintf(" %.2f%s", busbw(n, b, mlr[b, r]) / best, mark) : " -")
+        if (mark != "") marked = 1
       }
       printf "# %10d x_best per round (vs that round'"'"'s fastest gloo algorithm):%s\n", b, line
     }
+    if (marked) printf "# *: no gloo result that round, +: no open mpi result (see below): the ratio is against the other\n"
     for (k in why) {
       split(k, kw, " ")
       has = (kw[1] == "mltrain" && (kw[2] in ml)) || (kw[1] == "mpi" && (kw[2] in mpi))
