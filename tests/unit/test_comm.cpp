@@ -427,18 +427,20 @@ TEST_CASE("mismatched counts are detected and named") {
 namespace {
 // Rank 1 stops taking part (closing its links, or just hanging); the others must fail fast,
 // naming rank 1.
-void fault(Transport transport, bool hang) {
+// World 3 over TCP runs the two-ring allreduce, world 4 over TCP halving/doubling (where rank 2
+// never talks to rank 1 directly before it is stuck: it must learn the culprit).
+void fault(Transport transport, bool hang, int world = 3) {
   detail::StoreServer server(0, "t");
   const auto timeout = 1000ms;
   std::atomic<int> named{0}, finished{0};
-  std::vector<std::string> messages(3);
-  std::vector<double> seconds(3);
+  std::vector<std::string> messages(static_cast<std::size_t>(world));
+  std::vector<double> seconds(static_cast<std::size_t>(world));
   std::vector<std::thread> threads;
-  for (int r = 0; r < 3; ++r)
+  for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
       Options o;
       o.rank = r;
-      o.world_size = 3;
+      o.world_size = world;
       o.store_addr = "127.0.0.1:" + std::to_string(server.port());
       o.token = "t";
       o.host_store = false;
@@ -450,7 +452,7 @@ void fault(Transport transport, bool hang) {
       c->allreduce(v.data(), v.size(), DataType::f32, ReduceOp::sum);  // all fine once
       if (r == 1) {
         // Hang (holding the links open) until the others have given up.
-        for (int i = 0; hang && finished < 2 && i < 1000; ++i) std::this_thread::sleep_for(10ms);
+        for (int i = 0; hang && finished < world - 1 && i < 1000; ++i) std::this_thread::sleep_for(10ms);
         return;  // destroys the communicator: links close mid-job
       }
       const auto t0 = std::chrono::steady_clock::now();
@@ -466,22 +468,27 @@ void fault(Transport transport, bool hang) {
       ++finished;
     });
   for (auto& t : threads) t.join();
-  CAPTURE(messages[0]);
-  CAPTURE(messages[2]);
-  CHECK(named == 2);
-  CHECK(seconds[0] < 3.0);  // timeout 1 s + at most 0.5 s of blame-finding grace, with slack
-  CHECK(seconds[2] < 3.0);
+  CAPTURE(world);
+  for (int r = 0; r < world; ++r) {
+    if (r == 1) continue;
+    CAPTURE(messages[static_cast<std::size_t>(r)]);
+    // timeout 1 s + at most 0.5 s of blame-finding grace, with slack
+    CHECK(seconds[static_cast<std::size_t>(r)] < 3.0);
+  }
+  CHECK(named == world - 1);
 }
 }  // namespace
 
 TEST_CASE("fault: a rank that closes mid-job is named by the others (shm and TCP)") {
   fault(Transport::shm, false);
   fault(Transport::tcp, false);
+  fault(Transport::tcp, false, 4);
 }
 
 TEST_CASE("fault: a rank that hangs is named within the timeout (shm and TCP)") {
   fault(Transport::shm, true);
   fault(Transport::tcp, true);
+  fault(Transport::tcp, true, 4);
 }
 
 TEST_CASE("C API: single-rank job from the environment, and errors as codes") {
