@@ -86,7 +86,8 @@ struct Communicator::Impl {
   }
   Link* link(int peer);
   Fd accept_from(int peer);
-  bool wants_shm(int peer) const;
+  bool wants_shm(int peer) const { return shm_between(opt.rank, peer); }
+  bool shm_between(int a, int b) const;  // whether ranks a and b talk through shared memory
   template <class Body>
   void collective(Coll coll, DataType dtype, ReduceOp op, int root, std::size_t count, Body&& body);
   [[noreturn]] void fail(Coll coll, const Error& e);
@@ -165,11 +166,7 @@ Communicator::Impl::Impl(const Options& o) : opt(o) {
   // two opposite rings otherwise. Every rank sees the same hosts and options, so every rank
   // decides the same; the wire header checks it anyway.
   bool crosses = false;
-  for (int p = 0; p < opt.world_size; ++p)
-    crosses |= peers[static_cast<std::size_t>(p)].host !=
-               peers[static_cast<std::size_t>((p + 1) % opt.world_size)].host;
-  if (opt.transport == Transport::tcp) crosses = true;
-  if (opt.transport == Transport::shm) crosses = false;
+  for (int p = 0; p < opt.world_size; ++p) crosses |= !shm_between(p, (p + 1) % opt.world_size);
   const bool pow2 = (opt.world_size & (opt.world_size - 1)) == 0;
   algo = opt.algo;
   if (algo == Algo::automatic) algo = !crosses ? Algo::ring : pow2 ? Algo::hd : Algo::bidir;
@@ -185,10 +182,10 @@ Communicator::Impl::~Impl() {
   links.clear();
 }
 
-bool Communicator::Impl::wants_shm(int peer) const {
+bool Communicator::Impl::shm_between(int a, int b) const {
   if (opt.transport == Transport::shm) return true;
   if (opt.transport == Transport::tcp) return false;
-  return peers[static_cast<std::size_t>(peer)].host == host;
+  return peers[static_cast<std::size_t>(a)].host == peers[static_cast<std::size_t>(b)].host;
 }
 
 Fd Communicator::Impl::accept_from(int peer) {

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <deque>
+#include <span>
 
 namespace mltrain::comm::detail {
 
@@ -60,12 +61,19 @@ void add_header_step(std::vector<Step>& steps, HeaderBox& box, const Context& ct
   steps.push_back(s);
 }
 
-void run(std::vector<Step>& steps, HeaderBox& box, const Context& ctx, EngineConfig cfg) {
-  cfg.on_header = [&](std::size_t step) {
-    for (auto& [index, header] : box.by_step)
-      if (index == step) check_header(ctx.header, *header, *steps[step].rx);
-  };
-  run_steps(steps, cfg);
+// Runs the channels, checking each header as it arrives (boxes[i] holds channel i's).
+void run(std::vector<std::vector<Step>>& channels, std::span<HeaderBox> boxes, const Context& ctx,
+         const EngineConfig& cfg) {
+  run_channels(channels, cfg, [&](std::size_t ch, std::size_t step) {
+    for (auto& [index, header] : boxes[ch].by_step)
+      if (index == step) check_header(ctx.header, *header, *channels[ch][step].rx);
+  });
+}
+
+void run(std::vector<Step>& steps, HeaderBox& box, const Context& ctx, const EngineConfig& cfg) {
+  std::vector<std::vector<Step>> one(1);
+  one[0] = std::move(steps);
+  run(one, {&box, 1}, ctx, cfg);
 }
 
 std::byte* scratch(Context& ctx, std::size_t bytes) {
@@ -318,10 +326,7 @@ void allreduce(Context& ctx, const void* send_v, void* recv_v, std::size_t count
                      op == ReduceOp::avg);
   add_ring_allreduce(channels[1], boxes[1], ctx, ring_dir(ctx, true), count - first, es,
                      send + first * es, recv + first * es, op == ReduceOp::avg);
-  run_channels(channels, cfg, [&](std::size_t ch, std::size_t step) {
-    for (auto& [index, header] : boxes[ch].by_step)
-      if (index == step) check_header(ctx.header, *header, *channels[ch][step].rx);
-  });
+  run(channels, boxes, ctx, cfg);
 }
 
 void broadcast(Context& ctx, void* buf, std::size_t count, DataType dtype, int root) {

@@ -168,31 +168,16 @@ Link* stalled_link(const Cursor& c) {
   return who;
 }
 
-void run_cursors(std::vector<Cursor>& cursors, const EngineConfig& cfg,
-                 const std::function<void(std::size_t, std::size_t)>& on_header);
-
 }  // namespace
-
-void run_steps(std::vector<Step>& steps, const EngineConfig& cfg) {
-  std::vector<Cursor> cursors{Cursor{&steps}};
-  std::function<void(std::size_t, std::size_t)> on_header;
-  if (cfg.on_header) on_header = [&](std::size_t, std::size_t step) { cfg.on_header(step); };
-  run_cursors(cursors, cfg, on_header);
-}
 
 void run_channels(std::vector<std::vector<Step>>& channels, const EngineConfig& cfg,
                   const std::function<void(std::size_t, std::size_t)>& on_header) {
   std::vector<Cursor> cursors;
   cursors.reserve(channels.size());
   for (auto& steps : channels) cursors.push_back(Cursor{&steps});
-  run_cursors(cursors, cfg, on_header);
-}
-
-namespace {
-
-void run_cursors(std::vector<Cursor>& cursors, const EngineConfig& cfg,
-                 const std::function<void(std::size_t, std::size_t)>& on_header) {
   std::vector<Link*> tx_wants(cursors.size()), rx_wants(cursors.size());
+  std::vector<pollfd> fds;  // at most one per link a channel waits on
+  fds.reserve(2 * cursors.size());
   Clock::time_point idle_since{};
   bool idle = false;
   unsigned idle_loops = 0;
@@ -255,8 +240,7 @@ void run_cursors(std::vector<Cursor>& cursors, const EngineConfig& cfg,
         cfg.timeout - (now - idle_since));
     const int cap_ms = static_cast<int>(std::clamp<long long>(left.count() + 1, 1, 200));
 
-    pollfd fds[8];
-    int nfds = 0;
+    fds.clear();
     bool any_shm = false, any_want = false;
     auto want = [&](Link* l, short ev) {
       if (l == nullptr) return;
@@ -265,12 +249,12 @@ void run_cursors(std::vector<Cursor>& cursors, const EngineConfig& cfg,
         any_shm = true;
         return;
       }
-      for (int i = 0; i < nfds; ++i)
-        if (fds[i].fd == l->fd()) {
-          fds[i].events |= ev;
+      for (pollfd& p : fds)
+        if (p.fd == l->fd()) {
+          p.events |= ev;
           return;
         }
-      if (nfds < 8) fds[nfds++] = {l->fd(), ev, 0};
+      fds.push_back({l->fd(), ev, 0});
     };
     for (std::size_t ch = 0; ch < cursors.size(); ++ch) {
       want(tx_wants[ch], POLLOUT);
@@ -278,12 +262,12 @@ void run_cursors(std::vector<Cursor>& cursors, const EngineConfig& cfg,
     }
     if (!any_want) {
       sched_yield();
-    } else if (nfds > 0 && any_shm) {
+    } else if (!fds.empty() && any_shm) {
       const timespec ts{0, mixed_wait_us * 1000};
-      ::ppoll(fds, static_cast<nfds_t>(nfds), &ts, nullptr);
+      ::ppoll(fds.data(), fds.size(), &ts, nullptr);
       mixed_wait_us = std::min<long>(mixed_wait_us * 2, 1000);
-    } else if (nfds > 0) {
-      ::poll(fds, static_cast<nfds_t>(nfds), cap_ms);
+    } else if (!fds.empty()) {
+      ::poll(fds.data(), fds.size(), cap_ms);
     } else if (cfg.bell != nullptr) {
       Bell* bell = cfg.bell;
       bell->waiters.fetch_add(1, std::memory_order_seq_cst);
@@ -307,7 +291,5 @@ void run_cursors(std::vector<Cursor>& cursors, const EngineConfig& cfg,
                     l->peer_rank(), l->peer_host());
   }
 }
-
-}  // namespace
 
 }  // namespace mltrain::comm::detail

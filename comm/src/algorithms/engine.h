@@ -40,20 +40,17 @@ struct EngineConfig {
   std::size_t elem = 1;
   ReduceFn reduce = nullptr;
   std::function<void(void*, std::size_t)> finalize;
-  std::function<void(std::size_t)> on_header;
   std::size_t piece = 128u << 10;
   int spin_us = 50;
   Bell* bell = nullptr;
   std::chrono::milliseconds timeout{300000};  // longest stretch without progress
 };
 
-// Runs the steps to completion; throws Error(timeout / peer_closed) naming the peer.
-void run_steps(std::vector<Step>& steps, const EngineConfig& config);
-
-// Runs several step lists at once, round-robin, each with its own send and receive cursor (and
-// dependencies by index within its own list). Channels must not share a link direction: two
-// channels may use one link only if one sends on it and the other receives from it. On_header
-// gets (channel, step).
+// Runs step lists (channels) to completion, round-robin, each with its own send and receive
+// cursor (and dependencies by index within its own list); throws Error(timeout / peer_closed)
+// naming the peer. Channels must not share a link direction: two channels may use one link only
+// if one sends on it and the other receives from it. on_header gets (channel, step) as each
+// header step's receive completes.
 void run_channels(std::vector<std::vector<Step>>& channels, const EngineConfig& config,
                   const std::function<void(std::size_t, std::size_t)>& on_header = {});
 

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 
@@ -74,7 +75,7 @@ protected:
     const auto view = do_peek();
     const std::size_t k = view.size() < n ? view.size() : n;
     if (k > 0) {
-      __builtin_memcpy(dst, view.data(), k);
+      std::memcpy(dst, view.data(), k);
       do_consume(k);
     }
     return k;

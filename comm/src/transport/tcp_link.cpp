@@ -20,6 +20,11 @@ TcpLink::TcpLink(Fd fd, int peer_rank, std::string peer_host, std::size_t stagin
 
 TcpLink::~TcpLink() { close(); }
 
+void TcpLink::throw_closed() const {
+  throw Error(Error::Kind::peer_closed, peer_label() + " closed the connection", peer_rank(),
+              peer_host());
+}
+
 void TcpLink::close() {
   if (fd_) ::shutdown(fd_.get(), SHUT_RDWR);
   fd_.reset();
@@ -67,8 +72,7 @@ void TcpLink::fill() {
 std::span<const std::byte> TcpLink::do_peek() {
   if (rend_ - rpos_ < cap_ / 2) fill();
   if (rpos_ == rend_ && eof_)
-    throw Error(Error::Kind::peer_closed, peer_label() + " closed the connection", peer_rank(),
-                peer_host());
+    throw_closed();
   return {buf_ + rpos_, rend_ - rpos_};
 }
 
@@ -82,8 +86,7 @@ std::size_t TcpLink::do_recv_into(void* dst, std::size_t n) {
     return k;
   }
   if (eof_ || !fd_)
-    throw Error(Error::Kind::peer_closed, peer_label() + " closed the connection", peer_rank(),
-                peer_host());
+    throw_closed();
   while (true) {
     const ssize_t k = ::recv(fd_.get(), dst, n, MSG_DONTWAIT);
     if (k > 0) {
@@ -93,8 +96,7 @@ std::size_t TcpLink::do_recv_into(void* dst, std::size_t n) {
     if (k < 0 && errno == EINTR) continue;
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
     eof_ = true;
-    throw Error(Error::Kind::peer_closed, peer_label() + " closed the connection", peer_rank(),
-                peer_host());
+    throw_closed();
   }
 }
 

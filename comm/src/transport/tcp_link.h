@@ -46,6 +46,7 @@ protected:
 
 private:
   void fill();
+  [[noreturn]] void throw_closed() const;
   Fd fd_;
   std::unique_ptr<std::byte[]> storage_;
   std::byte* buf_;  // 64-aligned; buf_ index is congruent to the stream position modulo 8
