@@ -8,6 +8,7 @@
 #include <regex>
 #include <thread>
 
+#include "runner/common/status.h"
 #include "runner/common/error.h"
 #include "runner/common/text.h"
 #include "runner/records/records.h"
@@ -243,7 +244,7 @@ void print_show(const std::string& query, bool json) {
   for (const auto& k : r.ranks) {
     std::string host = size_t(k.host) < r.hosts.size() ? r.hosts[size_t(k.host)].name : "?";
     std::string result = k.exit_code < 0 ? (status == "running" ? "running" : "-")
-                         : k.signal ? supervise::describe_status(k.signal)
+                         : k.signal ? describe_status(k.signal)
                                     : "exit " + std::to_string(k.exit_code);
     std::printf("%-6d %-20s %-6d %-8d %s\n", k.rank, host.c_str(), k.local_rank, k.pid, result.c_str());
   }

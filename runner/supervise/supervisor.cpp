@@ -19,6 +19,7 @@
 #include "runner/agent/protocol.h"
 #include "runner/common/error.h"
 #include "runner/common/log.h"
+#include "runner/common/status.h"
 #include "runner/common/text.h"
 
 namespace mltrain::supervise {
@@ -51,11 +52,6 @@ void install_signal_handlers() {
   sa.sa_flags = SA_RESTART;
   for (int s : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(s, &sa, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
-}
-
-std::string signal_name(int sig) {
-  const char* abbrev = ::sigabbrev_np(sig);
-  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
 }
 
 enum class Ending { none, failure, interrupted, stopped, timeout, host_failure };
@@ -600,26 +596,6 @@ void Gang::print_summary(int code) {
 }
 
 }  // namespace
-
-int exit_code_of(int status) {
-  if (status < 0) return exit_code::host_failure;
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return exit_code::internal;
-}
-
-std::string describe_status(int status) {
-  if (status < 0) return "its host was lost";
-  if (WIFEXITED(status)) return "exit code " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    int sig = WTERMSIG(status);
-    std::string s = signal_name(sig);
-    if (sig == SIGKILL) s += " (killed: out of memory? check dmesg)";
-    else if (sig == SIGSEGV || sig == SIGBUS) s += " (crashed)";
-    return s;
-  }
-  return "wait status " + std::to_string(status);
-}
 
 int run_job(plan::Plan& plan, records::RunRecord& record, const Options& opts, const TransportFor& transport_for) {
   Gang g(plan, record, opts, transport_for);

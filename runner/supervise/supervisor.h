@@ -34,9 +34,4 @@ using TransportFor = std::function<transport::Transport&(const plan::HostPlan&)>
 // saved as the run goes (started, each restart, the end).
 int run_job(plan::Plan& plan, records::RunRecord& record, const Options& opts, const TransportFor& transport_for);
 
-// The exit code a wait status maps to: the code itself, or 128 + signal.
-int exit_code_of(int wait_status);
-// "exit code 3", "SIGKILL (killed; out of memory?)", ...
-std::string describe_status(int wait_status);
-
 }  // namespace mltrain::supervise

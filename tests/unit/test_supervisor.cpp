@@ -19,6 +19,7 @@
 #include <sstream>
 #include <thread>
 
+#include "runner/common/status.h"
 #include "runner/agent/protocol.h"
 #include "runner/common/error.h"
 #include "runner/plan/plan.h"
@@ -267,7 +268,7 @@ TEST_CASE("supervisor: a signal death maps to 128+N") {
   Run run;
   run.go("a:2", t);
   CHECK(run.code == 128 + SIGKILL);
-  CHECK(supervise::describe_status(SIGKILL).find("out of memory") != std::string::npos);
+  CHECK(describe_status(SIGKILL).find("out of memory") != std::string::npos);
 }
 
 TEST_CASE("supervisor: max_restarts restarts the whole gang") {

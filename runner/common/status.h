@@ -1,0 +1,19 @@
+// How a process ended, in words and as mltrain's exit code: shared by the supervisor, the run
+// records' views and the CLI.
+#pragma once
+
+#include <string>
+
+namespace mltrain {
+
+// The exit code a wait status maps to: the code itself, or 128 + signal; a negative status (the
+// rank's host was lost) maps to exit_code::host_failure.
+int exit_code_of(int wait_status);
+
+// "exit code 3", "SIGKILL (killed: out of memory? check dmesg)", "its host was lost", ...
+std::string describe_status(int wait_status);
+
+// "SIGTERM", or "signal 70" for a number without a name.
+std::string signal_name(int sig);
+
+}  // namespace mltrain
