@@ -1,0 +1,69 @@
+// The agent's state, shared by the files that serve it: agent.cpp (the event loop and frame
+// dispatch), spawn.cpp (starting ranks, forwarding their output, reaping them), prepare.cpp
+// (preflight) and probe.cpp (doctor's facts). Internal to the agent executable.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+
+#include "runner/agent/protocol.h"
+
+namespace mltrain::agent::detail {
+
+inline constexpr size_t kReadChunk = 64 * 1024;
+inline constexpr int64_t kLostLauncherGraceMs = 2000;
+inline constexpr size_t kOutboxHighWater = 8u << 20;  // stop reading ranks' pipes above this backlog
+
+int64_t now_ms();
+void set_nonblocking(int fd);
+void log_err(const char* fmt, const char* arg);
+
+struct Rank {
+  uint32_t id = 0;
+  pid_t pid = -1;
+  int fds[2] = {-1, -1};  // stdout, stderr read ends
+  bool reaped = false;
+};
+
+class Agent {
+ public:
+  int run();
+
+ private:
+  void handle_frame(const Frame& f);
+  void spawn(const Frame& f);
+  void prepare(const Frame& f);
+  void probe(const Frame& f);
+  void send(Type t, uint32_t id, std::string_view payload, uint16_t flags = 0);
+  void flush_outbox(bool block);
+  void read_rank_fd(Rank& r, int which);
+  void drain_rank(Rank& r);
+  void reap();
+  void signal_groups(int sig, uint32_t id);
+  void kill_orphans();
+  void start_terminate(int64_t grace_ms);
+  bool any_alive() const;
+  void teardown_and_exit_soon(const char* why);
+
+  std::map<uint32_t, Rank> ranks_;
+  std::string outbox_;
+  size_t outbox_pos_ = 0;
+  Decoder decoder_;
+  int sigfd_ = -1;
+  bool stdin_open_ = true;
+  bool stdout_open_ = true;
+  bool greeted_ = false;
+  int64_t grace_ms_ = 5000;
+  int64_t heartbeat_timeout_ms_ = 0;  // 0: no heartbeat check
+  int64_t last_heard_ms_ = 0;
+  int64_t kill_deadline_ms_ = -1;  // when TERMed groups get KILL
+  bool exiting_ = false;           // launcher gone or shutdown: leave once every rank is gone
+  int64_t exit_deadline_ms_ = -1;
+};
+
+}  // namespace mltrain::agent::detail

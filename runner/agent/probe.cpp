@@ -1,0 +1,87 @@
+// What `mltrain doctor` learns about a host.
+#include <dirent.h>
+#include <dlfcn.h>
+#include <gnu/libc-version.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/utsname.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "runner/agent/detail/agent_impl.h"
+#include "runner/agent/protocol.h"
+
+namespace mltrain::agent::detail {
+
+namespace {
+
+// First line a command prints, or "" (for doctor's version checks; bounded by `timeout`).
+std::string first_line(const std::string& cmd) {
+  FILE* p = ::popen(("timeout 20 " + cmd + " 2>/dev/null").c_str(), "r");
+  if (!p) return {};
+  char buf[512] = {};
+  std::string out;
+  if (std::fgets(buf, sizeof buf, p)) out = buf;
+  ::pclose(p);
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out;
+}
+
+}  // namespace
+
+// What `mltrain doctor` reports about this host.
+void Agent::probe(const Frame& f) {
+  Reader rd(f.payload);
+  int port = int(rd.u32());
+  std::vector<std::string> facts;
+  timespec ts{};
+  ::clock_gettime(CLOCK_REALTIME, &ts);  // first, before the slow checks below
+  facts.push_back("time_ms=" + std::to_string(int64_t(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000));
+  utsname u{};
+  ::uname(&u);
+  facts.push_back(std::string("arch=") + u.machine);
+  facts.push_back(std::string("kernel=") + u.release);
+  facts.push_back(std::string("glibc=") + gnu_get_libc_version());
+  int gpus = 0;
+  if (DIR* d = ::opendir("/proc/driver/nvidia/gpus")) {
+    while (dirent* e = ::readdir(d))
+      if (e->d_name[0] != '.') ++gpus;
+    ::closedir(d);
+  }
+  facts.push_back("gpus=" + std::to_string(gpus));
+  std::string nccl = "not found";
+  for (const char* lib : {"libnccl.so.2", "/usr/local/cuda/lib64/libnccl.so.2", "/usr/local/cuda/lib/libnccl.so.2"}) {
+    if (void* h = ::dlopen(lib, RTLD_LAZY | RTLD_LOCAL)) {
+      using GetVersion = int (*)(int*);
+      int v = 0;
+      if (auto fn = reinterpret_cast<GetVersion>(::dlsym(h, "ncclGetVersion")); fn && fn(&v) == 0)
+        nccl = std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+      else
+        nccl = "found";
+      ::dlclose(h);
+      break;
+    }
+  }
+  facts.push_back("nccl=" + nccl);
+  std::string py = first_line("python3 --version");
+  facts.push_back("python3=" + (py.rfind("Python ", 0) == 0 ? py.substr(7) : std::string("not found")));
+  std::string torch = first_line("/usr/bin/python3 -c 'import torch; print(torch.__version__)'");
+  if (torch.empty()) torch = first_line("python3 -c 'import torch; print(torch.__version__)'");
+  facts.push_back("torch=" + (torch.empty() ? std::string("not found") : torch));
+  if (port > 0) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(uint16_t(port));
+    bool free_port = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    if (fd >= 0) ::close(fd);
+    facts.push_back(std::string("port_free=") + (free_port ? "yes" : "no"));
+  }
+  send(Type::probed, f.id, Writer().strings(facts).take());
+}
+
+}  // namespace mltrain::agent::detail

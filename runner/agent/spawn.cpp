@@ -1,0 +1,164 @@
+// Starting ranks, forwarding their output and reporting their exits.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runner/agent/detail/agent_impl.h"
+#include "runner/agent/protocol.h"
+
+extern char** environ;
+
+namespace mltrain::agent::detail {
+
+void Agent::read_rank_fd(Rank& r, int which) {
+  int& fd = r.fds[which];
+  if (fd < 0) return;
+  char buf[kReadChunk];
+  ssize_t n = ::read(fd, buf, sizeof buf);
+  if (n > 0) {
+    send(Type::output, r.id, std::string_view(buf, size_t(n)), uint16_t(which + 1));
+  } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+    ::close(fd);
+    fd = -1;
+  }
+}
+
+// Forwards everything already in the pipes, so a rank's output always precedes its exit frame.
+void Agent::drain_rank(Rank& r) {
+  for (int which = 0; which < 2; ++which) {
+    char buf[kReadChunk];
+    while (r.fds[which] >= 0) {
+      ssize_t n = ::read(r.fds[which], buf, sizeof buf);
+      if (n > 0) {
+        send(Type::output, r.id, std::string_view(buf, size_t(n)), uint16_t(which + 1));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n == 0 || errno != EAGAIN) {
+        ::close(r.fds[which]);
+        r.fds[which] = -1;
+      }
+      break;
+    }
+  }
+}
+
+void Agent::reap() {
+  while (true) {
+    int status = 0;
+    pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) break;
+    for (auto& [id, r] : ranks_) {
+      if (r.pid != pid || r.reaped) continue;
+      r.reaped = true;
+      drain_rank(r);
+      send(Type::exited, r.id, Writer().i32(status).take());
+    }
+  }
+}
+
+void Agent::spawn(const Frame& f) {
+  Reader rd(f.payload);
+  std::string cwd = rd.str();
+  std::vector<std::string> argv = rd.strings();
+  std::vector<std::string> env = rd.strings();
+  if (rd.failed() || argv.empty()) {
+    send(Type::spawn_failed, f.id, Writer().str("malformed spawn request").take());
+    return;
+  }
+  if (ranks_.count(f.id) && !ranks_[f.id].reaped) {
+    send(Type::spawn_failed, f.id, Writer().str("rank is already running").take());
+    return;
+  }
+
+  // Environment: the agent's own, with the launcher's variables set over it.
+  std::map<std::string, std::string> merged;
+  for (char** e = environ; *e; ++e) {
+    std::string kv(*e);
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) merged[kv.substr(0, eq)] = kv;
+  }
+  for (const auto& kv : env) {
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) merged[kv.substr(0, eq)] = kv;
+  }
+  std::vector<char*> envp, args;
+  for (auto& [k, kv] : merged) envp.push_back(kv.data());
+  envp.push_back(nullptr);
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+
+  int out[2], err[2], status_pipe[2];
+  if (::pipe2(out, O_CLOEXEC) || ::pipe2(err, O_CLOEXEC) || ::pipe2(status_pipe, O_CLOEXEC)) {
+    send(Type::spawn_failed, f.id, Writer().str(std::string("pipe: ") + std::strerror(errno)).take());
+    return;
+  }
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    send(Type::spawn_failed, f.id, Writer().str(std::string("fork: ") + std::strerror(errno)).take());
+    for (int fd : {out[0], out[1], err[0], err[1], status_pipe[0], status_pipe[1]}) ::close(fd);
+    return;
+  }
+  if (pid == 0) {
+    // Child: own process group, clean signal state, pipes as stdout/stderr, /dev/null as stdin.
+    ::setpgid(0, 0);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    for (int s : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD}) ::signal(s, SIG_DFL);
+    int devnull = ::open("/dev/null", O_RDONLY);
+    ::dup2(devnull, 0);
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    const char* stage = "chdir";
+    int e = 0;
+    if (cwd.empty() || ::chdir(cwd.c_str()) == 0) {
+      stage = "exec";
+      environ = envp.data();  // so PATH set by the job also steers the program lookup
+      ::execvp(args[0], args.data());
+    }
+    e = errno;
+    char msg[512];
+    int len = std::snprintf(msg, sizeof msg, "%s%s'%s': %s", stage, std::strcmp(stage, "chdir") == 0 ? " to " : " of ",
+                            std::strcmp(stage, "chdir") == 0 ? cwd.c_str() : args[0], std::strerror(e));
+    if (::write(status_pipe[1], msg, size_t(len)) < 0) {}
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // also here, so a signal sent right away finds the group
+  ::close(out[1]);
+  ::close(err[1]);
+  ::close(status_pipe[1]);
+  char msg[512];
+  ssize_t n;
+  do n = ::read(status_pipe[0], msg, sizeof msg);
+  while (n < 0 && errno == EINTR);
+  ::close(status_pipe[0]);
+  if (n > 0) {
+    // exec failed: the child exits 127 on its own; report why and let reap() collect it.
+    ::close(out[0]);
+    ::close(err[0]);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    send(Type::spawn_failed, f.id, Writer().str(std::string(msg, size_t(n))).take());
+    return;
+  }
+  set_nonblocking(out[0]);
+  set_nonblocking(err[0]);
+  Rank r;
+  r.id = f.id;
+  r.pid = pid;
+  r.fds[0] = out[0];
+  r.fds[1] = err[0];
+  ranks_[f.id] = r;
+  send(Type::started, f.id, Writer().i32(pid).take());
+}
+
+}  // namespace mltrain::agent::detail
