@@ -35,11 +35,6 @@ void log_err(const char* fmt, const char* arg) {
   std::fprintf(stderr, "\n");
 }
 
-void Agent::send(Type t, uint32_t id, std::string_view payload, uint16_t flags) {
-  if (!stdout_open_) return;
-  encode(outbox_, t, id, payload, flags);
-}
-
 void Agent::flush_outbox(bool block) {
   while (stdout_open_ && outbox_pos_ < outbox_.size()) {
     ssize_t n = ::write(1, outbox_.data() + outbox_pos_, outbox_.size() - outbox_pos_);
@@ -116,58 +111,63 @@ void Agent::start_terminate(int64_t grace_ms) {
   if (kill_deadline_ms_ < 0 || deadline < kill_deadline_ms_) kill_deadline_ms_ = deadline;
 }
 
-void Agent::handle_frame(const Frame& f) {
+void Agent::handle_frame(Frame&& f) {
   last_heard_ms_ = now_ms();
   if (!greeted_ && f.type != Type::hello) {
     log_err("protocol error: expected hello, got %s", type_name(f.type));
     teardown_and_exit_soon("protocol error");
     return;
   }
-  switch (f.type) {
-    case Type::hello: {
-      Reader rd(f.payload);
-      uint32_t magic = rd.u32(), version = rd.u32();
-      uint32_t grace = rd.u32(), heartbeat = rd.u32();
-      if (rd.failed() || magic != kMagic || version != kVersion) {
-        send(Type::error, 0, Writer().str("agent speaks protocol version " + std::to_string(kVersion) +
-                                          ", launcher sent " + std::to_string(version)).take());
-        teardown_and_exit_soon("protocol version mismatch");
-        return;
-      }
-      greeted_ = true;
-      grace_ms_ = grace;
-      heartbeat_timeout_ms_ = heartbeat;
-      utsname u{};
-      ::uname(&u);
-      send(Type::hello_ack, 0,
-           Writer().u32(kMagic).u32(kVersion).i32(::getpid()).str(u.nodename).str(u.machine).take());
-      break;
-    }
-    case Type::spawn: spawn(f); break;
-    case Type::prepare: prepare(f); break;
-    case Type::probe: probe(f); break;
-    case Type::signal: {
-      Reader rd(f.payload);
-      int sig = rd.i32();
-      if (!rd.failed() && sig > 0 && sig < 65) signal_groups(sig, f.id);
-      break;
-    }
-    case Type::terminate: {
-      Reader rd(f.payload);
-      uint32_t grace = rd.u32();
-      start_terminate(rd.failed() ? grace_ms_ : int64_t(grace));
-      break;
-    }
-    case Type::ping: send(Type::pong, f.id, f.payload); break;
-    case Type::shutdown:
-      exiting_ = true;
-      start_terminate(0);
-      kill_orphans();
-      exit_deadline_ms_ = now_ms() + 2000;
-      break;
-    default:
-      send(Type::error, f.id, Writer().str(std::string("unexpected frame ") + type_name(f.type)).take());
+  uint32_t id = f.id;
+  std::string error;
+  auto m = decode(std::move(f), error);
+  if (!m) {
+    // Both sides build their frames from the same structs: a bad one means a corrupt stream.
+    send(msg::AgentError{error});
+    log_err("protocol error: %s", error.c_str());
+    teardown_and_exit_soon("protocol error");
+    return;
   }
+  std::visit([&](auto& message) { on(id, message); }, *m);
+}
+
+void Agent::on(uint32_t, const msg::Hello& m) {
+  if (m.magic != kMagic || m.version != kVersion) {
+    send(msg::AgentError{"agent speaks protocol version " + std::to_string(kVersion) + ", launcher sent " +
+                         std::to_string(m.version)});
+    teardown_and_exit_soon("protocol version mismatch");
+    return;
+  }
+  greeted_ = true;
+  grace_ms_ = m.grace_ms;
+  heartbeat_timeout_ms_ = m.heartbeat_timeout_ms;
+  utsname u{};
+  ::uname(&u);
+  msg::HelloAck ack;
+  ack.pid = ::getpid();
+  ack.hostname = u.nodename;
+  ack.arch = u.machine;
+  send(ack);
+}
+
+void Agent::on(uint32_t id, const msg::Signal& m) {
+  if (m.signo > 0 && m.signo < 65) signal_groups(m.signo, id);
+}
+
+void Agent::on(uint32_t, const msg::Terminate& m) { start_terminate(int64_t(m.grace_ms)); }
+
+void Agent::on(uint32_t id, const msg::Ping& m) { send(msg::Pong{m.seq}, id); }
+
+void Agent::on(uint32_t, const msg::Shutdown&) {
+  exiting_ = true;
+  start_terminate(0);
+  kill_orphans();
+  exit_deadline_ms_ = now_ms() + 2000;
+}
+
+template <class M>
+void Agent::on(uint32_t id, const M&) {
+  send(msg::AgentError{std::string("unexpected frame ") + type_name(M::kType)}, id);
 }
 
 int Agent::run() {
@@ -197,7 +197,7 @@ int Agent::run() {
     if (exiting_ && (!any_alive() || (exit_deadline_ms_ >= 0 && now >= exit_deadline_ms_))) {
       signal_groups(SIGKILL, kAllRanks);
       kill_orphans();
-      send(Type::bye, 0, {});
+      send(msg::Bye{});
       flush_outbox(true);
       return 0;
     }
@@ -234,7 +234,7 @@ int Agent::run() {
       if (n > 0) {
         decoder_.feed(buf, size_t(n));
         Frame f;
-        while (decoder_.next(f)) handle_frame(f);
+        while (decoder_.next(f)) handle_frame(std::move(f));
         if (decoder_.corrupt()) {
           stdin_open_ = false;
           teardown_and_exit_soon("corrupt command stream");

@@ -11,26 +11,21 @@
 
 namespace mltrain::agent::detail {
 
-void Agent::prepare(const Frame& f) {
-  Reader rd(f.payload);
-  std::string master = rd.str();
-  uint32_t nports = rd.u32();
-  std::string workdir = rd.str();
-  std::string argv0 = rd.str();
-  std::string path = rd.str();
-  std::vector<std::string> problems;
-  std::string ifname, local_ip;
+void Agent::on(uint32_t id, const msg::Prepare& m) {
+  const std::string& master = m.master_addr;
+  msg::Prepared out;
+  std::vector<std::string>& problems = out.problems;
   if (!master.empty()) {
     Route route = route_to(master);
-    ifname = route.ifname;
-    local_ip = route.local_ip;
-    if (ifname.empty()) problems.push_back("no route to the master address " + master);
+    out.ifname = route.ifname;
+    out.local_ip = route.local_ip;
+    if (out.ifname.empty()) problems.push_back("no route to the master address " + master);
   }
-  std::vector<std::string> ports = reserve_free_ports(nports, problems);
-  for (auto& p : check_workdir_and_program(workdir, argv0, effective_path(path, ::getenv("PATH")),
+  out.ports = reserve_free_ports(m.nports, problems);
+  for (auto& p : check_workdir_and_program(m.workdir, m.argv0, effective_path(m.path, ::getenv("PATH")),
                                            real_file_system()))
     problems.push_back(std::move(p));
-  send(Type::prepared, f.id, Writer().str(ifname).str(local_ip).strings(ports).strings(problems).take());
+  send(out, id);
 }
 
 }  // namespace mltrain::agent::detail

@@ -34,9 +34,8 @@ std::string first_line(const std::string& cmd) {
 }  // namespace
 
 // What `mltrain doctor` reports about this host.
-void Agent::probe(const Frame& f) {
-  Reader rd(f.payload);
-  int port = int(rd.u32());
+void Agent::on(uint32_t id, const msg::Probe& m) {
+  int port = int(m.port);
   std::vector<std::string> facts;
   timespec ts{};
   ::clock_gettime(CLOCK_REALTIME, &ts);  // first, before the slow checks below
@@ -81,7 +80,7 @@ void Agent::probe(const Frame& f) {
     if (fd >= 0) ::close(fd);
     facts.push_back(std::string("port_free=") + (free_port ? "yes" : "no"));
   }
-  send(Type::probed, f.id, Writer().strings(facts).take());
+  send(msg::Probed{facts}, id);
 }
 
 }  // namespace mltrain::agent::detail

@@ -134,4 +134,47 @@ const char* type_name(Type t) {
   return "unknown";
 }
 
+namespace {
+template <class M>
+Message read_as(Reader& r) {
+  M m;
+  m.get(r);
+  return m;
+}
+}  // namespace
+
+std::optional<Message> decode(Frame&& f, std::string& error) {
+  if (f.type == Type::output) return msg::Output{f.flags, std::move(f.payload)};
+  Reader r(f.payload);
+  Message m;
+  switch (f.type) {
+    case Type::hello: m = read_as<msg::Hello>(r); break;
+    case Type::spawn: m = read_as<msg::Spawn>(r); break;
+    case Type::signal: m = read_as<msg::Signal>(r); break;
+    case Type::terminate: m = read_as<msg::Terminate>(r); break;
+    case Type::ping: m = read_as<msg::Ping>(r); break;
+    case Type::shutdown: m = read_as<msg::Shutdown>(r); break;
+    case Type::prepare: m = read_as<msg::Prepare>(r); break;
+    case Type::probe: m = read_as<msg::Probe>(r); break;
+    case Type::hello_ack: m = read_as<msg::HelloAck>(r); break;
+    case Type::started: m = read_as<msg::Started>(r); break;
+    case Type::spawn_failed: m = read_as<msg::SpawnFailed>(r); break;
+    case Type::output: break;  // above
+    case Type::exited: m = read_as<msg::Exited>(r); break;
+    case Type::pong: m = read_as<msg::Pong>(r); break;
+    case Type::error: m = read_as<msg::AgentError>(r); break;
+    case Type::bye: m = read_as<msg::Bye>(r); break;
+    case Type::prepared: m = read_as<msg::Prepared>(r); break;
+    case Type::probed: m = read_as<msg::Probed>(r); break;
+    default:
+      error = "unknown frame type " + std::to_string(unsigned(f.type));
+      return std::nullopt;
+  }
+  if (r.failed()) {
+    error = std::string("malformed ") + type_name(f.type) + " frame (" + std::to_string(f.payload.size()) + " bytes)";
+    return std::nullopt;
+  }
+  return m;
+}
+
 }  // namespace mltrain::agent

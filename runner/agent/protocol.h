@@ -3,9 +3,13 @@
 //
 // Frame: u32 payload length, u16 type, u16 flags, u32 id (a rank number, or kAllRanks), payload.
 // All integers little-endian. The first frame each way is Hello, carrying kMagic and kVersion.
+// Payloads are the msg:: structs below; type_name() names a type for messages.
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <type_traits>
+#include <variant>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,25 +24,25 @@ inline constexpr size_t kHeaderSize = 12;
 
 enum class Type : uint16_t {
   // launcher -> agent
-  hello = 1,      // magic, version, grace_ms, heartbeat_timeout_ms
-  spawn = 2,      // id = rank; cwd, argv[], env[] ("K=V", set over the agent's own environment)
-  signal = 3,     // id = rank or kAllRanks; signo
-  terminate = 4,  // TERM every rank's process group, wait grace_ms, then KILL
-  ping = 5,       // seq; answered by pong
-  shutdown = 6,   // kill whatever is left and exit
-  prepare = 7,    // preflight: master_addr, nports, workdir, argv0, path ("" = the agent's PATH)
-  probe = 8,      // doctor: port to test; answered by probed
+  hello = 1,
+  spawn = 2,
+  signal = 3,
+  terminate = 4,
+  ping = 5,
+  shutdown = 6,
+  prepare = 7,
+  probe = 8,
   // agent -> launcher
-  hello_ack = 101,  // magic, version, pid, hostname, arch
-  started = 102,    // id = rank; pid
-  spawn_failed = 103,  // id = rank; message
-  output = 104,     // id = rank, flags = stream (1 stdout, 2 stderr); raw bytes
-  exited = 105,     // id = rank; wait status (as waitpid gives it)
-  pong = 106,       // seq
-  error = 107,      // message: something the agent could not do
-  bye = 108,        // the agent is exiting after shutdown
-  prepared = 109,   // ifname routing to master_addr, local ip, ports[] (as strings), problems[]
-  probed = 110,     // facts[] as "key=value" (arch, glibc, gpus, nccl, python3, torch, time_ms, port_free)
+  hello_ack = 101,
+  started = 102,
+  spawn_failed = 103,
+  output = 104,
+  exited = 105,
+  pong = 106,
+  error = 107,
+  bye = 108,
+  prepared = 109,
+  probed = 110,
 };
 
 struct Frame {
@@ -56,6 +60,10 @@ class Writer {
   Writer& u64(uint64_t v);
   Writer& str(std::string_view s);
   Writer& strings(const std::vector<std::string>& v);
+  Writer& raw(std::string_view s) {
+    buf_.append(s);
+    return *this;
+  }
   std::string take() { return std::move(buf_); }
 
  private:
@@ -71,6 +79,11 @@ class Reader {
   uint64_t u64();
   std::string str();
   std::vector<std::string> strings();
+  std::string rest() {  // everything not read yet
+    std::string s(data_);
+    data_ = {};
+    return s;
+  }
   bool failed() const { return failed_; }
 
  private:
@@ -98,5 +111,151 @@ class Decoder {
 };
 
 const char* type_name(Type t);
+
+// One struct per message, each with its payload's encoder (put) and decoder (get); the frame's id
+// (a rank, or kAllRanks) travels beside it. Decoding checks every read in one place (decode()).
+// Trailing bytes are allowed, so a newer peer may append fields without breaking an older one.
+namespace msg {
+
+// launcher -> agent
+struct Hello {
+  static constexpr Type kType = Type::hello;
+  uint32_t magic = kMagic, version = kVersion;
+  uint32_t grace_ms = 0;
+  uint32_t heartbeat_timeout_ms = 0;  // 0: never give up on a silent launcher (pipes see EOF)
+  void put(Writer& w) const { w.u32(magic).u32(version).u32(grace_ms).u32(heartbeat_timeout_ms); }
+  void get(Reader& r) { magic = r.u32(), version = r.u32(), grace_ms = r.u32(), heartbeat_timeout_ms = r.u32(); }
+};
+struct Spawn {  // id = rank
+  static constexpr Type kType = Type::spawn;
+  std::string cwd;
+  std::vector<std::string> argv, env;  // env: "K=V", set over the agent's own environment
+  void put(Writer& w) const { w.str(cwd).strings(argv).strings(env); }
+  void get(Reader& r) { cwd = r.str(), argv = r.strings(), env = r.strings(); }
+};
+struct Signal {  // id = rank or kAllRanks
+  static constexpr Type kType = Type::signal;
+  int32_t signo = 0;
+  void put(Writer& w) const { w.i32(signo); }
+  void get(Reader& r) { signo = r.i32(); }
+};
+struct Terminate {  // TERM every rank's process group, wait grace_ms, then KILL
+  static constexpr Type kType = Type::terminate;
+  uint32_t grace_ms = 0;
+  void put(Writer& w) const { w.u32(grace_ms); }
+  void get(Reader& r) { grace_ms = r.u32(); }
+};
+struct Ping {
+  static constexpr Type kType = Type::ping;
+  uint64_t seq = 0;
+  void put(Writer& w) const { w.u64(seq); }
+  void get(Reader& r) { seq = r.u64(); }
+};
+struct Shutdown {  // kill whatever is left and exit
+  static constexpr Type kType = Type::shutdown;
+  void put(Writer&) const {}
+  void get(Reader&) {}
+};
+struct Prepare {  // preflight
+  static constexpr Type kType = Type::prepare;
+  std::string master_addr;  // "" on one host
+  uint32_t nports = 0;      // free ports to find (rank 0's host only)
+  std::string workdir, argv0;
+  std::string path;  // the ranks' PATH; "" = the agent's own
+  void put(Writer& w) const { w.str(master_addr).u32(nports).str(workdir).str(argv0).str(path); }
+  void get(Reader& r) { master_addr = r.str(), nports = r.u32(), workdir = r.str(), argv0 = r.str(), path = r.str(); }
+};
+struct Probe {  // doctor
+  static constexpr Type kType = Type::probe;
+  uint32_t port = 0;  // to test for being free; 0: none
+  void put(Writer& w) const { w.u32(port); }
+  void get(Reader& r) { port = r.u32(); }
+};
+
+// agent -> launcher
+struct HelloAck {
+  static constexpr Type kType = Type::hello_ack;
+  uint32_t magic = kMagic, version = kVersion;
+  int32_t pid = 0;
+  std::string hostname, arch;
+  void put(Writer& w) const { w.u32(magic).u32(version).i32(pid).str(hostname).str(arch); }
+  void get(Reader& r) { magic = r.u32(), version = r.u32(), pid = r.i32(), hostname = r.str(), arch = r.str(); }
+};
+struct Started {  // id = rank
+  static constexpr Type kType = Type::started;
+  int32_t pid = 0;
+  void put(Writer& w) const { w.i32(pid); }
+  void get(Reader& r) { pid = r.i32(); }
+};
+struct SpawnFailed {  // id = rank
+  static constexpr Type kType = Type::spawn_failed;
+  std::string message;
+  void put(Writer& w) const { w.str(message); }
+  void get(Reader& r) { message = r.str(); }
+};
+struct Output {  // id = rank; the frame's flags carry the stream; the payload is the raw bytes
+  static constexpr Type kType = Type::output;
+  uint16_t stream = 1;  // 1 stdout, 2 stderr
+  std::string bytes;
+  void put(Writer& w) const { w.raw(bytes); }
+  void get(Reader& r) { bytes = r.rest(); }
+};
+struct Exited {  // id = rank
+  static constexpr Type kType = Type::exited;
+  int32_t status = 0;  // as waitpid gives it
+  void put(Writer& w) const { w.i32(status); }
+  void get(Reader& r) { status = r.i32(); }
+};
+struct Pong {
+  static constexpr Type kType = Type::pong;
+  uint64_t seq = 0;
+  void put(Writer& w) const { w.u64(seq); }
+  void get(Reader& r) { seq = r.u64(); }
+};
+struct AgentError {  // something the agent could not do
+  static constexpr Type kType = Type::error;
+  std::string message;
+  void put(Writer& w) const { w.str(message); }
+  void get(Reader& r) { message = r.str(); }
+};
+struct Bye {  // the agent is exiting after shutdown
+  static constexpr Type kType = Type::bye;
+  void put(Writer&) const {}
+  void get(Reader&) {}
+};
+struct Prepared {
+  static constexpr Type kType = Type::prepared;
+  std::string ifname;    // the interface routing to master_addr
+  std::string local_ip;  // this host's address on that route
+  std::vector<std::string> ports, problems;
+  void put(Writer& w) const { w.str(ifname).str(local_ip).strings(ports).strings(problems); }
+  void get(Reader& r) { ifname = r.str(), local_ip = r.str(), ports = r.strings(), problems = r.strings(); }
+};
+struct Probed {
+  static constexpr Type kType = Type::probed;
+  std::vector<std::string> facts;  // "key=value": arch, glibc, gpus, nccl, python3, torch, time_ms, port_free
+  void put(Writer& w) const { w.strings(facts); }
+  void get(Reader& r) { facts = r.strings(); }
+};
+
+}  // namespace msg
+
+using Message = std::variant<msg::Hello, msg::Spawn, msg::Signal, msg::Terminate, msg::Ping, msg::Shutdown,
+                             msg::Prepare, msg::Probe, msg::HelloAck, msg::Started, msg::SpawnFailed, msg::Output,
+                             msg::Exited, msg::Pong, msg::AgentError, msg::Bye, msg::Prepared, msg::Probed>;
+
+// Appends message `m` as one frame with `id` (a rank, kAllRanks, or 0).
+template <class M>
+void encode(std::string& out, const M& m, uint32_t id = 0) {
+  Writer w;
+  m.put(w);
+  uint16_t flags = 0;
+  if constexpr (std::is_same_v<M, msg::Output>) flags = m.stream;
+  encode(out, M::kType, id, w.take(), flags);
+}
+
+// The frame's message, or nullopt with `error` saying what was wrong (unknown type, short payload).
+// Takes the payload by move: output frames are the hot path.
+std::optional<Message> decode(Frame&& f, std::string& error);
 
 }  // namespace mltrain::agent

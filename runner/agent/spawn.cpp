@@ -24,7 +24,7 @@ void Agent::read_rank_fd(Rank& r, int which) {
   char buf[kReadChunk];
   ssize_t n = ::read(fd, buf, sizeof buf);
   if (n > 0) {
-    send(Type::output, r.id, std::string_view(buf, size_t(n)), uint16_t(which + 1));
+    send_output(r.id, which + 1, std::string_view(buf, size_t(n)));
   } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
     ::close(fd);
     fd = -1;
@@ -38,7 +38,7 @@ void Agent::drain_rank(Rank& r) {
     while (r.fds[which] >= 0) {
       ssize_t n = ::read(r.fds[which], buf, sizeof buf);
       if (n > 0) {
-        send(Type::output, r.id, std::string_view(buf, size_t(n)), uint16_t(which + 1));
+        send_output(r.id, which + 1, std::string_view(buf, size_t(n)));
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
@@ -60,22 +60,21 @@ void Agent::reap() {
       if (r.pid != pid || r.reaped) continue;
       r.reaped = true;
       drain_rank(r);
-      send(Type::exited, r.id, Writer().i32(status).take());
+      send(msg::Exited{status}, r.id);
     }
   }
 }
 
-void Agent::spawn(const Frame& f) {
-  Reader rd(f.payload);
-  std::string cwd = rd.str();
-  std::vector<std::string> argv = rd.strings();
-  std::vector<std::string> env = rd.strings();
-  if (rd.failed() || argv.empty()) {
-    send(Type::spawn_failed, f.id, Writer().str("malformed spawn request").take());
+void Agent::on(uint32_t id, msg::Spawn& m) {
+  std::string& cwd = m.cwd;
+  std::vector<std::string>& argv = m.argv;
+  std::vector<std::string>& env = m.env;
+  if (argv.empty()) {
+    send(msg::SpawnFailed{"nothing to run (empty argv)"}, id);
     return;
   }
-  if (ranks_.count(f.id) && !ranks_[f.id].reaped) {
-    send(Type::spawn_failed, f.id, Writer().str("rank is already running").take());
+  if (ranks_.count(id) && !ranks_[id].reaped) {
+    send(msg::SpawnFailed{"rank is already running"}, id);
     return;
   }
 
@@ -98,12 +97,12 @@ void Agent::spawn(const Frame& f) {
 
   int out[2], err[2], status_pipe[2];
   if (::pipe2(out, O_CLOEXEC) || ::pipe2(err, O_CLOEXEC) || ::pipe2(status_pipe, O_CLOEXEC)) {
-    send(Type::spawn_failed, f.id, Writer().str(std::string("pipe: ") + std::strerror(errno)).take());
+    send(msg::SpawnFailed{std::string("pipe: ") + std::strerror(errno)}, id);
     return;
   }
   pid_t pid = ::fork();
   if (pid < 0) {
-    send(Type::spawn_failed, f.id, Writer().str(std::string("fork: ") + std::strerror(errno)).take());
+    send(msg::SpawnFailed{std::string("fork: ") + std::strerror(errno)}, id);
     for (int fd : {out[0], out[1], err[0], err[1], status_pipe[0], status_pipe[1]}) ::close(fd);
     return;
   }
@@ -147,18 +146,18 @@ void Agent::spawn(const Frame& f) {
     ::close(err[0]);
     int status = 0;
     ::waitpid(pid, &status, 0);
-    send(Type::spawn_failed, f.id, Writer().str(std::string(msg, size_t(n))).take());
+    send(msg::SpawnFailed{std::string(msg, size_t(n))}, id);
     return;
   }
   set_nonblocking(out[0]);
   set_nonblocking(err[0]);
   Rank r;
-  r.id = f.id;
+  r.id = id;
   r.pid = pid;
   r.fds[0] = out[0];
   r.fds[1] = err[0];
-  ranks_[f.id] = r;
-  send(Type::started, f.id, Writer().i32(pid).take());
+  ranks_[id] = r;
+  send(msg::Started{pid}, id);
 }
 
 }  // namespace mltrain::agent::detail

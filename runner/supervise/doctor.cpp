@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <optional>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -36,20 +37,32 @@ bool write_all(int fd, const std::string& data) {
   return off == data.size();
 }
 
-// Reads frames until one of `type` arrives (30 s at most).
-bool wait_frame(int fd, proto::Decoder& d, proto::Type type, proto::Frame& out) {
+// Sends `request` and reads frames until a message of type M arrives (30 s at most); nullopt
+// when the agent closes, sends a malformed frame or does not answer.
+template <class M>
+std::optional<M> ask(transport::AgentLink& link, proto::Decoder& d, const auto& request) {
+  std::string out;
+  proto::encode(out, request);
+  if (!write_all(link.write_fd(), out)) return std::nullopt;
   auto deadline = Clock::now() + std::chrono::seconds(30);
+  proto::Frame f;
   while (Clock::now() < deadline) {
-    while (d.next(out))
-      if (out.type == type) return true;
-    pollfd p{fd, POLLIN, 0};
+    while (d.next(f)) {
+      if (f.type != M::kType) continue;
+      std::string error;
+      auto m = proto::decode(std::move(f), error);
+      if (!m) return std::nullopt;
+      return std::get<M>(std::move(*m));
+    }
+    if (d.corrupt()) return std::nullopt;
+    pollfd p{link.read_fd(), POLLIN, 0};
     if (::poll(&p, 1, 200) <= 0) continue;
     char buf[65536];
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return false;
+    ssize_t n = ::read(link.read_fd(), buf, sizeof buf);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return std::nullopt;
     if (n > 0) d.feed(buf, size_t(n));
   }
-  return false;
+  return std::nullopt;
 }
 
 std::string stage_of(const std::string& msg) {
@@ -71,34 +84,32 @@ HostReport check_host(const plan::HostPlan& h, const TransportFor& tf, int port)
     return r;
   }
   proto::Decoder d;
-  proto::Frame f;
-  std::string out;
-  proto::encode(out, proto::Type::hello, 0, proto::Writer().u32(proto::kMagic).u32(proto::kVersion).u32(1000).u32(0).take());
-  if (!write_all(link->write_fd(), out) || !wait_frame(link->read_fd(), d, proto::Type::hello_ack, f)) {
+  proto::msg::Hello hello;
+  hello.grace_ms = 1000;
+  auto ack = ask<proto::msg::HelloAck>(*link, d, hello);
+  if (!ack || ack->magic != proto::kMagic || ack->version != proto::kVersion) {
     r.stage = "agent";
-    r.problem = "the agent did not answer";
+    r.problem = ack ? "the agent speaks protocol version " + std::to_string(ack->version) + ", this mltrain " +
+                          std::to_string(proto::kVersion)
+                    : "the agent did not answer";
     return r;
   }
   // A ping first: its round trip bounds how stale the host's clock reading is.
-  out.clear();
-  proto::encode(out, proto::Type::ping, 0, proto::Writer().u64(0).take());
   auto p0 = Clock::now();
-  if (!write_all(link->write_fd(), out) || !wait_frame(link->read_fd(), d, proto::Type::pong, f)) {
+  if (!ask<proto::msg::Pong>(*link, d, proto::msg::Ping{})) {
     r.stage = "agent";
     r.problem = "the agent did not answer a ping";
     return r;
   }
   double rtt = std::chrono::duration<double, std::milli>(Clock::now() - p0).count();
-  out.clear();
-  proto::encode(out, proto::Type::probe, 0, proto::Writer().u32(uint32_t(port)).take());
   int64_t w0 = wall_ms();
-  if (!write_all(link->write_fd(), out) || !wait_frame(link->read_fd(), d, proto::Type::probed, f)) {
+  auto probed = ask<proto::msg::Probed>(*link, d, proto::msg::Probe{uint32_t(port)});
+  if (!probed) {
     r.stage = "agent";
     r.problem = "the agent did not answer the probe";
     return r;
   }
-  proto::Reader rd(f.payload);
-  for (const auto& kv : rd.strings()) {
+  for (const auto& kv : probed->facts) {
     auto eq = kv.find('=');
     if (eq != std::string::npos) r.facts[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
@@ -106,10 +117,7 @@ HostReport check_host(const plan::HostPlan& h, const TransportFor& tf, int port)
   if (r.facts.count("time_ms")) r.clock_offset_ms = double(std::stoll(r.facts["time_ms"])) - (double(w0) + rtt / 2);
   r.facts.erase("time_ms");
   r.rtt_ms = rtt;
-  out.clear();
-  proto::encode(out, proto::Type::shutdown, 0, {});
-  write_all(link->write_fd(), out);
-  wait_frame(link->read_fd(), d, proto::Type::bye, f);
+  ask<proto::msg::Bye>(*link, d, proto::msg::Shutdown{});
   r.ok = true;
   if (r.facts.count("port_free") && r.facts["port_free"] == "no") {
     r.ok = false;

@@ -11,6 +11,7 @@
 
 #include "runner/plan/plan.h"
 #include "runner/records/records.h"
+#include "runner/supervise/events.h"
 #include "runner/supervise/output.h"
 #include "runner/transport/transport.h"
 
@@ -21,17 +22,27 @@ struct Options {
   std::chrono::milliseconds timeout{0};  // 0: none
   std::chrono::milliseconds heartbeat_interval{2000};
   std::chrono::milliseconds heartbeat_timeout{10000};
+  std::chrono::milliseconds preflight_timeout{30000};  // for each of: agents answer, preflight done
   int max_restarts = 0;
   ConsoleOptions console;
   bool json_summary = false;  // print the summary as JSON on stdout
   int console_fd = 1;         // where ranks' stdout lines go
+  // Where time and signals come from; null: the steady clock and this process's SIGINT, SIGTERM
+  // and SIGHUP. Tests inject fakes to drive time and deliver signals.
+  Clock* clock = nullptr;
+  SignalSource* signals = nullptr;
 };
 
 // Chooses the transport for a host (local child or SSH).
 using TransportFor = std::function<transport::Transport&(const plan::HostPlan&)>;
 
 // Runs the job to its end and returns mltrain's exit code (docs/exit-codes.md). The record is
-// saved as the run goes (started, each restart, the end).
+// saved as the run goes (started, each restart, the end). Throws mltrain::Error (exit code 255)
+// when preflight fails on a host; nothing was started then.
+//
+// Connections open on threads of their own. One still opening when the run ends (Ctrl-C while a
+// host times out) is abandoned, not waited for: the transports must outlive it, so keep them
+// until the process exits.
 int run_job(plan::Plan& plan, records::RunRecord& record, const Options& opts, const TransportFor& transport_for);
 
 }  // namespace mltrain::supervise

@@ -16,12 +16,14 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <condition_variable>
+#include <optional>
 #include <sstream>
 #include <thread>
 
-#include "runner/common/status.h"
 #include "runner/agent/protocol.h"
 #include "runner/common/error.h"
+#include "runner/common/status.h"
 #include "runner/plan/plan.h"
 #include "runner/records/records.h"
 #include "runner/supervise/supervisor.h"
@@ -33,34 +35,96 @@ namespace proto = mltrain::agent;
 
 namespace {
 
-// What a fake rank does: print, then exit with `status` after `delay`, unless terminated first.
+// Time as the gang sees it: moves only when a test advances it, and wakes the gang's loop then.
+class FakeClock final : public supervise::Clock {
+ public:
+  FakeClock() { REQUIRE(::pipe2(pipe_, O_CLOEXEC | O_NONBLOCK) == 0); }
+  ~FakeClock() override {
+    ::close(pipe_[0]);
+    ::close(pipe_[1]);
+  }
+  time_point now() const override { return time_point(std::chrono::nanoseconds(ns_.load())); }
+  int wake_fd() const override { return pipe_[0]; }
+  void drain_wake() override {
+    char buf[64];
+    while (::read(pipe_[0], buf, sizeof buf) > 0) {
+    }
+  }
+  void advance(std::chrono::milliseconds d) {
+    ns_ += std::chrono::nanoseconds(d).count();
+    char b = 1;
+    [[maybe_unused]] ssize_t n = ::write(pipe_[1], &b, 1);
+  }
+
+ private:
+  std::atomic<int64_t> ns_{int64_t(1) << 40};
+  int pipe_[2];
+};
+
+class FakeSignals final : public supervise::SignalSource {
+ public:
+  FakeSignals() { REQUIRE(::pipe2(pipe_, O_CLOEXEC | O_NONBLOCK) == 0); }
+  ~FakeSignals() override {
+    ::close(pipe_[0]);
+    ::close(pipe_[1]);
+  }
+  int fd() const override { return pipe_[0]; }
+  std::vector<int> take() override {
+    unsigned char buf[16];
+    std::vector<int> v;
+    ssize_t n;
+    while ((n = ::read(pipe_[0], buf, sizeof buf)) > 0) v.insert(v.end(), buf, buf + n);
+    return v;
+  }
+  void deliver(int sig) {
+    unsigned char b = static_cast<unsigned char>(sig);
+    [[maybe_unused]] ssize_t n = ::write(pipe_[1], &b, 1);
+  }
+
+ private:
+  int pipe_[2];
+};
+
+// What a fake rank does: print, then exit with `status` once the fake clock passes `after`
+// (never, by default), unless stopped first.
 struct Script {
   std::string output;
   int status = 0;  // wait status
-  std::chrono::milliseconds delay{0};
-  bool ignore_terminate = false;
+  std::optional<std::chrono::milliseconds> after = std::chrono::milliseconds(0);
+  bool ignore_interrupt = false;
 };
+constexpr std::optional<std::chrono::milliseconds> kNever = std::nullopt;
 using ScriptFor = std::function<Script(int rank, int restart)>;
 
 struct FakeHostBehaviour {
-  bool refuse_connect = false;  // connect() throws
+  bool refuse_connect = false;         // connect() throws
   bool go_silent_after_spawn = false;  // stops answering (a cut link)
   std::string preflight_problem;       // reported by prepare
+  bool block_connect = false;          // connect() hangs until the transport is destroyed
+  bool mute_hello = false;             // never answers hello
+  bool mute_prepare = false;           // never answers prepare
+};
+
+// What every fake agent saw, for the test to wait on and assert.
+struct Seen {
+  std::atomic<int> spawns{0}, prepares{0}, connects{0}, terminates{0}, interrupts{0};
+  std::atomic<int> restarts{0};
 };
 
 class FakeAgent {
  public:
-  FakeAgent(int fd, ScriptFor script, FakeHostBehaviour b, std::atomic<int>& restarts_seen)
-      : fd_(fd), script_(std::move(script)), b_(b), restarts_seen_(restarts_seen), thread_([this] { loop(); }) {}
+  FakeAgent(int fd, ScriptFor script, FakeHostBehaviour b, Seen& seen, FakeClock& clock)
+      : fd_(fd), script_(std::move(script)), b_(b), seen_(seen), clock_(clock), thread_([this] { loop(); }) {}
   ~FakeAgent() {
     thread_.join();
     ::close(fd_);
   }
 
  private:
-  void send(proto::Type t, uint32_t id, const std::string& payload, uint16_t flags = 0) {
+  template <class M>
+  void send(const M& m, uint32_t id = 0) {
     std::string wire;
-    proto::encode(wire, t, id, payload, flags);
+    proto::encode(wire, m, id);
     size_t off = 0;
     while (off < wire.size()) {
       ssize_t n = ::send(fd_, wire.data() + off, wire.size() - off, MSG_NOSIGNAL);
@@ -68,20 +132,24 @@ class FakeAgent {
       off += size_t(n);
     }
   }
+  struct Running {
+    Script s;
+    supervise::Clock::time_point due;
+    bool done = false;
+  };
+  void end(uint32_t id, Running& run, int status) {
+    if (run.done) return;
+    run.done = true;
+    send(proto::msg::Exited{status}, id);
+  }
   void loop() {
     proto::Decoder d;
-    struct Running {
-      Script s;
-      std::chrono::steady_clock::time_point due;
-      bool done = false;
-    };
     std::map<uint32_t, Running> ranks;
     std::map<uint32_t, int> spawns;
     bool silent = false;
     while (true) {
       pollfd p{fd_, POLLIN, 0};
-      int rc = ::poll(&p, 1, 5);
-      if (rc > 0) {
+      if (::poll(&p, 1, 2) > 0) {
         char buf[65536];
         ssize_t n = ::read(fd_, buf, sizeof buf);
         if (n <= 0) return;  // the launcher closed: a real agent would kill its ranks here
@@ -89,56 +157,53 @@ class FakeAgent {
         proto::Frame f;
         while (d.next(f)) {
           if (silent) continue;
-          proto::Reader r(f.payload);
-          switch (f.type) {
-            case proto::Type::hello:
-              send(proto::Type::hello_ack, 0, proto::Writer().u32(proto::kMagic).u32(proto::kVersion).i32(1).str("fake").str("x86_64").take());
-              break;
-            case proto::Type::prepare: {
-              std::vector<std::string> problems;
-              if (!b_.preflight_problem.empty()) problems.push_back(b_.preflight_problem);
-              send(proto::Type::prepared, 0,
-                   proto::Writer().str("fake0").str("10.0.0.9").strings({"20001", "20002"}).strings(problems).take());
-              break;
-            }
-            case proto::Type::spawn: {
-              int restart = spawns[f.id]++;
-              if (f.id == 0) restarts_seen_ = restart;
-              Running run{script_(int(f.id), restart), {}, false};
-              run.due = std::chrono::steady_clock::now() + run.s.delay;
-              send(proto::Type::started, f.id, proto::Writer().i32(1000 + int(f.id)).take());
-              if (!run.s.output.empty()) send(proto::Type::output, f.id, run.s.output, 1);
-              ranks[f.id] = run;
-              if (b_.go_silent_after_spawn) silent = true;
-              break;
-            }
-            case proto::Type::terminate:
-              for (auto& [id, run] : ranks)
-                if (!run.done && !run.s.ignore_terminate) {
-                  run.done = true;
-                  send(proto::Type::exited, id, proto::Writer().i32(SIGTERM).take());
-                }
-              break;
-            case proto::Type::ping: send(proto::Type::pong, 0, f.payload); break;
-            case proto::Type::shutdown:
-              send(proto::Type::bye, 0, {});
-              return;
-            default: break;
+          uint32_t id = f.id;
+          std::string error;
+          auto m = proto::decode(std::move(f), error);
+          REQUIRE(m);
+          if (std::get_if<proto::msg::Hello>(&*m)) {
+            if (!b_.mute_hello) send(proto::msg::HelloAck{proto::kMagic, proto::kVersion, 1, "fake", "x86_64"});
+          } else if (std::get_if<proto::msg::Prepare>(&*m)) {
+            ++seen_.prepares;
+            if (b_.mute_prepare) continue;
+            proto::msg::Prepared r{"fake0", "10.0.0.9", {"20001", "20002"}, {}};
+            if (!b_.preflight_problem.empty()) r.problems.push_back(b_.preflight_problem);
+            send(r);
+          } else if (std::get_if<proto::msg::Spawn>(&*m)) {
+            int restart = spawns[id]++;
+            if (id == 0) seen_.restarts = restart;
+            Running run{script_(int(id), restart), {}, false};
+            if (run.s.after) run.due = clock_.now() + *run.s.after;
+            send(proto::msg::Started{1000 + int(id)}, id);
+            if (!run.s.output.empty()) send(proto::msg::Output{1, run.s.output}, id);
+            ranks[id] = run;
+            if (b_.go_silent_after_spawn) silent = true;
+            ++seen_.spawns;
+          } else if (auto* sig = std::get_if<proto::msg::Signal>(&*m)) {
+            ++seen_.interrupts;
+            for (auto& [rid, run] : ranks)
+              if (!run.s.ignore_interrupt) end(rid, run, sig->signo);
+          } else if (std::get_if<proto::msg::Terminate>(&*m)) {
+            ++seen_.terminates;
+            for (auto& [rid, run] : ranks) end(rid, run, SIGTERM);
+          } else if (auto* ping = std::get_if<proto::msg::Ping>(&*m)) {
+            send(proto::msg::Pong{ping->seq});
+          } else if (std::get_if<proto::msg::Shutdown>(&*m)) {
+            send(proto::msg::Bye{});
+            return;
           }
         }
       }
-      auto now = std::chrono::steady_clock::now();
+      auto now = clock_.now();
       for (auto& [id, run] : ranks)
-        if (!run.done && now >= run.due && !silent) {
-          run.done = true;
-          send(proto::Type::exited, id, proto::Writer().i32(run.s.status).take());
-        }
+        if (!silent && run.s.after && now >= run.due) end(id, run, run.s.status);
     }
   }
   int fd_;
   ScriptFor script_;
   FakeHostBehaviour b_;
-  std::atomic<int>& restarts_seen_;
+  Seen& seen_;
+  FakeClock& clock_;
   std::thread thread_;
 };
 
@@ -162,29 +227,86 @@ class FakeLink : public transport::AgentLink {
 class FakeTransport : public transport::Transport {
  public:
   FakeTransport(ScriptFor s, std::map<std::string, FakeHostBehaviour> b) : script_(std::move(s)), behaviour_(std::move(b)) {}
-  ~FakeTransport() override { agents_.clear(); }
+  ~FakeTransport() override {
+    // Connections the gang abandoned may still be blocked here: release them and wait.
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      closing_ = true;
+    }
+    cv_.notify_all();
+    std::unique_lock<std::mutex> lock(m_);
+    cv_.wait(lock, [&] { return in_connect_ == 0; });
+    lock.unlock();
+    std::lock_guard<std::mutex> agents_lock(agents_m_);
+    agents_.clear();
+  }
   std::unique_ptr<transport::AgentLink> connect(const plan::HostPlan& h) override {
-    auto b = behaviour_[h.host.name];
+    auto b = behaviour_.at(h.host.name);
+    ++seen.connects;
     if (b.refuse_connect) throw Error("connection refused", {}, exit_code::host_failure);
+    if (b.block_connect) {
+      std::unique_lock<std::mutex> lock(m_);
+      ++in_connect_;
+      cv_.wait(lock, [&] { return closing_; });
+      --in_connect_;
+      cv_.notify_all();
+      throw Error("connection timed out", {}, exit_code::host_failure);
+    }
     int sv[2];
     REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
-    ::fcntl(sv[0], F_SETFL, O_NONBLOCK);
-    agents_.push_back(std::make_unique<FakeAgent>(sv[1], script_, b, restarts_seen));
+    REQUIRE(::fcntl(sv[0], F_SETFL, O_NONBLOCK) == 0);
+    std::lock_guard<std::mutex> lock(agents_m_);
+    agents_.push_back(std::make_unique<FakeAgent>(sv[1], script_, b, seen, clock));
     return std::make_unique<FakeLink>(sv[0], h.host.name);
   }
-  std::atomic<int> restarts_seen{0};
+  Seen seen;
+  FakeClock clock;
+  FakeSignals signals;
 
  private:
   ScriptFor script_;
   std::map<std::string, FakeHostBehaviour> behaviour_;
+  std::mutex agents_m_;
   std::vector<std::unique_ptr<FakeAgent>> agents_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  int in_connect_ = 0;
+  bool closing_ = false;
 };
+
+// Runs `step` on a thread of its own beside the gang: the test's hand on the clock and signals.
+// `done` turns true when the run is over; the step must return soon after.
+class Driver {
+ public:
+  Driver(const std::atomic<bool>& done, std::function<void(const std::atomic<bool>& done)> step)
+      : thread_([&done, step] { step(done); }) {}
+  ~Driver() { thread_.join(); }
+
+ private:
+  std::thread thread_;
+};
+
+// Waits (in real time, without asserting on it) until `cond` holds or the run is over.
+bool wait_until(const std::atomic<bool>& done, const std::function<bool()>& cond) {
+  while (!done && !cond()) std::this_thread::sleep_for(1ms);
+  return cond();
+}
+
+// Moves the fake clock forward in small steps, so agents can answer heartbeats in between.
+void advance_in_steps(FakeClock& c, const std::atomic<bool>& done, std::chrono::milliseconds total,
+                      std::chrono::milliseconds step = 250ms) {
+  for (auto t = 0ms; t < total && !done; t += step) {
+    c.advance(step);
+    std::this_thread::sleep_for(2ms);
+  }
+}
 
 struct Run {
   fs::path home;
   records::RunRecord rec;
   plan::Plan plan;
   int code = -1;
+  std::atomic<bool> finished{false};
   Run() {
     char tmpl[] = "/tmp/mltrain-sup-XXXXXX";
     home = ::mkdtemp(tmpl);
@@ -208,8 +330,13 @@ struct Run {
     rec.name = "t";
     records::fill_from_plan(rec, plan);
     o.console.quiet = true;
-    if (o.grace.count() == 5000) o.grace = 200ms;
+    o.clock = &t.clock;
+    o.signals = &t.signals;
     supervise::TransportFor tf = [&](const plan::HostPlan&) -> transport::Transport& { return t; };
+    struct Done {
+      std::atomic<bool>& f;
+      ~Done() { f = true; }
+    } done{finished};
     code = supervise::run_job(plan, rec, o, tf);
   }
   std::string log(int rank) const {
@@ -222,10 +349,23 @@ struct Run {
 
 int exited(int code) { return code << 8; }
 
+FakeHostBehaviour host_that(bool FakeHostBehaviour::*what) {
+  FakeHostBehaviour b;
+  b.*what = true;
+  return b;
+}
+FakeHostBehaviour host_with_problem(std::string problem) {
+  FakeHostBehaviour b;
+  b.preflight_problem = std::move(problem);
+  return b;
+}
+
+const std::map<std::string, FakeHostBehaviour> kPlainHosts = {{"a", {}}, {"b", {}}, {"c", {}}};
+
 }  // namespace
 
 TEST_CASE("supervisor: every rank succeeds") {
-  FakeTransport t([](int r, int) { return Script{"hello " + std::to_string(r) + "\n", 0, 10ms}; }, {});
+  FakeTransport t([](int r, int) { return Script{"hello " + std::to_string(r) + "\n", 0}; }, kPlainHosts);
   Run run;
   run.go("a:2,b:2", t);
   CHECK(run.code == 0);
@@ -245,15 +385,13 @@ TEST_CASE("supervisor: every rank succeeds") {
 TEST_CASE("supervisor: the first failure stops the gang and sets the exit code") {
   FakeTransport t(
       [](int r, int) {
-        if (r == 2) return Script{"boom\n", exited(3), 20ms};
+        if (r == 2) return Script{"boom\n", exited(3)};
         if (r == 3) return Script{"", exited(5), 2000ms};  // would fail later; must not be reported
-        return Script{"", 0, 10000ms};
+        return Script{"", 0, kNever};
       },
-      {});
+      kPlainHosts);
   Run run;
-  auto start = std::chrono::steady_clock::now();
   run.go("a:2,b:2", t);
-  CHECK(std::chrono::steady_clock::now() - start < 1500ms);
   CHECK(run.code == 3);
   CHECK(run.rec.status == "failed");
   REQUIRE(run.rec.failure);
@@ -261,10 +399,11 @@ TEST_CASE("supervisor: the first failure stops the gang and sets the exit code")
   CHECK(run.rec.failure->host == "b");
   CHECK(run.rec.failure->tail == std::vector<std::string>{"boom"});
   CHECK(run.rec.ranks[0].signal == SIGTERM);
+  CHECK(run.rec.ranks[3].signal == SIGTERM);
 }
 
 TEST_CASE("supervisor: a signal death maps to 128+N") {
-  FakeTransport t([](int r, int) { return r == 1 ? Script{"", SIGKILL, 10ms} : Script{"", 0, 5000ms}; }, {});
+  FakeTransport t([](int r, int) { return r == 1 ? Script{"", SIGKILL} : Script{"", 0, kNever}; }, kPlainHosts);
   Run run;
   run.go("a:2", t);
   CHECK(run.code == 128 + SIGKILL);
@@ -272,19 +411,20 @@ TEST_CASE("supervisor: a signal death maps to 128+N") {
 }
 
 TEST_CASE("supervisor: max_restarts restarts the whole gang") {
-  FakeTransport t([](int r, int restart) { return (r == 1 && restart < 2) ? Script{"", exited(1), 10ms} : Script{"", 0, 10ms}; }, {});
+  FakeTransport t([](int r, int restart) { return (r == 1 && restart < 2) ? Script{"", exited(1)} : Script{"", 0}; },
+                  kPlainHosts);
   Run run;
   supervise::Options o;
   o.max_restarts = 3;
   run.go("a:2", t, o);
   CHECK(run.code == 0);
   CHECK(run.rec.restarts == 2);
-  CHECK(t.restarts_seen == 2);
+  CHECK(t.seen.restarts == 2);
   CHECK(run.log(0).find("==> mltrain: restart 1 of 3 <==") != std::string::npos);
 }
 
 TEST_CASE("supervisor: restarts run out") {
-  FakeTransport t([](int r, int) { return r == 0 ? Script{"", exited(4), 10ms} : Script{"", 0, 5000ms}; }, {});
+  FakeTransport t([](int r, int) { return r == 0 ? Script{"", exited(4)} : Script{"", 0, kNever}; }, kPlainHosts);
   Run run;
   supervise::Options o;
   o.max_restarts = 2;
@@ -294,9 +434,9 @@ TEST_CASE("supervisor: restarts run out") {
 }
 
 TEST_CASE("supervisor: a host that cannot be reached fails preflight; nothing starts") {
-  std::atomic<int> spawned{0};
-  FakeTransport t([&](int, int) { ++spawned; return Script{}; },
-                  {{"b", FakeHostBehaviour{true, false, ""}}, {"c", FakeHostBehaviour{false, false, "workdir /x does not exist here"}}});
+  FakeTransport t([&](int, int) { return Script{}; },
+                  {{"a", {}}, {"b", host_that(&FakeHostBehaviour::refuse_connect)},
+                   {"c", host_with_problem("workdir /x does not exist here")}});
   Run run;
   try {
     run.go("a:1,b:1,c:1", t);
@@ -308,31 +448,117 @@ TEST_CASE("supervisor: a host that cannot be reached fails preflight; nothing st
     CHECK(std::string(e.what()).find("preflight failed on 2 of 3 hosts") != std::string::npos);
     CHECK(std::string(e.what()).find("no rank was started") != std::string::npos);
   }
-  CHECK(spawned == 0);
+  CHECK(t.seen.spawns == 0);
   CHECK(records::load(run.rec.id).status == "host-failure");
 }
 
-TEST_CASE("supervisor: a host that stops answering is named within the heartbeat timeout") {
-  FakeTransport t([](int, int) { return Script{"", 0, 60000ms}; }, {{"b", FakeHostBehaviour{false, true, ""}}});
+TEST_CASE("supervisor: an agent that never answers fails preflight after the preflight timeout") {
+  FakeTransport t([](int, int) { return Script{}; }, {{"a", {}}, {"b", host_that(&FakeHostBehaviour::mute_hello)}});
   Run run;
-  supervise::Options o;
-  o.heartbeat_interval = 50ms;
-  o.heartbeat_timeout = 300ms;
-  auto start = std::chrono::steady_clock::now();
+  Driver d(run.finished, [&](const std::atomic<bool>& done) {
+    wait_until(done, [&] { return t.seen.connects == 2; });
+    advance_in_steps(t.clock, done, 31s, 1s);
+  });
+  try {
+    run.go("a:1,b:1", t);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.code() == exit_code::host_failure);
+    CHECK(std::string(e.what()).find("b: the agent did not answer within 30") != std::string::npos);
+  }
+  CHECK(t.seen.prepares == 0);  // a slow host holds everyone at the door
+  CHECK(t.seen.spawns == 0);
+}
+
+TEST_CASE("supervisor: a host that stops answering is named within the heartbeat timeout") {
+  FakeTransport t([](int, int) { return Script{"", 0, kNever}; },
+                  {{"a", {}}, {"b", host_that(&FakeHostBehaviour::go_silent_after_spawn)}});
+  Run run;
+  supervise::Options o;  // heartbeat every 2s, 10s timeout
+  Driver d(run.finished, [&](const std::atomic<bool>& done) {
+    wait_until(done, [&] { return t.seen.spawns == 2; });
+    advance_in_steps(t.clock, done, 30s);
+  });
   run.go("a:1,b:1", t, o);
-  CHECK(std::chrono::steady_clock::now() - start < 3s);
   CHECK(run.code == exit_code::host_failure);
   REQUIRE(run.rec.failure);
   CHECK(run.rec.failure->host == "b");
-  CHECK(run.rec.failure->message.find("stopped answering heartbeats") != std::string::npos);
+  CHECK(run.rec.failure->message.find("stopped answering heartbeats for 10") != std::string::npos);
 }
 
 TEST_CASE("supervisor: timeout") {
-  FakeTransport t([](int, int) { return Script{"", 0, 60000ms}; }, {});
+  FakeTransport t([](int, int) { return Script{"", 0, kNever}; }, kPlainHosts);
   Run run;
   supervise::Options o;
-  o.timeout = 100ms;
+  o.timeout = 90s;
+  Driver d(run.finished, [&](const std::atomic<bool>& done) {
+    wait_until(done, [&] { return t.seen.spawns == 2; });
+    advance_in_steps(t.clock, done, 100s, 1s);
+  });
   run.go("a:2", t, o);
   CHECK(run.code == exit_code::timeout);
   CHECK(run.rec.status == "timeout");
+}
+
+TEST_CASE("supervisor: a signal while a host is still connecting starts nothing and ends at once") {
+  for (auto [sig, code] : {std::pair{SIGINT, 130}, {SIGTERM, 143}, {SIGHUP, 129}}) {
+    CAPTURE(sig);
+    FakeTransport t([](int, int) { return Script{}; }, {{"a", {}}, {"b", host_that(&FakeHostBehaviour::block_connect)}});
+    Run run;
+    Driver d(run.finished, [&](const std::atomic<bool>& done) {
+      wait_until(done, [&] { return t.seen.connects == 2; });
+      t.signals.deliver(sig);
+    });
+    // No clock advance anywhere: the run must end on the signal alone, not on a timeout.
+    run.go("a:1,b:1", t);
+    CHECK(run.code == code);
+    CHECK(t.seen.prepares == 0);
+    CHECK(t.seen.spawns == 0);
+    CHECK(records::load(run.rec.id).status == (sig == SIGINT ? "interrupted" : "stopped"));
+  }
+}
+
+TEST_CASE("supervisor: a signal during preflight starts nothing") {
+  FakeTransport t([](int, int) { return Script{}; }, {{"a", {}}, {"b", host_that(&FakeHostBehaviour::mute_prepare)}});
+  Run run;
+  Driver d(run.finished, [&](const std::atomic<bool>& done) {
+    wait_until(done, [&] { return t.seen.prepares == 2; });
+    t.signals.deliver(SIGTERM);
+  });
+  run.go("a:1,b:1", t);
+  CHECK(run.code == 143);
+  CHECK(t.seen.spawns == 0);
+}
+
+TEST_CASE("supervisor: Ctrl-C passes SIGINT; ranks that ignore it get TERM after the grace period") {
+  FakeTransport t([](int, int) { return Script{"", 0, kNever, /*ignore_interrupt=*/true}; }, kPlainHosts);
+  Run run;
+  supervise::Options o;
+  o.grace = 5s;
+  Driver d(run.finished, [&](const std::atomic<bool>& done) {
+    wait_until(done, [&] { return t.seen.spawns == 2; });
+    t.signals.deliver(SIGINT);
+    wait_until(done, [&] { return t.seen.interrupts == 1; });
+    std::this_thread::sleep_for(20ms);
+    CHECK(t.seen.terminates == 0);  // still inside the grace period
+    advance_in_steps(t.clock, done, 6s);
+  });
+  run.go("a:2", t, o);
+  CHECK(run.code == exit_code::interrupted);
+  CHECK(t.seen.terminates >= 1);
+  CHECK(run.rec.ranks[0].signal == SIGTERM);
+}
+
+TEST_CASE("supervisor: a second Ctrl-C kills at once") {
+  FakeTransport t([](int, int) { return Script{"", 0, kNever, /*ignore_interrupt=*/true}; }, kPlainHosts);
+  Run run;
+  Driver d(run.finished, [&](const std::atomic<bool>& done) {
+    wait_until(done, [&] { return t.seen.spawns == 2; });
+    t.signals.deliver(SIGINT);
+    wait_until(done, [&] { return t.seen.interrupts == 1; });
+    t.signals.deliver(SIGINT);
+  });
+  run.go("a:2", t);
+  CHECK(run.code == exit_code::interrupted);
+  CHECK(t.seen.terminates >= 1);
 }

@@ -35,11 +35,25 @@ class Agent {
   int run();
 
  private:
-  void handle_frame(const Frame& f);
-  void spawn(const Frame& f);
-  void prepare(const Frame& f);
-  void probe(const Frame& f);
-  void send(Type t, uint32_t id, std::string_view payload, uint16_t flags = 0);
+  void handle_frame(Frame&& f);
+  void on(uint32_t id, const msg::Hello& m);
+  void on(uint32_t id, msg::Spawn& m);
+  void on(uint32_t id, const msg::Prepare& m);
+  void on(uint32_t id, const msg::Probe& m);
+  void on(uint32_t id, const msg::Signal& m);
+  void on(uint32_t id, const msg::Terminate& m);
+  void on(uint32_t id, const msg::Ping& m);
+  void on(uint32_t id, const msg::Shutdown& m);
+  template <class M>
+  void on(uint32_t id, const M& m);  // an agent->launcher message: unexpected here
+  template <class M>
+  void send(const M& m, uint32_t id = 0) {
+    if (stdout_open_) encode(outbox_, m, id);
+  }
+  // Rank output, the hot path: straight into the outbox, no message struct in between.
+  void send_output(uint32_t id, int stream, std::string_view bytes) {
+    if (stdout_open_) encode(outbox_, Type::output, id, bytes, uint16_t(stream));
+  }
   void flush_outbox(bool block);
   void read_rank_fd(Rank& r, int which);
   void drain_rank(Rank& r);

@@ -1,0 +1,409 @@
+#include "runner/supervise/gang.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "runner/common/error.h"
+#include "runner/common/log.h"
+#include "runner/common/status.h"
+#include "runner/common/text.h"
+
+namespace mltrain::supervise::detail {
+
+using std::chrono::milliseconds;
+namespace proto = mltrain::agent;
+namespace msg = mltrain::agent::msg;
+
+const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::connecting: return "connecting";
+    case Phase::preflight: return "preflight";
+    case Phase::running: return "running";
+    case Phase::stopping: return "stopping";
+    case Phase::restarting: return "restarting";
+    case Phase::closing: return "closing";
+    case Phase::done: return "done";
+  }
+  return "?";
+}
+
+Gang::Gang(plan::Plan& p, records::RunRecord& rec, const Options& o, const TransportFor& tf)
+    : plan_(p),
+      rec_(rec),
+      opts_(o),
+      transport_for_(tf),
+      clock_(o.clock ? *o.clock : steady_clock()),
+      signals_(o.signals ? *o.signals : process_signals()) {}
+
+void Gang::enter(Phase p) {
+  log::debug("supervise", std::string("phase ") + phase_name(phase_) + " -> " + phase_name(p));
+  phase_ = p;
+  phase_start_ = clock_.now();
+  switch (p) {
+    case Phase::connecting: start_connects(); break;
+    case Phase::preflight: send_prepare(); break;
+    case Phase::restarting:
+      std::fprintf(stderr, "mltrain: restarting the gang (restart %d of %d)\n", restart_ + 1, opts_.max_restarts);
+      out_->mark_all("==> mltrain: restart " + std::to_string(restart_ + 1) + " of " +
+                     std::to_string(opts_.max_restarts) + " <==");
+      ++restart_;
+      plan::set_restart_count(plan_, restart_);
+      ending_ = Ending::none;
+      stop_deadline_.reset();
+      escalate_at_.reset();
+      rec_.failure.reset();
+      enter(Phase::running);
+      break;
+    case Phase::running:
+      rec_.restarts = restart_;
+      records::save(rec_);
+      spawn_all();
+      if (!next_ping_) next_ping_ = clock_.now() + opts_.heartbeat_interval;
+      break;
+    case Phase::stopping: break;
+    case Phase::closing:
+      // Goodbye: agents kill anything left (strays of the ranks) and exit.
+      out_->flush();
+      for (auto& h : hosts_) send_to(h, msg::Shutdown{});
+      break;
+    case Phase::done: break;
+  }
+}
+
+int Gang::run() {
+  job_start_ = clock_.now();
+  if (opts_.timeout.count() > 0) job_deadline_ = job_start_ + opts_.timeout;
+  std::vector<RankInfo> infos;
+  for (const auto& r : plan_.ranks)
+    infos.push_back({r.rank, r.local_rank, plan_.hosts[size_t(r.host)].node_rank, plan_.hosts[size_t(r.host)].host.name});
+  out_ = std::make_unique<Output>(infos, plan_.multi_host, records::run_dir(rec_.id), opts_.console, opts_.console_fd, 2);
+  ranks_.assign(plan_.ranks.size(), RankState{});
+  hosts_.resize(plan_.hosts.size());
+  for (size_t i = 0; i < hosts_.size(); ++i) hosts_[i].plan = &plan_.hosts[i];
+
+  enter(Phase::connecting);
+  while (phase_ != Phase::done) {
+    auto now = clock_.now();
+    on_timers(now);
+    if (phase_ == Phase::done) break;
+    auto until = next_deadline();
+    wait(until ? *until : now + milliseconds(1000));
+  }
+  return finish();
+}
+
+std::optional<Clock::time_point> Gang::next_deadline() const {
+  std::optional<Clock::time_point> t;
+  auto take = [&](std::optional<Clock::time_point> d) {
+    if (d && (!t || *d < *t)) t = d;
+  };
+  switch (phase_) {
+    case Phase::connecting:
+    case Phase::preflight: take(phase_start_ + opts_.preflight_timeout); break;
+    case Phase::running:
+    case Phase::stopping:
+      take(job_deadline_);
+      take(escalate_at_);
+      take(stop_deadline_);
+      take(next_ping_);
+      for (const auto& h : hosts_)
+        if (h.open()) take(h.last_heard + opts_.heartbeat_timeout);
+      break;
+    case Phase::closing: take(phase_start_ + milliseconds(3000)); break;
+    default: break;
+  }
+  return t;
+}
+
+void Gang::on_timers(Clock::time_point now) {
+  switch (phase_) {
+    case Phase::connecting:
+    case Phase::preflight:
+      if (now >= phase_start_ + opts_.preflight_timeout) {
+        const char* what = phase_ == Phase::connecting ? "answer" : "finish its preflight";
+        for (size_t i = 0; i < hosts_.size(); ++i)
+          if (hosts_[i].state != HostState::failed &&
+              hosts_[i].state != (phase_ == Phase::connecting ? HostState::preparing : HostState::ready))
+            host_failed(i, std::string("the agent did not ") + what + " within " +
+                               text::format_duration(std::chrono::duration_cast<milliseconds>(opts_.preflight_timeout)));
+        check_preflight_progress();
+      }
+      break;
+    case Phase::running:
+    case Phase::stopping: {
+      if (job_deadline_ && now >= *job_deadline_ && ending_ == Ending::none) {
+        ending_ = Ending::timeout;
+        out_->flush();
+        std::fprintf(stderr, "mltrain: the job ran past its timeout of %s; stopping every rank\n",
+                     text::format_duration(opts_.timeout).c_str());
+        terminate_all(opts_.grace);
+      }
+      if (escalate_at_ && now >= *escalate_at_) terminate_all(opts_.grace);
+      if (stop_deadline_ && now >= *stop_deadline_) {
+        // Agents had their grace and five seconds more: whoever has not reported is unreachable.
+        for (size_t i = 0; i < hosts_.size(); ++i) {
+          bool waiting = false;
+          for (int r : hosts_[i].plan->ranks) waiting |= !ranks_[size_t(r)].exited;
+          if (waiting) host_lost(i, "did not report its ranks stopped within the grace period");
+        }
+      }
+      if (next_ping_ && now >= *next_ping_) {
+        for (auto& h : hosts_) send_to(h, msg::Ping{});
+        next_ping_ = now + opts_.heartbeat_interval;
+      }
+      for (size_t i = 0; i < hosts_.size(); ++i)
+        if (hosts_[i].open() && now - hosts_[i].last_heard >= opts_.heartbeat_timeout)
+          host_lost(i, "stopped answering heartbeats for " +
+                           text::format_duration(std::chrono::duration_cast<milliseconds>(opts_.heartbeat_timeout)));
+      if (phase_ == Phase::running || phase_ == Phase::stopping)
+        if (ranks_running() == 0) all_ranks_ended();
+      break;
+    }
+    case Phase::closing:
+      if (now >= phase_start_ + milliseconds(3000) ||
+          std::none_of(hosts_.begin(), hosts_.end(), [](const Host& h) { return h.open(); }))
+        enter(Phase::done);
+      break;
+    default: break;
+  }
+}
+
+void Gang::wait(Clock::time_point until) {
+  std::vector<pollfd> fds;
+  fds.push_back({signals_.fd(), POLLIN, 0});
+  fds.push_back({clock_.wake_fd(), POLLIN, 0});
+  fds.push_back({-1, POLLIN, 0});  // connection threads
+  if (connects_) fds.back().fd = connects_->ready_fd();
+  std::vector<std::pair<size_t, bool>> owner;  // host, is_write
+  for (size_t i = 0; i < hosts_.size(); ++i) {
+    Host& h = hosts_[i];
+    if (!h.open()) continue;
+    fds.push_back({h.link->read_fd(), POLLIN, 0});
+    owner.emplace_back(i, false);
+    if (!h.outbox.empty()) {
+      fds.push_back({h.link->write_fd(), POLLOUT, 0});
+      owner.emplace_back(i, true);
+    }
+  }
+  out_->flush();
+  auto ms = std::chrono::duration_cast<milliseconds>(until - clock_.now()).count();
+  // A fake clock wakes the loop through its descriptor; a real one only needs the timeout.
+  int timeout = int(std::clamp<long long>(ms, 0, 1000));
+  int rc = ::poll(fds.data(), fds.size(), timeout);
+  if (rc < 0 && errno != EINTR) throw Error(std::string("poll: ") + std::strerror(errno), {}, exit_code::internal);
+  if (rc <= 0) return;
+  if (fds[0].revents & POLLIN)
+    for (int sig : signals_.take()) on_signal(sig);
+  if (fds[1].revents & POLLIN) clock_.drain_wake();
+  if (fds[2].revents & POLLIN) take_connected();
+  for (size_t k = 3; k < fds.size(); ++k) {
+    auto [i, is_write] = owner[k - 3];
+    if (!hosts_[i].open() || phase_ == Phase::done) continue;
+    if (is_write && (fds[k].revents & (POLLOUT | POLLERR | POLLHUP))) write_host(i);
+    else if (!is_write && (fds[k].revents & (POLLIN | POLLHUP | POLLERR))) read_host(i);
+  }
+}
+
+void Gang::write_host(size_t i) {
+  Host& h = hosts_[i];
+  ssize_t n = ::write(h.link->write_fd(), h.outbox.data(), h.outbox.size());
+  if (n > 0) h.outbox.erase(0, size_t(n));
+  else if (n < 0 && errno != EAGAIN && errno != EINTR) host_lost(i, std::string("connection lost: ") + std::strerror(errno));
+}
+
+void Gang::read_host(size_t i) {
+  Host& h = hosts_[i];
+  // Read until the pipe is empty (bounded), then let the other hosts have a turn.
+  char buf[256 * 1024];
+  for (int rounds = 0; rounds < 8 && h.open(); ++rounds) {
+    ssize_t n = ::read(h.link->read_fd(), buf, sizeof buf);
+    if (n > 0) {
+      h.decoder.feed(buf, size_t(n));
+      proto::Frame f;
+      while (h.open() && h.decoder.next(f)) on_frame(i, std::move(f));
+      if (h.decoder.corrupt()) host_lost(i, "corrupt stream from the agent (a frame longer than the protocol allows)");
+      if (size_t(n) < sizeof buf) break;
+    } else if (n == 0) {
+      host_lost(i, "the agent's connection closed unexpectedly");
+      break;
+    } else {
+      if (errno != EAGAIN && errno != EINTR) host_lost(i, std::string("connection lost: ") + std::strerror(errno));
+      break;
+    }
+  }
+}
+
+void Gang::on_frame(size_t i, proto::Frame&& f) {
+  hosts_[i].last_heard = clock_.now();
+  uint32_t id = f.id;
+  std::string error;
+  auto m = proto::decode(std::move(f), error);
+  if (!m) return host_lost(i, "corrupt stream from the agent: " + error);
+  std::visit([&](auto& message) { on(i, id, message); }, *m);
+}
+
+template <class M>
+void Gang::on(size_t i, uint32_t, M&) {
+  log::warn("supervise", hosts_[i].link->describe() + ": unexpected frame " + proto::type_name(M::kType));
+}
+
+void Gang::on(size_t, uint32_t id, msg::Output& m) { out_->data(int(id), m.stream, m.bytes); }
+
+void Gang::on(size_t, uint32_t id, msg::Started& m) {
+  if (id < ranks_.size()) rec_.ranks[id].pid = m.pid;
+}
+
+void Gang::on(size_t i, uint32_t id, msg::SpawnFailed& m) {
+  if (id >= ranks_.size() || ranks_[id].exited) return;
+  auto& r = ranks_[id];
+  r.exited = true;
+  r.status = 127 << 8;
+  rec_.ranks[id].exit_code = 127;
+  if (phase_ == Phase::running)
+    fail_first(int(id), hosts_[i].plan->host.name, 127, 0,
+               hosts_[i].link->describe() + ": rank " + std::to_string(id) + " could not start: " + m.message);
+}
+
+void Gang::on(size_t i, uint32_t id, msg::Exited& m) {
+  if (id >= ranks_.size() || ranks_[id].exited) return;
+  auto& r = ranks_[id];
+  r.exited = true;
+  r.status = m.status;
+  out_->finish(int(id));
+  int code = exit_code_of(r.status);
+  rec_.ranks[id].exit_code = WIFEXITED(r.status) ? WEXITSTATUS(r.status) : code;
+  rec_.ranks[id].signal = WIFSIGNALED(r.status) ? WTERMSIG(r.status) : 0;
+  log::debug("supervise", "rank " + std::to_string(id) + " " + describe_status(r.status));
+  if (code != 0 && phase_ == Phase::running) {
+    auto secs = std::chrono::duration<double>(clock_.now() - r.started_at).count();
+    char after[32];
+    std::snprintf(after, sizeof after, "%.1fs", secs);
+    const Host& h = hosts_[i];
+    fail_first(int(id), h.plan->host.name, code, WIFSIGNALED(r.status) ? WTERMSIG(r.status) : 0,
+               (plan_.multi_host ? h.link->describe() + ": " : std::string()) + "rank " + std::to_string(id) +
+                   " failed with " + describe_status(r.status) + " after " + after + " (first failure)");
+  }
+}
+
+void Gang::on(size_t, uint32_t, msg::Pong&) {}
+
+void Gang::on(size_t i, uint32_t, msg::AgentError& m) {
+  std::fprintf(stderr, "mltrain: %s: agent: %s\n", hosts_[i].link->describe().c_str(), m.message.c_str());
+}
+
+void Gang::on(size_t i, uint32_t, msg::Bye&) { hosts_[i].state = HostState::closed; }
+
+void Gang::spawn_all() {
+  for (auto& r : ranks_) r = RankState{};
+  for (const auto& r : plan_.ranks) {
+    msg::Spawn m;
+    m.cwd = plan_.workdir;
+    m.argv = plan_.argv;
+    for (const auto& [k, v] : r.env) m.env.push_back(k + "=" + v);
+    send_to(hosts_[size_t(r.host)], m, uint32_t(r.rank));
+    ranks_[size_t(r.rank)].started_at = clock_.now();
+  }
+}
+
+void Gang::terminate_all(milliseconds grace) {
+  auto deadline = clock_.now() + grace + milliseconds(5000);
+  if (!stop_deadline_ || deadline < *stop_deadline_) stop_deadline_ = deadline;
+  escalate_at_.reset();
+  if (phase_ == Phase::running) enter(Phase::stopping);
+  for (auto& h : hosts_) send_to(h, msg::Terminate{uint32_t(grace.count())}, proto::kAllRanks);
+}
+
+void Gang::fail_first(int rank, const std::string& host, int code, int sig, const std::string& message) {
+  if (ending_ != Ending::none) return;
+  ending_ = rank >= 0 ? Ending::failure : Ending::host_failure;
+  ending_code_ = code;
+  records::Failure f;
+  f.rank = rank;
+  f.host = host;
+  f.exit_code = code;
+  f.signal = sig;
+  f.message = message;
+  if (rank >= 0) {
+    out_->finish(rank);
+    f.tail = out_->tail(rank);
+  }
+  rec_.failure = f;
+  int others = ranks_running();
+  std::string stopping = others > 0 ? "; stopping the other " + std::to_string(others) + " rank" + (others == 1 ? "" : "s") : "";
+  out_->flush();
+  std::fprintf(stderr, "mltrain: %s%s\n", message.c_str(), stopping.c_str());
+  std::fflush(stderr);
+  terminate_all(opts_.grace);
+}
+
+int Gang::ranks_running() const {
+  return int(std::count_if(ranks_.begin(), ranks_.end(), [](const RankState& r) { return !r.exited; }));
+}
+
+void Gang::host_lost(size_t i, const std::string& why) {
+  Host& h = hosts_[i];
+  if (!h.open()) return;
+  if (phase_ == Phase::connecting || phase_ == Phase::preflight) {
+    host_failed(i, why);
+    h.link->kill();
+    check_preflight_progress();
+    return;
+  }
+  h.state = HostState::lost;
+  // Ranks on a lost host cannot be waited for; count them as gone.
+  for (int r : h.plan->ranks)
+    if (!ranks_[size_t(r)].exited) {
+      ranks_[size_t(r)].exited = true;
+      ranks_[size_t(r)].status = -1;
+      out_->finish(r);
+    }
+  if (phase_ == Phase::running) fail_first(-1, h.plan->host.name, exit_code::host_failure, 0, h.link->describe() + ": " + why);
+  h.link->kill();
+}
+
+void Gang::on_signal(int sig) {
+  if (phase_ == Phase::connecting || phase_ == Phase::preflight) {
+    // Nothing has started: stop here, at once, without waiting for slow hosts.
+    ending_ = sig == SIGINT ? Ending::interrupted : Ending::stopped;
+    stop_signal_ = sig;
+    std::fprintf(stderr, "\nmltrain: %s during %s; no rank was started\n", signal_name(sig).c_str(), phase_name(phase_));
+    enter(Phase::done);
+    return;
+  }
+  if (phase_ == Phase::closing || phase_ == Phase::done) return;
+  if (sig == SIGINT) {
+    ++interrupts_;
+    if (ending_ == Ending::none) ending_ = Ending::interrupted, stop_signal_ = sig;
+    if (interrupts_ == 1) {
+      std::fprintf(stderr, "\nmltrain: interrupt: passing SIGINT to every rank (press Ctrl-C again to kill them)\n");
+      for (auto& h : hosts_) send_to(h, msg::Signal{SIGINT}, proto::kAllRanks);
+      // Ranks that ignore SIGINT still go: TERM after the grace period, then KILL.
+      if (phase_ == Phase::running) enter(Phase::stopping);
+      escalate_at_ = clock_.now() + opts_.grace;
+    } else {
+      std::fprintf(stderr, "mltrain: second interrupt: killing every rank\n");
+      terminate_all(milliseconds(0));
+    }
+  } else {
+    if (ending_ == Ending::none) ending_ = Ending::stopped, stop_signal_ = sig;
+    std::fprintf(stderr, "mltrain: %s: stopping every rank\n", signal_name(sig).c_str());
+    terminate_all(opts_.grace);
+  }
+}
+
+void Gang::all_ranks_ended() {
+  out_->flush();
+  log::info("supervise", "every rank has ended");
+  bool can_restart = ending_ == Ending::failure && restart_ < opts_.max_restarts &&
+                     std::all_of(hosts_.begin(), hosts_.end(), [](const Host& h) { return h.open(); });
+  enter(can_restart ? Phase::restarting : Phase::closing);
+}
+
+}  // namespace mltrain::supervise::detail

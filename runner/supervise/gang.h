@@ -1,0 +1,151 @@
+// The gang: one event loop over every host's agent, in explicit phases. Internal to supervise/.
+//
+//   connecting ──► preflight ──► running ──► stopping ──► closing ──► done
+//        │             │            ▲  │         │
+//        └─────────────┴──► done    └──┴ restarting (after a failure, while max_restarts allows)
+//
+// connecting: transports open every host's agent (threads) and each agent answers hello;
+// preflight: every agent checks its host (prepare); running: ranks run; stopping: ranks were
+// told to stop and are awaited; closing: agents say goodbye. A signal before running ends the
+// run at once: nothing starts. Phase changes happen in enter() alone.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runner/agent/protocol.h"
+#include "runner/supervise/supervisor.h"
+
+namespace mltrain::supervise::detail {
+
+enum class Phase { connecting, preflight, running, stopping, restarting, closing, done };
+const char* phase_name(Phase p);
+
+// Per host: connecting -> greeting (hello sent) -> greeted -> preparing -> ready; or failed (a
+// problem before running), lost (after), closed (said bye).
+enum class HostState { connecting, greeting, greeted, preparing, ready, failed, lost, closed };
+
+// How the run ends; the first reason wins.
+enum class Ending { none, failure, host_failure, interrupted, stopped, timeout, preflight_failed };
+
+struct Host {
+  const plan::HostPlan* plan = nullptr;
+  HostState state = HostState::connecting;
+  std::unique_ptr<transport::AgentLink> link;
+  agent::Decoder decoder;
+  std::string outbox;
+  std::string problem;  // why preflight failed here
+  agent::msg::Prepared prepared;
+  Clock::time_point last_heard{};
+  bool open() const { return link && (state != HostState::failed && state != HostState::lost && state != HostState::closed); }
+};
+
+struct RankState {
+  bool exited = false;
+  int status = 0;
+  Clock::time_point started_at{};
+};
+
+// What the connection threads hand back. Shared with them, so a gang that ends while a host is
+// still connecting need not wait: the thread finds `abandoned` and drops its link.
+struct Connects {
+  struct Result {
+    size_t host = 0;
+    std::unique_ptr<transport::AgentLink> link;
+    std::string problem;
+  };
+  Connects();
+  ~Connects();
+  int ready_fd() const { return pipe[0]; }
+  void put(Result r);            // from a connection thread
+  std::vector<Result> take();    // on the loop
+  void abandon();
+  int pipe[2] = {-1, -1};
+  std::mutex m;
+  std::vector<Result> ready;
+  bool abandoned = false;
+};
+
+class Gang {
+ public:
+  Gang(plan::Plan& p, records::RunRecord& rec, const Options& o, const TransportFor& tf);
+  ~Gang();
+  int run();
+
+ private:
+  // The loop.
+  void wait(Clock::time_point until);
+  void on_timers(Clock::time_point now);
+  std::optional<Clock::time_point> next_deadline() const;
+  void enter(Phase p);
+
+  // Connecting and preflight (preflight.cpp).
+  void start_connects();
+  void take_connected();
+  void host_failed(size_t i, const std::string& problem);
+  void check_preflight_progress();
+  void send_prepare();
+  void settle_rendezvous();
+
+  // Frames.
+  void send_to(Host& h, const auto& m, uint32_t id = 0) {
+    if (h.open()) agent::encode(h.outbox, m, id);
+  }
+  void read_host(size_t i);
+  void write_host(size_t i);
+  void on_frame(size_t i, agent::Frame&& f);
+  void on(size_t i, uint32_t id, agent::msg::HelloAck& m);
+  void on(size_t i, uint32_t id, agent::msg::Prepared& m);
+  void on(size_t i, uint32_t id, agent::msg::Started& m);
+  void on(size_t i, uint32_t id, agent::msg::SpawnFailed& m);
+  void on(size_t i, uint32_t id, agent::msg::Output& m);
+  void on(size_t i, uint32_t id, agent::msg::Exited& m);
+  void on(size_t i, uint32_t id, agent::msg::Pong& m);
+  void on(size_t i, uint32_t id, agent::msg::AgentError& m);
+  void on(size_t i, uint32_t id, agent::msg::Bye& m);
+  template <class M>
+  void on(size_t i, uint32_t id, M& m);  // a launcher->agent message: unexpected here
+
+  // Running.
+  void spawn_all();
+  void terminate_all(std::chrono::milliseconds grace);
+  void fail_first(int rank, const std::string& host, int code, int sig, const std::string& message);
+  void host_lost(size_t i, const std::string& why);
+  void on_signal(int sig);
+  void all_ranks_ended();
+  int ranks_running() const;
+
+  // The end (summary.cpp).
+  int finish();
+  void print_summary(int code);
+
+  plan::Plan& plan_;
+  records::RunRecord& rec_;
+  const Options& opts_;
+  const TransportFor& transport_for_;
+  Clock& clock_;
+  SignalSource& signals_;
+  Phase phase_ = Phase::connecting;
+  Clock::time_point phase_start_{};
+  std::vector<Host> hosts_;
+  std::vector<RankState> ranks_;
+  std::unique_ptr<Output> out_;
+  std::shared_ptr<Connects> connects_;
+  Ending ending_ = Ending::none;
+  int ending_code_ = 0;
+  int stop_signal_ = 0;  // the signal that stopped the run (exit 128 + it)
+  int interrupts_ = 0;
+  int restart_ = 0;
+  std::string master_;
+  std::string preflight_error_;
+  Clock::time_point job_start_{};
+  std::optional<Clock::time_point> job_deadline_;
+  std::optional<Clock::time_point> escalate_at_;       // after an interrupt: TERM at this time
+  std::optional<Clock::time_point> stop_deadline_;     // stopping: unreported ranks count as lost
+  std::optional<Clock::time_point> next_ping_;
+};
+
+}  // namespace mltrain::supervise::detail

@@ -1,0 +1,206 @@
+// The gang's first two phases: every host's agent opened and greeted (connecting), then every
+// host checked (preflight). Nothing starts unless every host passes both.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "runner/common/error.h"
+#include "runner/common/log.h"
+#include "runner/common/text.h"
+#include "runner/supervise/gang.h"
+
+namespace mltrain::supervise::detail {
+
+namespace proto = mltrain::agent;
+namespace msg = mltrain::agent::msg;
+
+Connects::Connects() {
+  if (::pipe2(pipe, O_CLOEXEC | O_NONBLOCK) != 0)
+    throw Error(std::string("pipe2: ") + std::strerror(errno), {}, exit_code::internal);
+}
+
+Connects::~Connects() {
+  ::close(pipe[0]);
+  ::close(pipe[1]);
+}
+
+void Connects::put(Result r) {
+  {
+    std::lock_guard<std::mutex> lock(m);
+    if (!abandoned) ready.push_back(std::move(r));
+  }
+  // Outside the lock: an abandoned link closes here, which tells its agent to exit.
+  r.link.reset();
+  char b = 1;
+  [[maybe_unused]] ssize_t n = ::write(pipe[1], &b, 1);
+}
+
+std::vector<Connects::Result> Connects::take() {
+  char buf[64];
+  while (::read(pipe[0], buf, sizeof buf) > 0) {
+  }
+  std::lock_guard<std::mutex> lock(m);
+  return std::exchange(ready, {});
+}
+
+void Connects::abandon() {
+  std::vector<Result> dropped;
+  std::lock_guard<std::mutex> lock(m);
+  abandoned = true;
+  dropped.swap(ready);
+}
+
+Gang::~Gang() {
+  if (connects_) connects_->abandon();
+}
+
+void Gang::start_connects() {
+  // In parallel: a slow or dead host costs its timeout once, not once per host.
+  connects_ = std::make_shared<Connects>();
+  for (size_t i = 0; i < plan_.hosts.size(); ++i) {
+    transport::Transport& t = transport_for_(plan_.hosts[i]);
+    std::thread([c = connects_, &t, host = plan_.hosts[i], i] {
+      Connects::Result r;
+      r.host = i;
+      try {
+        r.link = t.connect(host);
+      } catch (const Error& e) {
+        // Each host's own advice stays with it in the report.
+        r.problem = e.hint().empty() ? e.what() : std::string(e.what()) + "\n      (" + e.hint() + ")";
+      } catch (const std::exception& e) {
+        r.problem = e.what();
+      }
+      c->put(std::move(r));
+    }).detach();
+  }
+}
+
+void Gang::take_connected() {
+  for (auto& r : connects_->take()) {
+    Host& h = hosts_[r.host];
+    if (!r.problem.empty()) {
+      host_failed(r.host, r.problem);
+      continue;
+    }
+    h.link = std::move(r.link);
+    h.state = HostState::greeting;
+    h.last_heard = clock_.now();
+    msg::Hello hello;
+    hello.grace_ms = uint32_t(opts_.grace.count());
+    // A local agent sees the launcher go by EOF on its pipe; a heartbeat would only kill the job
+    // while the launcher is suspended (Ctrl-Z).
+    hello.heartbeat_timeout_ms = h.plan->local ? 0u : uint32_t(opts_.heartbeat_timeout.count());
+    send_to(h, hello);
+  }
+  check_preflight_progress();
+}
+
+void Gang::host_failed(size_t i, const std::string& problem) {
+  Host& h = hosts_[i];
+  if (h.state == HostState::failed) return;
+  h.state = HostState::failed;
+  h.problem = problem;
+}
+
+void Gang::on(size_t i, uint32_t, msg::HelloAck& m) {
+  Host& h = hosts_[i];
+  if (h.state != HostState::greeting) return;
+  if (m.magic != proto::kMagic || m.version != proto::kVersion) {
+    host_failed(i, "the agent speaks protocol version " + std::to_string(m.version) + ", this mltrain " +
+                       std::to_string(proto::kVersion));
+  } else {
+    h.state = HostState::greeted;
+  }
+  check_preflight_progress();
+}
+
+void Gang::on(size_t i, uint32_t, msg::Prepared& m) {
+  Host& h = hosts_[i];
+  if (h.state != HostState::preparing) return;
+  h.prepared = std::move(m);
+  if (!h.prepared.problems.empty()) host_failed(i, text::join(h.prepared.problems, "; "));
+  else h.state = HostState::ready;
+  check_preflight_progress();
+}
+
+void Gang::check_preflight_progress() {
+  auto all = [&](HostState s) {
+    return std::all_of(hosts_.begin(), hosts_.end(),
+                       [&](const Host& h) { return h.state == s || h.state == HostState::failed; });
+  };
+  if (phase_ == Phase::connecting && all(HostState::greeted)) {
+    log::info("supervise", "every agent answered");
+    enter(Phase::preflight);
+  } else if (phase_ == Phase::preflight && all(HostState::ready)) {
+    log::info("supervise", "preflight done");
+    std::vector<std::string> lines;
+    for (const auto& h : hosts_)
+      if (h.state == HostState::failed) {
+        const std::string& n = h.plan->host.name;
+        bool named = h.problem.compare(0, n.size() + 2, n + ": ") == 0;
+        lines.push_back("  " + (named ? h.problem : n + ": " + h.problem));
+      }
+    if (!lines.empty()) {
+      preflight_error_ = "preflight failed on " + std::to_string(lines.size()) + " of " + std::to_string(hosts_.size()) +
+                         (hosts_.size() == 1 ? " host" : " hosts") + "; no rank was started:\n" + text::join(lines, "\n");
+      ending_ = Ending::preflight_failed;
+      enter(Phase::done);
+      return;
+    }
+    settle_rendezvous();
+    enter(Phase::running);
+  }
+}
+
+void Gang::send_prepare() {
+  // Where ranks meet: rank 0's host, by an address the other hosts reach.
+  master_ = "127.0.0.1";
+  if (plan_.multi_host && hosts_[0].link) {
+    master_ = hosts_[0].link->address();
+    if (plan_.hosts[0].local)
+      for (auto& h : hosts_)
+        if (h.link && !h.plan->local && !h.link->local_address().empty()) {
+          master_ = h.link->local_address();
+          break;
+        }
+  }
+  msg::Prepare m;
+  m.master_addr = plan_.multi_host ? master_ : std::string();
+  m.workdir = plan_.workdir;
+  m.argv0 = plan_.argv.empty() ? std::string() : plan_.argv[0];
+  for (const auto& [k, v] : plan_.ranks[0].env)
+    if (k == "PATH") m.path = v;
+  uint32_t nports = plan_.multi_host ? (plan_.auto_master_port ? 1u : 0u) + 1u + (plan_.ps_mode ? 1u : 0u) : 0u;
+  for (size_t i = 0; i < hosts_.size(); ++i)
+    if (hosts_[i].state == HostState::greeted) {
+      m.nports = i == 0 ? nports : 0;
+      hosts_[i].state = HostState::preparing;
+      send_to(hosts_[i], m);
+    }
+  check_preflight_progress();
+}
+
+void Gang::settle_rendezvous() {
+  if (plan_.multi_host) {
+    plan::Rendezvous r;
+    r.master_addr = master_;
+    const auto& ports = hosts_[0].prepared.ports;
+    size_t k = 0;
+    auto next = [&](int fallback) { return k < ports.size() ? std::stoi(ports[k++]) : fallback; };
+    r.master_port = plan_.auto_master_port ? next(plan_.master_port) : plan_.master_port;
+    r.store_port = next(plan_.master_port + 1);
+    r.ps_port = plan_.ps_mode ? next(0) : 0;
+    plan::set_rendezvous(plan_, r);
+    for (size_t i = 0; i < hosts_.size(); ++i) plan::set_interface(plan_, int(i), hosts_[i].prepared.ifname);
+  }
+  // The record shows the rendezvous and environment as preflight settled them.
+  records::fill_from_plan(rec_, plan_);
+  for (size_t i = 0; i < hosts_.size(); ++i) rec_.hosts[i].address = hosts_[i].link->address();
+}
+
+}  // namespace mltrain::supervise::detail

@@ -1,0 +1,74 @@
+// The gang's end: the run record's final state, mltrain's exit code and the summary on stderr.
+#include <signal.h>
+
+#include <cstdio>
+
+#include "runner/common/error.h"
+#include "runner/common/log.h"
+#include "runner/common/status.h"
+#include "runner/supervise/gang.h"
+
+namespace mltrain::supervise::detail {
+
+int Gang::finish() {
+  if (connects_) connects_->abandon();
+  out_->flush();
+  log::info("supervise", "agents shut down");
+  if (ending_ == Ending::preflight_failed) {
+    rec_.status = "host-failure";
+    rec_.exit_code = exit_code::host_failure;
+    rec_.failure = records::Failure{-1, "", exit_code::host_failure, 0, preflight_error_, {}};
+    rec_.ended_at = records::now_iso8601();
+    records::save(rec_);
+    throw Error(preflight_error_, "fix the hosts above, then run again", exit_code::host_failure);
+  }
+  int code = 0;
+  switch (ending_) {
+    case Ending::none: code = 0; rec_.status = "succeeded"; break;
+    case Ending::failure: code = ending_code_; rec_.status = "failed"; break;
+    case Ending::host_failure: code = exit_code::host_failure; rec_.status = "host-failure"; break;
+    case Ending::interrupted: code = exit_code::interrupted; rec_.status = "interrupted"; break;
+    case Ending::stopped: code = 128 + stop_signal_; rec_.status = "stopped"; break;
+    case Ending::timeout: code = exit_code::timeout; rec_.status = "timeout"; break;
+    case Ending::preflight_failed: break;  // above
+  }
+  rec_.exit_code = code;
+  rec_.ended_at = records::now_iso8601();
+  rec_.duration_s = std::chrono::duration<double>(clock_.now() - job_start_).count();
+  records::save(rec_);
+  print_summary(code);
+  return code;
+}
+
+void Gang::print_summary(int code) {
+  char dur[32];
+  std::snprintf(dur, sizeof dur, "%.1fs", rec_.duration_s);
+  if (opts_.json_summary) {
+    std::string j = records::to_json(rec_, true);
+    std::fprintf(stdout, "%s\n", j.c_str());
+    std::fflush(stdout);
+  }
+  if (code == 0) {
+    std::fprintf(stderr, "mltrain: %s: %zu rank%s succeeded in %s%s (logs: mltrain logs %s)\n", rec_.name.c_str(),
+                 ranks_.size(), ranks_.size() == 1 ? "" : "s", dur,
+                 restart_ > 0 ? (" after " + std::to_string(restart_) + " restart(s)").c_str() : "", rec_.id.c_str());
+    return;
+  }
+  if (rec_.failure) {
+    const auto& f = *rec_.failure;
+    if (f.rank >= 0) {
+      std::fprintf(stderr, "mltrain: first failure: rank %d on %s: %s\n", f.rank, f.host.c_str(),
+                   describe_status(f.signal ? f.signal : (f.exit_code << 8)).c_str());
+      if (!f.tail.empty()) {
+        std::fprintf(stderr, "mltrain: last lines of rank %d (%s):\n", f.rank, out_->log_path(f.rank).c_str());
+        for (const auto& l : f.tail) std::fprintf(stderr, "    %s\n", l.c_str());
+      }
+    } else {
+      std::fprintf(stderr, "mltrain: first failure: %s\n", f.message.c_str());
+    }
+  }
+  std::fprintf(stderr, "mltrain: run %s %s after %s; exit code %d (logs: mltrain logs %s)\n", rec_.id.c_str(),
+               rec_.status.c_str(), dur, code, rec_.id.c_str());
+}
+
+}  // namespace mltrain::supervise::detail
