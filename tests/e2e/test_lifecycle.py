@@ -23,10 +23,10 @@ def test_signal_to_launcher_stops_the_job(ml, tmp_path, sig):
     wait_for(lambda: len(set(pids_with_arg(m)) - {p.pid}) == 2, 5, "ranks to exec sleep")
     p.send_signal(sig)
     out, err = communicate(p, 15)
-    assert p.returncode == 143, err
+    assert p.returncode == 128 + sig, err  # 143 for TERM, 129 for HUP
     assert wait_gone(m, 2) == []
     rec = json.loads(ml("show", "--json").stdout)
-    assert rec["status"] == "stopped" and rec["exit_code"] == 143
+    assert rec["status"] == "stopped" and rec["exit_code"] == 128 + sig
 
 
 def test_term_handler_output_is_kept(ml):
