@@ -74,9 +74,16 @@ void register_bench(CLI::App& app, Global& g, std::function<int()>& handler) {
       o.workdir = "/";
       o.ranks = "0";
       o.no_prefix = true;
-      std::vector<std::string> cmd = {self_exe(), "__bench-worker", "--op", f.op, "--redop", f.redop, "--dtype",
-                                      f.dtype, "-b", f.min_bytes, "-e", f.max_bytes, "-f", f.factor, "--iters",
-                                      std::to_string(f.iters), "--warmup", std::to_string(f.warmup), "--stat", f.stat};
+      std::vector<std::string> cmd = {self_exe(), "__bench-worker",
+                                      "--op",     f.op,
+                                      "--redop",  f.redop,
+                                      "--dtype",  f.dtype,
+                                      "-b",       f.min_bytes,
+                                      "-e",       f.max_bytes,
+                                      "-f",       f.factor,
+                                      "--iters",  std::to_string(f.iters),
+                                      "--warmup", std::to_string(f.warmup),
+                                      "--stat",   f.stat};
       if (f.check) cmd.push_back("--check");
       if (f.json) cmd.push_back("--json");
       req.command = std::move(cmd);

@@ -52,16 +52,22 @@ int do_run(const RunFlags& f, const Global& g) {
   launch::JobRequest req = request(f, g);
   if (f.dry_run) {
     plan::Plan p = launch::dry_run(req);
-    if (f.json) std::printf("%s\n", records::plan_to_json(p).c_str());
-    else std::fputs(launch::describe_plan(p).c_str(), stdout);
+    if (f.json)
+      std::printf("%s\n", records::plan_to_json(p).c_str());
+    else
+      std::fputs(launch::describe_plan(p).c_str(), stdout);
     return 0;
   }
   launch::RunResult r = launch::run(req);
   if (r.detached) {
     const char* id = r.run_id.c_str();
-    if (f.json) std::printf("{\"run_id\": \"%s\", \"launcher_pid\": %d}\n", id, r.launcher_pid);
-    else std::printf("%s\n", id);
-    std::fprintf(stderr, "mltrain: run %s started in the background; follow it with 'mltrain logs -f %s', end it with 'mltrain stop %s'\n",
+    if (f.json)
+      std::printf("{\"run_id\": \"%s\", \"launcher_pid\": %d}\n", id, r.launcher_pid);
+    else
+      std::printf("%s\n", id);
+    std::fprintf(stderr,
+                 "mltrain: run %s started in the background; follow it with 'mltrain logs -f %s', end it "
+                 "with 'mltrain stop %s'\n",
                  id, id, id);
   }
   return r.exit_code;
@@ -69,8 +75,10 @@ int do_run(const RunFlags& f, const Global& g) {
 
 int do_validate(const RunFlags& f, const Global& g) {
   launch::Validation v = launch::validate(request(f, g));
-  if (f.json) std::printf("%s\n", records::plan_to_json(v.plan).c_str());
-  else std::printf("%s\n", v.summary.c_str());
+  if (f.json)
+    std::printf("%s\n", records::plan_to_json(v.plan).c_str());
+  else
+    std::printf("%s\n", v.summary.c_str());
   return 0;
 }
 

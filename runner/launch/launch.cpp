@@ -23,7 +23,8 @@ std::chrono::milliseconds parse_flag_duration(const std::string& flag, const std
 
 void set_env(spec::JobSpec& s, const std::string& kv) {
   auto eq = kv.find('=');
-  if (eq == std::string::npos || eq == 0) throw Error("--env '" + kv + "' is not K=V", "write --env NAME=value");
+  if (eq == std::string::npos || eq == 0)
+    throw Error("--env '" + kv + "' is not K=V", "write --env NAME=value");
   std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
   spec::check_env_name(k, "--env");
   bool replaced = false;
@@ -89,7 +90,8 @@ spec::JobSpec resolve_spec(const JobRequest& req) {
                   "set 'profile = \"" + profile + "\"' in the spec");
   } else {
     if (!req.command || req.command->empty())
-      throw Error("nothing to run", "give a job spec (mltrain run job.toml) or a command (mltrain run -n 4 -- CMD ...)");
+      throw Error("nothing to run",
+                  "give a job spec (mltrain run job.toml) or a command (mltrain run -n 4 -- CMD ...)");
     s = spec::from_command(*req.command, profile);
   }
   apply_overrides(s, req.overrides);
@@ -143,15 +145,17 @@ HostTransports::HostTransports(const spec::JobSpec& s) {
 
 Validation validate(const JobRequest& req) {
   if (req.specs.empty() && !req.command)
-    throw Error("validate needs a job spec or a command", "mltrain validate job.toml, or mltrain validate -n 2 -- CMD");
+    throw Error("validate needs a job spec or a command",
+                "mltrain validate job.toml, or mltrain validate -n 2 -- CMD");
   spec::JobSpec s = resolve_spec(req);
   Validation v;
   v.plan = plan::make_plan(s, detail::plan_inputs(req, "validate", "validate", detail::Ports::placeholder));
   std::vector<std::string> hosts;
-  for (const auto& h : v.plan.hosts) hosts.push_back(h.host.name + "(" + std::to_string(h.ranks.size()) + ")");
+  for (const auto& h : v.plan.hosts)
+    hosts.push_back(h.host.name + "(" + std::to_string(h.ranks.size()) + ")");
   size_t n = v.plan.ranks.size();
-  v.summary = (req.specs.empty() ? std::string("command") : req.specs[0]) + ": ok: " + std::to_string(n) + " rank" +
-              (n == 1 ? "" : "s") + " on " + text::join(hosts, ", ");
+  v.summary = (req.specs.empty() ? std::string("command") : req.specs[0]) + ": ok: " + std::to_string(n) +
+              " rank" + (n == 1 ? "" : "s") + " on " + text::join(hosts, ", ");
   return v;
 }
 
@@ -162,14 +166,18 @@ plan::Plan dry_run(const JobRequest& req) {
 
 std::string describe_plan(const plan::Plan& p) {
   std::string out;
-  auto plural = [](size_t n, const char* what) { return std::to_string(n) + " " + what + (n == 1 ? "" : "s"); };
-  out += "run " + p.name + ": " + plural(p.ranks.size(), "rank") + " on " + plural(p.hosts.size(), "host") + "\n";
+  auto plural = [](size_t n, const char* what) {
+    return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
+  };
+  out += "run " + p.name + ": " + plural(p.ranks.size(), "rank") + " on " + plural(p.hosts.size(), "host") +
+         "\n";
   std::vector<std::string> argv;
   for (const auto& a : p.argv) argv.push_back(text::shell_quote(a));
-  out += "command: " + text::join(argv, " ") + "\nworkdir: " + p.workdir + "\nmaster:  " + p.master_addr + ":" +
-         std::to_string(p.master_port) + "   store: " + p.store_addr + "\n";
+  out += "command: " + text::join(argv, " ") + "\nworkdir: " + p.workdir + "\nmaster:  " + p.master_addr +
+         ":" + std::to_string(p.master_port) + "   store: " + p.store_addr + "\n";
   for (const auto& h : p.hosts) {
-    out += "\nhost " + h.host.name + " (node " + std::to_string(h.node_rank) + (h.local ? ", local" : "") + "): ranks";
+    out += "\nhost " + h.host.name + " (node " + std::to_string(h.node_rank) + (h.local ? ", local" : "") +
+           "): ranks";
     for (int r : h.ranks) out += " " + std::to_string(r);
     out += "\n";
     for (int r : h.ranks) {

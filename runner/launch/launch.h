@@ -20,12 +20,12 @@ namespace mltrain::launch {
 struct Overrides {
   int nprocs = 0;
   int procs_per_host = 0;
-  std::string hostfile, hosts;     // either replaces both of the spec's
+  std::string hostfile, hosts;  // either replaces both of the spec's
   std::string include, exclude;
-  std::vector<std::string> env;    // "K=V" each; replaces the spec's value of K
+  std::vector<std::string> env;  // "K=V" each; replaces the spec's value of K
   int max_restarts = -1;
-  std::string timeout, grace;      // durations as written ("90s", "1h30m")
-  std::string profile;             // ad-hoc runs only
+  std::string timeout, grace;  // durations as written ("90s", "1h30m")
+  std::string profile;         // ad-hoc runs only
   std::string name, workdir, ranks, ssh_config;
   bool no_prefix = false, timestamps = false;
   bool accept_new_host_keys = false;
@@ -64,11 +64,11 @@ plan::Plan dry_run(const JobRequest& req);
 std::string describe_plan(const plan::Plan& p);
 
 struct RunResult {
-  int exit_code = 0;       // mltrain's exit code (docs/exit-codes.md); 0 for a detached start
+  int exit_code = 0;  // mltrain's exit code (docs/exit-codes.md); 0 for a detached start
   std::string run_id;
   records::RunRecord record;  // as last saved (detached: what the background launcher starts from)
   bool detached = false;
-  int launcher_pid = 0;    // the detached launcher's pid, else this process's
+  int launcher_pid = 0;  // the detached launcher's pid, else this process's
 };
 
 // Creates the run record, connects to every host and supervises the job to its end. With
