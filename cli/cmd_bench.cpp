@@ -1,16 +1,15 @@
 // `mltrain bench`: runs the comm library's nccl-tests style benchmark as a job of mltrain itself
-// (one rank per process, rank 0 prints the table). `mltrain __bench-worker` is the rank side.
+// (one rank per process, rank 0 prints the table), launched in process through launch::run.
+// `mltrain __bench-worker` is the rank side.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <climits>
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 
 #include "cli/commands.h"
 #include "mltrain/bench.hpp"
 #include "runner/common/error.h"
+#include "runner/launch/launch.h"
 
 namespace mltrain::cli {
 
@@ -58,34 +57,38 @@ void register_bench(CLI::App& app, Global& g, std::function<int()>& handler) {
             "Columns: size, count, type, redop, time (us), algbw, busbw (GB/s), #wrong; allreduce busbw = algbw*2(n-1)/n.");
   c->callback([&] {
     handler = [&]() -> int {
-      // The benchmark is a job like any other: mltrain runs itself as every rank.
-      std::vector<std::string> args = {"run"};
-      if (!f.job.empty()) args.push_back(f.job);
-      if (f.nprocs) args.insert(args.end(), {"-n", std::to_string(f.nprocs)});
-      if (f.procs_per_host) args.insert(args.end(), {"--procs-per-host", std::to_string(f.procs_per_host)});
-      if (!f.hostfile.empty()) args.insert(args.end(), {"--hostfile", f.hostfile});
-      if (!f.hosts.empty()) args.insert(args.end(), {"-H", f.hosts});
-      if (!f.ssh_config.empty()) args.insert(args.end(), {"--ssh-config", f.ssh_config});
-      if (f.accept_new) args.push_back("--accept-new-host-keys");
-      if (f.job.empty() && !f.nprocs && f.hostfile.empty() && f.hosts.empty()) args.insert(args.end(), {"-n", "2"});
+      // The benchmark is a job like any other, launched in this process: every rank runs mltrain
+      // itself as the bench worker.
+      launch::JobRequest req;
+      if (!f.job.empty()) req.specs = {f.job};
+      auto& o = req.overrides;
+      o.nprocs = f.nprocs;
+      o.procs_per_host = f.procs_per_host;
+      o.hostfile = f.hostfile;
+      o.hosts = f.hosts;
+      o.ssh_config = f.ssh_config;
+      o.accept_new_host_keys = f.accept_new;
+      if (f.job.empty() && !f.nprocs && f.hostfile.empty() && f.hosts.empty()) o.nprocs = 2;
       // The ranks run mltrain itself, not the user's code: any directory every host has will do.
-      args.insert(args.end(), {"--name", "bench", "--workdir", "/", "--ranks", "0", "--no-prefix", "--"});
-      args.insert(args.end(), {self_exe(), "__bench-worker", "--op", f.op, "--redop", f.redop, "--dtype", f.dtype, "-b",
-                               f.min_bytes, "-e", f.max_bytes, "-f", f.factor, "--iters", std::to_string(f.iters),
-                               "--warmup", std::to_string(f.warmup), "--stat", f.stat});
-      if (f.check) args.push_back("--check");
-      if (f.json) args.push_back("--json");
-      // Re-enter as `mltrain run ...`: the same code path as any job.
-      std::vector<std::string> full = {"mltrain", "--color", g.color};
-      for (int v = 0; v < g.verbose; ++v) full.push_back("-v");
-      full.insert(full.end(), args.begin(), args.end());
-      std::vector<char*> cargs;
-      for (auto& a : full) cargs.push_back(a.data());
-      cargs.push_back(nullptr);
-      std::string exe = self_exe();
-      std::fflush(stdout);
-      ::execv(exe.c_str(), cargs.data());
-      throw Error("cannot run " + exe + ": " + std::strerror(errno), {}, exit_code::internal);
+      o.name = "bench";
+      o.workdir = "/";
+      o.ranks = "0";
+      o.no_prefix = true;
+      std::vector<std::string> cmd = {self_exe(), "__bench-worker",
+                                      "--op",     f.op,
+                                      "--redop",  f.redop,
+                                      "--dtype",  f.dtype,
+                                      "-b",       f.min_bytes,
+                                      "-e",       f.max_bytes,
+                                      "-f",       f.factor,
+                                      "--iters",  std::to_string(f.iters),
+                                      "--warmup", std::to_string(f.warmup),
+                                      "--stat",   f.stat};
+      if (f.check) cmd.push_back("--check");
+      if (f.json) cmd.push_back("--json");
+      req.command = std::move(cmd);
+      req.color = use_color(g, 1);
+      return launch::run(req).exit_code;
     };
   });
 }

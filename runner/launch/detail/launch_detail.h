@@ -1,0 +1,35 @@
+// Pieces the launch functions share: the plan's side-effect inputs and the transport per host.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "runner/launch/launch.h"
+#include "runner/supervise/supervisor.h"
+#include "runner/transport/transport.h"
+
+namespace mltrain::launch::detail {
+
+// How the planner's ports are found: bound on this machine, or counted up from 29500 (for
+// validate and doctor, which start nothing).
+enum class Ports { free, placeholder };
+
+// The one place plan::Inputs are set up: the request's (or this process's) environment and
+// working directory, with the given run id and token.
+plan::Inputs plan_inputs(const JobRequest& req, std::string run_id, std::string token, Ports ports);
+
+// A fresh job secret (MLTRAIN_TOKEN): 128 random bits in hex.
+std::string random_token();
+
+// The local transport for this machine, SSH (configured from the spec) for every other host.
+class HostTransports {
+ public:
+  explicit HostTransports(const spec::JobSpec& s);
+  const supervise::TransportFor& for_host() const { return for_host_; }
+
+ private:
+  std::unique_ptr<transport::Transport> local_, ssh_;
+  supervise::TransportFor for_host_;
+};
+
+}  // namespace mltrain::launch::detail

@@ -1,0 +1,206 @@
+// From a JobRequest to a spec and a plan: the flag overrides, validate, dry run, doctor.
+#include "runner/launch/launch.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <random>
+
+#include "runner/common/error.h"
+#include "runner/common/text.h"
+#include "runner/launch/detail/launch_detail.h"
+#include "runner/transport/ssh_transport.h"
+
+namespace mltrain::launch {
+
+namespace {
+
+std::chrono::milliseconds parse_flag_duration(const std::string& flag, const std::string& v) {
+  auto d = text::parse_duration(v);
+  if (!d) throw Error(flag + " '" + v + "' is not a duration", "write it like 90s, 15m, 2h or 1h30m");
+  return *d;
+}
+
+void set_env(spec::JobSpec& s, const std::string& kv) {
+  auto eq = kv.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw Error("--env '" + kv + "' is not K=V", "write --env NAME=value");
+  std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
+  spec::check_env_name(k, "--env");
+  bool replaced = false;
+  for (auto& [ek, ev] : s.run.env)
+    if (ek == k) ev = v, replaced = true;
+  if (!replaced) s.run.env.emplace_back(k, v);
+}
+
+void apply_overrides(spec::JobSpec& s, const Overrides& f) {
+  if (f.nprocs > 0) s.cluster.nprocs = f.nprocs;
+  if (f.procs_per_host > 0) s.cluster.procs_per_host = f.procs_per_host;
+  if (!f.hostfile.empty()) {
+    s.cluster.hostfile = f.hostfile;
+    s.cluster.hosts.clear();
+    s.origins["cluster.hostfile"] = "--hostfile";
+  }
+  if (!f.hosts.empty()) {
+    s.cluster.hosts = {f.hosts};
+    s.cluster.hostfile.clear();
+    s.origins["cluster.hosts"] = "-H";
+  }
+  if (!f.include.empty()) {
+    s.cluster.include = f.include;
+    s.origins["cluster.include"] = "--include";
+  }
+  if (!f.exclude.empty()) {
+    s.cluster.exclude = f.exclude;
+    s.origins["cluster.exclude"] = "--exclude";
+  }
+  for (const auto& kv : f.env) set_env(s, kv);
+  if (f.max_restarts >= 0) s.run.max_restarts = f.max_restarts;
+  if (!f.timeout.empty()) s.run.timeout = parse_flag_duration("--timeout", f.timeout);
+  if (!f.grace.empty()) s.run.grace_period = parse_flag_duration("--grace-period", f.grace);
+  if (!f.name.empty()) s.name = f.name;
+  if (!f.workdir.empty()) s.run.workdir = std::filesystem::absolute(f.workdir).lexically_normal().string();
+  if (!f.ranks.empty()) s.logs.ranks = f.ranks;
+  if (f.no_prefix) s.logs.prefix = "";
+  if (f.timestamps) s.logs.timestamps = true;
+  if (!f.ssh_config.empty()) s.ssh.config = f.ssh_config;
+  if (f.accept_new_host_keys) {
+    s.ssh.strict_host_keys = "accept-new";
+    s.origins["ssh.strict_host_keys"] = "--accept-new-host-keys";
+  }
+}
+
+}  // namespace
+
+spec::JobSpec resolve_spec(const JobRequest& req) {
+  const auto& words = req.specs;
+  const auto& profile = req.overrides.profile;
+  if (words.size() > 1)
+    throw Error("expected one job spec, got " + std::to_string(words.size()) + " words before '--'",
+                "put the command after '--': mltrain run -n 4 -- " + text::join(words, " "));
+  spec::JobSpec s;
+  if (!words.empty()) {
+    s = spec::load_file(words[0]);
+    if (req.command) {
+      s.run.argv = *req.command;
+      s.run.command.reset();
+    }
+    if (!profile.empty())
+      throw Error("--profile applies to ad-hoc runs; the spec " + words[0] + " chooses its own",
+                  "set 'profile = \"" + profile + "\"' in the spec");
+  } else {
+    if (!req.command || req.command->empty())
+      throw Error("nothing to run",
+                  "give a job spec (mltrain run job.toml) or a command (mltrain run -n 4 -- CMD ...)");
+    s = spec::from_command(*req.command, profile);
+  }
+  apply_overrides(s, req.overrides);
+  spec::check(s);
+  if (!s.logs.ranks.empty() && !text::parse_int_list(s.logs.ranks))
+    throw Error("--ranks '" + s.logs.ranks + "' is not a rank list", "write ranks like 0,3-5");
+  return s;
+}
+
+namespace detail {
+
+std::string random_token() {
+  std::random_device rd;
+  char buf[33];
+  for (int i = 0; i < 4; ++i) std::snprintf(buf + i * 8, 9, "%08x", unsigned(rd()));
+  return buf;
+}
+
+plan::Inputs plan_inputs(const JobRequest& req, std::string run_id, std::string token, Ports ports) {
+  plan::Inputs in;
+  in.environ = req.environ ? *req.environ : plan::current_environ();
+  in.cwd = req.cwd ? *req.cwd : std::filesystem::current_path().string();
+  in.run_id = std::move(run_id);
+  in.token = std::move(token);
+  if (ports == Ports::free) {
+    in.free_port = plan::find_free_port;
+  } else {
+    auto next = std::make_shared<int>(29500);
+    in.free_port = [next] { return (*next)++; };
+  }
+  return in;
+}
+
+HostTransports::HostTransports(const spec::JobSpec& s) {
+  local_ = transport::make_local_transport();
+  transport::SshOptions so;
+  so.config = s.ssh.config;
+  so.user = s.ssh.user;
+  so.port = s.ssh.port;
+  so.identity_file = s.ssh.identity_file;
+  so.known_hosts = s.ssh.known_hosts;
+  so.strict_host_keys = s.ssh.strict_host_keys;
+  so.connect_timeout = s.ssh.connect_timeout;
+  so.connect_timeout_set = s.origins.count("ssh.connect_timeout") > 0;
+  so.strict_host_keys_set = s.origins.count("ssh.strict_host_keys") > 0;
+  ssh_ = transport::make_ssh_transport(so);
+  for_host_ = [this](const plan::HostPlan& h) -> transport::Transport& { return h.local ? *local_ : *ssh_; };
+}
+
+}  // namespace detail
+
+Validation validate(const JobRequest& req) {
+  if (req.specs.empty() && !req.command)
+    throw Error("validate needs a job spec or a command",
+                "mltrain validate job.toml, or mltrain validate -n 2 -- CMD");
+  spec::JobSpec s = resolve_spec(req);
+  Validation v;
+  v.plan = plan::make_plan(s, detail::plan_inputs(req, "validate", "validate", detail::Ports::placeholder));
+  std::vector<std::string> hosts;
+  for (const auto& h : v.plan.hosts)
+    hosts.push_back(h.host.name + "(" + std::to_string(h.ranks.size()) + ")");
+  size_t n = v.plan.ranks.size();
+  v.summary = (req.specs.empty() ? std::string("command") : req.specs[0]) + ": ok: " + std::to_string(n) +
+              " rank" + (n == 1 ? "" : "s") + " on " + text::join(hosts, ", ");
+  return v;
+}
+
+plan::Plan dry_run(const JobRequest& req) {
+  spec::JobSpec s = resolve_spec(req);
+  return plan::make_plan(s, detail::plan_inputs(req, "dry-run", detail::random_token(), detail::Ports::free));
+}
+
+std::string describe_plan(const plan::Plan& p) {
+  std::string out;
+  auto plural = [](size_t n, const char* what) {
+    return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
+  };
+  out += "run " + p.name + ": " + plural(p.ranks.size(), "rank") + " on " + plural(p.hosts.size(), "host") +
+         "\n";
+  std::vector<std::string> argv;
+  for (const auto& a : p.argv) argv.push_back(text::shell_quote(a));
+  out += "command: " + text::join(argv, " ") + "\nworkdir: " + p.workdir + "\nmaster:  " + p.master_addr +
+         ":" + std::to_string(p.master_port) + "   store: " + p.store_addr + "\n";
+  for (const auto& h : p.hosts) {
+    out += "\nhost " + h.host.name + " (node " + std::to_string(h.node_rank) + (h.local ? ", local" : "") +
+           "): ranks";
+    for (int r : h.ranks) out += " " + std::to_string(r);
+    out += "\n";
+    for (int r : h.ranks) {
+      out += "  rank " + std::to_string(r) + ":";
+      for (const auto& [k, v] : p.ranks[size_t(r)].env)
+        out += " " + k + "=" + (k == "MLTRAIN_TOKEN" ? std::string("<secret>") : text::shell_quote(v));
+      out += "\n";
+    }
+  }
+  return out;
+}
+
+DoctorResult doctor(const JobRequest& req) {
+  JobRequest r = req;
+  if (!r.command) r.command = std::vector<std::string>{"true"};  // doctor checks hosts, not a program
+  spec::JobSpec s = resolve_spec(r);
+  plan::Plan p = plan::make_plan(s, detail::plan_inputs(r, "doctor", "doctor", detail::Ports::placeholder));
+  detail::HostTransports t(s);
+  DoctorResult d;
+  d.reports = supervise::run_doctor(p.hosts, t.for_host(), s.comm.master_port);
+  for (const auto& rep : d.reports)
+    if (!rep.ok) d.exit_code = exit_code::host_failure;
+  return d;
+}
+
+}  // namespace mltrain::launch

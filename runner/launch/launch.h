@@ -1,0 +1,88 @@
+// The job API the CLI calls: a JobRequest (a spec file or an ad-hoc command, plus the flags that
+// override it) becomes a spec, a plan, and then a validation, a dry run, a run or a doctor report.
+// Handlers in cli/ only parse flags into a JobRequest, call one function here and print.
+// Every function throws mltrain::Error (exit code 2 unless it says otherwise) on bad input.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runner/plan/plan.h"
+#include "runner/records/records.h"
+#include "runner/spec/spec.h"
+#include "runner/supervise/doctor.h"
+
+namespace mltrain::launch {
+
+// The run flags of the command line, as given (unset: 0, -1 or empty). They override the spec.
+struct Overrides {
+  int nprocs = 0;
+  int procs_per_host = 0;
+  std::string hostfile, hosts;  // either replaces both of the spec's
+  std::string include, exclude;
+  std::vector<std::string> env;  // "K=V" each; replaces the spec's value of K
+  int max_restarts = -1;
+  std::string timeout, grace;  // durations as written ("90s", "1h30m")
+  std::string profile;         // ad-hoc runs only
+  std::string name, workdir, ranks, ssh_config;
+  bool no_prefix = false, timestamps = false;
+  bool accept_new_host_keys = false;
+};
+
+struct JobRequest {
+  // Job spec paths as given (the positional words before '--'): at most one.
+  std::vector<std::string> specs;
+  // The words after '--': the ad-hoc command, or the one replacing the spec's.
+  std::optional<std::vector<std::string>> command;
+  Overrides overrides;
+  bool json = false;    // run: the summary as JSON on stdout, rank output on stderr
+  bool color = false;   // colour the console's rank prefixes
+  bool detach = false;  // run: leave the job running in the background
+  // The launcher's side of the plan; unset: this process's environment and working directory.
+  std::optional<std::map<std::string, std::string>> environ;
+  std::optional<std::string> cwd;
+};
+
+// The spec a request asks for: loaded (or made from the command) and overridden by its flags;
+// each flag that replaces a key is recorded in the spec's origins.
+spec::JobSpec resolve_spec(const JobRequest& req);
+
+struct Validation {
+  plan::Plan plan;      // with placeholder run id, token and ports
+  std::string summary;  // "job.toml: ok: 4 ranks on a(2), b(2)"
+};
+
+// Checks the spec and plans its ranks without touching any host or the run records.
+Validation validate(const JobRequest& req);
+
+// The plan a run would use (run id "dry-run", a fresh token, free ports); starts nothing.
+plan::Plan dry_run(const JobRequest& req);
+
+// The plan for people: hosts, ranks and each rank's environment (the token hidden).
+std::string describe_plan(const plan::Plan& p);
+
+struct RunResult {
+  int exit_code = 0;  // mltrain's exit code (docs/exit-codes.md); 0 for a detached start
+  std::string run_id;
+  records::RunRecord record;  // as last saved (detached: what the background launcher starts from)
+  bool detached = false;
+  int launcher_pid = 0;  // the detached launcher's pid, else this process's
+};
+
+// Creates the run record, connects to every host and supervises the job to its end. With
+// req.detach the launcher forks: the parent returns at once with the run id and the child's pid;
+// the child (its own session, its console in the run's console.log) runs the job and _exits with
+// its code, never returning to the caller.
+RunResult run(const JobRequest& req);
+
+struct DoctorResult {
+  std::vector<supervise::HostReport> reports;
+  int exit_code = 0;  // 0 when every host is ready, else exit_code::host_failure
+};
+
+// Checks every host of the request (its command defaults to `true`: doctor runs no program).
+DoctorResult doctor(const JobRequest& req);
+
+}  // namespace mltrain::launch

@@ -1,0 +1,41 @@
+"""mltrain bench on localhost: the benchmark job launched through the job API, its table, JSON and
+run record (the multi-host bench is in test_multihost.py)."""
+import json
+
+
+def _rows(stdout):
+    return [l.split() for l in stdout.splitlines() if l.strip() and not l.startswith("#")]
+
+
+def test_bench_table_with_check(ml):
+    r = ml("bench", "-n", "3", "-b", "4K", "-e", "16K", "-f", "2", "--iters", "2", "--warmup", "1", "--check",
+           timeout=60)
+    assert r.returncode == 0, r.stderr
+    header = [l for l in r.stdout.splitlines() if l.startswith("#") and "#wrong" in l]
+    # Only rank 0's output reaches the console, without a rank prefix.
+    assert len(header) == 1, r.stdout
+    assert "3 ranks" in r.stdout
+    cols = header[0].lstrip("#").split()
+    rows = _rows(r.stdout)
+    assert [int(row[0]) for row in rows] == [4096, 8192, 16384], r.stdout
+    assert all(row[cols.index("#wrong")] == "0" for row in rows), r.stdout
+    assert "mltrain: bench: 3 ranks succeeded" in r.stderr
+
+
+def test_bench_defaults_to_two_ranks_and_records_the_run(ml):
+    r = ml("bench", "-b", "4K", "-e", "4K", "--iters", "1", "--warmup", "0", "--json", timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(l) for l in r.stdout.splitlines()]
+    assert [(l["ranks"], l["size"], l["op"]) for l in lines] == [(2, 4096, "allreduce")]
+    runs = ml.run_dirs()
+    assert len(runs) == 1 and "-bench-" in runs[0].name, runs
+    rec = json.loads((runs[0] / "run.json").read_text())
+    assert rec["status"] == "succeeded" and rec["workdir"] == "/"
+    assert rec["argv"][1] == "__bench-worker"
+
+
+def test_bench_with_a_missing_spec_is_a_usage_error(ml):
+    r = ml("bench", "nope.toml")
+    assert r.returncode == 2
+    assert "nope.toml: cannot read job spec" in r.stderr
+    assert ml.run_dirs() == []
