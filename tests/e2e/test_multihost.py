@@ -183,6 +183,29 @@ def test_cut_host_is_named_and_its_agent_stops_its_ranks(mh, cluster):
         err.join()
 
 
+# --- 5b. a signal while a host is still connecting --------------------------------------------------
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["INT", "TERM"])
+def test_signal_while_a_host_connects_starts_nothing_anywhere(mh, cluster, sig, code):
+    """Ctrl-C or SIGTERM while h2 (cut off) is still connecting: exit at once, nothing starts on h1."""
+    cluster.cut("h2")
+    try:
+        p = mh.popen("-H", "h1:2,h2:2", "--workdir", "/tmp", "--", "sh", "-c",
+                     f'touch {mh.shared}/r$RANK')
+        time.sleep(1.0)  # h1 connected and answered; h2's connection hangs on the cut link
+        t0 = time.monotonic()
+        p.send_signal(sig)
+        _, err = communicate(p, 10)
+        took = time.monotonic() - t0
+        assert p.returncode == code, err
+        assert took < 1.0, f"exit {took:.2f}s after the signal"
+        assert "no rank was started" in err, err
+        time.sleep(0.5)
+        assert mh.touched() == [], f"ranks ran: {mh.touched()}"
+    finally:
+        cluster.heal("h2")
+
+
 # --- 6. host keys: unknown and changed -----------------------------------------------------------
 
 def _touch_cmd(mh):
