@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -26,7 +27,10 @@ int64_t now_ms() {
   return int64_t(ts.tv_sec) * 1000 + ts.tv_nsec / 1'000'000;
 }
 
-void set_nonblocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
+bool set_nonblocking(int fd) {
+  int flags = ::fcntl(fd, F_GETFL);
+  return flags >= 0 && ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0;
+}
 
 void log_err(const char* fmt, const char* arg) {
   // stderr is the only place besides the frame stream; keep it to real trouble.
@@ -171,16 +175,26 @@ void Agent::on(uint32_t id, const M&) {
 }
 
 int Agent::run() {
-  ::setpgid(0, 0);  // out of the terminal's foreground group: Ctrl-C reaches the launcher only
-  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  // Out of the terminal's foreground group: Ctrl-C reaches the launcher only. Over SSH the agent
+  // leads its own session already, and setpgid fails (EPERM) with nothing left to do.
+  (void)::setpgid(0, 0);
+  // Without it, descendants that leave their rank's group would outlive the job: say so.
+  if (::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
+    log_err("cannot become a child subreaper (prctl: %s); orphans of ranks may survive a stop", std::strerror(errno));
   ::signal(SIGPIPE, SIG_IGN);
   sigset_t mask;
   sigemptyset(&mask);
   for (int s : {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGQUIT}) sigaddset(&mask, s);
-  ::sigprocmask(SIG_BLOCK, &mask, nullptr);
-  sigfd_ = ::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
-  set_nonblocking(0);
-  set_nonblocking(1);
+  // The launcher sees the agent exit before hello_ack and reports this host, with this line.
+  if (::sigprocmask(SIG_BLOCK, &mask, nullptr) != 0 ||
+      (sigfd_ = ::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK)) < 0) {
+    log_err("cannot watch signals (signalfd: %s)", std::strerror(errno));
+    return 1;
+  }
+  if (!set_nonblocking(0) || !set_nonblocking(1)) {
+    log_err("cannot make the launcher stream non-blocking (fcntl: %s)", std::strerror(errno));
+    return 1;
+  }
   last_heard_ms_ = now_ms();
 
   std::vector<pollfd> fds;

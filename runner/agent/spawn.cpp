@@ -100,6 +100,12 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
     send(msg::SpawnFailed{std::string("pipe: ") + std::strerror(errno)}, id);
     return;
   }
+  // The read ends only (the ranks' ends stay blocking); they are not inherited (O_CLOEXEC).
+  if (!set_nonblocking(out[0]) || !set_nonblocking(err[0])) {
+    send(Type::spawn_failed, f.id, Writer().str(std::string("fcntl: ") + std::strerror(errno)).take());
+    for (int fd : {out[0], out[1], err[0], err[1], status_pipe[0], status_pipe[1]}) ::close(fd);
+    return;
+  }
   pid_t pid = ::fork();
   if (pid < 0) {
     send(msg::SpawnFailed{std::string("fork: ") + std::strerror(errno)}, id);
@@ -108,15 +114,24 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
   }
   if (pid == 0) {
     // Child: own process group, clean signal state, pipes as stdout/stderr, /dev/null as stdin.
-    ::setpgid(0, 0);
+    // A step that fails is reported like a failed exec: through the status pipe, exit 127.
+    const char* failed = nullptr;
     sigset_t none;
     sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    int devnull = -1;
+    if (::setpgid(0, 0) != 0) failed = "setpgid";
+    else if (::sigprocmask(SIG_SETMASK, &none, nullptr) != 0) failed = "sigprocmask";
+    else if ((devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0) failed = "open of /dev/null";
+    else if (::dup2(devnull, 0) < 0) failed = "dup2 of stdin";
+    else if (::dup2(out[1], 1) < 0) failed = "dup2 of stdout";
+    else if (::dup2(err[1], 2) < 0) failed = "dup2 of stderr";
+    if (failed) {
+      char msg[256];
+      int len = std::snprintf(msg, sizeof msg, "%s: %s", failed, std::strerror(errno));
+      if (::write(status_pipe[1], msg, size_t(len)) < 0) {}
+      ::_exit(127);
+    }
     for (int s : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD}) ::signal(s, SIG_DFL);
-    int devnull = ::open("/dev/null", O_RDONLY);
-    ::dup2(devnull, 0);
-    ::dup2(out[1], 1);
-    ::dup2(err[1], 2);
     const char* stage = "chdir";
     int e = 0;
     if (cwd.empty() || ::chdir(cwd.c_str()) == 0) {
@@ -131,7 +146,9 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
     if (::write(status_pipe[1], msg, size_t(len)) < 0) {}
     ::_exit(127);
   }
-  ::setpgid(pid, pid);  // also here, so a signal sent right away finds the group
+  // Also here, so a signal sent right away finds the group. It fails (EACCES) only when the
+  // child has already exec'd, by which time the child's own setpgid has done it.
+  (void)::setpgid(pid, pid);
   ::close(out[1]);
   ::close(err[1]);
   ::close(status_pipe[1]);
@@ -149,8 +166,6 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
     send(msg::SpawnFailed{std::string(msg, size_t(n))}, id);
     return;
   }
-  set_nonblocking(out[0]);
-  set_nonblocking(err[0]);
   Rank r;
   r.id = id;
   r.pid = pid;

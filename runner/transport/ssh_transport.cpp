@@ -1,250 +1,48 @@
 // The SSH transport (libssh): one connection and one channel per host, however many ranks it
-// runs. The channel carries the agent protocol; a pump thread per host moves bytes between the
-// channel and a socketpair the supervisor polls like any other agent stream.
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <fnmatch.h>
+// runs. This file makes the session (options from the spec and the ssh config), checks the host
+// key, authenticates and starts the agent; ssh_link.cpp carries the agent's stream afterwards.
 #include <libssh/libssh.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
-#include <atomic>
+#include <algorithm>
 #include <chrono>
-#include <cstdio>
+#include <cctype>
 #include <cstdlib>
-#include <cstring>
-#include <future>
-#include <mutex>
-#include <thread>
 
 #include "runner/common/error.h"
 #include "runner/common/log.h"
+#include "runner/transport/detail/ssh_link.h"
+#include "runner/transport/ssh_bootstrap.h"
+#include "runner/transport/ssh_config.h"
 #include "runner/transport/ssh_transport.h"
 
 namespace mltrain::transport {
 namespace {
 
-#if defined(__x86_64__)
-constexpr const char* kAgentArch = "x86_64";
-#elif defined(__aarch64__)
-constexpr const char* kAgentArch = "aarch64";
-#else
-constexpr const char* kAgentArch = "unknown";
-#endif
+using detail::Session;
 
-std::string expand_home(const std::string& p) {
-  if (p.size() >= 1 && p[0] == '~') {
-    const char* home = std::getenv("HOME");
-    return std::string(home ? home : "") + p.substr(1);
-  }
-  return p;
+std::string home_dir() {
+  const char* home = std::getenv("HOME");
+  return home ? home : "";
+}
+
+std::string lower(std::string s) {
+  for (auto& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// ssh_options_set, checked: a refused option names itself, libssh's reason and the host.
+void set_option(ssh_session ss, ssh_options_e option, const void* value, const char* option_name,
+                const std::string& host) {
+  if (ssh_options_set(ss, option, value) != SSH_OK)
+    throw Error(host + ": libssh refused the option SSH_OPTIONS_" + option_name + ": " + ssh_get_error(ss),
+                "check the [ssh] settings and the ssh config for this host", exit_code::host_failure);
 }
 
 bool file_exists(const std::string& p) {
   struct stat st{};
   return ::stat(p.c_str(), &st) == 0;
 }
-
-std::string sock_address(int fd, bool peer) {
-  sockaddr_storage a{};
-  socklen_t len = sizeof a;
-  int rc = peer ? ::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) : ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  if (rc != 0) return {};
-  char buf[INET6_ADDRSTRLEN] = {};
-  if (a.ss_family == AF_INET) ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&a)->sin_addr, buf, sizeof buf);
-  else if (a.ss_family == AF_INET6) ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&a)->sin6_addr, buf, sizeof buf);
-  return buf;
-}
-
-// The first value the ssh config gives `key` (lower case) for `host`, as ssh reads Host blocks
-// (glob patterns; Match blocks are skipped). Used for the settings mltrain itself acts on
-// (ConnectTimeout, StrictHostKeyChecking); libssh applies the rest when it parses the file.
-std::string config_value(const std::string& config, const std::string& host, const std::string& want) {
-  FILE* f = std::fopen(config.c_str(), "r");
-  if (!f) return {};
-  char line[1024];
-  bool applies = true;
-  std::string value;
-  while (value.empty() && std::fgets(line, sizeof line, f)) {
-    std::string l(line);
-    size_t b = l.find_first_not_of(" \t");
-    if (b == std::string::npos || l[b] == '#') continue;
-    std::string key = l.substr(b, l.find_first_of(" \t=", b) - b);
-    for (auto& c : key) c = char(std::tolower(static_cast<unsigned char>(c)));
-    std::string rest = l.substr(std::min(l.size(), b + key.size()));
-    size_t vb = rest.find_first_not_of(" \t=");
-    size_t ve = rest.find_last_not_of(" \t\r\n");
-    std::string v = vb == std::string::npos || ve < vb ? std::string() : rest.substr(vb, ve - vb + 1);
-    if (key == "host") {
-      applies = false;
-      size_t p = 0;
-      while ((p = v.find_first_not_of(" \t", p)) != std::string::npos) {
-        size_t e = v.find_first_of(" \t", p);
-        std::string pat = v.substr(p, e == std::string::npos ? std::string::npos : e - p);
-        if (::fnmatch(pat.c_str(), host.c_str(), 0) == 0) applies = true;
-        p = e;
-      }
-    } else if (key == "match") {
-      applies = false;
-    } else if (key == want && applies) {
-      value = v;
-    }
-  }
-  std::fclose(f);
-  for (auto& c : value) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return value;
-}
-
-// The address of the HostName libssh connects to, resolved here (numeric), or the name itself.
-std::string resolved_host(ssh_session s) {
-  char* host = nullptr;
-  if (ssh_options_get(s, SSH_OPTIONS_HOST, &host) != SSH_OK || !host) return {};
-  std::string name = host;
-  ssh_string_free_char(host);
-  addrinfo hints{}, *res = nullptr;
-  hints.ai_socktype = SOCK_STREAM;
-  if (::getaddrinfo(name.c_str(), nullptr, &hints, &res) != 0 || !res) return name;
-  char buf[INET6_ADDRSTRLEN] = {};
-  if (res->ai_family == AF_INET)
-    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, buf, sizeof buf);
-  else if (res->ai_family == AF_INET6)
-    ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(res->ai_addr)->sin6_addr, buf, sizeof buf);
-  ::freeaddrinfo(res);
-  return buf[0] ? std::string(buf) : name;
-}
-
-std::string agent_remote_path() {
-  return "\"$HOME/.cache/mltrain/mltrain-agent-" + std::string(agent_hash().substr(0, 16)) + "\"";
-}
-
-struct SessionDeleter {
-  void operator()(ssh_session s) const {
-    if (s) {
-      ssh_disconnect(s);
-      ssh_free(s);
-    }
-  }
-};
-using Session = std::unique_ptr<ssh_session_struct, SessionDeleter>;
-
-class SshLink : public AgentLink {
- public:
-  SshLink(Session s, ssh_channel ch, std::string name, std::string leftover)
-      : session_(std::move(s)), channel_(ch), name_(std::move(name)) {
-    int sv[2];
-    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
-      throw Error(std::string("socketpair: ") + std::strerror(errno), {}, exit_code::internal);
-    ours_ = sv[0];
-    theirs_ = sv[1];
-    ::fcntl(ours_, F_SETFL, ::fcntl(ours_, F_GETFL) | O_NONBLOCK);
-    int fd = ssh_get_fd(session_.get());
-    peer_ = sock_address(fd, true);
-    local_ = sock_address(fd, false);
-    if (peer_.empty()) peer_ = resolved_host(session_.get());  // through a ProxyCommand: no TCP socket here
-    done_ = done_promise_.get_future();
-    pump_ = std::thread([this, leftover = std::move(leftover)] {
-      pump(leftover);
-      done_promise_.set_value();
-    });
-  }
-  ~SshLink() override {
-    stop_ = true;
-    ::shutdown(ours_, SHUT_RDWR);
-    // A pump stuck writing to a cut link must not hang the launcher's exit.
-    if (done_.wait_for(std::chrono::seconds(3)) == std::future_status::ready) {
-      pump_.join();
-      if (channel_) {
-        ssh_channel_close(channel_);
-        ssh_channel_free(channel_);
-      }
-    } else {
-      log::warn("transport", name_ + ": the connection is stuck; leaving it");
-      pump_.detach();
-      (void)session_.release();
-    }
-    ::close(ours_);
-  }
-  int read_fd() const override { return ours_; }
-  int write_fd() const override { return ours_; }
-  std::string describe() const override { return peer_.empty() || peer_ == name_ ? name_ : name_ + " (" + peer_ + ")"; }
-  std::string address() const override { return peer_; }
-  std::string local_address() const override { return local_; }
-  void kill() override {
-    stop_ = true;
-    ::shutdown(ours_, SHUT_RDWR);
-  }
-
- private:
-  bool write_sock(const char* p, size_t n) {
-    while (n > 0) {
-      ssize_t w = ::send(theirs_, p, n, MSG_NOSIGNAL);
-      if (w > 0) {
-        p += w;
-        n -= size_t(w);
-      } else if (w < 0 && (errno == EINTR || errno == EAGAIN)) {
-        pollfd pf{theirs_, POLLOUT, 0};
-        ::poll(&pf, 1, 100);
-        if (stop_) return false;
-      } else {
-        return false;
-      }
-    }
-    return true;
-  }
-
-  void pump(const std::string& leftover) {
-    ssh_session s = session_.get();
-    if (!leftover.empty() && !write_sock(leftover.data(), leftover.size())) stop_ = true;
-    std::vector<char> buf(256 * 1024);
-    while (!stop_) {
-      pollfd fds[2] = {{theirs_, POLLIN, 0}, {ssh_get_fd(s), POLLIN, 0}};
-      ::poll(fds, 2, 50);
-      if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
-        ssize_t n = ::read(theirs_, buf.data(), buf.size());
-        if (n > 0) {
-          if (ssh_channel_write(channel_, buf.data(), uint32_t(n)) == SSH_ERROR) break;
-        } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-          ssh_channel_send_eof(channel_);  // the supervisor let go: the agent sees EOF and stops
-          break;
-        }
-      }
-      bool progress = true;
-      while (progress && !stop_) {
-        progress = false;
-        int n = ssh_channel_read_nonblocking(channel_, buf.data(), uint32_t(buf.size()), 0);
-        if (n > 0) {
-          progress = true;
-          if (!write_sock(buf.data(), size_t(n))) stop_ = true;
-        } else if (n == SSH_ERROR) {
-          stop_ = true;
-        }
-        int e = ssh_channel_read_nonblocking(channel_, buf.data(), uint32_t(buf.size()), 1);
-        if (e > 0) {
-          progress = true;
-          std::string text(buf.data(), size_t(e));
-          while (!text.empty() && text.back() == '\n') text.pop_back();
-          std::fprintf(stderr, "mltrain: %s: %s\n", name_.c_str(), text.c_str());
-        }
-      }
-      if (ssh_channel_is_eof(channel_) || ssh_channel_is_closed(channel_) || !ssh_is_connected(s)) break;
-    }
-    ::shutdown(theirs_, SHUT_RDWR);
-    ::close(theirs_);
-  }
-
-  Session session_;
-  ssh_channel channel_;
-  std::string name_, peer_, local_;
-  int ours_ = -1, theirs_ = -1;
-  std::atomic<bool> stop_{false};
-  std::promise<void> done_promise_;
-  std::future<void> done_;
-  std::thread pump_;
-};
 
 class SshTransport : public Transport {
  public:
@@ -256,42 +54,42 @@ class SshTransport : public Transport {
     if (!s) throw Error("cannot create an SSH session", {}, exit_code::internal);
     ssh_session ss = s.get();
     std::string name = h.name;
-    ssh_options_set(ss, SSH_OPTIONS_HOST, h.name.c_str());
+    set_option(ss, SSH_OPTIONS_HOST, h.name.c_str(), "HOST", name);
     int no = 0;
-    ssh_options_set(ss, SSH_OPTIONS_PROCESS_CONFIG, &no);
-    std::string config = expand_home(o_.config.empty() ? "~/.ssh/config" : o_.config);
+    set_option(ss, SSH_OPTIONS_PROCESS_CONFIG, &no, "PROCESS_CONFIG", name);
+    std::string home = home_dir();
+    std::string config = expand_home(o_.config.empty() ? "~/.ssh/config" : o_.config, home);
     if (file_exists(config)) {
       if (ssh_options_parse_config(ss, config.c_str()) != SSH_OK)
         throw Error(config + ": cannot parse the ssh config: " + ssh_get_error(ss), "fix the file, or pass --ssh-config");
     } else if (!o_.config.empty()) {
       throw Error(config + ": ssh config file not found", "check [ssh] config / --ssh-config");
     }
+    SshConfig parsed = SshConfig::load(config, home);
     // libssh turns ProxyJump into "ssh -W ... jump", which would read ~/.ssh/config, not this file.
     if (!o_.config.empty()) {
-      std::string jump = config_value(config, h.name, "proxyjump");
-      if (!jump.empty() && jump != "none") {
-        auto last = jump.rfind(',');
-        std::string cmd = "ssh -F '" + config + "' -W '[%h]:%p'" +
-                          (last == std::string::npos ? " " + jump : " -J " + jump.substr(0, last) + " " + jump.substr(last + 1));
-        ssh_options_set(ss, SSH_OPTIONS_PROXYCOMMAND, cmd.c_str());
-      }
+      std::string jump = parsed.value(h.name, "proxyjump");
+      if (!jump.empty() && lower(jump) != "none")
+        set_option(ss, SSH_OPTIONS_PROXYCOMMAND, proxy_command_for_jump(config, jump).c_str(), "PROXYCOMMAND", name);
     }
     // Explicit settings win over the config: the hostfile's, then the spec's.
     std::string user = !h.user.empty() ? h.user : o_.user;
-    if (!user.empty()) ssh_options_set(ss, SSH_OPTIONS_USER, user.c_str());
+    if (!user.empty()) set_option(ss, SSH_OPTIONS_USER, user.c_str(), "USER", name);
     int port = h.port > 0 ? h.port : o_.port;
-    if (port > 0) ssh_options_set(ss, SSH_OPTIONS_PORT, &port);
-    if (!o_.identity_file.empty()) ssh_options_set(ss, SSH_OPTIONS_ADD_IDENTITY, expand_home(o_.identity_file).c_str());
-    if (!o_.known_hosts.empty()) ssh_options_set(ss, SSH_OPTIONS_KNOWNHOSTS, expand_home(o_.known_hosts).c_str());
-    if (o_.connect_timeout_set || config_value(config, h.name, "connecttimeout").empty()) {
+    if (port > 0) set_option(ss, SSH_OPTIONS_PORT, &port, "PORT", name);
+    if (!o_.identity_file.empty())
+      set_option(ss, SSH_OPTIONS_ADD_IDENTITY, expand_home(o_.identity_file, home).c_str(), "ADD_IDENTITY", name);
+    if (!o_.known_hosts.empty())
+      set_option(ss, SSH_OPTIONS_KNOWNHOSTS, expand_home(o_.known_hosts, home).c_str(), "KNOWNHOSTS", name);
+    if (o_.connect_timeout_set || parsed.value(h.name, "connecttimeout").empty()) {
       long timeout = std::max<long>(1, long(o_.connect_timeout.count() / 1000));
-      ssh_options_set(ss, SSH_OPTIONS_TIMEOUT, &timeout);
+      set_option(ss, SSH_OPTIONS_TIMEOUT, &timeout, "TIMEOUT", name);
     }
 
     // Host keys: the spec or flag decides; else the ssh config's StrictHostKeyChecking; else strict.
     std::string strict = o_.strict_host_keys;
     if (!o_.strict_host_keys_set) {
-      std::string c = config_value(config, h.name, "stricthostkeychecking");
+      std::string c = lower(parsed.value(h.name, "stricthostkeychecking"));
       if (c == "accept-new") strict = "accept-new";
       else if (c == "no" || c == "off") strict = "no";
     }
@@ -367,22 +165,14 @@ class SshTransport : public Transport {
                 exit_code::host_failure);
   }
 
-  // Runs the agent over one exec channel. The remote shell checks the cached agent by content
-  // hash (size, where sha256sum is missing); when it is absent or damaged it says so and reads
-  // the agent from the same channel (one channel: sshd's MaxSessions may be 1), then execs it.
+  // Runs the agent over one exec channel, through the bootstrap script (ssh_bootstrap.h), which
+  // uploads it first when the host lacks it.
   std::unique_ptr<AgentLink> start_agent(Session s, const std::string& name) {
     ssh_session ss = s.get();
     auto bytes = agent_bytes();
     std::string size = std::to_string(bytes.size());
     std::string hash(agent_hash());
-    std::string cmd =
-        "a=" + agent_remote_path() + "; m=$(uname -m); if [ \"$m\" != " + kAgentArch +
-        " ]; then echo \"MLTRAIN-ARCH $m\"; exit 0; fi; ok=0; if [ -x \"$a\" ]; then "
-        "if command -v sha256sum >/dev/null 2>&1; then [ \"$(sha256sum < \"$a\" | cut -d' ' -f1)\" = " + hash +
-        " ] && ok=1; else [ \"$(wc -c < \"$a\")\" -eq " + size + " ] && ok=1; fi; fi; "
-        "if [ $ok = 0 ]; then echo MLTRAIN-AGENT-MISSING; mkdir -p \"$HOME/.cache/mltrain\" && t=\"$a.tmp.$$\" && "
-        "head -c " + size + " > \"$t\" && chmod 755 \"$t\" && mv -f \"$t\" \"$a\" || "
-        "{ echo MLTRAIN-UPLOAD-FAILED; exit 0; }; fi; echo MLTRAIN-AGENT-OK; exec \"$a\"";
+    std::string cmd = agent_bootstrap_script(hash, bytes.size(), kAgentArch);
     ssh_channel ch = ssh_channel_new(ss);
     if (!ch || ssh_channel_open_session(ch) != SSH_OK || ssh_channel_request_exec(ch, cmd.c_str()) != SSH_OK) {
       std::string err = ssh_get_error(ss);
@@ -397,7 +187,7 @@ class SshTransport : public Transport {
     };
     std::string line, rest;
     read_marker(ss, ch, name, line, rest);
-    if (line == "MLTRAIN-AGENT-MISSING") {
+    if (line == kMarkerAgentMissing) {
       size_t off = 0;
       while (off < bytes.size()) {
         int n = ssh_channel_write(ch, bytes.data() + off, uint32_t(std::min<size_t>(bytes.size() - off, 64 * 1024)));
@@ -409,11 +199,11 @@ class SshTransport : public Transport {
       read_marker(ss, ch, name, line, rest, pending);
       log::info("transport", name + ": agent uploaded (" + size + " bytes)");
     }
-    if (line == "MLTRAIN-AGENT-OK") return std::make_unique<SshLink>(std::move(s), ch, name, rest);
-    if (line.rfind("MLTRAIN-ARCH ", 0) == 0)
-      return fail("the host's architecture is " + line.substr(13) + "; this mltrain carries an agent for " + kAgentArch,
+    if (line == kMarkerAgentOk) return detail::make_ssh_link(std::move(s), ch, name, rest);
+    if (line.rfind(kMarkerArch, 0) == 0)
+      return fail("the host's architecture is " + line.substr(std::string(kMarkerArch).size()) + "; this mltrain carries an agent for " + kAgentArch,
                   "run mltrain built for that architecture");
-    if (line == "MLTRAIN-UPLOAD-FAILED")
+    if (line == kMarkerUploadFailed)
       return fail("cannot write the agent to ~/.cache/mltrain", "check free space and permissions in the remote home");
     return fail("the agent did not start (got '" + line + "')", "check that the host has a POSIX sh and glibc");
   }

@@ -20,7 +20,7 @@ inline constexpr int64_t kLostLauncherGraceMs = 2000;
 inline constexpr size_t kOutboxHighWater = 8u << 20;  // stop reading ranks' pipes above this backlog
 
 int64_t now_ms();
-void set_nonblocking(int fd);
+bool set_nonblocking(int fd);  // false with errno set when fcntl fails
 void log_err(const char* fmt, const char* arg);
 
 struct Rank {

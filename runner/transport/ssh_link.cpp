@@ -1,0 +1,184 @@
+// The agent link over an SSH channel: a pump thread per host moves bytes between the channel and
+// a socketpair the supervisor polls like any other agent stream.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <future>
+#include <thread>
+#include <vector>
+
+#include "runner/common/error.h"
+#include "runner/common/log.h"
+#include "runner/transport/detail/ssh_link.h"
+
+namespace mltrain::transport::detail {
+namespace {
+
+std::string sock_address(int fd, bool peer) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof a;
+  int rc = peer ? ::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) : ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  if (rc != 0) return {};
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (a.ss_family == AF_INET) ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&a)->sin_addr, buf, sizeof buf);
+  else if (a.ss_family == AF_INET6) ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&a)->sin6_addr, buf, sizeof buf);
+  return buf;
+}
+
+// The address of the HostName libssh connects to, resolved here (numeric), or the name itself.
+std::string resolved_host(ssh_session s) {
+  char* host = nullptr;
+  if (ssh_options_get(s, SSH_OPTIONS_HOST, &host) != SSH_OK || !host) return {};
+  std::string name = host;
+  ssh_string_free_char(host);
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_socktype = SOCK_STREAM;
+  if (::getaddrinfo(name.c_str(), nullptr, &hints, &res) != 0 || !res) return name;
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (res->ai_family == AF_INET)
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, buf, sizeof buf);
+  else if (res->ai_family == AF_INET6)
+    ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(res->ai_addr)->sin6_addr, buf, sizeof buf);
+  ::freeaddrinfo(res);
+  return buf[0] ? std::string(buf) : name;
+}
+
+class SshLink : public AgentLink {
+ public:
+  SshLink(Session s, ssh_channel ch, std::string name, std::string leftover)
+      : session_(std::move(s)), channel_(ch), name_(std::move(name)) {
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+      throw Error(std::string("socketpair: ") + std::strerror(errno), {}, exit_code::internal);
+    ours_ = sv[0];
+    theirs_ = sv[1];
+    int fl = ::fcntl(ours_, F_GETFL);
+    if (fl < 0 || ::fcntl(ours_, F_SETFL, fl | O_NONBLOCK) != 0) {
+      std::string why = std::string("fcntl(O_NONBLOCK) on the agent stream: ") + std::strerror(errno);
+      ::close(ours_);
+      ::close(theirs_);
+      throw Error(name_ + ": " + why, {}, exit_code::internal);
+    }
+    int fd = ssh_get_fd(session_.get());
+    peer_ = sock_address(fd, true);
+    local_ = sock_address(fd, false);
+    if (peer_.empty()) peer_ = resolved_host(session_.get());  // through a ProxyCommand: no TCP socket here
+    done_ = done_promise_.get_future();
+    pump_ = std::thread([this, leftover = std::move(leftover)] {
+      pump(leftover);
+      done_promise_.set_value();
+    });
+  }
+  ~SshLink() override {
+    stop_ = true;
+    ::shutdown(ours_, SHUT_RDWR);
+    // A pump stuck writing to a cut link must not hang the launcher's exit.
+    if (done_.wait_for(std::chrono::seconds(3)) == std::future_status::ready) {
+      pump_.join();
+      if (channel_) {
+        ssh_channel_close(channel_);
+        ssh_channel_free(channel_);
+      }
+    } else {
+      log::warn("transport", name_ + ": the connection is stuck; leaving it");
+      pump_.detach();
+      (void)session_.release();
+    }
+    ::close(ours_);
+  }
+  int read_fd() const override { return ours_; }
+  int write_fd() const override { return ours_; }
+  std::string describe() const override { return peer_.empty() || peer_ == name_ ? name_ : name_ + " (" + peer_ + ")"; }
+  std::string address() const override { return peer_; }
+  std::string local_address() const override { return local_; }
+  void kill() override {
+    stop_ = true;
+    ::shutdown(ours_, SHUT_RDWR);
+  }
+
+ private:
+  bool write_sock(const char* p, size_t n) {
+    while (n > 0) {
+      ssize_t w = ::send(theirs_, p, n, MSG_NOSIGNAL);
+      if (w > 0) {
+        p += w;
+        n -= size_t(w);
+      } else if (w < 0 && (errno == EINTR || errno == EAGAIN)) {
+        pollfd pf{theirs_, POLLOUT, 0};
+        ::poll(&pf, 1, 100);
+        if (stop_) return false;
+      } else {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  void pump(const std::string& leftover) {
+    ssh_session s = session_.get();
+    if (!leftover.empty() && !write_sock(leftover.data(), leftover.size())) stop_ = true;
+    std::vector<char> buf(256 * 1024);
+    while (!stop_) {
+      pollfd fds[2] = {{theirs_, POLLIN, 0}, {ssh_get_fd(s), POLLIN, 0}};
+      ::poll(fds, 2, 50);
+      if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+        ssize_t n = ::read(theirs_, buf.data(), buf.size());
+        if (n > 0) {
+          if (ssh_channel_write(channel_, buf.data(), uint32_t(n)) == SSH_ERROR) break;
+        } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+          ssh_channel_send_eof(channel_);  // the supervisor let go: the agent sees EOF and stops
+          break;
+        }
+      }
+      bool progress = true;
+      while (progress && !stop_) {
+        progress = false;
+        int n = ssh_channel_read_nonblocking(channel_, buf.data(), uint32_t(buf.size()), 0);
+        if (n > 0) {
+          progress = true;
+          if (!write_sock(buf.data(), size_t(n))) stop_ = true;
+        } else if (n == SSH_ERROR) {
+          stop_ = true;
+        }
+        int e = ssh_channel_read_nonblocking(channel_, buf.data(), uint32_t(buf.size()), 1);
+        if (e > 0) {
+          progress = true;
+          std::string text(buf.data(), size_t(e));
+          while (!text.empty() && text.back() == '\n') text.pop_back();
+          std::fprintf(stderr, "mltrain: %s: %s\n", name_.c_str(), text.c_str());
+        }
+      }
+      if (ssh_channel_is_eof(channel_) || ssh_channel_is_closed(channel_) || !ssh_is_connected(s)) break;
+    }
+    ::shutdown(theirs_, SHUT_RDWR);
+    ::close(theirs_);
+  }
+
+  Session session_;
+  ssh_channel channel_;
+  std::string name_, peer_, local_;
+  int ours_ = -1, theirs_ = -1;
+  std::atomic<bool> stop_{false};
+  std::promise<void> done_promise_;
+  std::future<void> done_;
+  std::thread pump_;
+};
+
+}  // namespace
+
+std::unique_ptr<AgentLink> make_ssh_link(Session session, ssh_channel channel, std::string name,
+                                         std::string leftover) {
+  return std::make_unique<SshLink>(std::move(session), channel, std::move(name), std::move(leftover));
+}
+
+}  // namespace mltrain::transport::detail
