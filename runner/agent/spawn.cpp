@@ -102,7 +102,7 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
   }
   // The read ends only (the ranks' ends stay blocking); they are not inherited (O_CLOEXEC).
   if (!set_nonblocking(out[0]) || !set_nonblocking(err[0])) {
-    send(Type::spawn_failed, f.id, Writer().str(std::string("fcntl: ") + std::strerror(errno)).take());
+    send(msg::SpawnFailed{std::string("fcntl: ") + std::strerror(errno)}, id);
     for (int fd : {out[0], out[1], err[0], err[1], status_pipe[0], status_pipe[1]}) ::close(fd);
     return;
   }
