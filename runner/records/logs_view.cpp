@@ -72,6 +72,11 @@ off_t tail_offset(const std::string& path, int n) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return 0;
   off_t end = ::lseek(fd, 0, SEEK_END);
+  if (end < 0) {
+    const int e = errno;
+    ::close(fd);
+    throw Error(sys_error_text("lseek", path, e), {}, exit_code::internal);
+  }
   if (n == 0) {
     ::close(fd);
     return end;

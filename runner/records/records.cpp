@@ -217,7 +217,10 @@ RunRecord load(const std::string& id) {
 std::vector<RunRecord> list() {
   std::vector<RunRecord> out;
   DIR* d = ::opendir(runs_dir().c_str());
-  if (!d) return out;
+  if (!d) {
+    if (errno == ENOENT) return out;  // no run yet
+    throw_sys("opendir", runs_dir(), "set MLTRAIN_HOME to a readable folder");
+  }
   std::vector<std::string> ids;
   while (dirent* e = ::readdir(d))
     if (e->d_name[0] != '.') ids.emplace_back(e->d_name);
