@@ -1,9 +1,11 @@
 // `mltrain completions` and `mltrain knobs`.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
 #include "cli/commands.h"
+#include "knobs/registry.h"
 #include "runner/common/error.h"
 #include "runner/common/text.h"
 
@@ -16,21 +18,59 @@ extern const int kEmbeddedCount;
 
 namespace {
 
-struct Knob {
-  const char* name;
-  const char* default_value;
-  const char* help;
-};
+// `mltrain knobs --json`: one object per knob.
+std::string json_string(std::string_view v) {
+  std::string out = "\"";
+  for (char c : v) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", unsigned(static_cast<unsigned char>(c)));
+      out += buf;
+      continue;
+    }
+    out += c;
+  }
+  return out + "\"";
+}
 
-// Every environment variable mltrain itself reads, in one place.
-const Knob kKnobs[] = {
-    {"MLTRAIN_HOME", "$XDG_STATE_HOME/mltrain or ~/.local/state/mltrain", "where run records and the agent cache live"},
-    {"MLTRAIN_LOG", "warn", "diagnostics on stderr: debug, info, warn, error, off"},
-    {"NO_COLOR", "(unset)", "set to anything to turn off coloured rank prefixes"},
-    {"XDG_CONFIG_HOME", "~/.config", "user profiles are read from $XDG_CONFIG_HOME/mltrain/profiles/NAME.toml"},
-    {"SLURM_JOB_NODELIST", "(unset)", "inside a Slurm allocation with no hosts given, the hosts to use"},
-    {"MLTRAIN_COMM_TIMEOUT", "300s", "comm library: timeout of every blocking call (see docs/comm.md)"},
-};
+std::string_view shown_default(const knobs::Knob& k) {
+  return !k.default_shown.empty() ? k.default_shown : k.default_value;
+}
+
+void print_knobs_json() {
+  std::printf("[\n");
+  const auto table = knobs::all();
+  for (size_t i = 0; i < table.size(); ++i) {
+    const auto& k = table[i];
+    const char* now = std::getenv(std::string(k.name).c_str());
+    std::printf(
+        "  {\"name\": %s, \"kind\": %s, \"default\": %s, \"who\": %s, \"help\": %s, \"value\": %s}%s\n",
+        json_string(k.name).c_str(), json_string(knobs::kind_text(k)).c_str(),
+        json_string(shown_default(k)).c_str(), json_string(knobs::readers_text(k.readers)).c_str(),
+        json_string(k.help).c_str(), now ? json_string(now).c_str() : "null",
+        i + 1 < table.size() ? "," : "");
+  }
+  std::printf("]\n");
+}
+
+void print_knobs_table() {
+  size_t name_w = 8, default_w = 7, who_w = 3;
+  for (const auto& k : knobs::all()) {
+    name_w = std::max(name_w, k.name.size());
+    default_w = std::max(default_w, shown_default(k).size());
+    who_w = std::max(who_w, knobs::readers_text(k.readers).size());
+  }
+  std::printf("%-*s  %-*s  %-*s  %s\n", int(name_w), "VARIABLE", int(default_w), "DEFAULT", int(who_w), "WHO",
+              "MEANING");
+  for (const auto& k : knobs::all()) {
+    std::string help(k.help);
+    if (k.kind != knobs::Kind::string) help += " [" + knobs::kind_text(k) + "]";
+    std::printf("%-*.*s  %-*.*s  %-*s  %s\n", int(name_w), int(k.name.size()), k.name.data(), int(default_w),
+                int(shown_default(k).size()), shown_default(k).data(), int(who_w),
+                knobs::readers_text(k.readers).c_str(), help.c_str());
+  }
+}
 
 }  // namespace
 
@@ -55,15 +95,19 @@ void register_completions(CLI::App& app, Global&, std::function<int()>& handler)
 }
 
 void register_knobs(CLI::App& app, Global&, std::function<int()>& handler) {
+  static bool json = false;
   auto* c = app.add_subcommand("knobs", "List the environment variables mltrain reads, with defaults");
-  c->footer("Example:\n  mltrain knobs");
+  c->add_flag("--json", json, "One JSON object per variable (name, kind, default, who, help, value)");
+  c->footer(
+      "WHO reads it: launcher (mltrain itself), agent (on each host), comm (libmltrain-comm in the ranks).\n"
+      "Durations read like 90s, 5m, 1h30m (a bare number is seconds); sizes like 64K, 1M, 2G.\n"
+      "Examples:\n  mltrain knobs\n  mltrain knobs --json");
   c->callback([&] {
     handler = [] {
-      std::printf("%-20s %-10s %s\n", "VARIABLE", "NOW", "DEFAULT / MEANING");
-      for (const auto& k : kKnobs) {
-        const char* v = std::getenv(k.name);
-        std::printf("%-20s %-10s %s: %s\n", k.name, v ? v : "-", k.default_value, k.help);
-      }
+      if (json)
+        print_knobs_json();
+      else
+        print_knobs_table();
       return 0;
     };
   });

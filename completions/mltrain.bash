@@ -167,8 +167,8 @@ _mltrain() {
             run) flags="$job_opts --dry-run --json -d --detach -h --help $global_opts" ;;
             validate) flags="$job_opts --json -h --help $global_opts" ;;
             logs) flags="-f --follow -r --rank -g --grep -t --tail --no-prefix -h --help $global_opts" ;;
-            ls | show) flags="--json -h --help $global_opts" ;;
-            stop | completions | knobs) flags="-h --help $global_opts" ;;
+            ls | show | knobs) flags="--json -h --help $global_opts" ;;
+            stop | completions) flags="-h --help $global_opts" ;;
             *) flags="-h --help" ;;
         esac
         [[ $cmd == run ]] && flags+=" --"

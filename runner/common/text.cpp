@@ -48,44 +48,6 @@ std::string did_you_mean(std::string_view word, const std::vector<std::string>& 
   return c ? " (did you mean '" + *c + "'?)" : std::string();
 }
 
-std::optional<std::chrono::milliseconds> parse_duration(std::string_view s) {
-  s = std::string_view(s.data(), s.size());
-  while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
-  while (!s.empty() && s.back() == ' ') s.remove_suffix(1);
-  if (s.empty()) return std::nullopt;
-  double total_ms = 0;
-  bool any = false;
-  while (!s.empty()) {
-    size_t i = 0;
-    while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
-    if (i == 0) return std::nullopt;
-    double value = 0;
-    auto num = std::string(s.substr(0, i));
-    char* end = nullptr;
-    value = std::strtod(num.c_str(), &end);
-    if (end != num.c_str() + num.size()) return std::nullopt;
-    s.remove_prefix(i);
-    size_t j = 0;
-    while (j < s.size() && std::isalpha(static_cast<unsigned char>(s[j]))) ++j;
-    std::string_view unit = s.substr(0, j);
-    s.remove_prefix(j);
-    double scale;
-    if (unit.empty()) {
-      if (any || !s.empty()) return std::nullopt;  // a bare number must stand alone
-      scale = 1000;
-    } else if (unit == "ms") scale = 1;
-    else if (unit == "s") scale = 1000;
-    else if (unit == "m" || unit == "min") scale = 60e3;
-    else if (unit == "h") scale = 3600e3;
-    else if (unit == "d") scale = 86400e3;
-    else return std::nullopt;
-    total_ms += value * scale;
-    any = true;
-  }
-  if (!std::isfinite(total_ms) || total_ms < 0 || total_ms > 1e15) return std::nullopt;
-  return std::chrono::milliseconds(static_cast<long long>(std::llround(total_ms)));
-}
-
 std::string format_duration(std::chrono::milliseconds d) {
   long long ms = d.count();
   char buf[64];

@@ -7,6 +7,8 @@
 #include <string_view>
 #include <vector>
 
+#include "knobs/parse.h"
+
 namespace mltrain::text {
 
 // The candidate closest to `word` by edit distance, if it is close enough to be a likely typo.
@@ -15,8 +17,9 @@ std::optional<std::string> closest(std::string_view word, const std::vector<std:
 // " (did you mean 'x'?)" or "" when nothing is close.
 std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates);
 
-// Parses "90s", "2h", "1h30m", "500ms", "1.5m" or a bare number of seconds; nullopt when malformed.
-std::optional<std::chrono::milliseconds> parse_duration(std::string_view s);
+// "90s", "2h", "1h30m", "500ms", "1.5m" or a bare number of seconds; nullopt when malformed. The
+// one duration parser, shared with the comm library, lives in knobs/.
+using knobs::parse_duration;
 std::string format_duration(std::chrono::milliseconds d);
 
 std::vector<std::string> split(std::string_view s, char sep);

@@ -3,13 +3,14 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <deque>
 #include <cstdio>
+#include <deque>
 #include <regex>
 #include <thread>
 
-#include "runner/common/status.h"
 #include "runner/common/error.h"
+#include "runner/common/status.h"
+#include "runner/common/sys_check.h"
 #include "runner/common/text.h"
 #include "runner/records/records.h"
 #include "runner/records/views.h"
@@ -71,6 +72,11 @@ off_t tail_offset(const std::string& path, int n) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return 0;
   off_t end = ::lseek(fd, 0, SEEK_END);
+  if (end < 0) {
+    const int e = errno;
+    ::close(fd);
+    throw Error(sys_error_text("lseek", path, e), {}, exit_code::internal);
+  }
   if (n == 0) {
     ::close(fd);
     return end;
@@ -266,7 +272,14 @@ int stop_run(const std::string& query) {
                 id.c_str(), r.launcher_pid);
     return 0;
   }
-  ::kill(r.launcher_pid, SIGTERM);
+  if (::kill(r.launcher_pid, SIGTERM) != 0) {
+    if (errno == ESRCH) {
+      std::printf("run %s: its launcher (pid %d) ended just now\n", id.c_str(), r.launcher_pid);
+      return 0;
+    }
+    throw_sys("kill", "SIGTERM launcher pid " + std::to_string(r.launcher_pid) + " of run " + id,
+              "is the run someone else's? only its owner can stop it", exit_code::usage);
+  }
   std::fprintf(stderr, "mltrain: stopping run %s (launcher pid %d)\n", id.c_str(), r.launcher_pid);
   // The launcher gives ranks their grace period; wait for it, then insist.
   for (int i = 0; i < 600; ++i) {
@@ -278,7 +291,8 @@ int stop_run(const std::string& query) {
     }
   }
   std::fprintf(stderr, "mltrain: the launcher did not stop within 60s; killing it (its agents stop the ranks)\n");
-  ::kill(r.launcher_pid, SIGKILL);
+  if (::kill(r.launcher_pid, SIGKILL) != 0 && errno != ESRCH)
+    throw_sys("kill", "SIGKILL launcher pid " + std::to_string(r.launcher_pid) + " of run " + id);
   return exit_code::stopped;
 }
 

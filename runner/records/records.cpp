@@ -19,6 +19,7 @@
 
 #include "runner/common/error.h"
 #include "runner/common/log.h"
+#include "runner/common/sys_check.h"
 #include "runner/common/text.h"
 #include "runner/plan/plan.h"
 
@@ -175,15 +176,25 @@ void save(const RunRecord& r) {
     log::warn("records", "cannot write " + tmp + ": " + std::strerror(errno));
     return;
   }
+  // A record that cannot be written is a warning, never the end of the run; a short one is not
+  // renamed over the last good one.
   size_t off = 0;
   while (off < data.size()) {
     ssize_t n = ::write(fd, data.data() + off, data.size() - off);
-    if (n <= 0 && errno != EINTR) break;
-    if (n > 0) off += size_t(n);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      log::warn("records", sys_error_text("write", tmp));
+      ::close(fd);
+      return;
+    }
+    off += size_t(n);
   }
-  ::close(fd);
+  if (::close(fd) != 0) {
+    log::warn("records", sys_error_text("close", tmp));
+    return;
+  }
   if (::rename(tmp.c_str(), (dir + "/run.json").c_str()) != 0)
-    log::warn("records", "cannot rename " + tmp + ": " + std::strerror(errno));
+    log::warn("records", sys_error_text("rename", tmp + " to run.json"));
 }
 
 RunRecord load(const std::string& id) {
@@ -206,7 +217,10 @@ RunRecord load(const std::string& id) {
 std::vector<RunRecord> list() {
   std::vector<RunRecord> out;
   DIR* d = ::opendir(runs_dir().c_str());
-  if (!d) return out;
+  if (!d) {
+    if (errno == ENOENT) return out;  // no run yet
+    throw_sys("opendir", runs_dir(), "set MLTRAIN_HOME to a readable folder");
+  }
   std::vector<std::string> ids;
   while (dirent* e = ::readdir(d))
     if (e->d_name[0] != '.') ids.emplace_back(e->d_name);

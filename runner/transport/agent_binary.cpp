@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "runner/common/error.h"
+#include "runner/common/sys_check.h"
 #include "runner/records/records.h"
 #include "runner/transport/transport.h"
 
@@ -25,8 +26,9 @@ std::string_view agent_hash() { return mltrain_agent_blob_hash; }
 std::string local_agent_path() {
   std::string dir = records::state_home();
   std::string agents = dir + "/agent";
-  ::mkdir(dir.c_str(), 0755);
-  ::mkdir(agents.c_str(), 0755);
+  for (const std::string& d : {dir, agents})
+    if (::mkdir(d.c_str(), 0755) != 0 && errno != EEXIST)
+      throw_sys("mkdir", d, "set MLTRAIN_HOME to a writable folder");
   std::string path = agents + "/mltrain-agent-" + std::string(agent_hash().substr(0, 16));
   if (::access(path.c_str(), X_OK) == 0) return path;
 
@@ -50,7 +52,12 @@ std::string local_agent_path() {
     }
     off += size_t(n);
   }
-  ::close(fd);
+  // close reports a write the file system deferred (NFS, quota): a short agent must not be installed.
+  if (::close(fd) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    throw Error(sys_error_text("close", tmp, e), "free some disk space", exit_code::internal);
+  }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int e = errno;
     ::unlink(tmp.c_str());

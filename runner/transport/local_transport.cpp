@@ -13,6 +13,7 @@
 
 #include "runner/common/error.h"
 #include "runner/common/log.h"
+#include "runner/common/sys_check.h"
 #include "runner/transport/transport.h"
 
 namespace bp = boost::process;
@@ -34,8 +35,10 @@ class LocalLink : public AgentLink {
       ::usleep(50'000);
     }
     log::warn("transport", "local agent did not exit within 10s of its stream closing; killing it");
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
+    if (::kill(pid_, SIGKILL) != 0 && errno != ESRCH)
+      log::warn("transport", sys_error_text("kill", "SIGKILL local agent pid " + std::to_string(pid_)));
+    else if (::waitpid(pid_, nullptr, 0) < 0 && errno != ECHILD)
+      log::warn("transport", sys_error_text("waitpid", "local agent pid " + std::to_string(pid_)));
   }
   int read_fd() const override { return rfd_; }
   int write_fd() const override { return wfd_; }
@@ -57,9 +60,13 @@ class LocalTransport : public Transport {
   std::unique_ptr<AgentLink> connect(const plan::HostPlan&) override {
     std::string agent = local_agent_path();
     int to_agent[2], from_agent[2];
-    if (::pipe2(to_agent, O_CLOEXEC) != 0 || ::pipe2(from_agent, O_CLOEXEC) != 0)
-      throw Error(std::string("cannot create pipes for the local agent: ") + std::strerror(errno), {},
-                  exit_code::host_failure);
+    check_sys(::pipe2(to_agent, O_CLOEXEC), "pipe2", "for the local agent", {}, exit_code::host_failure);
+    if (::pipe2(from_agent, O_CLOEXEC) != 0) {
+      const int e = errno;
+      ::close(to_agent[0]);
+      ::close(to_agent[1]);
+      throw Error(sys_error_text("pipe2", "for the local agent", e), {}, exit_code::host_failure);
+    }
     std::error_code ec;
     bp::child child(agent, bp::posix::fd.bind(0, to_agent[0]), bp::posix::fd.bind(1, from_agent[1]), ec);
     ::close(to_agent[0]);
@@ -72,10 +79,15 @@ class LocalTransport : public Transport {
     }
     pid_t pid = child.id();
     child.detach();  // the link reaps it; boost would terminate it on destruction otherwise
-    ::fcntl(from_agent[0], F_SETFL, ::fcntl(from_agent[0], F_GETFL) | O_NONBLOCK);
-    ::fcntl(to_agent[1], F_SETFL, ::fcntl(to_agent[1], F_GETFL) | O_NONBLOCK);
+    // The link owns the fds and the child from here: if a step below throws, it closes and reaps.
+    auto link = std::make_unique<LocalLink>(pid, from_agent[0], to_agent[1]);
+    for (int fd : {from_agent[0], to_agent[1]}) {
+      const int flags = check_sys(::fcntl(fd, F_GETFL), "fcntl(F_GETFL)", "on the local agent's pipe");
+      check_sys(::fcntl(fd, F_SETFL, flags | O_NONBLOCK), "fcntl(F_SETFL, O_NONBLOCK)",
+                "on the local agent's pipe");
+    }
     log::debug("transport", "local agent pid " + std::to_string(pid));
-    return std::make_unique<LocalLink>(pid, from_agent[0], to_agent[1]);
+    return link;
   }
 };
 

@@ -547,6 +547,14 @@ TEST_CASE("options: knobs parse from the environment") {
   CHECK(o.transport == Transport::tcp);
   CHECK(o.shm_bytes == (4u << 20));
   CHECK(o.store_addr == "h0:1234");
+  ::setenv("MLTRAIN_COMM_TIMEOUT", "5m", 1);  // once read by strtod as 5 seconds
+  CHECK(Options::from_env().timeout == 300000ms);
+  ::setenv("MLTRAIN_COMM_TIMEOUT", "5x", 1);
+  CHECK_THROWS_WITH_AS(Options::from_env(), doctest::Contains("MLTRAIN_COMM_TIMEOUT='5x' is not a duration"),
+                       Error);
+  ::setenv("MLTRAIN_COMM_TIMEOUT", "0s", 1);
+  CHECK_THROWS_WITH_AS(Options::from_env(), doctest::Contains("must be more than 0"), Error);
+  ::unsetenv("MLTRAIN_COMM_TIMEOUT");
   ::setenv("MLTRAIN_COMM_TRANSPORT", "carrier-pigeon", 1);
   CHECK_THROWS_AS(Options::from_env(), Error);
   ::unsetenv("MLTRAIN_COMM_TRANSPORT");

@@ -1,11 +1,14 @@
 #include "algorithms/engine.h"
 
-#include <algorithm>
-#include <cstring>
-#include <functional>
 #include <poll.h>
 #include <sched.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <functional>
+
+#include "core/sys_check.h"
 #include "mltrain/comm.hpp"
 
 namespace mltrain::comm::detail {
@@ -264,10 +267,12 @@ void run_channels(std::vector<std::vector<Step>>& channels, const EngineConfig& 
       sched_yield();
     } else if (!fds.empty() && any_shm) {
       const timespec ts{0, mixed_wait_us * 1000};
-      ::ppoll(fds.data(), fds.size(), &ts, nullptr);
+      if (::ppoll(fds.data(), fds.size(), &ts, nullptr) < 0 && errno != EINTR)
+        throw_sys("ppoll", "waiting on " + std::to_string(fds.size()) + " links");
       mixed_wait_us = std::min<long>(mixed_wait_us * 2, 1000);
     } else if (!fds.empty()) {
-      ::poll(fds.data(), fds.size(), cap_ms);
+      if (::poll(fds.data(), fds.size(), cap_ms) < 0 && errno != EINTR)
+        throw_sys("poll", "waiting on " + std::to_string(fds.size()) + " links");
     } else if (cfg.bell != nullptr) {
       Bell* bell = cfg.bell;
       bell->waiters.fetch_add(1, std::memory_order_seq_cst);

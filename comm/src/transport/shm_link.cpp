@@ -1,9 +1,5 @@
 #include "transport/shm_link.h"
 
-#include <cerrno>
-#include <climits>
-#include <csignal>
-#include <cstring>
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sys/mman.h>
@@ -11,6 +7,12 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <climits>
+#include <csignal>
+#include <cstring>
+
+#include "core/sys_check.h"
 #include "mltrain/comm.hpp"
 
 namespace mltrain::comm::detail {
@@ -73,7 +75,11 @@ ShmMapping::ShmMapping(const std::string& name, std::size_t bytes, bool create) 
   }
   if (!create) {
     struct stat st {};
-    ::fstat(fd, &st);
+    if (::fstat(fd, &st) != 0) {
+      const int err = errno;
+      ::close(fd);
+      throw Error(Error::Kind::internal, "fstat(" + name + "): " + std::strerror(err));
+    }
     if (static_cast<std::size_t>(st.st_size) < bytes) {
       ::close(fd);
       throw Error(Error::Kind::internal, "shared memory " + name + " is smaller than expected");
@@ -95,7 +101,8 @@ ShmMapping::~ShmMapping() {
 }
 
 void ShmMapping::unlink() {
-  ::shm_unlink(name_.c_str());
+  // ENOENT: the other end unlinked it first.
+  if (::shm_unlink(name_.c_str()) != 0 && errno != ENOENT) throw_sys("shm_unlink", name_);
   linked_ = false;
 }
 

@@ -1,17 +1,19 @@
 #include "transport/socket.h"
 
 #include <arpa/inet.h>
-#include <cerrno>
-#include <cstring>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <thread>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "core/sys_check.h"
 #include "mltrain/comm.hpp"
 
 namespace mltrain::comm::detail {
@@ -55,20 +57,23 @@ std::pair<std::string, int> split_host_port(const std::string& addr) {
 }
 
 void set_nonblocking(int fd) {
-  const int flags = ::fcntl(fd, F_GETFL, 0);
-  ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  const std::string where = "fd " + std::to_string(fd);
+  const int flags = check_sys(::fcntl(fd, F_GETFL, 0), "fcntl(F_GETFL)", where);
+  check_sys(::fcntl(fd, F_SETFL, flags | O_NONBLOCK), "fcntl(F_SETFL, O_NONBLOCK)", where);
 }
 
 void set_nodelay(int fd) {
   int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  check_sys(::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one), "setsockopt(TCP_NODELAY)",
+            "fd " + std::to_string(fd));
 }
 
 std::pair<Fd, int> listen_tcp(int port, int backlog) {
   Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd) throw Error(Error::Kind::internal, "socket(): " + errno_text(errno));
   int one = 1;
-  ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  check_sys(::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one), "setsockopt(SO_REUSEADDR)",
+            "listening on port " + std::to_string(port));
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_addr.s_addr = htonl(INADDR_ANY);
@@ -79,7 +84,8 @@ std::pair<Fd, int> listen_tcp(int port, int backlog) {
   if (::listen(fd.get(), backlog) != 0)
     throw Error(Error::Kind::internal, "listen(): " + errno_text(errno));
   socklen_t len = sizeof sa;
-  ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&sa), &len);
+  check_sys(::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&sa), &len), "getsockname",
+            "listening on port " + std::to_string(port));
   set_nonblocking(fd.get());
   return {std::move(fd), ntohs(sa.sin_port)};
 }
@@ -107,8 +113,11 @@ Fd connect_tcp(const std::string& host, int port, Deadline deadline, const std::
             pollfd p{fd.get(), POLLOUT, 0};
             const int n = ::poll(&p, 1, ms_until(deadline));
             socklen_t len = sizeof err;
-            if (n == 1) ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-            else err = ETIMEDOUT;
+            if (n == 1) {
+              if (::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+            } else {
+              err = n < 0 ? errno : ETIMEDOUT;
+            }
           }
         }
         if (err == 0) {
@@ -140,7 +149,8 @@ Fd accept_tcp(int listen_fd, Deadline deadline) {
     pollfd p{listen_fd, POLLIN, 0};
     const int ms = ms_until(deadline);
     if (ms == 0) return Fd();
-    ::poll(&p, 1, ms);
+    if (::poll(&p, 1, ms) < 0 && errno != EINTR)
+      throw_sys("poll", "accepting on fd " + std::to_string(listen_fd));
   }
 }
 

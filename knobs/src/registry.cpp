@@ -1,0 +1,237 @@
+#include "knobs/registry.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "knobs/parse.h"
+
+namespace mltrain::knobs {
+
+namespace {
+
+// Every variable mltrain reads, once. tests/unit/test_knobs.cpp scans the sources for reads of
+// names missing here.
+const Knob kKnobs[] = {
+    // The launcher.
+    {"MLTRAIN_HOME",
+     Kind::string,
+     "",
+     "where run records and the agent cache live",
+     launcher,
+     {},
+     "$XDG_STATE_HOME/mltrain"},
+    {"MLTRAIN_LOG", Kind::choice, "warn", "diagnostics on stderr (-v and -vv raise it)", launcher,
+     "debug|info|warn|error|off"},
+    {"XDG_STATE_HOME", Kind::string, "", "base of MLTRAIN_HOME's default", launcher, {}, "~/.local/state"},
+    {"XDG_CONFIG_HOME",
+     Kind::string,
+     "",
+     "user profiles are read from $XDG_CONFIG_HOME/mltrain/profiles/NAME.toml",
+     launcher,
+     {},
+     "~/.config"},
+    {"HOME",
+     Kind::string,
+     "",
+     "home folder: ~/.ssh/config and the defaults above",
+     launcher,
+     {},
+     "(from the system)"},
+    {"NO_COLOR",
+     Kind::string,
+     "",
+     "set to anything to turn off coloured rank prefixes",
+     launcher,
+     {},
+     "(unset)"},
+    {"TERM",
+     Kind::string,
+     "",
+     "TERM=dumb turns off coloured rank prefixes",
+     launcher,
+     {},
+     "(from the terminal)"},
+    {"SLURM_JOB_NODELIST",
+     Kind::string,
+     "",
+     "inside a Slurm allocation with no hosts given, the hosts to use",
+     launcher,
+     {},
+     "(unset)"},
+    {"PATH", Kind::string, "/usr/bin:/bin",
+     "where a rank's program is looked up when the job's env sets no PATH", agent},
+    // The comm library (workers; `mltrain bench` ranks too).
+    {"RANK", Kind::integer, "0", "this process's rank", comm},
+    {"WORLD_SIZE", Kind::integer, "1", "number of ranks (1 needs no store)", comm},
+    {"MASTER_ADDR", Kind::string, "127.0.0.1",
+     "store host when MLTRAIN_STORE_ADDR is unset (the launcher sets both)", comm},
+    {"MASTER_PORT", Kind::integer, "29500",
+     "the store listens on MASTER_PORT+1 when "
+     "MLTRAIN_STORE_ADDR is unset",
+     comm},
+    {"MLTRAIN_STORE_ADDR",
+     Kind::string,
+     "",
+     "host:port of the store rank 0 hosts",
+     comm,
+     {},
+     "$MASTER_ADDR:$MASTER_PORT+1"},
+    {"MLTRAIN_TOKEN",
+     Kind::string,
+     "",
+     "the job's secret; every store connection must prove it",
+     comm,
+     {},
+     "(empty)"},
+    {"MLTRAIN_COMM_TIMEOUT", Kind::duration, "300s",
+     "how long any call may go without progress before it fails naming the peer (bare number: "
+     "seconds)",
+     comm},
+    {"MLTRAIN_COMM_TRANSPORT", Kind::choice, "auto",
+     "auto: shared memory between ranks with the same host identity, TCP otherwise", comm, "auto|tcp|shm"},
+    {"MLTRAIN_COMM_SHM_BYTES", Kind::bytes, "1M",
+     "shared-memory ring capacity per direction per pair of ranks", comm},
+    {"MLTRAIN_COMM_CHUNK_BYTES", Kind::bytes, "256K", "pipeline piece (TCP links: twice that, at least 512K)",
+     comm},
+    {"MLTRAIN_COMM_SMALL_BYTES", Kind::bytes, "64K",
+     "allreduce at or below this size uses recursive doubling (power-of-two worlds)", comm},
+    {"MLTRAIN_COMM_SPIN_US", Kind::integer, "50",
+     "microseconds a waiting rank spins (yielding) before it sleeps", comm},
+    {"MLTRAIN_COMM_ALGO", Kind::choice, "auto",
+     "large allreduce, 3+ ranks (auto: ring on one host; across hosts hd on power-of-two worlds, "
+     "else bidir); every rank must use the same",
+     comm, "auto|ring|bidir|hd"},
+    {"MLTRAIN_COMM_HOST",
+     Kind::string,
+     "",
+     "host identity; equal identities use shared memory",
+     comm,
+     {},
+     "gethostname()"},
+};
+
+const Knob& declared(std::string_view name) {
+  if (const Knob* k = find(name)) return *k;
+  throw std::logic_error("environment variable " + std::string(name) +
+                         " is read but not declared in knobs/src/registry.cpp");
+}
+
+std::string_view raw(const Knob& k) {
+  const std::string name(k.name);
+  const char* value = std::getenv(name.c_str());
+  if (value == nullptr || *value == '\0') return k.default_value;
+  return value;
+}
+
+[[noreturn]] void bad(const Knob& k, std::string_view text, const std::string& expected) {
+  throw BadValue(std::string(k.name) + "='" + std::string(text) + "' " + expected);
+}
+
+}  // namespace
+
+std::span<const Knob> all() { return kKnobs; }
+
+const Knob* find(std::string_view name) {
+  for (const Knob& k : kKnobs)
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+std::string readers_text(unsigned readers) {
+  std::string out;
+  for (auto [bit, word] : {std::pair{launcher, "launcher"}, {comm, "comm"}, {agent, "agent"}})
+    if (readers & bit) out += (out.empty() ? "" : ",") + std::string(word);
+  return out;
+}
+
+std::string kind_text(const Knob& k) {
+  switch (k.kind) {
+    case Kind::duration:
+      return "duration";
+    case Kind::integer:
+      return "integer";
+    case Kind::bytes:
+      return "bytes";
+    case Kind::choice:
+      return std::string(k.choices);
+    case Kind::string:
+      return "string";
+    case Kind::flag:
+      return "flag";
+  }
+  return "?";
+}
+
+std::chrono::milliseconds duration_value(const Knob& k, std::string_view text) {
+  if (auto d = parse_duration(text)) return *d;
+  bad(k, text, "is not a duration (write it like 90s, 5m, 1h30m; a bare number is seconds)");
+}
+
+std::int64_t int_value(const Knob& k, std::string_view text) {
+  if (auto v = parse_int(text)) return *v;
+  bad(k, text, "is not an integer");
+}
+
+std::uint64_t bytes_value(const Knob& k, std::string_view text) {
+  if (auto v = parse_bytes(text)) return *v;
+  bad(k, text, "is not a size (write it like 4096, 64K, 1M, 2G)");
+}
+
+bool flag_value(const Knob& k, std::string_view text) {
+  if (auto v = parse_flag(text)) return *v;
+  bad(k, text, "is not a flag (write 1 or 0, true or false)");
+}
+
+std::string choice_value(const Knob& k, std::string_view text) {
+  std::string_view rest = k.choices;
+  while (!rest.empty()) {
+    const size_t bar = rest.find('|');
+    const std::string_view choice = rest.substr(0, bar);
+    if (choice == text) return std::string(choice);
+    rest = bar == std::string_view::npos ? std::string_view() : rest.substr(bar + 1);
+  }
+  // "a|b|c" reads "a, b or c".
+  std::string expected(k.choices);
+  const size_t last = expected.rfind('|');
+  if (last != std::string::npos) expected.replace(last, 1, " or ");
+  for (auto& c : expected)
+    if (c == '|') c = ',';
+  size_t comma = 0;
+  while ((comma = expected.find(',', comma)) != std::string::npos) expected.insert(++comma, " ");
+  bad(k, text, "(expected " + expected + ")");
+}
+
+std::string get_string(std::string_view name) { return std::string(raw(declared(name))); }
+
+bool is_set(std::string_view name) {
+  const Knob& k = declared(name);
+  const char* value = std::getenv(std::string(k.name).c_str());
+  return value != nullptr && *value != '\0';
+}
+
+std::chrono::milliseconds get_duration(std::string_view name) {
+  const Knob& k = declared(name);
+  return duration_value(k, raw(k));
+}
+
+std::int64_t get_int(std::string_view name) {
+  const Knob& k = declared(name);
+  return int_value(k, raw(k));
+}
+
+std::uint64_t get_bytes(std::string_view name) {
+  const Knob& k = declared(name);
+  return bytes_value(k, raw(k));
+}
+
+bool get_flag(std::string_view name) {
+  const Knob& k = declared(name);
+  return flag_value(k, raw(k));
+}
+
+std::string get_choice(std::string_view name) {
+  const Knob& k = declared(name);
+  return choice_value(k, raw(k));
+}
+
+}  // namespace mltrain::knobs

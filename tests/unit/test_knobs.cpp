@@ -1,0 +1,139 @@
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "knobs/parse.h"
+#include "knobs/registry.h"
+
+using namespace mltrain::knobs;
+using std::chrono::milliseconds;
+
+TEST_CASE("knobs: durations") {
+  CHECK(parse_duration("5m") == milliseconds(300000));
+  CHECK(parse_duration("90s") == milliseconds(90000));
+  CHECK(parse_duration("1h30m") == milliseconds(5400000));
+  CHECK(parse_duration("500ms") == milliseconds(500));
+  CHECK(parse_duration("1.5m") == milliseconds(90000));
+  CHECK(parse_duration("2d") == milliseconds(172800000));
+  CHECK(parse_duration(" 3s ") == milliseconds(3000));
+  CHECK(parse_duration("0") == milliseconds(0));
+  // A bare number is seconds unless the caller names another unit.
+  CHECK(parse_duration("12") == milliseconds(12000));
+  CHECK(parse_duration("2.5") == milliseconds(2500));
+  CHECK(parse_duration("250", milliseconds(1)) == milliseconds(250));
+  for (const char* bad : {"", "s", "5x", "1h 30", "abc", "1..2s", "-3s", "-5", "10 minutes", "3s5", "5m3",
+                          ".", "1e3s", "99999999999999999999h", "40000000d"}) {
+    CAPTURE(bad);
+    CHECK_FALSE(parse_duration(bad).has_value());
+  }
+}
+
+TEST_CASE("knobs: byte sizes, integers, flags") {
+  CHECK(parse_bytes("4096") == 4096u);
+  CHECK(parse_bytes("64K") == 65536u);
+  CHECK(parse_bytes("1M") == (1u << 20));
+  CHECK(parse_bytes("256MiB") == (256u << 20));
+  CHECK(parse_bytes("2g") == (2ull << 30));
+  for (const char* bad : {"", "K", "-1", "1.5M", "4KB", "1 M x", "16777216T", "99999999999999999999"}) {
+    CAPTURE(bad);
+    CHECK_FALSE(parse_bytes(bad).has_value());
+  }
+  CHECK(parse_int("-3") == -3);
+  CHECK(parse_int("+7") == 7);
+  CHECK_FALSE(parse_int("7x").has_value());
+  CHECK_FALSE(parse_int("99999999999999999999").has_value());
+  CHECK_FALSE(parse_int("").has_value());
+  CHECK(parse_flag("Yes") == true);
+  CHECK(parse_flag("0") == false);
+  CHECK_FALSE(parse_flag("maybe").has_value());
+}
+
+TEST_CASE("knobs: the registry") {
+  const Knob* timeout = find("MLTRAIN_COMM_TIMEOUT");
+  REQUIRE(timeout != nullptr);
+  CHECK(timeout->kind == Kind::duration);
+  CHECK(readers_text(timeout->readers) == "comm");
+  CHECK(find("MLTRAIN_NO_SUCH_KNOB") == nullptr);
+  CHECK(kind_text(*find("MLTRAIN_COMM_ALGO")) == "auto|ring|bidir|hd");
+  CHECK(readers_text(launcher | agent) == "launcher,agent");
+  std::set<std::string_view> names;
+  for (const Knob& k : all()) {
+    CAPTURE(k.name);
+    CHECK(names.insert(k.name).second);  // declared once
+    CHECK_FALSE(k.help.empty());
+    CHECK(k.readers != 0);
+    // Every default parses with its own kind's parser.
+    if (k.kind == Kind::duration) CHECK_NOTHROW(duration_value(k, k.default_value));
+    if (k.kind == Kind::integer) CHECK_NOTHROW(int_value(k, k.default_value));
+    if (k.kind == Kind::bytes) CHECK_NOTHROW(bytes_value(k, k.default_value));
+    if (k.kind == Kind::choice) CHECK_NOTHROW(choice_value(k, k.default_value));
+  }
+}
+
+TEST_CASE("knobs: getters read the environment and name a bad value") {
+  ::unsetenv("MLTRAIN_COMM_TIMEOUT");
+  CHECK(get_duration("MLTRAIN_COMM_TIMEOUT") == milliseconds(300000));
+  ::setenv("MLTRAIN_COMM_TIMEOUT", "5m", 1);
+  CHECK(get_duration("MLTRAIN_COMM_TIMEOUT") == milliseconds(300000));
+  ::setenv("MLTRAIN_COMM_TIMEOUT", "45", 1);
+  CHECK(get_duration("MLTRAIN_COMM_TIMEOUT") == milliseconds(45000));
+  ::setenv("MLTRAIN_COMM_TIMEOUT", "5x", 1);
+  CHECK_THROWS_WITH_AS(get_duration("MLTRAIN_COMM_TIMEOUT"),
+                       "MLTRAIN_COMM_TIMEOUT='5x' is not a duration (write it like 90s, 5m, "
+                       "1h30m; a bare number is seconds)",
+                       BadValue);
+  ::unsetenv("MLTRAIN_COMM_TIMEOUT");
+
+  ::setenv("MLTRAIN_COMM_ALGO", "tree", 1);
+  CHECK_THROWS_WITH_AS(get_choice("MLTRAIN_COMM_ALGO"),
+                       "MLTRAIN_COMM_ALGO='tree' (expected auto, ring, bidir or hd)", BadValue);
+  ::setenv("MLTRAIN_COMM_ALGO", "", 1);  // empty reads as unset
+  CHECK(get_choice("MLTRAIN_COMM_ALGO") == "auto");
+  CHECK_FALSE(is_set("MLTRAIN_COMM_ALGO"));
+  ::unsetenv("MLTRAIN_COMM_ALGO");
+
+  ::setenv("MLTRAIN_COMM_SHM_BYTES", "2M", 1);
+  CHECK(get_bytes("MLTRAIN_COMM_SHM_BYTES") == (2u << 20));
+  ::setenv("MLTRAIN_COMM_SHM_BYTES", "lots", 1);
+  CHECK_THROWS_WITH_AS(get_bytes("MLTRAIN_COMM_SHM_BYTES"),
+                       doctest::Contains("MLTRAIN_COMM_SHM_BYTES='lots'"), BadValue);
+  ::unsetenv("MLTRAIN_COMM_SHM_BYTES");
+
+  CHECK_THROWS_AS(get_string("MLTRAIN_UNDECLARED"), std::logic_error);
+}
+
+// Every environment variable the sources read must be in the table (so `mltrain knobs` lists it).
+TEST_CASE("knobs: every variable the sources read is declared") {
+  namespace fs = std::filesystem;
+  // getenv("X"), knobs::get_*("X") / is_set("X"), and lookups in the launcher's environ map.
+  const std::regex read(
+      R"re((?:getenv|get_string|get_int|get_duration|get_bytes|get_flag|get_choice|is_set|environ\.find|env\.find)\("([A-Z][A-Z0-9_]*)"\))re");
+  std::set<std::string> found, missing;
+  for (const char* dir : {"cli", "runner", "comm/src", "comm/tools", "hostfile", "profiles", "knobs"}) {
+    const fs::path root = fs::path(MLTRAIN_SOURCE_DIR) / dir;
+    if (!fs::exists(root)) continue;
+    for (const auto& entry : fs::recursive_directory_iterator(root)) {
+      const auto ext = entry.path().extension();
+      if (ext != ".cpp" && ext != ".h" && ext != ".hpp") continue;
+      std::ifstream in(entry.path());
+      std::stringstream text;
+      text << in.rdbuf();
+      const std::string s = text.str();
+      for (std::sregex_iterator it(s.begin(), s.end(), read), end; it != end; ++it) {
+        found.insert((*it)[1]);
+        if (find((*it)[1].str()) == nullptr)
+          missing.insert((*it)[1].str() + " (" + entry.path().string() + ")");
+      }
+    }
+  }
+  // The scan sees the reads it must (it is not looking at an empty tree).
+  CHECK(found.count("MLTRAIN_HOME") == 1);
+  CHECK(found.count("MLTRAIN_COMM_TIMEOUT") == 1);
+  CHECK(found.count("SLURM_JOB_NODELIST") == 1);
+  for (const auto& m : missing) FAIL_CHECK("not declared in knobs/src/registry.cpp: " << m);
+}
