@@ -120,6 +120,7 @@ namespace msg {
 // launcher -> agent
 struct Hello {
   static constexpr Type kType = Type::hello;
+  bool operator==(const Hello&) const = default;
   uint32_t magic = kMagic, version = kVersion;
   uint32_t grace_ms = 0;
   uint32_t heartbeat_timeout_ms = 0;  // 0: never give up on a silent launcher (pipes see EOF)
@@ -128,6 +129,7 @@ struct Hello {
 };
 struct Spawn {  // id = rank
   static constexpr Type kType = Type::spawn;
+  bool operator==(const Spawn&) const = default;
   std::string cwd;
   std::vector<std::string> argv, env;  // env: "K=V", set over the agent's own environment
   void put(Writer& w) const { w.str(cwd).strings(argv).strings(env); }
@@ -135,29 +137,34 @@ struct Spawn {  // id = rank
 };
 struct Signal {  // id = rank or kAllRanks
   static constexpr Type kType = Type::signal;
+  bool operator==(const Signal&) const = default;
   int32_t signo = 0;
   void put(Writer& w) const { w.i32(signo); }
   void get(Reader& r) { signo = r.i32(); }
 };
 struct Terminate {  // TERM every rank's process group, wait grace_ms, then KILL
   static constexpr Type kType = Type::terminate;
+  bool operator==(const Terminate&) const = default;
   uint32_t grace_ms = 0;
   void put(Writer& w) const { w.u32(grace_ms); }
   void get(Reader& r) { grace_ms = r.u32(); }
 };
 struct Ping {
   static constexpr Type kType = Type::ping;
+  bool operator==(const Ping&) const = default;
   uint64_t seq = 0;
   void put(Writer& w) const { w.u64(seq); }
   void get(Reader& r) { seq = r.u64(); }
 };
 struct Shutdown {  // kill whatever is left and exit
   static constexpr Type kType = Type::shutdown;
+  bool operator==(const Shutdown&) const = default;
   void put(Writer&) const {}
   void get(Reader&) {}
 };
 struct Prepare {  // preflight
   static constexpr Type kType = Type::prepare;
+  bool operator==(const Prepare&) const = default;
   std::string master_addr;  // "" on one host
   uint32_t nports = 0;      // free ports to find (rank 0's host only)
   std::string workdir, argv0;
@@ -167,6 +174,7 @@ struct Prepare {  // preflight
 };
 struct Probe {  // doctor
   static constexpr Type kType = Type::probe;
+  bool operator==(const Probe&) const = default;
   uint32_t port = 0;  // to test for being free; 0: none
   void put(Writer& w) const { w.u32(port); }
   void get(Reader& r) { port = r.u32(); }
@@ -175,6 +183,7 @@ struct Probe {  // doctor
 // agent -> launcher
 struct HelloAck {
   static constexpr Type kType = Type::hello_ack;
+  bool operator==(const HelloAck&) const = default;
   uint32_t magic = kMagic, version = kVersion;
   int32_t pid = 0;
   std::string hostname, arch;
@@ -183,18 +192,21 @@ struct HelloAck {
 };
 struct Started {  // id = rank
   static constexpr Type kType = Type::started;
+  bool operator==(const Started&) const = default;
   int32_t pid = 0;
   void put(Writer& w) const { w.i32(pid); }
   void get(Reader& r) { pid = r.i32(); }
 };
 struct SpawnFailed {  // id = rank
   static constexpr Type kType = Type::spawn_failed;
+  bool operator==(const SpawnFailed&) const = default;
   std::string message;
   void put(Writer& w) const { w.str(message); }
   void get(Reader& r) { message = r.str(); }
 };
 struct Output {  // id = rank; the frame's flags carry the stream; the payload is the raw bytes
   static constexpr Type kType = Type::output;
+  bool operator==(const Output&) const = default;
   uint16_t stream = 1;  // 1 stdout, 2 stderr
   std::string bytes;
   void put(Writer& w) const { w.raw(bytes); }
@@ -202,29 +214,34 @@ struct Output {  // id = rank; the frame's flags carry the stream; the payload i
 };
 struct Exited {  // id = rank
   static constexpr Type kType = Type::exited;
+  bool operator==(const Exited&) const = default;
   int32_t status = 0;  // as waitpid gives it
   void put(Writer& w) const { w.i32(status); }
   void get(Reader& r) { status = r.i32(); }
 };
 struct Pong {
   static constexpr Type kType = Type::pong;
+  bool operator==(const Pong&) const = default;
   uint64_t seq = 0;
   void put(Writer& w) const { w.u64(seq); }
   void get(Reader& r) { seq = r.u64(); }
 };
 struct AgentError {  // something the agent could not do
   static constexpr Type kType = Type::error;
+  bool operator==(const AgentError&) const = default;
   std::string message;
   void put(Writer& w) const { w.str(message); }
   void get(Reader& r) { message = r.str(); }
 };
 struct Bye {  // the agent is exiting after shutdown
   static constexpr Type kType = Type::bye;
+  bool operator==(const Bye&) const = default;
   void put(Writer&) const {}
   void get(Reader&) {}
 };
 struct Prepared {
   static constexpr Type kType = Type::prepared;
+  bool operator==(const Prepared&) const = default;
   std::string ifname;    // the interface routing to master_addr
   std::string local_ip;  // this host's address on that route
   std::vector<std::string> ports, problems;
@@ -233,6 +250,7 @@ struct Prepared {
 };
 struct Probed {
   static constexpr Type kType = Type::probed;
+  bool operator==(const Probed&) const = default;
   std::vector<std::string> facts;  // "key=value": arch, glibc, gpus, nccl, python3, torch, time_ms, port_free
   void put(Writer& w) const { w.strings(facts); }
   void get(Reader& r) { facts = r.strings(); }
