@@ -292,6 +292,18 @@ TEST_CASE("store: set/get/wait/add, and a wrong token is refused") {
   CHECK_THROWS_AS(a.wait("never", detail::Clock::now() + 50ms), Error);
 }
 
+TEST_CASE("store: adding to a value that is not an integer drops that client, not the store") {
+  detail::StoreServer server(0, "tok");
+  const std::string addr = "127.0.0.1:" + std::to_string(server.port());
+  const auto dl = [] { return detail::Clock::now() + 5s; };
+  detail::StoreClient a(addr, "tok", 0, dl());
+  a.set("k", "not a number", dl());
+  CHECK_THROWS_AS(a.add("k", 1, dl()), Error);
+  detail::StoreClient b(addr, "tok", 1, dl());
+  CHECK(*b.get("k", dl()) == "not a number");
+  CHECK(b.add("n", 4, dl()) == 4);
+}
+
 TEST_CASE("collectives: every op x dtype x count, world 1..8, shared memory") {
   for (int n : {1, 2, 3, 4, 8}) {
     CAPTURE(n);

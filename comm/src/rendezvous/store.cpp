@@ -1,5 +1,6 @@
 #include "rendezvous/store.h"
 
+#include <charconv>
 #include <cstdio>
 #include <fcntl.h>
 #include <cstring>
@@ -10,22 +11,13 @@
 #include <vector>
 
 #include "mltrain/comm.hpp"
+#include "rendezvous/store_wire.h"
 
 namespace mltrain::comm::detail {
 
 namespace {
 
-enum Op : std::uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4 };
-enum Status : std::uint16_t { kOk = 0, kBadToken = 1, kBadVersion = 2 };
-
-void put_u32(std::string& out, std::uint32_t v) { out.append(reinterpret_cast<char*>(&v), 4); }
-void put_u16(std::string& out, std::uint16_t v) { out.append(reinterpret_cast<char*>(&v), 2); }
-void put_i64(std::string& out, std::int64_t v) { out.append(reinterpret_cast<char*>(&v), 8); }
-template <class T> T get_at(const std::string& in, std::size_t pos) {
-  T v;
-  std::memcpy(&v, in.data() + pos, sizeof v);
-  return v;
-}
+using namespace wire;
 
 struct Conn {
   Fd fd;
@@ -67,16 +59,16 @@ void StoreServer::serve() {
       c.fd.reset();  // a client that cannot take its answer is dropped
     }
   };
-  auto value_frame = [](std::uint8_t tag, const std::string& value) {
-    std::string out(1, static_cast<char>(tag));
-    put_u32(out, static_cast<std::uint32_t>(value.size()));
+  auto value_frame = [](bool found, const std::string& value) {
+    std::string out;
+    ValueReply{std::uint8_t(found), static_cast<std::uint32_t>(value.size())}.put_to(out);
     out += value;
     return out;
   };
   auto publish = [&](const std::string& key) {
     auto it = waiters.find(key);
     if (it == waiters.end()) return;
-    const std::string out = value_frame(1, data[key]);
+    const std::string out = value_frame(true, data[key]);
     for (Conn* c : it->second)
       if (c->fd) reply(*c, out);
     waiters.erase(it);
@@ -87,21 +79,18 @@ void StoreServer::serve() {
     while (true) {
       std::string& in = c.in;
       if (!c.hello_done) {
-        if (in.size() < 16) return true;
-        const auto token_len = get_at<std::uint32_t>(in, 12);
-        if (get_at<std::uint32_t>(in, 0) != kStoreMagic || token_len > 4096) {
+        if (in.size() < Hello::kSize) return true;
+        const Hello hello = Hello::from(in.data());
+        if (hello.magic != kStoreMagic || hello.token_len > kMaxToken) {
           std::fprintf(stderr, "mltrain-comm store: refused connection from %s: not an mltrain "
                                "store client (bad magic)\n", c.name.c_str());
           return false;
         }
-        if (in.size() < 16 + token_len) return true;
-        const auto version = get_at<std::uint16_t>(in, 4);
-        c.rank = get_at<std::int32_t>(in, 8);
-        const std::string token = in.substr(16, token_len);
-        in.erase(0, 16 + token_len);
-        std::string out;
-        put_u32(out, kStoreMagic);
-        put_u16(out, kStoreVersion);
+        if (in.size() < Hello::kSize + hello.token_len) return true;
+        const auto version = hello.version;
+        c.rank = hello.rank;
+        const std::string token = in.substr(Hello::kSize, hello.token_len);
+        in.erase(0, Hello::kSize + hello.token_len);
         std::string msg;
         Status status = kOk;
         if (version != kStoreVersion) {
@@ -112,8 +101,8 @@ void StoreServer::serve() {
           status = kBadToken;
           msg = "wrong MLTRAIN_TOKEN";
         }
-        put_u16(out, status);
-        put_u32(out, static_cast<std::uint32_t>(msg.size()));
+        std::string out;
+        HelloReply{kStoreMagic, kStoreVersion, status, static_cast<std::uint32_t>(msg.size())}.put_to(out);
         out += msg;
         reply(c, out);
         if (status != kOk) {
@@ -124,38 +113,49 @@ void StoreServer::serve() {
         c.hello_done = true;
         continue;
       }
-      if (in.size() < 5) return true;
-      const auto op = static_cast<std::uint8_t>(in[0]);
-      const auto klen = get_at<std::uint32_t>(in, 1);
-      std::size_t need = 5 + klen;
+      if (in.size() < Request::kSize) return true;
+      const Request req = Request::from(in.data());
+      const auto op = req.op;
+      const std::size_t klen = req.key_len;
+      const std::size_t head = Request::kSize;
+      std::size_t need = head + klen;
       if (op == kSet) {
         if (in.size() < need + 4) return true;
-        need += 4 + get_at<std::uint32_t>(in, need);
+        need += 4 + get<std::uint32_t>(in.data() + need);
       } else if (op == kAdd) {
         need += 8;
       } else if (op != kGet && op != kWait) {
         return false;
       }
       if (in.size() < need) return true;
-      const std::string key = in.substr(5, klen);
+      const std::string key = in.substr(head, klen);
       if (op == kSet) {
-        data[key] = in.substr(5 + klen + 4, need - (5 + klen + 4));
+        data[key] = in.substr(head + klen + 4, need - (head + klen + 4));
         reply(c, std::string(1, '\1'));
         publish(key);
       } else if (op == kGet) {
         auto it = data.find(key);
-        reply(c, it == data.end() ? value_frame(0, {}) : value_frame(1, it->second));
+        reply(c, it == data.end() ? value_frame(false, {}) : value_frame(true, it->second));
       } else if (op == kWait) {
         auto it = data.find(key);
-        if (it != data.end()) reply(c, value_frame(1, it->second));
+        if (it != data.end()) reply(c, value_frame(true, it->second));
         else waiters[key].push_back(&c);
       } else {
-        const auto delta = get_at<std::int64_t>(in, 5 + klen);
+        const auto delta = get<std::int64_t>(in.data() + head + klen);
         auto it = data.find(key);
-        const std::int64_t value = (it == data.end() ? 0 : std::stoll(it->second)) + delta;
+        std::int64_t value = 0;
+        if (it != data.end()) {
+          const char* end = it->second.data() + it->second.size();
+          if (std::from_chars(it->second.data(), end, value).ptr != end) {
+            std::fprintf(stderr, "mltrain-comm store: rank %d added to key '%s', whose value is not an integer\n",
+                         c.rank, key.c_str());
+            return false;
+          }
+        }
+        value += delta;
         data[key] = std::to_string(value);
         std::string out;
-        put_i64(out, value);
+        put(out, value);
         reply(c, out);
         publish(key);
       }
@@ -214,25 +214,17 @@ void StoreClient::ensure_connected(Deadline deadline) {
   const auto [host, port] = split_host_port(addr_);
   Fd fd = connect_tcp(host, port, deadline, "store at " + addr_);
   std::string hello;
-  put_u32(hello, kStoreMagic);
-  put_u16(hello, kStoreVersion);
-  put_u16(hello, 0);
-  hello.append(reinterpret_cast<const char*>(&rank_), 4);
-  put_u32(hello, static_cast<std::uint32_t>(token_.size()));
+  Hello{kStoreMagic, kStoreVersion, rank_, static_cast<std::uint32_t>(token_.size())}.put_to(hello);
   hello += token_;
   const std::string what = "store at " + addr_;
   send_all(fd.get(), hello.data(), hello.size(), deadline, what);
-  char head[12];
+  char head[HelloReply::kSize];
   recv_all(fd.get(), head, sizeof head, deadline, what + " (hello)");
-  std::uint32_t magic, msg_len;
-  std::uint16_t version, status;
-  std::memcpy(&magic, head, 4);
-  std::memcpy(&version, head + 4, 2);
-  std::memcpy(&status, head + 6, 2);
-  std::memcpy(&msg_len, head + 8, 4);
-  if (magic != kStoreMagic)
+  const HelloReply answer = HelloReply::from(head);
+  const auto status = answer.status;
+  if (answer.magic != kStoreMagic)
     throw Error(Error::Kind::store, what + " is not an mltrain store (bad magic)");
-  std::string msg(std::min<std::uint32_t>(msg_len, 4096), '\0');
+  std::string msg(std::min<std::uint32_t>(answer.message_len, 4096), '\0');
   recv_all(fd.get(), msg.data(), msg.size(), deadline, what);
   if (status != kOk)
     throw Error(Error::Kind::store,
@@ -263,8 +255,8 @@ void StoreClient::read_exact(void* data, std::size_t n, Deadline deadline) {
 
 namespace {
 std::string key_frame(std::uint8_t op, const std::string& key) {
-  std::string out(1, static_cast<char>(op));
-  put_u32(out, static_cast<std::uint32_t>(key.size()));
+  std::string out;
+  Request{op, static_cast<std::uint32_t>(key.size())}.put_to(out);
   out += key;
   return out;
 }
@@ -272,7 +264,7 @@ std::string key_frame(std::uint8_t op, const std::string& key) {
 
 void StoreClient::set(const std::string& key, const std::string& value, Deadline deadline) {
   std::string frame = key_frame(kSet, key);
-  put_u32(frame, static_cast<std::uint32_t>(value.size()));
+  put(frame, static_cast<std::uint32_t>(value.size()));
   frame += value;
   request(frame, deadline);
   char ack;
@@ -281,37 +273,34 @@ void StoreClient::set(const std::string& key, const std::string& value, Deadline
 
 std::optional<std::string> StoreClient::get(const std::string& key, Deadline deadline) {
   request(key_frame(kGet, key), deadline);
-  char head[5];
-  read_exact(head, 5, deadline);
-  std::uint32_t len;
-  std::memcpy(&len, head + 1, 4);
-  std::string value(len, '\0');
-  read_exact(value.data(), len, deadline);
-  if (head[0] == 0) return std::nullopt;
+  char head[ValueReply::kSize];
+  read_exact(head, sizeof head, deadline);
+  const ValueReply answer = ValueReply::from(head);
+  std::string value(answer.value_len, '\0');
+  read_exact(value.data(), value.size(), deadline);
+  if (!answer.found) return std::nullopt;
   return value;
 }
 
 std::string StoreClient::wait(const std::string& key, Deadline deadline) {
   request(key_frame(kWait, key), deadline);
-  char head[5];
+  char head[ValueReply::kSize];
   try {
-    read_exact(head, 5, deadline);
+    read_exact(head, sizeof head, deadline);
   } catch (const Error& e) {
     if (e.kind() == Error::Kind::timeout)
       throw Error(Error::Kind::timeout, "store at " + addr_ + ": key '" + key +
                                             "' was not set before the timeout");
     throw;
   }
-  std::uint32_t len;
-  std::memcpy(&len, head + 1, 4);
-  std::string value(len, '\0');
-  read_exact(value.data(), len, deadline);
+  std::string value(ValueReply::from(head).value_len, '\0');
+  read_exact(value.data(), value.size(), deadline);
   return value;
 }
 
 std::int64_t StoreClient::add(const std::string& key, std::int64_t delta, Deadline deadline) {
   std::string frame = key_frame(kAdd, key);
-  put_i64(frame, delta);
+  put(frame, delta);
   request(frame, deadline);
   std::int64_t value;
   read_exact(&value, 8, deadline);

@@ -12,8 +12,6 @@
 
 namespace mltrain::comm::detail {
 
-inline constexpr std::uint32_t kStoreMagic = 0x4d4c5354;  // "MLST"
-inline constexpr std::uint16_t kStoreVersion = 1;
 
 class StoreServer {
 public:
