@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "runner/common/error.h"
-#include "runner/records/records.h"
+#include "runner/common/state_home.h"
 #include "runner/transport/transport.h"
 
 // Provided by the generated agent_blob.S (.incbin of the built mltrain-agent).
@@ -23,7 +23,7 @@ std::string_view agent_bytes() {
 std::string_view agent_hash() { return mltrain_agent_blob_hash; }
 
 std::string local_agent_path() {
-  std::string dir = records::state_home();
+  std::string dir = state_home();
   std::string agents = dir + "/agent";
   ::mkdir(dir.c_str(), 0755);
   ::mkdir(agents.c_str(), 0755);
