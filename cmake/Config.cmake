@@ -23,3 +23,7 @@ function(mltrain_embed_text)
     DEPENDS ${E_FILES} ${CMAKE_SOURCE_DIR}/cmake/EmbedText.cmake
     COMMENT "Embedding ${E_NAMESPACE}")
 endfunction()
+
+# config.h for whoever needs a feature gate or the version: link mltrain_config.
+add_library(mltrain_config INTERFACE)
+target_include_directories(mltrain_config INTERFACE ${CMAKE_BINARY_DIR}/generated)

@@ -16,6 +16,8 @@
 #include <set>
 #include <system_error>
 
+#include "runner/common/text.h"
+
 namespace mltrain::hostfile {
 namespace {
 
@@ -72,42 +74,6 @@ std::string escaped(std::string_view s) {
 }
 
 std::string quoted(std::string_view s) { return "'" + escaped(s) + "'"; }
-
-// Optimal string alignment distance, case-insensitive: a transposed pair ("prot") counts as one edit.
-std::size_t edit_distance(std::string_view a, std::string_view b) {
-  constexpr std::size_t too_long = 256;  // suggestions for huge words are noise; skip the quadratic cost
-  if (a.size() > too_long || b.size() > too_long) return too_long;
-  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
-  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
-  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      std::size_t cost = to_lower(a[i - 1]) == to_lower(b[j - 1]) ? 0 : 1;
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
-      if (i > 1 && j > 1 && to_lower(a[i - 1]) == to_lower(b[j - 2]) &&
-          to_lower(a[i - 2]) == to_lower(b[j - 1])) {
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-      }
-    }
-  }
-  return d[a.size()][b.size()];
-}
-
-// The closest candidate when it is plausibly a typo of `word`, else empty.
-std::string closest(std::string_view word, const std::vector<std::string>& candidates) {
-  std::size_t best = SIZE_MAX;
-  std::string best_name;
-  for (const auto& c : candidates) {
-    std::size_t d = edit_distance(word, c);
-    if (d < best) {
-      best = d;
-      best_name = c;
-    }
-  }
-  std::size_t allowed = std::max<std::size_t>(1, word.size() / 3);
-  if (best <= allowed && best < word.size()) return best_name;
-  return {};
-}
 
 // The text being parsed and how to name a position in it. Every string_view handed to fail()
 // must point into `text`, so its offset gives the column.
@@ -531,10 +497,10 @@ Item parse_item(const Where& w, std::string_view item, const std::string& origin
     // Open MPI spells it both ways; one canonical name keeps duplicate checks honest.
     std::string canonical = key == "max-slots" ? std::string(key_max_slots) : std::string(key);
     if (canonical != key_slots && canonical != key_max_slots && canonical != key_port) {
-      std::string guess =
-          closest(key, {std::string(key_slots), std::string(key_max_slots), std::string(key_port)});
+      auto guess =
+          text::closest(key, {std::string(key_slots), std::string(key_max_slots), std::string(key_port)});
       w.fail(key, "unknown key " + quoted(key),
-             guess.empty() ? std::string(keys_hint) : "did you mean '" + guess + "'?");
+             guess ? "did you mean '" + *guess + "'?" : std::string(keys_hint));
     }
     if (!given.insert(canonical).second) {
       w.fail(key, "'" + canonical + "' given twice", "keep one");
@@ -774,10 +740,10 @@ std::vector<Host> apply_filters(std::vector<Host> hosts, std::string_view includ
         picks[i] = pick;
       }
       if (!found) {
-        std::string guess = closest(name, known);
+        auto guess = text::closest(name, known);
         std::string hint;
-        if (!guess.empty()) {
-          hint = "did you mean '" + guess + "'?";
+        if (guess) {
+          hint = "did you mean '" + *guess + "'?";
         } else if (known.empty()) {
           hint = "there are no hosts to filter";
         } else {

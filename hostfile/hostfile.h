@@ -1,5 +1,5 @@
 // Hostfiles and host lists: the formats of DeepSpeed, Open MPI, Horovod and Slurm.
-// Depends on nothing else in mltrain. Every parse error throws hostfile::ParseError.
+// Depends only on runner/common (its "did you mean"). Every parse error throws hostfile::ParseError.
 #pragma once
 
 #include <stdexcept>

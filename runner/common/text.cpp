@@ -8,39 +8,61 @@
 namespace mltrain::text {
 
 namespace {
-// Edit distance where swapping two neighbouring letters counts as one edit ("nmae" -> "name").
+// A word this long is no typo: no suggestion, and no quadratic cost on hostile input.
+constexpr size_t kLongestWord = 256;
+
+char lower(char c) { return c >= 'A' && c <= 'Z' ? char(c - 'A' + 'a') : c; }
+
+// Optimal string alignment distance, case-insensitive: swapping two neighbouring letters counts
+// as one edit ("nmae" -> "name").
 size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
   for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
   for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
   for (size_t i = 1; i <= a.size(); ++i)
     for (size_t j = 1; j <= b.size(); ++j) {
-      size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      size_t cost = lower(a[i - 1]) == lower(b[j - 1]) ? 0 : 1;
       d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      if (i > 1 && j > 1 && lower(a[i - 1]) == lower(b[j - 2]) && lower(a[i - 2]) == lower(b[j - 1]))
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }
   return d[a.size()][b.size()];
+}
+
+bool starts_with_nocase(std::string_view s, std::string_view prefix) {
+  if (s.size() < prefix.size()) return false;
+  for (size_t i = 0; i < prefix.size(); ++i)
+    if (lower(s[i]) != lower(prefix[i])) return false;
+  return true;
 }
 }  // namespace
 
 std::optional<std::string> closest(std::string_view word, const std::vector<std::string>& candidates) {
+  if (word.size() > kLongestWord) return std::nullopt;
   std::optional<std::string> best;
   size_t best_distance = 0;
   for (const auto& c : candidates) {
+    if (c.size() > kLongestWord) continue;
     size_t d = edit_distance(word, c);
     if (!best || d < best_distance) {
       best = c;
       best_distance = d;
     }
   }
-  // Like ninja: accept up to a third of the word's length in edits, at least 1, at most 3.
+  // Like ninja: accept up to a third of the word's length in edits, at least 1, at most 3; but
+  // never a word that shares no letter with it ("a" is no typo of "b").
   size_t limit = std::clamp<size_t>(word.size() / 3, 1, 3);
-  if (best && best_distance <= limit) return best;
-  // A shortened key ("grace" for "grace_period") is a typo too.
-  if (word.size() >= 3)
-    for (const auto& c : candidates)
-      if (c.size() > word.size() && c.compare(0, word.size(), word) == 0) return c;
-  return std::nullopt;
+  if (best && best_distance <= limit && best_distance < word.size()) return best;
+  // A shortened key ("grace" for "grace_period") is a typo too, when it begins only one candidate
+  // ("worker" of worker-1 and worker-2 would be a guess).
+  if (word.size() < 3) return std::nullopt;
+  std::optional<std::string> only;
+  for (const auto& c : candidates)
+    if (c.size() > word.size() && starts_with_nocase(c, word)) {
+      if (only) return std::nullopt;
+      only = c;
+    }
+  return only;
 }
 
 std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates) {

@@ -1,4 +1,4 @@
-// Small text helpers shared by the spec loader, the CLI and the supervisor.
+// Small text helpers shared by the spec loader, the CLI, the supervisor and the hostfile parser.
 #pragma once
 
 #include <chrono>
@@ -11,7 +11,10 @@
 
 namespace mltrain::text {
 
-// The candidate closest to `word` by edit distance, if it is close enough to be a likely typo.
+// The candidate closest to `word` by edit distance (case-insensitive, a swapped pair of letters
+// is one edit), if it is close enough to be a likely typo: at most a third of the word's length in
+// edits (1 to 3), or the one candidate that the word begins (3 letters or more). Words over 256
+// characters get no suggestion. The one "did you mean" engine of mltrain, hostfile's included.
 std::optional<std::string> closest(std::string_view word, const std::vector<std::string>& candidates);
 
 // " (did you mean 'x'?)" or "" when nothing is close.

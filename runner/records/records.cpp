@@ -19,6 +19,7 @@
 
 #include "runner/common/error.h"
 #include "runner/common/log.h"
+#include "runner/common/state_home.h"
 #include "runner/common/sys_check.h"
 #include "runner/common/text.h"
 #include "runner/plan/plan.h"
@@ -115,16 +116,7 @@ json to_json_value(const RunRecord& r) {
 
 }  // namespace
 
-std::string state_home() {
-  std::string dir;
-  if (const char* m = std::getenv("MLTRAIN_HOME"); m && *m) dir = m;
-  else if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x) dir = std::string(x) + "/mltrain";
-  else if (const char* h = std::getenv("HOME"); h && *h) dir = std::string(h) + "/.local/state/mltrain";
-  else dir = "/tmp/mltrain-" + std::to_string(::getuid());
-  return dir;
-}
-
-std::string runs_dir() { return state_home() + "/runs"; }
+std::string runs_dir() { return mltrain::state_home() + "/runs"; }
 std::string run_dir(const std::string& id) { return runs_dir() + "/" + id; }
 
 std::string create_run(const std::string& name) {

@@ -1,5 +1,5 @@
-// Run records: one folder per run under the state dir (MLTRAIN_HOME, else
-// $XDG_STATE_HOME/mltrain, else ~/.local/state/mltrain): run.json, rank-N.log, console.log.
+// Run records: one folder per run under runs/ of the state home (runner/common/state_home.h):
+// run.json, rank-N.log, console.log.
 // `logs`, `ls`, `show` and `stop` read these; nothing else is a database.
 #pragma once
 
@@ -58,7 +58,6 @@ struct RunRecord {
 };
 
 // Where run folders live; created on first use.
-std::string state_home();
 std::string runs_dir();
 std::string run_dir(const std::string& id);
 

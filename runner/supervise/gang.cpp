@@ -1,4 +1,4 @@
-#include "runner/supervise/gang.h"
+#include "runner/supervise/detail/gang.h"
 
 #include <poll.h>
 #include <signal.h>

@@ -9,13 +9,12 @@
 #include <cstring>
 #include <ctime>
 
+#include "runner/common/color.h"
 #include "runner/common/log.h"
 
 namespace mltrain::supervise {
 
 namespace {
-const char* kColors[] = {"\033[36m", "\033[33m", "\033[32m", "\033[35m", "\033[34m", "\033[31m",
-                         "\033[96m", "\033[93m", "\033[92m", "\033[95m", "\033[94m", "\033[91m"};
 constexpr size_t kFileFlushAt = 256 * 1024;
 constexpr size_t kConsoleFlushAt = 1 << 20;
 
@@ -33,8 +32,6 @@ std::string timestamp() {
   return buf;
 }
 }  // namespace
-
-const char* rank_color(int rank) { return kColors[size_t(rank) % std::size(kColors)]; }
 
 std::string render_prefix(const std::string& tmpl, const RankInfo& r, bool multi_host) {
   if (tmpl.empty()) return {};

@@ -74,10 +74,6 @@ class Output {
   std::string out_buf_, err_buf_;
 };
 
-// The ANSI colour of a rank's prefix (the same in `run` and `logs`), and the reset code.
-const char* rank_color(int rank);
-inline constexpr const char* kColorReset = "\033[0m";
-
 // Renders a prefix template for a rank ("[{rank}]" -> "[3]").
 std::string render_prefix(const std::string& tmpl, const RankInfo& r, bool multi_host);
 

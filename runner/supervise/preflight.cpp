@@ -12,7 +12,7 @@
 #include "runner/common/error.h"
 #include "runner/common/log.h"
 #include "runner/common/text.h"
-#include "runner/supervise/gang.h"
+#include "runner/supervise/detail/gang.h"
 
 namespace mltrain::supervise::detail {
 

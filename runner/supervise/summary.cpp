@@ -6,7 +6,7 @@
 #include "runner/common/error.h"
 #include "runner/common/log.h"
 #include "runner/common/status.h"
-#include "runner/supervise/gang.h"
+#include "runner/supervise/detail/gang.h"
 
 namespace mltrain::supervise::detail {
 

@@ -1,6 +1,6 @@
 #include "runner/supervise/supervisor.h"
 
-#include "runner/supervise/gang.h"
+#include "runner/supervise/detail/gang.h"
 
 namespace mltrain::supervise {
 

@@ -6,8 +6,8 @@
 #include <cstring>
 
 #include "runner/common/error.h"
+#include "runner/common/state_home.h"
 #include "runner/common/sys_check.h"
-#include "runner/records/records.h"
 #include "runner/transport/transport.h"
 
 // Provided by the generated agent_blob.S (.incbin of the built mltrain-agent).
@@ -24,7 +24,7 @@ std::string_view agent_bytes() {
 std::string_view agent_hash() { return mltrain_agent_blob_hash; }
 
 std::string local_agent_path() {
-  std::string dir = records::state_home();
+  std::string dir = state_home();
   std::string agents = dir + "/agent";
   for (const std::string& d : {dir, agents})
     if (::mkdir(d.c_str(), 0755) != 0 && errno != EEXIST)

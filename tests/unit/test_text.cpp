@@ -29,6 +29,24 @@ TEST_CASE("text: did you mean") {
   CHECK(closest("prot", {"port", "user"}) == "port");
 }
 
+// The one engine behind every "did you mean" (spec keys, flags, profiles, hostfile keys and hosts).
+TEST_CASE("text: did you mean, the rules") {
+  // Case does not count as an edit: host names are case-insensitive, and "Name" is a typo of "name".
+  CHECK(closest("Worker-2", {"worker-1", "worker-2"}) == "worker-2");
+  CHECK(closest("NMAE", {"name"}) == "name");
+  // At most a third of the word in edits, capped at 3 however long the word is.
+  CHECK(closest("maxslots", {"max_slots"}) == "max_slots");
+  CHECK_FALSE(closest("gpu-node-zzzz", {"gpu-node-0001"}).has_value());
+  // A word that shares no letter with the candidate is no typo of it.
+  CHECK_FALSE(closest("a", {"b"}).has_value());
+  // A shortened name counts when it begins exactly one candidate.
+  CHECK(closest("grace", {"grace_period", "timeout"}) == "grace_period");
+  CHECK_FALSE(closest("worker", {"worker-10", "worker-20"}).has_value());
+  CHECK_FALSE(closest("gr", {"grace_period"}).has_value());
+  // Huge words get no suggestion (and cost no quadratic time).
+  CHECK_FALSE(closest(std::string(100000, 'a'), {std::string(100000, 'a') + "b"}).has_value());
+}
+
 TEST_CASE("text: rank lists") {
   CHECK(parse_int_list("0,3-5") == std::vector<int>{0, 3, 4, 5});
   CHECK(parse_int_list(" 7 ") == std::vector<int>{7});

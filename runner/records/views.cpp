@@ -1,3 +1,5 @@
+#include "runner/records/views.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -8,14 +10,12 @@
 #include <regex>
 #include <thread>
 
+#include "runner/common/color.h"
 #include "runner/common/error.h"
 #include "runner/common/status.h"
 #include "runner/common/sys_check.h"
 #include "runner/common/text.h"
 #include "runner/records/records.h"
-#include "runner/records/views.h"
-#include "runner/supervise/output.h"
-#include "runner/supervise/supervisor.h"
 
 namespace mltrain::records {
 
@@ -137,7 +137,7 @@ int print_logs(const LogsOptions& o) {
     f.path = run_dir(id) + "/rank-" + std::to_string(k.rank) + ".log";
     if (o.prefix) {
       std::string p = "[" + std::to_string(k.rank) + "]";
-      f.prefix = o.color ? std::string(supervise::rank_color(k.rank)) + p + supervise::kColorReset + " " : p + " ";
+      f.prefix = o.color ? std::string(rank_color(k.rank)) + p + kColorReset + " " : p + " ";
     }
     if (o.tail >= 0 && !re) f.offset = tail_offset(f.path, o.tail);
     fs.push_back(std::move(f));
