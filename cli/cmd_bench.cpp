@@ -41,9 +41,11 @@ void register_bench(CLI::App& app, Global& g, std::function<int()>& handler) {
   c->add_option("-H,--hosts", f.hosts, "Hosts, e.g. 'a:2,b:2'");
   c->add_option("--ssh-config", f.ssh_config, "ssh config file");
   c->add_flag("--accept-new-host-keys", f.accept_new, "Accept and record unknown host keys");
-  c->add_option("--op", f.op, "Collective")->check(CLI::IsMember({"allreduce", "broadcast", "allgather", "reduce_scatter"}));
+  c->add_option("--op", f.op, "Collective")
+      ->check(CLI::IsMember({"allreduce", "broadcast", "allgather", "reduce_scatter"}));
   c->add_option("--redop", f.redop, "Reduction")->check(CLI::IsMember({"sum", "prod", "min", "max", "avg"}));
-  c->add_option("--dtype", f.dtype, "Element type")->check(CLI::IsMember({"f32", "f64", "f16", "bf16", "i32", "i64", "u8"}));
+  c->add_option("--dtype", f.dtype, "Element type")
+      ->check(CLI::IsMember({"f32", "f64", "f16", "bf16", "i32", "i64", "u8"}));
   c->add_option("-b,--minbytes", f.min_bytes, "Smallest message (K/M/G suffixes)");
   c->add_option("-e,--maxbytes", f.max_bytes, "Largest message");
   c->add_option("-f,--stepfactor", f.factor, "Size multiplier between rows");
@@ -52,9 +54,12 @@ void register_bench(CLI::App& app, Global& g, std::function<int()>& handler) {
   c->add_option("--stat", f.stat, "Time statistic: median or mean")->check(CLI::IsMember({"median", "mean"}));
   c->add_flag("-c,--check", f.check, "Check every result against a reference (#wrong column)");
   c->add_flag("--json", f.json, "One JSON object per size instead of the table");
-  c->footer("Examples:\n  mltrain bench -n 4 -b 4K -e 256M -f 4\n  mltrain bench -n 2 --op allgather --dtype bf16 --check\n"
-            "  mltrain bench --hostfile hosts.txt --procs-per-host 2\n"
-            "Columns: size, count, type, redop, time (us), algbw, busbw (GB/s), #wrong; allreduce busbw = algbw*2(n-1)/n.");
+  c->footer(
+      "Examples:\n  mltrain bench -n 4 -b 4K -e 256M -f 4\n  mltrain bench -n 2 --op allgather --dtype bf16 "
+      "--check\n"
+      "  mltrain bench --hostfile hosts.txt --procs-per-host 2\n"
+      "Columns: size, count, type, redop, time (us), algbw, busbw (GB/s), #wrong; allreduce busbw = "
+      "algbw*2(n-1)/n.");
   c->callback([&] {
     handler = [&]() -> int {
       // The benchmark is a job like any other, launched in this process: every rank runs mltrain

@@ -78,18 +78,24 @@ void register_completions(CLI::App& app, Global&, std::function<int()>& handler)
   static std::string shell;
   auto* c = app.add_subcommand("completions", "Print the shell completion script for bash, zsh or fish");
   c->add_option("shell", shell, "bash, zsh or fish")->required();
-  c->footer("Examples:\n  source <(mltrain completions bash)\n  mltrain completions zsh > ~/.zfunc/_mltrain\n"
-            "  mltrain completions fish > ~/.config/fish/completions/mltrain.fish");
+  c->footer(
+      "Examples:\n  source <(mltrain completions bash)\n  mltrain completions zsh > ~/.zfunc/_mltrain\n"
+      "  mltrain completions fish > ~/.config/fish/completions/mltrain.fish");
   c->callback([&] {
     handler = [&] {
-      std::string file = shell == "bash" ? "mltrain.bash" : shell == "zsh" ? "_mltrain" : shell == "fish" ? "mltrain.fish" : "";
+      std::string file = shell == "bash"   ? "mltrain.bash"
+                         : shell == "zsh"  ? "_mltrain"
+                         : shell == "fish" ? "mltrain.fish"
+                                           : "";
       for (int i = 0; i < completions::kEmbeddedCount; ++i)
         if (completions::kEmbedded[i].first == file) {
-          std::fwrite(completions::kEmbedded[i].second.data(), 1, completions::kEmbedded[i].second.size(), stdout);
+          std::fwrite(completions::kEmbedded[i].second.data(), 1, completions::kEmbedded[i].second.size(),
+                      stdout);
           return 0;
         }
-      throw Error("no completions for shell '" + shell + "'" + text::did_you_mean(shell, {"bash", "zsh", "fish"}),
-                  "choose bash, zsh or fish");
+      throw Error(
+          "no completions for shell '" + shell + "'" + text::did_you_mean(shell, {"bash", "zsh", "fish"}),
+          "choose bash, zsh or fish");
     };
   });
 }

@@ -21,8 +21,9 @@ void register_logs(CLI::App& app, Global& g, std::function<int()>& handler) {
   c->add_option("-g,--grep", f.grep, "Only lines matching this regular expression");
   c->add_option("-t,--tail", f.tail, "Only the last N lines of each rank")->check(CLI::NonNegativeNumber);
   c->add_flag("--no-prefix", f.no_prefix, "Print lines without the [rank] prefix");
-  c->footer("Examples:\n  mltrain logs                 the latest run, every rank\n"
-            "  mltrain logs -f 20261129     follow a run\n  mltrain logs --rank 0,3 --grep loss --tail 20");
+  c->footer(
+      "Examples:\n  mltrain logs                 the latest run, every rank\n"
+      "  mltrain logs -f 20261129     follow a run\n  mltrain logs --rank 0,3 --grep loss --tail 20");
   c->callback([&] {
     handler = [&] {
       records::LogsOptions o;
@@ -72,7 +73,8 @@ void register_show(CLI::App& app, Global&, std::function<int()>& handler) {
 
 void register_stop(CLI::App& app, Global&, std::function<int()>& handler) {
   static std::string id;
-  auto* c = app.add_subcommand("stop", "Stop a running job (every rank gets SIGTERM, then SIGKILL after the grace period)");
+  auto* c = app.add_subcommand(
+      "stop", "Stop a running job (every rank gets SIGTERM, then SIGKILL after the grace period)");
   c->add_option("id", id, "Run id, a unique part of it, or 'latest'");
   c->footer("Example:\n  id=$(mltrain run -d job.toml); mltrain stop $id");
   c->callback([&] { handler = [&] { return records::stop_run(id); }; });

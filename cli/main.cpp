@@ -2,12 +2,11 @@
 // prints it and maps it to a documented exit code (docs/exit-codes.md).
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-
-#include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
 #include "config.h"
@@ -29,8 +28,9 @@ bool use_color(const Global& g, int fd) {
 
 namespace {
 
-const Register kCommands[] = {register_run,  register_validate, register_logs,        register_ls,    register_show,
-                              register_stop, register_doctor,   register_bench,       register_completions, register_knobs};
+const Register kCommands[] = {register_run,         register_validate, register_logs,   register_ls,
+                              register_show,        register_stop,     register_doctor, register_bench,
+                              register_completions, register_knobs};
 
 int run_main(int argc, char** argv) {
   Global g;
@@ -44,9 +44,11 @@ int run_main(int argc, char** argv) {
       break;
     }
 
-  CLI::App app{"mltrain: start a training job's ranks on one or more hosts, stream their logs, stop them together.",
-               "mltrain"};
-  app.set_version_flag("--version", std::string("mltrain ") + MLTRAIN_VERSION + " (" + MLTRAIN_GIT_COMMIT + ")");
+  CLI::App app{
+      "mltrain: start a training job's ranks on one or more hosts, stream their logs, stop them together.",
+      "mltrain"};
+  app.set_version_flag("--version",
+                       std::string("mltrain ") + MLTRAIN_VERSION + " (" + MLTRAIN_GIT_COMMIT + ")");
   app.require_subcommand(1);
   app.fallthrough();
   app.add_flag("-v,--verbose", g.verbose, "More diagnostics on stderr (repeat for debug)");
@@ -120,7 +122,8 @@ int main(int argc, char** argv) {
   using namespace mltrain;
   try {
     // Ranks of `mltrain bench` are mltrain itself; they speak the benchmark's own flags.
-    if (argc >= 2 && std::strcmp(argv[1], "__bench-worker") == 0) return cli::bench_worker_main(argc - 1, argv + 1);
+    if (argc >= 2 && std::strcmp(argv[1], "__bench-worker") == 0)
+      return cli::bench_worker_main(argc - 1, argv + 1);
     return cli::run_main(argc, argv);
   } catch (const Error& e) {
     std::fflush(stdout);

@@ -10,13 +10,13 @@
 namespace mltrain::hostfile {
 
 struct Host {
-  std::string name;            // host name, alias or address as written; IPv6 without brackets
-  std::string user;            // from "user@host", empty when not given
-  int port = 0;                // explicit SSH port, 0 when not given
-  int slots = 0;               // processes to place there, 0 when not given
-  int max_slots = 0;           // upper bound (Open MPI), 0 when not given
-  std::vector<int> slot_ids;   // slot indices left after include/exclude; empty means 0..slots-1
-  std::string origin;          // "file:line" or "-H" where this host was written
+  std::string name;           // host name, alias or address as written; IPv6 without brackets
+  std::string user;           // from "user@host", empty when not given
+  int port = 0;               // explicit SSH port, 0 when not given
+  int slots = 0;              // processes to place there, 0 when not given
+  int max_slots = 0;          // upper bound (Open MPI), 0 when not given
+  std::vector<int> slot_ids;  // slot indices left after include/exclude; empty means 0..slots-1
+  std::string origin;         // "file:line" or "-H" where this host was written
 };
 
 // A malformed hostfile line, host list item or filter. what() is one line:

@@ -22,6 +22,9 @@ step() { printf '\n==> %s\n' "$*"; }
 step "installing dependencies"
 scripts/setup.sh --no-build --test-deps
 
+step "format check (clang-format with .clang-format; fix with: git ls-files '*.cpp' '*.h' '*.hpp' '*.c' | xargs clang-format -i)"
+git ls-files '*.cpp' '*.h' '*.hpp' '*.c' | xargs clang-format --dry-run --Werror
+
 step "building (RelWithDebInfo)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j"$jobs"

@@ -33,7 +33,8 @@ int main(int argc, char** argv) {
     for (int i = 0; i < iters; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
       MPI_Allreduce(in.data(), out.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-      times.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      times.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
     }
     std::sort(times.begin(), times.end());
     if (rank == 0) {

@@ -1,8 +1,7 @@
 // The C API: a thin shell over the C++ one; errors become codes plus a thread-local message.
-#include "mltrain/comm.h"
-
 #include <string>
 
+#include "mltrain/comm.h"
 #include "mltrain/comm.hpp"
 
 struct mltrain_comm {
@@ -16,17 +15,24 @@ thread_local std::string last_error;
 int code_of(mltrain::comm::Error::Kind kind) {
   using K = mltrain::comm::Error::Kind;
   switch (kind) {
-  case K::usage: return MLTRAIN_COMM_EUSAGE;
-  case K::store: return MLTRAIN_COMM_ESTORE;
-  case K::timeout: return MLTRAIN_COMM_ETIMEOUT;
-  case K::peer_closed: return MLTRAIN_COMM_EPEER;
-  case K::mismatch: return MLTRAIN_COMM_EMISMATCH;
-  case K::internal: return MLTRAIN_COMM_EINTERNAL;
+    case K::usage:
+      return MLTRAIN_COMM_EUSAGE;
+    case K::store:
+      return MLTRAIN_COMM_ESTORE;
+    case K::timeout:
+      return MLTRAIN_COMM_ETIMEOUT;
+    case K::peer_closed:
+      return MLTRAIN_COMM_EPEER;
+    case K::mismatch:
+      return MLTRAIN_COMM_EMISMATCH;
+    case K::internal:
+      return MLTRAIN_COMM_EINTERNAL;
   }
   return MLTRAIN_COMM_EINTERNAL;
 }
 
-template <class F> int guarded(mltrain_comm_t* comm, F&& f) {
+template <class F>
+int guarded(mltrain_comm_t* comm, F&& f) {
   if (comm == nullptr || !comm->impl) {
     last_error = "mltrain-comm: null communicator";
     return MLTRAIN_COMM_EUSAGE;
@@ -83,8 +89,8 @@ int mltrain_comm_size(const mltrain_comm_t* comm) {
   return comm != nullptr && comm->impl ? comm->impl->size() : -1;
 }
 
-int mltrain_comm_allreduce(mltrain_comm_t* comm, const void* send, void* recv, size_t count,
-                           int dtype, int redop) {
+int mltrain_comm_allreduce(mltrain_comm_t* comm, const void* send, void* recv, size_t count, int dtype,
+                           int redop) {
   return guarded(comm, [&](auto& c) { c.allreduce(send, recv, count, dt(dtype), op(redop)); });
 }
 
@@ -92,15 +98,13 @@ int mltrain_comm_broadcast(mltrain_comm_t* comm, void* buf, size_t count, int dt
   return guarded(comm, [&](auto& c) { c.broadcast(buf, count, dt(dtype), root); });
 }
 
-int mltrain_comm_allgather(mltrain_comm_t* comm, const void* send, void* recv, size_t count,
-                           int dtype) {
+int mltrain_comm_allgather(mltrain_comm_t* comm, const void* send, void* recv, size_t count, int dtype) {
   return guarded(comm, [&](auto& c) { c.allgather(send, recv, count, dt(dtype)); });
 }
 
-int mltrain_comm_reduce_scatter(mltrain_comm_t* comm, const void* send, void* recv,
-                                size_t recv_count, int dtype, int redop) {
-  return guarded(comm,
-                 [&](auto& c) { c.reduce_scatter(send, recv, recv_count, dt(dtype), op(redop)); });
+int mltrain_comm_reduce_scatter(mltrain_comm_t* comm, const void* send, void* recv, size_t recv_count,
+                                int dtype, int redop) {
+  return guarded(comm, [&](auto& c) { c.reduce_scatter(send, recv, recv_count, dt(dtype), op(redop)); });
 }
 
 int mltrain_comm_barrier(mltrain_comm_t* comm) {

@@ -1,6 +1,8 @@
 // Communicator: joins the job through the store, connects links on first use (shm to ranks on
 // the same host, TCP otherwise), runs collectives, and turns failures into one message that
 // names the rank that failed first.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -8,7 +10,6 @@
 #include <optional>
 #include <random>
 #include <thread>
-#include <unistd.h>
 
 #include "algorithms/collectives.h"
 #include "mltrain/comm.hpp"
@@ -78,9 +79,7 @@ struct Communicator::Impl {
   explicit Impl(const Options& o);
   ~Impl();
   Deadline deadline() const { return Clock::now() + opt.timeout; }
-  std::string me() const {
-    return "rank " + std::to_string(opt.rank) + " (" + host + ")";
-  }
+  std::string me() const { return "rank " + std::to_string(opt.rank) + " (" + host + ")"; }
   std::string label(int peer) const {
     return "rank " + std::to_string(peer) + " (" + peers[static_cast<std::size_t>(peer)].host + ")";
   }
@@ -95,11 +94,11 @@ struct Communicator::Impl {
 
 Communicator::Impl::Impl(const Options& o) : opt(o) {
   if (opt.world_size < 1 || opt.world_size > 4096)
-    throw Error(Error::Kind::usage, "WORLD_SIZE=" + std::to_string(opt.world_size) +
-                                        " is out of range (1..4096)");
+    throw Error(Error::Kind::usage,
+                "WORLD_SIZE=" + std::to_string(opt.world_size) + " is out of range (1..4096)");
   if (opt.rank < 0 || opt.rank >= opt.world_size)
-    throw Error(Error::Kind::usage, "RANK=" + std::to_string(opt.rank) + " is not in 0.." +
-                                        std::to_string(opt.world_size - 1));
+    throw Error(Error::Kind::usage,
+                "RANK=" + std::to_string(opt.rank) + " is not in 0.." + std::to_string(opt.world_size - 1));
   host = opt.host.empty() ? this_host() : opt.host;
   opt.shm_bytes = std::max<std::size_t>((opt.shm_bytes + 4095) / 4096 * 4096, 64u << 10);
   opt.chunk_bytes = std::max<std::size_t>(opt.chunk_bytes, 4096);
@@ -112,8 +111,8 @@ Communicator::Impl::Impl(const Options& o) : opt(o) {
     try {
       server = std::make_unique<StoreServer>(split_host_port(opt.store_addr).second, opt.token);
     } catch (const Error& e) {
-      throw Error(e.kind(), "mltrain-comm: " + me() + ": cannot host the store at " +
-                                opt.store_addr + " (MLTRAIN_STORE_ADDR): " + e.what());
+      throw Error(e.kind(), "mltrain-comm: " + me() + ": cannot host the store at " + opt.store_addr +
+                                " (MLTRAIN_STORE_ADDR): " + e.what());
     }
   }
   store = std::make_unique<StoreClient>(opt.store_addr, opt.token, opt.rank, dl);
@@ -131,8 +130,8 @@ Communicator::Impl::Impl(const Options& o) : opt(o) {
   listener = std::move(fd);
   listen_port = port;
   if (opt.transport != Transport::tcp) {
-    bell_map = std::make_unique<ShmMapping>(
-        "/mltrain-" + session_hex + "-bell-" + std::to_string(opt.rank), 4096, true);
+    bell_map = std::make_unique<ShmMapping>("/mltrain-" + session_hex + "-bell-" + std::to_string(opt.rank),
+                                            4096, true);
     bell = new (bell_map->data()) Bell{};
   }
   store->set("rank/" + std::to_string(opt.rank),
@@ -198,9 +197,10 @@ Fd Communicator::Impl::accept_from(int peer) {
   while (true) {
     Fd fd = accept_tcp(listener.get(), dl);
     if (!fd)
-      throw Error(Error::Kind::timeout, label(peer) + " did not connect within " +
-                                            std::to_string(opt.timeout.count() / 1000) + " s",
-                  peer, peers[static_cast<std::size_t>(peer)].host);
+      throw Error(
+          Error::Kind::timeout,
+          label(peer) + " did not connect within " + std::to_string(opt.timeout.count() / 1000) + " s", peer,
+          peers[static_cast<std::size_t>(peer)].host);
     LinkHello hello;
     const std::string from = peer_name(fd.get());
     try {
@@ -212,8 +212,7 @@ Fd Communicator::Impl::accept_from(int peer) {
     }
     if (hello.magic != kLinkMagic || hello.version != kLinkVersion || hello.session != session ||
         hello.to_rank != opt.rank || hello.from_rank < 0 || hello.from_rank >= opt.world_size) {
-      std::fprintf(stderr,
-                   "mltrain-comm %s: refused connection from %s: %s\n", me().c_str(), from.c_str(),
+      std::fprintf(stderr, "mltrain-comm %s: refused connection from %s: %s\n", me().c_str(), from.c_str(),
                    hello.magic != kLinkMagic || hello.version != kLinkVersion
                        ? "bad magic or wire version"
                        : "not from this job (session or rank mismatch)");
@@ -246,10 +245,10 @@ Link* Communicator::Impl::link(int peer) {
       segment->unlink();  // both ends mapped: nothing left behind if a process dies
       ShmLink::check_segment(segment->data(), opt.shm_bytes, label(peer));
     }
-    auto peer_bell = std::make_unique<ShmMapping>(
-        "/mltrain-" + session_hex + "-bell-" + std::to_string(peer), 4096, false);
-    made = std::make_unique<ShmLink>(std::move(segment), r == a ? 0 : 1, bell,
-                                     std::move(peer_bell), pi.pid, peer, pi.host);
+    auto peer_bell = std::make_unique<ShmMapping>("/mltrain-" + session_hex + "-bell-" + std::to_string(peer),
+                                                  4096, false);
+    made = std::make_unique<ShmLink>(std::move(segment), r == a ? 0 : 1, bell, std::move(peer_bell), pi.pid,
+                                     peer, pi.host);
   } else {
     Fd fd;
     if (r < peer) {
@@ -271,12 +270,11 @@ Link* Communicator::Impl::link(int peer) {
 }
 
 template <class Body>
-void Communicator::Impl::collective(Coll coll, DataType dtype, ReduceOp op, int root,
-                                    std::size_t count, Body&& body) {
+void Communicator::Impl::collective(Coll coll, DataType dtype, ReduceOp op, int root, std::size_t count,
+                                    Body&& body) {
   if (broken)
     throw Error(Error::Kind::usage, "mltrain-comm: " + me() + ": " + coll_name(coll) +
-                                        " on a communicator broken by an earlier error: " +
-                                        broken_reason);
+                                        " on a communicator broken by an earlier error: " + broken_reason);
   ++seq;
   try {
     if (static_cast<unsigned>(dtype) > 6u)
@@ -317,7 +315,8 @@ void Communicator::Impl::fail(Coll coll, const Error& e) {
   if (store) {
     // The rank that fails first publishes why before it closes its links; ranks that only saw
     // a closed link report that root cause. Best effort: the store may be gone with rank 0.
-    const Deadline dl = Clock::now() + std::min<std::chrono::milliseconds>(opt.timeout, std::chrono::seconds(2));
+    const Deadline dl =
+        Clock::now() + std::min<std::chrono::milliseconds>(opt.timeout, std::chrono::seconds(2));
     try {
       std::optional<std::string> found;
       if (e.kind() == Error::Kind::timeout && e.peer_rank() >= 0) {
@@ -362,8 +361,8 @@ void Communicator::Impl::fail(Coll coll, const Error& e) {
       if (!found) {
         if (store->add("abort/claims", 1, dl) == 1) {
           store->set("abort",
-                     std::to_string(culprit) + "\n" + culprit_host + "\n" + me() + ": " +
-                         coll_name(coll) + " #" + std::to_string(seq) + ": " + detail,
+                     std::to_string(culprit) + "\n" + culprit_host + "\n" + me() + ": " + coll_name(coll) +
+                         " #" + std::to_string(seq) + ": " + detail,
                      dl);
         } else {
           for (int i = 0; i < 100 && !found; ++i) {
@@ -386,8 +385,8 @@ void Communicator::Impl::fail(Coll coll, const Error& e) {
     }
   }
   for (auto& [peer, l] : links) l->close();
-  std::string msg = "mltrain-comm: " + me() + ": " + coll_name(coll) + " #" +
-                    std::to_string(seq) + ": " + detail;
+  std::string msg =
+      "mltrain-comm: " + me() + ": " + coll_name(coll) + " #" + std::to_string(seq) + ": " + detail;
   if (!first.empty()) msg += "\n  first failure: " + first;
   broken_reason = msg;
   throw Error(e.kind(), msg, culprit, culprit_host);
@@ -413,8 +412,7 @@ void require(bool ok, const char* what) {
 }
 }  // namespace
 
-void Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType dtype,
-                             ReduceOp op) {
+void Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op) {
   impl_->collective(Coll::allreduce, dtype, op, 0, count, [&](Context& ctx) {
     require(count == 0 || (send != nullptr && recv != nullptr), "null buffer");
     detail::allreduce(ctx, send, recv, count, dtype, op);
@@ -435,8 +433,8 @@ void Communicator::allgather(const void* send, void* recv, std::size_t count, Da
   });
 }
 
-void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count,
-                                  DataType dtype, ReduceOp op) {
+void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType dtype,
+                                  ReduceOp op) {
   impl_->collective(Coll::reduce_scatter, dtype, op, 0, recv_count, [&](Context& ctx) {
     require(recv_count == 0 || (send != nullptr && recv != nullptr), "null buffer");
     detail::reduce_scatter(ctx, send, recv, recv_count, dtype, op);

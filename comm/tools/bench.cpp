@@ -50,11 +50,16 @@ Args parse(int argc, char** argv) {
     const std::string f = argv[i];
     if (f == "--op") {
       a.op_name = need(i);
-      if (a.op_name == "allreduce") a.op = BenchOp::allreduce;
-      else if (a.op_name == "broadcast") a.op = BenchOp::broadcast;
-      else if (a.op_name == "allgather") a.op = BenchOp::allgather;
-      else if (a.op_name == "reduce_scatter") a.op = BenchOp::reduce_scatter;
-      else throw Error(Error::Kind::usage, "unknown --op '" + a.op_name + "'");
+      if (a.op_name == "allreduce")
+        a.op = BenchOp::allreduce;
+      else if (a.op_name == "broadcast")
+        a.op = BenchOp::broadcast;
+      else if (a.op_name == "allgather")
+        a.op = BenchOp::allgather;
+      else if (a.op_name == "reduce_scatter")
+        a.op = BenchOp::reduce_scatter;
+      else
+        throw Error(Error::Kind::usage, "unknown --op '" + a.op_name + "'");
     } else if (f == "--redop" || f == "-o") {
       const std::string v = need(i);
       const auto op = parse_redop(v);
@@ -102,10 +107,13 @@ Args parse(int argc, char** argv) {
 // Small integer inputs: exact in every dtype, so expected values are exact too.
 double input_value(const Args& a, int rank, std::size_t i) {
   switch (a.redop) {
-  case ReduceOp::prod: return (rank == 0 && i % 3 == 0) ? 2.0 : 1.0;
-  case ReduceOp::min:
-  case ReduceOp::max: return static_cast<double>((i * 7 + static_cast<std::size_t>(rank) * 3) % 11);
-  default: return static_cast<double>((i + static_cast<std::size_t>(rank)) % 4);
+    case ReduceOp::prod:
+      return (rank == 0 && i % 3 == 0) ? 2.0 : 1.0;
+    case ReduceOp::min:
+    case ReduceOp::max:
+      return static_cast<double>((i * 7 + static_cast<std::size_t>(rank) * 3) % 11);
+    default:
+      return static_cast<double>((i + static_cast<std::size_t>(rank)) % 4);
   }
 }
 
@@ -114,14 +122,20 @@ double expected_reduce(const Args& a, int world, std::size_t i, DataType dt) {
   for (int r = 1; r < world; ++r) {
     const double v = input_value(a, r, i);
     switch (a.redop) {
-    case ReduceOp::prod: acc *= v; break;
-    case ReduceOp::min: acc = std::min(acc, v); break;
-    case ReduceOp::max: acc = std::max(acc, v); break;
-    default: acc += v;
+      case ReduceOp::prod:
+        acc *= v;
+        break;
+      case ReduceOp::min:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::max:
+        acc = std::max(acc, v);
+        break;
+      default:
+        acc += v;
     }
   }
-  if (dt == DataType::u8 && a.redop != ReduceOp::min && a.redop != ReduceOp::max)
-    acc = std::fmod(acc, 256.0);
+  if (dt == DataType::u8 && a.redop != ReduceOp::min && a.redop != ReduceOp::max) acc = std::fmod(acc, 256.0);
   if (a.redop == ReduceOp::avg) {
     const bool integral = dt == DataType::i32 || dt == DataType::i64 || dt == DataType::u8;
     acc = integral ? std::trunc(acc / world) : acc / world;
@@ -157,60 +171,67 @@ std::int64_t run_once_and_check(Communicator& comm, const Args& a, std::size_t t
     }
     for (std::size_t i = 0; i < inputs; ++i) {
       const std::size_t gi = a.op == BenchOp::allgather ? static_cast<std::size_t>(r) * per + i : i;
-      detail::store_from_double(in, i, a.dtype, a.op == BenchOp::broadcast ? (r == a.root ? gi % 5 : 99) : input_value(a, r, gi));
+      detail::store_from_double(
+          in, i, a.dtype, a.op == BenchOp::broadcast ? (r == a.root ? gi % 5 : 99) : input_value(a, r, gi));
     }
   }
   switch (a.op) {
-  case BenchOp::allreduce: comm.allreduce(send, recv, total, a.dtype, a.redop); break;
-  case BenchOp::broadcast:
-    if (!a.inplace && r == a.root) std::memcpy(recv, b.send.data(), total * es);
-    comm.broadcast(recv, total, a.dtype, a.root);
-    break;
-  case BenchOp::allgather:
-    comm.allgather(a.inplace ? b.recv.data() + static_cast<std::size_t>(r) * per * es
-                             : b.send.data(),
-                   recv, per, a.dtype);
-    break;
-  case BenchOp::reduce_scatter:
-    comm.reduce_scatter(a.inplace ? b.recv.data() : b.send.data(),
-                        a.inplace ? b.recv.data() + static_cast<std::size_t>(r) * per * es : recv,
-                        per, a.dtype, a.redop);
-    break;
+    case BenchOp::allreduce:
+      comm.allreduce(send, recv, total, a.dtype, a.redop);
+      break;
+    case BenchOp::broadcast:
+      if (!a.inplace && r == a.root) std::memcpy(recv, b.send.data(), total * es);
+      comm.broadcast(recv, total, a.dtype, a.root);
+      break;
+    case BenchOp::allgather:
+      comm.allgather(a.inplace ? b.recv.data() + static_cast<std::size_t>(r) * per * es : b.send.data(), recv,
+                     per, a.dtype);
+      break;
+    case BenchOp::reduce_scatter:
+      comm.reduce_scatter(a.inplace ? b.recv.data() : b.send.data(),
+                          a.inplace ? b.recv.data() + static_cast<std::size_t>(r) * per * es : recv, per,
+                          a.dtype, a.redop);
+      break;
   }
   if (!check) return 0;
   std::int64_t wrong = 0;
   const auto* out = b.recv.data();
   switch (a.op) {
-  case BenchOp::allreduce:
-    for (std::size_t i = 0; i < total; ++i)
-      wrong += !close_enough(detail::load_as_double(out, i, a.dtype), expected_reduce(a, n, i, a.dtype), a.dtype);
-    break;
-  case BenchOp::broadcast:
-    for (std::size_t i = 0; i < total; ++i)
-      wrong += detail::load_as_double(out, i, a.dtype) != static_cast<double>(i % 5);
-    break;
-  case BenchOp::allgather:
-    for (std::size_t i = 0; i < per * static_cast<std::size_t>(n); ++i)
-      wrong += detail::load_as_double(out, i, a.dtype) != input_value(a, static_cast<int>(i / per), i);
-    break;
-  case BenchOp::reduce_scatter: {
-    const std::byte* mine = a.inplace ? out + static_cast<std::size_t>(r) * per * es : out;
-    for (std::size_t i = 0; i < per; ++i) {
-      const std::size_t gi = static_cast<std::size_t>(r) * per + i;
-      wrong += !close_enough(detail::load_as_double(mine, i, a.dtype), expected_reduce(a, n, gi, a.dtype), a.dtype);
+    case BenchOp::allreduce:
+      for (std::size_t i = 0; i < total; ++i)
+        wrong += !close_enough(detail::load_as_double(out, i, a.dtype), expected_reduce(a, n, i, a.dtype),
+                               a.dtype);
+      break;
+    case BenchOp::broadcast:
+      for (std::size_t i = 0; i < total; ++i)
+        wrong += detail::load_as_double(out, i, a.dtype) != static_cast<double>(i % 5);
+      break;
+    case BenchOp::allgather:
+      for (std::size_t i = 0; i < per * static_cast<std::size_t>(n); ++i)
+        wrong += detail::load_as_double(out, i, a.dtype) != input_value(a, static_cast<int>(i / per), i);
+      break;
+    case BenchOp::reduce_scatter: {
+      const std::byte* mine = a.inplace ? out + static_cast<std::size_t>(r) * per * es : out;
+      for (std::size_t i = 0; i < per; ++i) {
+        const std::size_t gi = static_cast<std::size_t>(r) * per + i;
+        wrong += !close_enough(detail::load_as_double(mine, i, a.dtype), expected_reduce(a, n, gi, a.dtype),
+                               a.dtype);
+      }
+      break;
     }
-    break;
-  }
   }
   return wrong;
 }
 
 double bus_factor(BenchOp op, int n) {
   switch (op) {
-  case BenchOp::allreduce: return 2.0 * (n - 1) / n;
-  case BenchOp::allgather:
-  case BenchOp::reduce_scatter: return static_cast<double>(n - 1) / n;
-  case BenchOp::broadcast: return 1.0;
+    case BenchOp::allreduce:
+      return 2.0 * (n - 1) / n;
+    case BenchOp::allgather:
+    case BenchOp::reduce_scatter:
+      return static_cast<double>(n - 1) / n;
+    case BenchOp::broadcast:
+      return 1.0;
   }
   return 1.0;
 }
@@ -235,10 +256,10 @@ int bench_main(int argc, char** argv) {
                   a.op_name.c_str(), n, comm->host().c_str(), name_of(comm->algo()).data());
       std::printf("# %s\n", nccl_status().c_str());
       std::printf("# iters %d, warmup %d, %s\n", a.iters, a.warmup, a.inplace ? "in place" : "out of place");
-      std::printf("#%12s %12s %6s %6s %11s %8s %8s %7s\n", "size", "count", "type", "redop",
-                  "time", "algbw", "busbw", "#wrong");
-      std::printf("#%12s %12s %6s %6s %11s %8s %8s %7s\n", "(B)", "(elements)", "", "", "(us)",
-                  "(GB/s)", "(GB/s)", "");
+      std::printf("#%12s %12s %6s %6s %11s %8s %8s %7s\n", "size", "count", "type", "redop", "time", "algbw",
+                  "busbw", "#wrong");
+      std::printf("#%12s %12s %6s %6s %11s %8s %8s %7s\n", "(B)", "(elements)", "", "", "(us)", "(GB/s)",
+                  "(GB/s)", "");
       std::fflush(stdout);
     }
     // Warm up links, page tables and the scheduler before the first timed size.
@@ -286,22 +307,24 @@ int bench_main(int argc, char** argv) {
       if (r == 0) {
         const char* redop = reduces ? name_of(a.redop).data() : "none";
         if (a.json) {
-          std::printf("{\"op\":\"%s\",\"ranks\":%d,\"size\":%.0f,\"count\":%zu,\"type\":\"%s\","
-                      "\"redop\":\"%s\",\"time_us\":%.2f,\"algbw\":%.4f,\"busbw\":%.4f,"
-                      "\"wrong\":%lld}\n",
-                      a.op_name.c_str(), n, bytes, total, name_of(a.dtype).data(), redop, slowest,
-                      algbw, busbw, a.check ? static_cast<long long>(wrong) : -1LL);
+          std::printf(
+              "{\"op\":\"%s\",\"ranks\":%d,\"size\":%.0f,\"count\":%zu,\"type\":\"%s\","
+              "\"redop\":\"%s\",\"time_us\":%.2f,\"algbw\":%.4f,\"busbw\":%.4f,"
+              "\"wrong\":%lld}\n",
+              a.op_name.c_str(), n, bytes, total, name_of(a.dtype).data(), redop, slowest, algbw, busbw,
+              a.check ? static_cast<long long>(wrong) : -1LL);
         } else {
           char wrong_text[24];
-          if (a.check) std::snprintf(wrong_text, sizeof wrong_text, "%lld", static_cast<long long>(wrong));
-          else std::snprintf(wrong_text, sizeof wrong_text, "N/A");
-          std::printf(" %12.0f %12zu %6s %6s %11.2f %8.3f %8.3f %7s\n", bytes, total,
-                      name_of(a.dtype).data(), redop, slowest, algbw, busbw, wrong_text);
+          if (a.check)
+            std::snprintf(wrong_text, sizeof wrong_text, "%lld", static_cast<long long>(wrong));
+          else
+            std::snprintf(wrong_text, sizeof wrong_text, "N/A");
+          std::printf(" %12.0f %12zu %6s %6s %11.2f %8.3f %8.3f %7s\n", bytes, total, name_of(a.dtype).data(),
+                      redop, slowest, algbw, busbw, wrong_text);
         }
         std::fflush(stdout);
       }
-      if (a.check && wrong != 0 && r == 0 && !a.json)
-        std::printf("# WRONG results at size %.0f\n", bytes);
+      if (a.check && wrong != 0 && r == 0 && !a.json) std::printf("# WRONG results at size %.0f\n", bytes);
     }
     return 0;
   } catch (const Error& e) {

@@ -100,14 +100,13 @@ int run(const Config& c) {
         std::int64_t p = 0;  // scale 2^(20+12)
         for (std::size_t j = 0; j < f; ++j) p += w[j] * xi[j];
         const std::int64_t err = (p >> kWeightShift) - d.y[static_cast<std::size_t>(i)];  // 2^12
-        for (std::size_t j = 0; j < f; ++j) grad[j] += err * xi[j];  // scale 2^24
-        grad[f] += err * err;                                           // scale 2^24
+        for (std::size_t j = 0; j < f; ++j) grad[j] += err * xi[j];                       // scale 2^24
+        grad[f] += err * err;                                                             // scale 2^24
       }
     }
     if (c.use_float) {
       world->allreduce(gradf.data(), gradf.size(), comm::DataType::f64, comm::ReduceOp::sum);
-      for (std::size_t j = 0; j < f; ++j)
-        wf[j] -= c.lr * gradf[j] / c.batch;
+      for (std::size_t j = 0; j < f; ++j) wf[j] -= c.lr * gradf[j] / c.batch;
     } else {
       world->allreduce(grad.data(), grad.size(), comm::DataType::i64, comm::ReduceOp::sum);
       // w (2^20) -= lr * mean(grad) (2^24 -> 2^20: / 16); integer division is deterministic.
@@ -115,8 +114,8 @@ int run(const Config& c) {
       for (std::size_t j = 0; j < f; ++j) w[j] -= grad[j] * lr_q / (1024LL * 16 * c.batch);
     }
     if (rank == 0 && (step % c.print_every == 0 || step == c.steps - 1)) {
-      const double loss = c.use_float ? gradf[f] / c.batch
-                                      : static_cast<double>(grad[f]) / (1 << (2 * kDataShift)) / c.batch;
+      const double loss =
+          c.use_float ? gradf[f] / c.batch : static_cast<double>(grad[f]) / (1 << (2 * kDataShift)) / c.batch;
       std::printf("step %4d  loss %.6e\n", step, loss);
     }
   }
@@ -152,14 +151,22 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--steps") c.steps = std::atoi(next());
-    else if (a == "--features") c.features = std::atoi(next());
-    else if (a == "--samples") c.samples = std::atoi(next());
-    else if (a == "--batch") c.batch = std::atoi(next());
-    else if (a == "--lr") c.lr = std::atof(next());
-    else if (a == "--seed") c.seed = std::strtoull(next(), nullptr, 10);
-    else if (a == "--print-every") c.print_every = std::max(1, std::atoi(next()));
-    else if (a == "--float") c.use_float = true;
+    if (a == "--steps")
+      c.steps = std::atoi(next());
+    else if (a == "--features")
+      c.features = std::atoi(next());
+    else if (a == "--samples")
+      c.samples = std::atoi(next());
+    else if (a == "--batch")
+      c.batch = std::atoi(next());
+    else if (a == "--lr")
+      c.lr = std::atof(next());
+    else if (a == "--seed")
+      c.seed = std::strtoull(next(), nullptr, 10);
+    else if (a == "--print-every")
+      c.print_every = std::max(1, std::atoi(next()));
+    else if (a == "--float")
+      c.use_float = true;
     else {
       std::fprintf(stderr,
                    "usage: mltrain-sgd [--steps N] [--features D] [--samples N] [--batch B] "

@@ -1,3 +1,5 @@
+#include "runner/agent/agent.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -15,7 +17,6 @@
 #include <string>
 #include <vector>
 
-#include "runner/agent/agent.h"
 #include "runner/agent/detail/agent_impl.h"
 #include "runner/agent/protocol.h"
 
@@ -180,7 +181,8 @@ int Agent::run() {
   (void)::setpgid(0, 0);
   // Without it, descendants that leave their rank's group would outlive the job: say so.
   if (::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
-    log_err("cannot become a child subreaper (prctl: %s); orphans of ranks may survive a stop", std::strerror(errno));
+    log_err("cannot become a child subreaper (prctl: %s); orphans of ranks may survive a stop",
+            std::strerror(errno));
   ::signal(SIGPIPE, SIG_IGN);
   sigset_t mask;
   sigemptyset(&mask);
@@ -231,7 +233,8 @@ int Agent::run() {
           }
     }
     int timeout = 1000;
-    if (kill_deadline_ms_ >= 0) timeout = int(std::max<int64_t>(0, std::min<int64_t>(timeout, kill_deadline_ms_ - now)));
+    if (kill_deadline_ms_ >= 0)
+      timeout = int(std::max<int64_t>(0, std::min<int64_t>(timeout, kill_deadline_ms_ - now)));
     int rc = ::poll(fds.data(), fds.size(), timeout);
     if (rc < 0 && errno != EINTR) return 1;
 
@@ -259,7 +262,8 @@ int Agent::run() {
       }
     }
     for (size_t i = 3; i < fds.size(); ++i)
-      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) read_rank_fd(*owners[i - 3].first, owners[i - 3].second);
+      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR))
+        read_rank_fd(*owners[i - 3].first, owners[i - 3].second);
     reap();
     flush_outbox(false);
   }

@@ -110,11 +110,11 @@ std::vector<std::string> program_candidates(const std::string& argv0, const std:
 FileSystemView real_file_system() {
   FileSystemView fs;
   fs.is_directory = [](const std::string& p) {
-    struct stat st{};
+    struct stat st {};
     return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
   };
   fs.is_executable_file = [](const std::string& p) {
-    struct stat st{};
+    struct stat st {};
     return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
   };
   return fs;

@@ -1,8 +1,8 @@
 // Preflight on this host, answered before any rank starts: the route to the master, free ports,
 // the workdir, the program. The checks themselves live in preflight.cpp.
 #include <cstdlib>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runner/agent/detail/agent_impl.h"

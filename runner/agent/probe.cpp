@@ -53,12 +53,14 @@ void Agent::on(uint32_t id, const msg::Probe& m) {
   }
   facts.push_back("gpus=" + std::to_string(gpus));
   std::string nccl = "not found";
-  for (const char* lib : {"libnccl.so.2", "/usr/local/cuda/lib64/libnccl.so.2", "/usr/local/cuda/lib/libnccl.so.2"}) {
+  for (const char* lib :
+       {"libnccl.so.2", "/usr/local/cuda/lib64/libnccl.so.2", "/usr/local/cuda/lib/libnccl.so.2"}) {
     if (void* h = ::dlopen(lib, RTLD_LAZY | RTLD_LOCAL)) {
       using GetVersion = int (*)(int*);
       int v = 0;
       if (auto fn = reinterpret_cast<GetVersion>(::dlsym(h, "ncclGetVersion")); fn && fn(&v) == 0)
-        nccl = std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+        nccl =
+            std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
       else
         nccl = "found";
       ::dlclose(h);

@@ -112,24 +112,42 @@ bool Decoder::next(Frame& f) {
 
 const char* type_name(Type t) {
   switch (t) {
-    case Type::hello: return "hello";
-    case Type::spawn: return "spawn";
-    case Type::signal: return "signal";
-    case Type::terminate: return "terminate";
-    case Type::ping: return "ping";
-    case Type::shutdown: return "shutdown";
-    case Type::hello_ack: return "hello_ack";
-    case Type::started: return "started";
-    case Type::spawn_failed: return "spawn_failed";
-    case Type::output: return "output";
-    case Type::exited: return "exited";
-    case Type::pong: return "pong";
-    case Type::error: return "error";
-    case Type::bye: return "bye";
-    case Type::prepare: return "prepare";
-    case Type::prepared: return "prepared";
-    case Type::probe: return "probe";
-    case Type::probed: return "probed";
+    case Type::hello:
+      return "hello";
+    case Type::spawn:
+      return "spawn";
+    case Type::signal:
+      return "signal";
+    case Type::terminate:
+      return "terminate";
+    case Type::ping:
+      return "ping";
+    case Type::shutdown:
+      return "shutdown";
+    case Type::hello_ack:
+      return "hello_ack";
+    case Type::started:
+      return "started";
+    case Type::spawn_failed:
+      return "spawn_failed";
+    case Type::output:
+      return "output";
+    case Type::exited:
+      return "exited";
+    case Type::pong:
+      return "pong";
+    case Type::error:
+      return "error";
+    case Type::bye:
+      return "bye";
+    case Type::prepare:
+      return "prepare";
+    case Type::prepared:
+      return "prepared";
+    case Type::probe:
+      return "probe";
+    case Type::probed:
+      return "probed";
   }
   return "unknown";
 }
@@ -148,30 +166,66 @@ std::optional<Message> decode(Frame&& f, std::string& error) {
   Reader r(f.payload);
   Message m;
   switch (f.type) {
-    case Type::hello: m = read_as<msg::Hello>(r); break;
-    case Type::spawn: m = read_as<msg::Spawn>(r); break;
-    case Type::signal: m = read_as<msg::Signal>(r); break;
-    case Type::terminate: m = read_as<msg::Terminate>(r); break;
-    case Type::ping: m = read_as<msg::Ping>(r); break;
-    case Type::shutdown: m = read_as<msg::Shutdown>(r); break;
-    case Type::prepare: m = read_as<msg::Prepare>(r); break;
-    case Type::probe: m = read_as<msg::Probe>(r); break;
-    case Type::hello_ack: m = read_as<msg::HelloAck>(r); break;
-    case Type::started: m = read_as<msg::Started>(r); break;
-    case Type::spawn_failed: m = read_as<msg::SpawnFailed>(r); break;
-    case Type::output: break;  // above
-    case Type::exited: m = read_as<msg::Exited>(r); break;
-    case Type::pong: m = read_as<msg::Pong>(r); break;
-    case Type::error: m = read_as<msg::AgentError>(r); break;
-    case Type::bye: m = read_as<msg::Bye>(r); break;
-    case Type::prepared: m = read_as<msg::Prepared>(r); break;
-    case Type::probed: m = read_as<msg::Probed>(r); break;
+    case Type::hello:
+      m = read_as<msg::Hello>(r);
+      break;
+    case Type::spawn:
+      m = read_as<msg::Spawn>(r);
+      break;
+    case Type::signal:
+      m = read_as<msg::Signal>(r);
+      break;
+    case Type::terminate:
+      m = read_as<msg::Terminate>(r);
+      break;
+    case Type::ping:
+      m = read_as<msg::Ping>(r);
+      break;
+    case Type::shutdown:
+      m = read_as<msg::Shutdown>(r);
+      break;
+    case Type::prepare:
+      m = read_as<msg::Prepare>(r);
+      break;
+    case Type::probe:
+      m = read_as<msg::Probe>(r);
+      break;
+    case Type::hello_ack:
+      m = read_as<msg::HelloAck>(r);
+      break;
+    case Type::started:
+      m = read_as<msg::Started>(r);
+      break;
+    case Type::spawn_failed:
+      m = read_as<msg::SpawnFailed>(r);
+      break;
+    case Type::output:
+      break;  // above
+    case Type::exited:
+      m = read_as<msg::Exited>(r);
+      break;
+    case Type::pong:
+      m = read_as<msg::Pong>(r);
+      break;
+    case Type::error:
+      m = read_as<msg::AgentError>(r);
+      break;
+    case Type::bye:
+      m = read_as<msg::Bye>(r);
+      break;
+    case Type::prepared:
+      m = read_as<msg::Prepared>(r);
+      break;
+    case Type::probed:
+      m = read_as<msg::Probed>(r);
+      break;
     default:
       error = "unknown frame type " + std::to_string(unsigned(f.type));
       return std::nullopt;
   }
   if (r.failed()) {
-    error = std::string("malformed ") + type_name(f.type) + " frame (" + std::to_string(f.payload.size()) + " bytes)";
+    error = std::string("malformed ") + type_name(f.type) + " frame (" + std::to_string(f.payload.size()) +
+            " bytes)";
     return std::nullopt;
   }
   return m;

@@ -8,10 +8,10 @@
 
 #include <cstdint>
 #include <optional>
-#include <type_traits>
-#include <variant>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 namespace mltrain::agent {
@@ -125,7 +125,9 @@ struct Hello {
   uint32_t grace_ms = 0;
   uint32_t heartbeat_timeout_ms = 0;  // 0: never give up on a silent launcher (pipes see EOF)
   void put(Writer& w) const { w.u32(magic).u32(version).u32(grace_ms).u32(heartbeat_timeout_ms); }
-  void get(Reader& r) { magic = r.u32(), version = r.u32(), grace_ms = r.u32(), heartbeat_timeout_ms = r.u32(); }
+  void get(Reader& r) {
+    magic = r.u32(), version = r.u32(), grace_ms = r.u32(), heartbeat_timeout_ms = r.u32();
+  }
 };
 struct Spawn {  // id = rank
   static constexpr Type kType = Type::spawn;
@@ -170,7 +172,9 @@ struct Prepare {  // preflight
   std::string workdir, argv0;
   std::string path;  // the ranks' PATH; "" = the agent's own
   void put(Writer& w) const { w.str(master_addr).u32(nports).str(workdir).str(argv0).str(path); }
-  void get(Reader& r) { master_addr = r.str(), nports = r.u32(), workdir = r.str(), argv0 = r.str(), path = r.str(); }
+  void get(Reader& r) {
+    master_addr = r.str(), nports = r.u32(), workdir = r.str(), argv0 = r.str(), path = r.str();
+  }
 };
 struct Probe {  // doctor
   static constexpr Type kType = Type::probe;
@@ -188,7 +192,9 @@ struct HelloAck {
   int32_t pid = 0;
   std::string hostname, arch;
   void put(Writer& w) const { w.u32(magic).u32(version).i32(pid).str(hostname).str(arch); }
-  void get(Reader& r) { magic = r.u32(), version = r.u32(), pid = r.i32(), hostname = r.str(), arch = r.str(); }
+  void get(Reader& r) {
+    magic = r.u32(), version = r.u32(), pid = r.i32(), hostname = r.str(), arch = r.str();
+  }
 };
 struct Started {  // id = rank
   static constexpr Type kType = Type::started;
@@ -258,9 +264,10 @@ struct Probed {
 
 }  // namespace msg
 
-using Message = std::variant<msg::Hello, msg::Spawn, msg::Signal, msg::Terminate, msg::Ping, msg::Shutdown,
-                             msg::Prepare, msg::Probe, msg::HelloAck, msg::Started, msg::SpawnFailed, msg::Output,
-                             msg::Exited, msg::Pong, msg::AgentError, msg::Bye, msg::Prepared, msg::Probed>;
+using Message =
+    std::variant<msg::Hello, msg::Spawn, msg::Signal, msg::Terminate, msg::Ping, msg::Shutdown, msg::Prepare,
+                 msg::Probe, msg::HelloAck, msg::Started, msg::SpawnFailed, msg::Output, msg::Exited,
+                 msg::Pong, msg::AgentError, msg::Bye, msg::Prepared, msg::Probed>;
 
 // Appends message `m` as one frame with `id` (a rank, kAllRanks, or 0).
 template <class M>

@@ -119,16 +119,23 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
     sigset_t none;
     sigemptyset(&none);
     int devnull = -1;
-    if (::setpgid(0, 0) != 0) failed = "setpgid";
-    else if (::sigprocmask(SIG_SETMASK, &none, nullptr) != 0) failed = "sigprocmask";
-    else if ((devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0) failed = "open of /dev/null";
-    else if (::dup2(devnull, 0) < 0) failed = "dup2 of stdin";
-    else if (::dup2(out[1], 1) < 0) failed = "dup2 of stdout";
-    else if (::dup2(err[1], 2) < 0) failed = "dup2 of stderr";
+    if (::setpgid(0, 0) != 0)
+      failed = "setpgid";
+    else if (::sigprocmask(SIG_SETMASK, &none, nullptr) != 0)
+      failed = "sigprocmask";
+    else if ((devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0)
+      failed = "open of /dev/null";
+    else if (::dup2(devnull, 0) < 0)
+      failed = "dup2 of stdin";
+    else if (::dup2(out[1], 1) < 0)
+      failed = "dup2 of stdout";
+    else if (::dup2(err[1], 2) < 0)
+      failed = "dup2 of stderr";
     if (failed) {
       char msg[256];
       int len = std::snprintf(msg, sizeof msg, "%s: %s", failed, std::strerror(errno));
-      if (::write(status_pipe[1], msg, size_t(len)) < 0) {}
+      if (::write(status_pipe[1], msg, size_t(len)) < 0) {
+      }
       ::_exit(127);
     }
     for (int s : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD}) ::signal(s, SIG_DFL);
@@ -141,9 +148,11 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
     }
     e = errno;
     char msg[512];
-    int len = std::snprintf(msg, sizeof msg, "%s%s'%s': %s", stage, std::strcmp(stage, "chdir") == 0 ? " to " : " of ",
+    int len = std::snprintf(msg, sizeof msg, "%s%s'%s': %s", stage,
+                            std::strcmp(stage, "chdir") == 0 ? " to " : " of ",
                             std::strcmp(stage, "chdir") == 0 ? cwd.c_str() : args[0], std::strerror(e));
-    if (::write(status_pipe[1], msg, size_t(len)) < 0) {}
+    if (::write(status_pipe[1], msg, size_t(len)) < 0) {
+    }
     ::_exit(127);
   }
   // Also here, so a signal sent right away finds the group. It fails (EACCES) only when the

@@ -15,11 +15,16 @@ Level g_level = Level::warn;
 
 spdlog::level::level_enum to_spd(Level l) {
   switch (l) {
-    case Level::debug: return spdlog::level::debug;
-    case Level::info: return spdlog::level::info;
-    case Level::warn: return spdlog::level::warn;
-    case Level::error: return spdlog::level::err;
-    case Level::off: return spdlog::level::off;
+    case Level::debug:
+      return spdlog::level::debug;
+    case Level::info:
+      return spdlog::level::info;
+    case Level::warn:
+      return spdlog::level::warn;
+    case Level::error:
+      return spdlog::level::err;
+    case Level::off:
+      return spdlog::level::off;
   }
   return spdlog::level::warn;
 }
@@ -48,12 +53,18 @@ bool set_level_from_env() {
   const char* v = std::getenv("MLTRAIN_LOG");
   if (!v || !*v) return true;
   std::string s(v);
-  if (s == "debug" || s == "trace") g_level = Level::debug;
-  else if (s == "info") g_level = Level::info;
-  else if (s == "warn" || s == "warning") g_level = Level::warn;
-  else if (s == "error") g_level = Level::error;
-  else if (s == "off") g_level = Level::off;
-  else return false;
+  if (s == "debug" || s == "trace")
+    g_level = Level::debug;
+  else if (s == "info")
+    g_level = Level::info;
+  else if (s == "warn" || s == "warning")
+    g_level = Level::warn;
+  else if (s == "error")
+    g_level = Level::error;
+  else if (s == "off")
+    g_level = Level::off;
+  else
+    return false;
   return true;
 }
 

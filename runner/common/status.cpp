@@ -26,8 +26,10 @@ std::string describe_status(int status) {
   if (WIFSIGNALED(status)) {
     int sig = WTERMSIG(status);
     std::string s = signal_name(sig);
-    if (sig == SIGKILL) s += " (killed: out of memory? check dmesg)";
-    else if (sig == SIGSEGV || sig == SIGBUS) s += " (crashed)";
+    if (sig == SIGKILL)
+      s += " (killed: out of memory? check dmesg)";
+    else if (sig == SIGSEGV || sig == SIGBUS)
+      s += " (crashed)";
     return s;
   }
   return "wait status " + std::to_string(status);

@@ -73,10 +73,14 @@ std::string did_you_mean(std::string_view word, const std::vector<std::string>& 
 std::string format_duration(std::chrono::milliseconds d) {
   long long ms = d.count();
   char buf[64];
-  if (ms < 1000) std::snprintf(buf, sizeof buf, "%lldms", ms);
-  else if (ms < 60'000) std::snprintf(buf, sizeof buf, "%.1fs", ms / 1000.0);
-  else if (ms < 3'600'000) std::snprintf(buf, sizeof buf, "%lldm%02llds", ms / 60'000, (ms / 1000) % 60);
-  else std::snprintf(buf, sizeof buf, "%lldh%02lldm", ms / 3'600'000, (ms / 60'000) % 60);
+  if (ms < 1000)
+    std::snprintf(buf, sizeof buf, "%lldms", ms);
+  else if (ms < 60'000)
+    std::snprintf(buf, sizeof buf, "%.1fs", ms / 1000.0);
+  else if (ms < 3'600'000)
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", ms / 60'000, (ms / 1000) % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", ms / 3'600'000, (ms / 60'000) % 60);
   return buf;
 }
 
@@ -139,7 +143,8 @@ std::optional<std::vector<int>> parse_int_list(std::string_view s) {
 std::string shell_quote(std::string_view s) {
   bool plain = !s.empty();
   for (char c : s) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || std::string_view("@%+=:,./-_").find(c) != std::string_view::npos)) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) ||
+          std::string_view("@%+=:,./-_").find(c) != std::string_view::npos)) {
       plain = false;
       break;
     }
@@ -147,8 +152,10 @@ std::string shell_quote(std::string_view s) {
   if (plain) return std::string(s);
   std::string out = "'";
   for (char c : s) {
-    if (c == '\'') out += "'\\''";
-    else out += c;
+    if (c == '\'')
+      out += "'\\''";
+    else
+      out += c;
   }
   out += "'";
   return out;

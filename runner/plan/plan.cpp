@@ -78,7 +78,9 @@ std::map<std::string, std::string> current_environ() {
 
 int find_free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw Error(std::string("cannot open a socket to find a free port: ") + std::strerror(errno), {}, exit_code::host_failure);
+  if (fd < 0)
+    throw Error(std::string("cannot open a socket to find a free port: ") + std::strerror(errno), {},
+                exit_code::host_failure);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -92,13 +94,15 @@ int find_free_port() {
   return port;
 }
 
-std::vector<hostfile::Host> resolve_hosts(const spec::JobSpec& s, const std::map<std::string, std::string>& env) {
+std::vector<hostfile::Host> resolve_hosts(const spec::JobSpec& s,
+                                          const std::map<std::string, std::string>& env) {
   std::vector<hostfile::Host> hosts;
   if (!s.cluster.hostfile.empty()) {
     hosts = hostfile_call([&] { return hostfile::load_hostfile(s.cluster.hostfile); });
   } else if (!s.cluster.hosts.empty()) {
     std::string origin = s.origin("cluster.hosts", "-H");
-    hosts = hostfile_call([&] { return hostfile::parse_host_list(text::join(s.cluster.hosts, ","), origin); });
+    hosts =
+        hostfile_call([&] { return hostfile::parse_host_list(text::join(s.cluster.hosts, ","), origin); });
   } else if (auto it = env.find("SLURM_JOB_NODELIST"); it != env.end() && !it->second.empty()) {
     auto names = hostfile_call([&] { return hostfile::expand_nodelist(it->second); });
     for (const auto& n : names) {
@@ -115,8 +119,10 @@ std::vector<hostfile::Host> resolve_hosts(const spec::JobSpec& s, const std::map
     hosts.push_back(h);
   }
   if (!s.cluster.include.empty() || !s.cluster.exclude.empty())
-    hosts = hostfile_call([&] { return hostfile::apply_filters(hosts, s.cluster.include, s.cluster.exclude); }, &s);
-  if (hosts.empty()) throw Error("no host is left after the include/exclude filters", "loosen [cluster] include/exclude");
+    hosts = hostfile_call(
+        [&] { return hostfile::apply_filters(hosts, s.cluster.include, s.cluster.exclude); }, &s);
+  if (hosts.empty())
+    throw Error("no host is left after the include/exclude filters", "loosen [cluster] include/exclude");
   return hosts;
 }
 
@@ -129,7 +135,8 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
 
   // How many ranks each host runs.
   std::vector<int> counts;
-  bool any_slots = std::any_of(hosts.begin(), hosts.end(), [](const auto& h) { return h.slots > 0 || !h.slot_ids.empty(); });
+  bool any_slots = std::any_of(hosts.begin(), hosts.end(),
+                               [](const auto& h) { return h.slots > 0 || !h.slot_ids.empty(); });
   int n = s.cluster.nprocs;
   if (s.cluster.procs_per_host > 0) {
     for (size_t i = 0; i < hosts.size(); ++i) counts.push_back(s.cluster.procs_per_host);
@@ -145,10 +152,12 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
     for (int c : counts) total += c;
     if (n > total) {
       // A lone localhost with no slots stretches to -n; a real host list is a hard limit.
-      if (hosts.size() == 1 && hosts[0].slots == 0 && hosts[0].slot_ids.empty() && s.cluster.procs_per_host == 0) {
+      if (hosts.size() == 1 && hosts[0].slots == 0 && hosts[0].slot_ids.empty() &&
+          s.cluster.procs_per_host == 0) {
         counts[0] = n;
       } else {
-        throw Error("asked for " + std::to_string(n) + " ranks but the hosts have only " + std::to_string(total) + " slots",
+        throw Error("asked for " + std::to_string(n) + " ranks but the hosts have only " +
+                        std::to_string(total) + " slots",
                     "lower -n, or raise slots / procs_per_host");
       }
     }
@@ -176,7 +185,8 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
     }
     p.hosts.push_back(hp);
   }
-  if (p.ranks.empty()) throw Error("the plan has no ranks", "set -n or [cluster] procs_per_host to at least 1");
+  if (p.ranks.empty())
+    throw Error("the plan has no ranks", "set -n or [cluster] procs_per_host to at least 1");
   p.multi_host = p.hosts.size() > 1 ||
                  std::any_of(p.hosts.begin(), p.hosts.end(), [](const HostPlan& h) { return !h.local; });
 
@@ -245,8 +255,9 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
       if (!hp.gpu_ids.empty())
         for (auto& d : devices) {
           if (size_t(d) >= hp.gpu_ids.size())
-            throw Error(hp.host.name + ": rank " + std::to_string(r.rank) + " needs GPU slot " + std::to_string(d) +
-                            " but the include/exclude filter leaves " + std::to_string(hp.gpu_ids.size()),
+            throw Error(hp.host.name + ": rank " + std::to_string(r.rank) + " needs GPU slot " +
+                            std::to_string(d) + " but the include/exclude filter leaves " +
+                            std::to_string(hp.gpu_ids.size()),
                         "lower [gpus] per_proc or the ranks per host");
           d = hp.gpu_ids[size_t(d)];
         }

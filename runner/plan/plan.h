@@ -17,17 +17,17 @@ using Env = std::vector<std::pair<std::string, std::string>>;
 
 struct HostPlan {
   hostfile::Host host;
-  bool local = false;       // runs on this machine without SSH
+  bool local = false;  // runs on this machine without SSH
   int node_rank = 0;
-  std::vector<int> ranks;   // global ranks placed here, in local-rank order
-  std::vector<int> gpu_ids; // slot ids used as device ids (hostfile filters), may be empty
+  std::vector<int> ranks;    // global ranks placed here, in local-rank order
+  std::vector<int> gpu_ids;  // slot ids used as device ids (hostfile filters), may be empty
 };
 
 struct RankPlan {
   int rank = 0;
   int host = 0;  // index into Plan::hosts
   int local_rank = 0;
-  Env env;       // the variables mltrain sets; the agent sets them over the host's environment
+  Env env;  // the variables mltrain sets; the agent sets them over the host's environment
 };
 
 struct Plan {
@@ -42,7 +42,7 @@ struct Plan {
   std::string store_addr;
   std::string token;
   bool multi_host = false;
-  bool auto_master_port = true;   // the ports are chosen on rank 0's host at preflight
+  bool auto_master_port = true;  // the ports are chosen on rank 0's host at preflight
   bool ps_mode = false;
   bool user_nccl_ifname = false;  // the user chose the interfaces; mltrain leaves them alone
   bool user_gloo_ifname = false;
@@ -74,7 +74,8 @@ struct Inputs {
 Plan make_plan(const spec::JobSpec& s, const Inputs& in);
 
 // The hosts a spec names, before rank placement (for `doctor` and `validate`).
-std::vector<hostfile::Host> resolve_hosts(const spec::JobSpec& s, const std::map<std::string, std::string>& environ);
+std::vector<hostfile::Host> resolve_hosts(const spec::JobSpec& s,
+                                          const std::map<std::string, std::string>& environ);
 
 // Sets TORCHELASTIC_RESTART_COUNT in every rank's env (on a gang restart).
 void set_restart_count(Plan& p, int restart_count);

@@ -36,8 +36,8 @@ void make_dirs(const std::string& path) {
     cur += part + "/";
     if (part.empty()) continue;
     if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
-      throw Error("cannot create " + cur + ": " + std::strerror(errno), "set MLTRAIN_HOME to a writable folder",
-                  exit_code::internal);
+      throw Error("cannot create " + cur + ": " + std::strerror(errno),
+                  "set MLTRAIN_HOME to a writable folder", exit_code::internal);
   }
 }
 
@@ -50,8 +50,8 @@ std::string read_all(const std::string& path, bool& ok) {
 }
 
 json failure_json(const Failure& f) {
-  return json{{"rank", f.rank}, {"host", f.host}, {"exit_code", f.exit_code}, {"signal", f.signal},
-              {"message", f.message}, {"tail", f.tail}};
+  return json{{"rank", f.rank},     {"host", f.host},       {"exit_code", f.exit_code},
+              {"signal", f.signal}, {"message", f.message}, {"tail", f.tail}};
 }
 
 RunRecord from_json(const json& j) {
@@ -90,27 +90,48 @@ RunRecord from_json(const json& j) {
   }
   if (j.contains("failure") && j["failure"].is_object()) {
     const auto& f = j["failure"];
-    r.failure = Failure{f.value("rank", -1), f.value("host", ""), f.value("exit_code", 0), f.value("signal", 0),
-                        f.value("message", ""), f.value("tail", std::vector<std::string>{})};
+    r.failure =
+        Failure{f.value("rank", -1),  f.value("host", ""),    f.value("exit_code", 0),
+                f.value("signal", 0), f.value("message", ""), f.value("tail", std::vector<std::string>{})};
   }
   return r;
 }
 
 json to_json_value(const RunRecord& r) {
   json hosts = json::array();
-  for (const auto& h : r.hosts) hosts.push_back({{"name", h.name}, {"address", h.address}, {"node_rank", h.node_rank}});
+  for (const auto& h : r.hosts)
+    hosts.push_back({{"name", h.name}, {"address", h.address}, {"node_rank", h.node_rank}});
   json ranks = json::array();
   for (const auto& k : r.ranks)
-    ranks.push_back({{"rank", k.rank}, {"host", k.host}, {"local_rank", k.local_rank}, {"pid", k.pid},
-                     {"exit_code", k.exit_code}, {"signal", k.signal}, {"env", k.env}});
-  json j{{"id", r.id}, {"name", r.name}, {"status", r.status}, {"exit_code", r.exit_code},
-         {"launcher_pid", r.launcher_pid}, {"launcher_start", r.launcher_start},
-         {"started_at", r.started_at}, {"ended_at", r.ended_at}, {"duration_s", r.duration_s},
-         {"spec_file", r.spec_file}, {"workdir", r.workdir}, {"git_commit", r.git_commit},
-         {"argv", r.argv}, {"master_addr", r.master_addr}, {"master_port", r.master_port},
-         {"restarts", r.restarts}, {"max_restarts", r.max_restarts}, {"detached", r.detached},
-         {"hosts", hosts}, {"ranks", ranks},
-         {"failure", r.failure ? failure_json(*r.failure) : json(nullptr)}, {"spec", r.spec_toml}};
+    ranks.push_back({{"rank", k.rank},
+                     {"host", k.host},
+                     {"local_rank", k.local_rank},
+                     {"pid", k.pid},
+                     {"exit_code", k.exit_code},
+                     {"signal", k.signal},
+                     {"env", k.env}});
+  json j{{"id", r.id},
+         {"name", r.name},
+         {"status", r.status},
+         {"exit_code", r.exit_code},
+         {"launcher_pid", r.launcher_pid},
+         {"launcher_start", r.launcher_start},
+         {"started_at", r.started_at},
+         {"ended_at", r.ended_at},
+         {"duration_s", r.duration_s},
+         {"spec_file", r.spec_file},
+         {"workdir", r.workdir},
+         {"git_commit", r.git_commit},
+         {"argv", r.argv},
+         {"master_addr", r.master_addr},
+         {"master_port", r.master_port},
+         {"restarts", r.restarts},
+         {"max_restarts", r.max_restarts},
+         {"detached", r.detached},
+         {"hosts", hosts},
+         {"ranks", ranks},
+         {"failure", r.failure ? failure_json(*r.failure) : json(nullptr)},
+         {"spec", r.spec_toml}};
   return j;
 }
 
@@ -133,15 +154,16 @@ std::string create_run(const std::string& name) {
     std::string id = std::string(stamp) + "-" + (name.empty() ? "job" : name) + "-" + suffix;
     if (::mkdir(run_dir(id).c_str(), 0755) == 0) return id;
     if (errno != EEXIST)
-      throw Error("cannot create " + run_dir(id) + ": " + std::strerror(errno), "set MLTRAIN_HOME to a writable folder",
-                  exit_code::internal);
+      throw Error("cannot create " + run_dir(id) + ": " + std::strerror(errno),
+                  "set MLTRAIN_HOME to a writable folder", exit_code::internal);
   }
   throw Error("cannot find a free run id in " + runs_dir(), {}, exit_code::internal);
 }
 
 void fill_from_plan(RunRecord& r, const plan::Plan& p) {
   r.hosts.clear();
-  for (const auto& h : p.hosts) r.hosts.push_back({h.host.name, h.local ? "127.0.0.1" : h.host.name, h.node_rank});
+  for (const auto& h : p.hosts)
+    r.hosts.push_back({h.host.name, h.local ? "127.0.0.1" : h.host.name, h.node_rank});
   r.ranks.clear();
   for (const auto& k : p.ranks) {
     RankRecord rr;
@@ -193,14 +215,17 @@ RunRecord load(const std::string& id) {
   std::string path = run_dir(id) + "/run.json";
   bool ok = false;
   std::string data = read_all(path, ok);
-  if (!ok) throw Error(path + ": cannot read run record: " + std::strerror(errno), "list runs with 'mltrain ls'");
+  if (!ok)
+    throw Error(path + ": cannot read run record: " + std::strerror(errno), "list runs with 'mltrain ls'");
   RunRecord r;
   try {
     r = from_json(json::parse(data));
   } catch (const json::exception& e) {
     throw Error(path + ": corrupt run record: " + e.what(), "remove the folder, or restore run.json");
   }
-  if (r.id != id) throw Error(path + ": corrupt run record: its id is '" + r.id + "'", "remove the folder, or restore run.json");
+  if (r.id != id)
+    throw Error(path + ": corrupt run record: its id is '" + r.id + "'",
+                "remove the folder, or restore run.json");
   // A launcher that died without writing the end leaves "running" behind: say what it is.
   if (r.status == "running" && !launcher_alive(r)) r.status = "lost";
   return r;
@@ -225,7 +250,8 @@ std::vector<RunRecord> list() {
       log::debug("records", std::string("skipping ") + e.what());
     }
   }
-  std::stable_sort(out.begin(), out.end(), [](const RunRecord& a, const RunRecord& b) { return a.started_at < b.started_at; });
+  std::stable_sort(out.begin(), out.end(),
+                   [](const RunRecord& a, const RunRecord& b) { return a.started_at < b.started_at; });
   return out;
 }
 
@@ -235,9 +261,12 @@ std::string resolve(const std::string& query, bool unique) {
   if (query.empty() || query == "latest" || query == "last") return runs.back().id;
   std::vector<std::string> exact, prefix, sub;
   for (const auto& r : runs) {
-    if (r.id == query) exact.push_back(r.id);
-    else if (text::starts_with(r.id, query)) prefix.push_back(r.id);
-    else if (r.id.find(query) != std::string::npos) sub.push_back(r.id);
+    if (r.id == query)
+      exact.push_back(r.id);
+    else if (text::starts_with(r.id, query))
+      prefix.push_back(r.id);
+    else if (r.id.find(query) != std::string::npos)
+      sub.push_back(r.id);
   }
   if (!exact.empty()) return exact.front();
   for (auto* set : {&prefix, &sub}) {
@@ -247,13 +276,15 @@ std::string resolve(const std::string& query, bool unique) {
       // to act on one (stop), guessing is not allowed.
       if (!unique) return set->back();
       std::vector<std::string> shown(set->end() - std::min<long>(long(set->size()), 5), set->end());
-      throw Error("'" + query + "' matches " + std::to_string(set->size()) + " runs: " + text::join(shown, ", "),
-                  "give more of the id");
+      throw Error(
+          "'" + query + "' matches " + std::to_string(set->size()) + " runs: " + text::join(shown, ", "),
+          "give more of the id");
     }
   }
   std::vector<std::string> ids;
   for (const auto& r : runs) ids.push_back(r.id);
-  throw Error("no run matches '" + query + "'" + text::did_you_mean(query, ids), "list runs with 'mltrain ls'");
+  throw Error("no run matches '" + query + "'" + text::did_you_mean(query, ids),
+              "list runs with 'mltrain ls'");
 }
 
 std::string to_json(const RunRecord& r, bool pretty) {
@@ -274,18 +305,31 @@ std::string list_to_json(const std::vector<RunRecord>& runs) {
 std::string plan_to_json(const plan::Plan& p) {
   json hosts = json::array();
   for (const auto& h : p.hosts)
-    hosts.push_back({{"name", h.host.name}, {"user", h.host.user}, {"port", h.host.port}, {"local", h.local},
-                     {"node_rank", h.node_rank}, {"ranks", h.ranks}});
+    hosts.push_back({{"name", h.host.name},
+                     {"user", h.host.user},
+                     {"port", h.host.port},
+                     {"local", h.local},
+                     {"node_rank", h.node_rank},
+                     {"ranks", h.ranks}});
   json ranks = json::array();
   for (const auto& r : p.ranks) {
     json env = json::object();
     for (const auto& [k, v] : r.env) env[k] = k == "MLTRAIN_TOKEN" ? std::string("<secret>") : v;
-    ranks.push_back({{"rank", r.rank}, {"host", p.hosts[size_t(r.host)].host.name}, {"local_rank", r.local_rank},
+    ranks.push_back({{"rank", r.rank},
+                     {"host", p.hosts[size_t(r.host)].host.name},
+                     {"local_rank", r.local_rank},
                      {"env", env}});
   }
-  json j{{"run_id", p.run_id}, {"name", p.name}, {"argv", p.argv}, {"workdir", p.workdir},
-         {"master_addr", p.master_addr}, {"master_port", p.master_port}, {"store_addr", p.store_addr},
-         {"world_size", p.ranks.size()}, {"hosts", hosts}, {"ranks", ranks}};
+  json j{{"run_id", p.run_id},
+         {"name", p.name},
+         {"argv", p.argv},
+         {"workdir", p.workdir},
+         {"master_addr", p.master_addr},
+         {"master_port", p.master_port},
+         {"store_addr", p.store_addr},
+         {"world_size", p.ranks.size()},
+         {"hosts", hosts},
+         {"ranks", ranks}};
   return j.dump(2, ' ', false, json::error_handler_t::replace);
 }
 

@@ -19,8 +19,8 @@ struct RankRecord {
   int host = 0;  // index into RunRecord::hosts
   int local_rank = 0;
   int pid = 0;
-  int exit_code = -1;  // -1 while running or never started
-  int signal = 0;      // the signal that killed it, 0 if none
+  int exit_code = -1;                      // -1 while running or never started
+  int signal = 0;                          // the signal that killed it, 0 if none
   std::map<std::string, std::string> env;  // what mltrain set for this rank
 };
 
@@ -31,7 +31,7 @@ struct HostRecord {
 };
 
 struct Failure {
-  int rank = -1;       // -1: not a rank (a host or the launcher)
+  int rank = -1;  // -1: not a rank (a host or the launcher)
   std::string host;
   int exit_code = 0;
   int signal = 0;
@@ -41,7 +41,8 @@ struct Failure {
 
 struct RunRecord {
   std::string id, name;
-  std::string status = "running";  // running | lost (launcher died) | succeeded | failed | interrupted | stopped | timeout | host-failure
+  std::string status = "running";  // running | lost (launcher died) | succeeded | failed | interrupted |
+                                   // stopped | timeout | host-failure
   int exit_code = -1;
   int launcher_pid = 0;
   unsigned long long launcher_start = 0;  // /proc start time, to tell a reused pid apart

@@ -109,7 +109,9 @@ off_t tail_offset(const std::string& path, int n) {
   return 0;
 }
 
-std::string age(const std::string& iso) { return iso.size() >= 19 ? iso.substr(0, 10) + " " + iso.substr(11, 8) : iso; }
+std::string age(const std::string& iso) {
+  return iso.size() >= 19 ? iso.substr(0, 10) + " " + iso.substr(11, 8) : iso;
+}
 
 std::string duration_of(const RunRecord& r) {
   if (r.status == "running") return "-";
@@ -126,7 +128,8 @@ int print_logs(const LogsOptions& o) {
     try {
       re.emplace(o.grep, std::regex::ECMAScript);
     } catch (const std::regex_error& e) {
-      throw Error("--grep '" + o.grep + "' is not a valid regular expression: " + e.what(), "escape special characters");
+      throw Error("--grep '" + o.grep + "' is not a valid regular expression: " + e.what(),
+                  "escape special characters");
     }
   }
   std::vector<Follower> fs;
@@ -145,8 +148,9 @@ int print_logs(const LogsOptions& o) {
   if (o.ranks)
     for (int r : *o.ranks)
       if (r < 0 || size_t(r) >= rec.ranks.size())
-        throw Error("run " + id + " has no rank " + std::to_string(r) + " (it has " + std::to_string(rec.ranks.size()) +
-                    " ranks)", "pick ranks from 0 to " + std::to_string(rec.ranks.size() - 1));
+        throw Error("run " + id + " has no rank " + std::to_string(r) + " (it has " +
+                        std::to_string(rec.ranks.size()) + " ranks)",
+                    "pick ranks from 0 to " + std::to_string(rec.ranks.size() - 1));
   if (o.tail >= 0 && re) {
     // The last N matching lines: filter the whole file, keep a window of N.
     for (auto& f : fs) {
@@ -173,8 +177,10 @@ int print_logs(const LogsOptions& o) {
           partial.erase(0, start);
         }
         ::close(fd);
-        if (o.follow) f.partial = partial;
-        else if (!partial.empty()) take(partial);
+        if (o.follow)
+          f.partial = partial;
+        else if (!partial.empty())
+          take(partial);
       }
       for (const auto& l : last) collected += f.prefix + l + "\n";
       std::fwrite(collected.data(), 1, collected.size(), stdout);
@@ -196,7 +202,8 @@ int print_logs(const LogsOptions& o) {
         for (auto& f : fs) pump(f, re, true);
         std::fflush(stdout);
         if (now.status == "lost")
-          std::fprintf(stderr, "mltrain: the launcher of run %s is gone without recording an end\n", id.c_str());
+          std::fprintf(stderr, "mltrain: the launcher of run %s is gone without recording an end\n",
+                       id.c_str());
         return now.exit_code > 0 ? now.exit_code : 0;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(150));
@@ -214,11 +221,12 @@ void print_list(bool json) {
     std::printf("no runs yet in %s (start one with 'mltrain run')\n", runs_dir().c_str());
     return;
   }
-  std::printf("%-34s %-12s %5s %5s %-19s %9s %4s\n", "ID", "STATUS", "RANKS", "HOSTS", "STARTED", "DURATION", "EXIT");
+  std::printf("%-34s %-12s %5s %5s %-19s %9s %4s\n", "ID", "STATUS", "RANKS", "HOSTS", "STARTED", "DURATION",
+              "EXIT");
   for (const auto& r : runs) {
     const std::string& status = r.status;
-    std::printf("%-34s %-12s %5zu %5zu %-19s %9s %4s\n", r.id.c_str(), status.c_str(), r.ranks.size(), r.hosts.size(),
-                age(r.started_at).c_str(), duration_of(r).c_str(),
+    std::printf("%-34s %-12s %5zu %5zu %-19s %9s %4s\n", r.id.c_str(), status.c_str(), r.ranks.size(),
+                r.hosts.size(), age(r.started_at).c_str(), duration_of(r).c_str(),
                 r.exit_code >= 0 ? std::to_string(r.exit_code).c_str() : "-");
   }
 }
@@ -236,7 +244,8 @@ void print_show(const std::string& query, bool json) {
   std::printf("status     %s", status.c_str());
   if (r.exit_code >= 0) std::printf(" (exit code %d)", r.exit_code);
   std::printf("\nstarted    %s\n", age(r.started_at).c_str());
-  if (!r.ended_at.empty()) std::printf("ended      %s (%s)\n", age(r.ended_at).c_str(), duration_of(r).c_str());
+  if (!r.ended_at.empty())
+    std::printf("ended      %s (%s)\n", age(r.ended_at).c_str(), duration_of(r).c_str());
   if (!r.spec_file.empty()) std::printf("spec       %s\n", r.spec_file.c_str());
   std::vector<std::string> argv;
   for (const auto& a : r.argv) argv.push_back(text::shell_quote(a));
@@ -250,8 +259,8 @@ void print_show(const std::string& query, bool json) {
   for (const auto& k : r.ranks) {
     std::string host = size_t(k.host) < r.hosts.size() ? r.hosts[size_t(k.host)].name : "?";
     std::string result = k.exit_code < 0 ? (status == "running" ? "running" : "-")
-                         : k.signal ? describe_status(k.signal)
-                                    : "exit " + std::to_string(k.exit_code);
+                         : k.signal      ? describe_status(k.signal)
+                                         : "exit " + std::to_string(k.exit_code);
     std::printf("%-6d %-20s %-6d %-8d %s\n", k.rank, host.c_str(), k.local_rank, k.pid, result.c_str());
   }
   if (r.failure) {
@@ -290,7 +299,8 @@ int stop_run(const std::string& query) {
       return 0;
     }
   }
-  std::fprintf(stderr, "mltrain: the launcher did not stop within 60s; killing it (its agents stop the ranks)\n");
+  std::fprintf(stderr,
+               "mltrain: the launcher did not stop within 60s; killing it (its agents stop the ranks)\n");
   if (::kill(r.launcher_pid, SIGKILL) != 0 && errno != ESRCH)
     throw_sys("kill", "SIGKILL launcher pid " + std::to_string(r.launcher_pid) + " of run " + id);
   return exit_code::stopped;

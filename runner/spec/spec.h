@@ -14,9 +14,9 @@ namespace mltrain::spec {
 using Duration = std::chrono::milliseconds;
 
 struct RunSection {
-  std::optional<std::string> command;  // run by /bin/sh -c
-  std::vector<std::string> argv;       // or run directly
-  std::string workdir;                 // empty: the launcher's current directory
+  std::optional<std::string> command;                    // run by /bin/sh -c
+  std::vector<std::string> argv;                         // or run directly
+  std::string workdir;                                   // empty: the launcher's current directory
   std::vector<std::pair<std::string, std::string>> env;  // profile's first, then the spec's
   std::vector<std::string> forward_env;                  // globs over the launcher's environment
   int max_restarts = 0;

@@ -19,11 +19,26 @@ namespace {
 namespace fs = std::filesystem;
 
 // Variables mltrain sets for every rank; a spec's env may not set them (DESIGN.md, Contracts).
-const std::vector<std::string> kReservedEnv = {
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR",
-    "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-    "MLTRAIN_RUN_ID", "MLTRAIN_STORE_ADDR", "MLTRAIN_TOKEN", "DMLC_ROLE", "DMLC_NUM_WORKER",
-    "DMLC_NUM_SERVER", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_WORKER_ID"};
+const std::vector<std::string> kReservedEnv = {"RANK",
+                                               "WORLD_SIZE",
+                                               "LOCAL_RANK",
+                                               "LOCAL_WORLD_SIZE",
+                                               "NODE_RANK",
+                                               "GROUP_RANK",
+                                               "MASTER_ADDR",
+                                               "MASTER_PORT",
+                                               "TORCHELASTIC_RESTART_COUNT",
+                                               "TORCHELASTIC_MAX_RESTARTS",
+                                               "TORCHELASTIC_RUN_ID",
+                                               "MLTRAIN_RUN_ID",
+                                               "MLTRAIN_STORE_ADDR",
+                                               "MLTRAIN_TOKEN",
+                                               "DMLC_ROLE",
+                                               "DMLC_NUM_WORKER",
+                                               "DMLC_NUM_SERVER",
+                                               "DMLC_PS_ROOT_URI",
+                                               "DMLC_PS_ROOT_PORT",
+                                               "DMLC_WORKER_ID"};
 
 std::string where(const toml::source_region& r) {
   std::string file = r.path ? *r.path : std::string("<spec>");
@@ -36,13 +51,20 @@ std::string where(const toml::source_region& r) {
 
 std::string type_of(const toml::node& n) {
   switch (n.type()) {
-    case toml::node_type::string: return "a string";
-    case toml::node_type::integer: return "an integer";
-    case toml::node_type::floating_point: return "a float";
-    case toml::node_type::boolean: return "a boolean";
-    case toml::node_type::array: return "an array";
-    case toml::node_type::table: return "a table";
-    default: return "a date/time";
+    case toml::node_type::string:
+      return "a string";
+    case toml::node_type::integer:
+      return "an integer";
+    case toml::node_type::floating_point:
+      return "a float";
+    case toml::node_type::boolean:
+      return "a boolean";
+    case toml::node_type::array:
+      return "an array";
+    case toml::node_type::table:
+      return "a table";
+    default:
+      return "a date/time";
   }
 }
 
@@ -90,8 +112,10 @@ std::vector<std::string> get_strings(const toml::node& n, const std::string& key
   if (!a) fail(n.source(), "'" + key + "' must be an array of strings, not " + type_of(n));
   std::vector<std::string> out;
   for (const auto& e : *a) {
-    if (auto s = e.as_string()) out.push_back(s->get());
-    else fail(e.source(), "'" + key + "' must hold only strings, found " + type_of(e));
+    if (auto s = e.as_string())
+      out.push_back(s->get());
+    else
+      fail(e.source(), "'" + key + "' must hold only strings, found " + type_of(e));
   }
   return out;
 }
@@ -117,14 +141,16 @@ using Handler = std::function<void(const toml::node&)>;
 thread_local std::map<std::string, std::string>* g_origins = nullptr;
 
 // Visits each key of `table` with its handler; an unknown key is an error with a suggestion.
-void visit(const toml::table& table, const std::string& section, const std::map<std::string, Handler>& handlers) {
+void visit(const toml::table& table, const std::string& section,
+           const std::map<std::string, Handler>& handlers) {
   std::vector<std::string> known;
   for (const auto& [k, h] : handlers) known.push_back(k);
   for (const auto& [key, node] : table) {
     std::string k(key.str());
     auto it = handlers.find(k);
     if (it == handlers.end()) {
-      std::string what = section.empty() ? "unknown key '" + k + "'" : "unknown key '" + k + "' in [" + section + "]";
+      std::string what =
+          section.empty() ? "unknown key '" + k + "'" : "unknown key '" + k + "' in [" + section + "]";
       fail(key.source(), what + text::did_you_mean(k, known), "see docs/spec.md for every key");
     }
     if (g_origins) (*g_origins)[section.empty() ? k : section + "." + k] = where(node.source());
@@ -149,118 +175,207 @@ void apply(const toml::table& root, JobSpec& s, const std::string& base_dir, boo
     explicit OriginsScope(std::map<std::string, std::string>* o) { g_origins = o; }
     ~OriginsScope() { g_origins = nullptr; }
   } scope(&s.origins);
-  visit(root, "", {
-    {"name", [&](const toml::node& n) { s.name = get_string(n, "name"); }},
-    {"profile", [&](const toml::node& n) {
-       if (is_profile) fail(n.source(), "a profile cannot name another profile");
-       s.profile = get_string(n, "profile");
-     }},
-    {"run", [&](const toml::node& n) {
-       visit(as_table(n, "run"), "run", {
-         {"command", [&](const toml::node& v) { s.run.command = get_string(v, "command"); s.run.argv.clear(); }},
-         {"argv", [&](const toml::node& v) {
-            s.run.argv = get_strings(v, "argv");
-            if (s.run.argv.empty()) fail(v.source(), "'argv' is empty", "give the program and its arguments");
-            s.run.command.reset();
-          }},
-         {"workdir", [&](const toml::node& v) { s.run.workdir = resolve_path(get_string(v, "workdir"), base_dir); }},
-         {"env", [&](const toml::node& v) {
-            for (const auto& [key, val] : as_table(v, "run.env")) {
-              std::string k(key.str());
-              check_env_name(k, where(key.source()));
-              std::string value;
-              if (auto str = val.as_string()) value = str->get();
-              else if (auto i = val.as_integer()) value = std::to_string(i->get());
-              else if (auto b = val.as_boolean()) value = b->get() ? "1" : "0";
-              else if (auto f = val.as_floating_point()) { std::ostringstream os; os << f->get(); value = os.str(); }
-              else fail(val.source(), "env '" + k + "' must be a string, number or boolean, not " + type_of(val));
-              bool replaced = false;
-              for (auto& [ek, ev] : s.run.env)
-                if (ek == k) { ev = value; replaced = true; }
-              if (!replaced) s.run.env.emplace_back(k, value);
-            }
-          }},
-         {"forward_env", [&](const toml::node& v) { s.run.forward_env = get_strings(v, "forward_env"); }},
-         {"max_restarts", [&](const toml::node& v) { s.run.max_restarts = int(get_int(v, "max_restarts", 0, 1000)); }},
-         {"timeout", [&](const toml::node& v) { s.run.timeout = get_duration(v, "timeout"); }},
-         {"grace_period", [&](const toml::node& v) { s.run.grace_period = get_duration(v, "grace_period"); }},
-       });
-     }},
-    {"cluster", [&](const toml::node& n) {
-       visit(as_table(n, "cluster"), "cluster", {
-         {"hosts", [&](const toml::node& v) {
-            if (auto str = v.as_string()) s.cluster.hosts = {str->get()};
-            else s.cluster.hosts = get_strings(v, "hosts");
-            s.cluster.hostfile.clear();
-          }},
-         {"hostfile", [&](const toml::node& v) {
-            s.cluster.hostfile = resolve_path(get_string(v, "hostfile"), base_dir);
-            s.cluster.hosts.clear();
-          }},
-         {"procs_per_host", [&](const toml::node& v) { s.cluster.procs_per_host = int(get_int(v, "procs_per_host", 1, 4096)); }},
-         {"nprocs", [&](const toml::node& v) { s.cluster.nprocs = int(get_int(v, "nprocs", 1, 1 << 20)); }},
-         {"include", [&](const toml::node& v) { s.cluster.include = get_string(v, "include"); }},
-         {"exclude", [&](const toml::node& v) { s.cluster.exclude = get_string(v, "exclude"); }},
-       });
-     }},
-    {"comm", [&](const toml::node& n) {
-       visit(as_table(n, "comm"), "comm", {
-         {"mode", [&](const toml::node& v) { s.comm.mode = get_choice(v, "mode", {"allreduce", "ps"}); }},
-         {"backend", [&](const toml::node& v) { s.comm.backend = get_choice(v, "backend", {"auto", "tcp", "nccl"}); }},
-         {"master_port", [&](const toml::node& v) {
-            if (auto str = v.as_string()) {
-              if (str->get() != "auto")
-                fail(v.source(), "'master_port' is '" + str->get() + "'", "write \"auto\" or a port number 1-65535");
-              s.comm.master_port = 0;
-            } else {
-              s.comm.master_port = int(get_int(v, "master_port", 1, 65535));
-            }
-          }},
-         {"num_servers", [&](const toml::node& v) { s.comm.num_servers = int(get_int(v, "num_servers", 0, 4096)); }},
-       });
-     }},
-    {"gpus", [&](const toml::node& n) {
-       visit(as_table(n, "gpus"), "gpus", {
-         {"per_proc", [&](const toml::node& v) { s.gpus.per_proc = int(get_int(v, "per_proc", 0, 64)); }},
-         {"procs_per_gpu", [&](const toml::node& v) { s.gpus.procs_per_gpu = int(get_int(v, "procs_per_gpu", 0, 256)); }},
-       });
-     }},
-    {"ssh", [&](const toml::node& n) {
-       visit(as_table(n, "ssh"), "ssh", {
-         {"config", [&](const toml::node& v) { s.ssh.config = resolve_path(get_string(v, "config"), base_dir); }},
-         {"user", [&](const toml::node& v) { s.ssh.user = get_string(v, "user"); }},
-         {"port", [&](const toml::node& v) { s.ssh.port = int(get_int(v, "port", 1, 65535)); }},
-         {"identity_file", [&](const toml::node& v) { s.ssh.identity_file = resolve_path(get_string(v, "identity_file"), base_dir); }},
-         {"known_hosts", [&](const toml::node& v) { s.ssh.known_hosts = resolve_path(get_string(v, "known_hosts"), base_dir); }},
-         {"strict_host_keys", [&](const toml::node& v) {
-            if (auto b = v.as_boolean()) s.ssh.strict_host_keys = b->get() ? "yes" : "no";
-            else s.ssh.strict_host_keys = get_choice(v, "strict_host_keys", {"yes", "accept-new", "no"});
-          }},
-         {"connect_timeout", [&](const toml::node& v) { s.ssh.connect_timeout = get_duration(v, "connect_timeout"); }},
-       });
-     }},
-    {"logs", [&](const toml::node& n) {
-       visit(as_table(n, "logs"), "logs", {
-         {"ranks", [&](const toml::node& v) {
-            if (v.is_integer()) s.logs.ranks = std::to_string(get_int(v, "ranks", 0, 1 << 20));
-            else if (auto a = v.as_array()) {
-              std::vector<std::string> parts;
-              for (const auto& e : *a) parts.push_back(std::to_string(get_int(e, "ranks", 0, 1 << 20)));
-              s.logs.ranks = text::join(parts, ",");
-            } else {
-              s.logs.ranks = get_string(v, "ranks");
-              if (!s.logs.ranks.empty() && !text::parse_int_list(s.logs.ranks))
-                fail(v.source(), "'ranks' is '" + s.logs.ranks + "', not a rank list", "write ranks like \"0,3-5\"");
-            }
-          }},
-         {"prefix", [&](const toml::node& v) {
-            if (auto b = v.as_boolean()) s.logs.prefix = b->get() ? "auto" : "";
-            else s.logs.prefix = get_string(v, "prefix");
-          }},
-         {"timestamps", [&](const toml::node& v) { s.logs.timestamps = get_bool(v, "timestamps"); }},
-       });
-     }},
-  });
+  visit(
+      root, "",
+      {
+          {"name", [&](const toml::node& n) { s.name = get_string(n, "name"); }},
+          {"profile",
+           [&](const toml::node& n) {
+             if (is_profile) fail(n.source(), "a profile cannot name another profile");
+             s.profile = get_string(n, "profile");
+           }},
+          {"run",
+           [&](const toml::node& n) {
+             visit(as_table(n, "run"), "run",
+                   {
+                       {"command",
+                        [&](const toml::node& v) {
+                          s.run.command = get_string(v, "command");
+                          s.run.argv.clear();
+                        }},
+                       {"argv",
+                        [&](const toml::node& v) {
+                          s.run.argv = get_strings(v, "argv");
+                          if (s.run.argv.empty())
+                            fail(v.source(), "'argv' is empty", "give the program and its arguments");
+                          s.run.command.reset();
+                        }},
+                       {"workdir",
+                        [&](const toml::node& v) {
+                          s.run.workdir = resolve_path(get_string(v, "workdir"), base_dir);
+                        }},
+                       {"env",
+                        [&](const toml::node& v) {
+                          for (const auto& [key, val] : as_table(v, "run.env")) {
+                            std::string k(key.str());
+                            check_env_name(k, where(key.source()));
+                            std::string value;
+                            if (auto str = val.as_string())
+                              value = str->get();
+                            else if (auto i = val.as_integer())
+                              value = std::to_string(i->get());
+                            else if (auto b = val.as_boolean())
+                              value = b->get() ? "1" : "0";
+                            else if (auto f = val.as_floating_point()) {
+                              std::ostringstream os;
+                              os << f->get();
+                              value = os.str();
+                            } else
+                              fail(val.source(), "env '" + k + "' must be a string, number or boolean, not " +
+                                                     type_of(val));
+                            bool replaced = false;
+                            for (auto& [ek, ev] : s.run.env)
+                              if (ek == k) {
+                                ev = value;
+                                replaced = true;
+                              }
+                            if (!replaced) s.run.env.emplace_back(k, value);
+                          }
+                        }},
+                       {"forward_env",
+                        [&](const toml::node& v) { s.run.forward_env = get_strings(v, "forward_env"); }},
+                       {"max_restarts",
+                        [&](const toml::node& v) {
+                          s.run.max_restarts = int(get_int(v, "max_restarts", 0, 1000));
+                        }},
+                       {"timeout", [&](const toml::node& v) { s.run.timeout = get_duration(v, "timeout"); }},
+                       {"grace_period",
+                        [&](const toml::node& v) { s.run.grace_period = get_duration(v, "grace_period"); }},
+                   });
+           }},
+          {"cluster",
+           [&](const toml::node& n) {
+             visit(
+                 as_table(n, "cluster"), "cluster",
+                 {
+                     {"hosts",
+                      [&](const toml::node& v) {
+                        if (auto str = v.as_string())
+                          s.cluster.hosts = {str->get()};
+                        else
+                          s.cluster.hosts = get_strings(v, "hosts");
+                        s.cluster.hostfile.clear();
+                      }},
+                     {"hostfile",
+                      [&](const toml::node& v) {
+                        s.cluster.hostfile = resolve_path(get_string(v, "hostfile"), base_dir);
+                        s.cluster.hosts.clear();
+                      }},
+                     {"procs_per_host",
+                      [&](const toml::node& v) {
+                        s.cluster.procs_per_host = int(get_int(v, "procs_per_host", 1, 4096));
+                      }},
+                     {"nprocs",
+                      [&](const toml::node& v) { s.cluster.nprocs = int(get_int(v, "nprocs", 1, 1 << 20)); }},
+                     {"include", [&](const toml::node& v) { s.cluster.include = get_string(v, "include"); }},
+                     {"exclude", [&](const toml::node& v) { s.cluster.exclude = get_string(v, "exclude"); }},
+                 });
+           }},
+          {"comm",
+           [&](const toml::node& n) {
+             visit(as_table(n, "comm"), "comm",
+                   {
+                       {"mode",
+                        [&](const toml::node& v) {
+                          s.comm.mode = get_choice(v, "mode", {"allreduce", "ps"});
+                        }},
+                       {"backend",
+                        [&](const toml::node& v) {
+                          s.comm.backend = get_choice(v, "backend", {"auto", "tcp", "nccl"});
+                        }},
+                       {"master_port",
+                        [&](const toml::node& v) {
+                          if (auto str = v.as_string()) {
+                            if (str->get() != "auto")
+                              fail(v.source(), "'master_port' is '" + str->get() + "'",
+                                   "write \"auto\" or a port number 1-65535");
+                            s.comm.master_port = 0;
+                          } else {
+                            s.comm.master_port = int(get_int(v, "master_port", 1, 65535));
+                          }
+                        }},
+                       {"num_servers",
+                        [&](const toml::node& v) {
+                          s.comm.num_servers = int(get_int(v, "num_servers", 0, 4096));
+                        }},
+                   });
+           }},
+          {"gpus",
+           [&](const toml::node& n) {
+             visit(as_table(n, "gpus"), "gpus",
+                   {
+                       {"per_proc",
+                        [&](const toml::node& v) { s.gpus.per_proc = int(get_int(v, "per_proc", 0, 64)); }},
+                       {"procs_per_gpu",
+                        [&](const toml::node& v) {
+                          s.gpus.procs_per_gpu = int(get_int(v, "procs_per_gpu", 0, 256));
+                        }},
+                   });
+           }},
+          {"ssh",
+           [&](const toml::node& n) {
+             visit(as_table(n, "ssh"), "ssh",
+                   {
+                       {"config",
+                        [&](const toml::node& v) {
+                          s.ssh.config = resolve_path(get_string(v, "config"), base_dir);
+                        }},
+                       {"user", [&](const toml::node& v) { s.ssh.user = get_string(v, "user"); }},
+                       {"port", [&](const toml::node& v) { s.ssh.port = int(get_int(v, "port", 1, 65535)); }},
+                       {"identity_file",
+                        [&](const toml::node& v) {
+                          s.ssh.identity_file = resolve_path(get_string(v, "identity_file"), base_dir);
+                        }},
+                       {"known_hosts",
+                        [&](const toml::node& v) {
+                          s.ssh.known_hosts = resolve_path(get_string(v, "known_hosts"), base_dir);
+                        }},
+                       {"strict_host_keys",
+                        [&](const toml::node& v) {
+                          if (auto b = v.as_boolean())
+                            s.ssh.strict_host_keys = b->get() ? "yes" : "no";
+                          else
+                            s.ssh.strict_host_keys =
+                                get_choice(v, "strict_host_keys", {"yes", "accept-new", "no"});
+                        }},
+                       {"connect_timeout",
+                        [&](const toml::node& v) {
+                          s.ssh.connect_timeout = get_duration(v, "connect_timeout");
+                        }},
+                   });
+           }},
+          {"logs",
+           [&](const toml::node& n) {
+             visit(as_table(n, "logs"), "logs",
+                   {
+                       {"ranks",
+                        [&](const toml::node& v) {
+                          if (v.is_integer())
+                            s.logs.ranks = std::to_string(get_int(v, "ranks", 0, 1 << 20));
+                          else if (auto a = v.as_array()) {
+                            std::vector<std::string> parts;
+                            for (const auto& e : *a)
+                              parts.push_back(std::to_string(get_int(e, "ranks", 0, 1 << 20)));
+                            s.logs.ranks = text::join(parts, ",");
+                          } else {
+                            s.logs.ranks = get_string(v, "ranks");
+                            if (!s.logs.ranks.empty() && !text::parse_int_list(s.logs.ranks))
+                              fail(v.source(), "'ranks' is '" + s.logs.ranks + "', not a rank list",
+                                   "write ranks like \"0,3-5\"");
+                          }
+                        }},
+                       {"prefix",
+                        [&](const toml::node& v) {
+                          if (auto b = v.as_boolean())
+                            s.logs.prefix = b->get() ? "auto" : "";
+                          else
+                            s.logs.prefix = get_string(v, "prefix");
+                        }},
+                       {"timestamps",
+                        [&](const toml::node& v) { s.logs.timestamps = get_bool(v, "timestamps"); }},
+                   });
+           }},
+      });
 }
 
 toml::table parse_text(const std::string& text, const std::string& path) {
@@ -284,11 +399,13 @@ void apply_profile(JobSpec& s, const std::string& base_dir, const std::string& o
   auto p = profiles::find(s.profile, base_dir);
   if (!p) {
     auto names = profiles::available();
-    throw Error(origin_of_name + ": unknown profile '" + s.profile + "'" + text::did_you_mean(s.profile, names),
-                "available profiles: " + text::join(names, ", ") + "; or give a path to a .toml file");
+    throw Error(
+        origin_of_name + ": unknown profile '" + s.profile + "'" + text::did_you_mean(s.profile, names),
+        "available profiles: " + text::join(names, ", ") + "; or give a path to a .toml file");
   }
   toml::table t = parse_text(p->text, p->origin);
-  std::string dir = p->origin.rfind("built-in:", 0) == 0 ? base_dir : fs::path(p->origin).parent_path().string();
+  std::string dir =
+      p->origin.rfind("built-in:", 0) == 0 ? base_dir : fs::path(p->origin).parent_path().string();
   apply(t, s, dir, /*is_profile=*/true);
 }
 
@@ -340,16 +457,17 @@ void check(const JobSpec& s) {
   if (s.run.command && s.run.command->empty())
     throw Error(s.origin("run.command", file) + ": [run] command is empty", "give a shell command");
   if (!s.cluster.include.empty() && !s.cluster.exclude.empty())
-    throw Error(s.origin("cluster.include", file) + ": include and exclude (" + s.origin("cluster.exclude", file) +
-                    ") cannot both be set",
+    throw Error(s.origin("cluster.include", file) + ": include and exclude (" +
+                    s.origin("cluster.exclude", file) + ") cannot both be set",
                 "keep one of them");
   if (s.gpus.per_proc > 0 && s.gpus.procs_per_gpu > 0)
     throw Error(s.origin("gpus.per_proc", file) + ": [gpus] per_proc and procs_per_gpu cannot both be set",
                 "per_proc gives each rank N GPUs; procs_per_gpu shares one GPU among N ranks");
   for (const auto& n : s.name)
     if (!(std::isalnum(static_cast<unsigned char>(n)) || n == '-' || n == '_' || n == '.'))
-      throw Error(s.origin("name", file) + ": name '" + s.name + "' may hold only letters, digits, '-', '_' and '.'",
-                  "rename the job");
+      throw Error(
+          s.origin("name", file) + ": name '" + s.name + "' may hold only letters, digits, '-', '_' and '.'",
+          "rename the job");
 }
 
 std::string to_toml(const JobSpec& s) {
@@ -357,7 +475,8 @@ std::string to_toml(const JobSpec& s) {
   root.insert("name", s.name);
   if (!s.profile.empty()) root.insert("profile", s.profile);
   toml::table run;
-  if (s.run.command) run.insert("command", *s.run.command);
+  if (s.run.command)
+    run.insert("command", *s.run.command);
   else {
     toml::array a;
     for (const auto& x : s.run.argv) a.push_back(x);
@@ -387,8 +506,10 @@ std::string to_toml(const JobSpec& s) {
   toml::table comm;
   comm.insert("mode", s.comm.mode);
   comm.insert("backend", s.comm.backend);
-  if (s.comm.master_port) comm.insert("master_port", s.comm.master_port);
-  else comm.insert("master_port", "auto");
+  if (s.comm.master_port)
+    comm.insert("master_port", s.comm.master_port);
+  else
+    comm.insert("master_port", "auto");
   root.insert("comm", comm);
   toml::table gpus;
   gpus.insert("per_proc", s.gpus.per_proc);

@@ -4,9 +4,9 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <optional>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "runner/agent/protocol.h"
@@ -19,7 +19,9 @@ namespace proto = mltrain::agent;
 using Clock = std::chrono::steady_clock;
 
 int64_t wall_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 bool write_all(int fd, const std::string& data) {
@@ -27,8 +29,10 @@ bool write_all(int fd, const std::string& data) {
   auto deadline = Clock::now() + std::chrono::seconds(10);
   while (off < data.size() && Clock::now() < deadline) {
     ssize_t n = ::write(fd, data.data() + off, data.size() - off);
-    if (n > 0) off += size_t(n);
-    else if (n < 0 && errno != EAGAIN && errno != EINTR) return false;
+    if (n > 0)
+      off += size_t(n);
+    else if (n < 0 && errno != EAGAIN && errno != EINTR)
+      return false;
     else {
       pollfd p{fd, POLLOUT, 0};
       ::poll(&p, 1, 100);
@@ -66,7 +70,8 @@ std::optional<M> ask(transport::AgentLink& link, proto::Decoder& d, const auto& 
 }
 
 std::string stage_of(const std::string& msg) {
-  if (msg.find("host key") != std::string::npos || msg.find("HOST KEY") != std::string::npos) return "host key";
+  if (msg.find("host key") != std::string::npos || msg.find("HOST KEY") != std::string::npos)
+    return "host key";
   if (msg.find("authentication") != std::string::npos) return "auth";
   if (msg.find("cannot connect") != std::string::npos) return "connect";
   return "agent";
@@ -89,8 +94,8 @@ HostReport check_host(const plan::HostPlan& h, const TransportFor& tf, int port)
   auto ack = ask<proto::msg::HelloAck>(*link, d, hello);
   if (!ack || ack->magic != proto::kMagic || ack->version != proto::kVersion) {
     r.stage = "agent";
-    r.problem = ack ? "the agent speaks protocol version " + std::to_string(ack->version) + ", this mltrain " +
-                          std::to_string(proto::kVersion)
+    r.problem = ack ? "the agent speaks protocol version " + std::to_string(ack->version) +
+                          ", this mltrain " + std::to_string(proto::kVersion)
                     : "the agent did not answer";
     return r;
   }
@@ -114,7 +119,8 @@ HostReport check_host(const plan::HostPlan& h, const TransportFor& tf, int port)
     if (eq != std::string::npos) r.facts[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
   // The host read its clock first thing, about half a round trip after we sent the probe.
-  if (r.facts.count("time_ms")) r.clock_offset_ms = double(std::stoll(r.facts["time_ms"])) - (double(w0) + rtt / 2);
+  if (r.facts.count("time_ms"))
+    r.clock_offset_ms = double(std::stoll(r.facts["time_ms"])) - (double(w0) + rtt / 2);
   r.facts.erase("time_ms");
   r.rtt_ms = rtt;
   ask<proto::msg::Bye>(*link, d, proto::msg::Shutdown{});
@@ -134,7 +140,8 @@ std::string fact(const HostReport& r, const char* k) {
 
 }  // namespace
 
-std::vector<HostReport> run_doctor(const std::vector<plan::HostPlan>& hosts, const TransportFor& tf, int master_port) {
+std::vector<HostReport> run_doctor(const std::vector<plan::HostPlan>& hosts, const TransportFor& tf,
+                                   int master_port) {
   std::vector<HostReport> reports(hosts.size());
   std::vector<std::thread> threads;
   for (size_t i = 0; i < hosts.size(); ++i)
@@ -147,21 +154,28 @@ std::string format_doctor(const std::vector<HostReport>& reports, bool json) {
   if (json) {
     nlohmann::ordered_json a = nlohmann::ordered_json::array();
     for (const auto& r : reports)
-      a.push_back({{"host", r.host}, {"ok", r.ok}, {"stage", r.stage}, {"problem", r.problem}, {"facts", r.facts},
-                   {"clock_offset_ms", r.clock_offset_ms}, {"rtt_ms", r.rtt_ms}});
+      a.push_back({{"host", r.host},
+                   {"ok", r.ok},
+                   {"stage", r.stage},
+                   {"problem", r.problem},
+                   {"facts", r.facts},
+                   {"clock_offset_ms", r.clock_offset_ms},
+                   {"rtt_ms", r.rtt_ms}});
     return a.dump(2) + "\n";
   }
   std::string out;
   char line[512];
-  std::snprintf(line, sizeof line, "%-16s %-6s %-8s %-7s %-5s %-8s %-8s %-9s %-13s %-7s %s\n", "HOST", "STATUS", "ARCH",
-                "GLIBC", "GPUS", "NCCL", "PYTHON3", "TORCH", "CLOCK OFFSET", "PORT", "PROBLEM");
+  std::snprintf(line, sizeof line, "%-16s %-6s %-8s %-7s %-5s %-8s %-8s %-9s %-13s %-7s %s\n", "HOST",
+                "STATUS", "ARCH", "GLIBC", "GPUS", "NCCL", "PYTHON3", "TORCH", "CLOCK OFFSET", "PORT",
+                "PROBLEM");
   out += line;
   for (const auto& r : reports) {
     char clock[32] = "-";
     if (r.ok || r.stage == "port") std::snprintf(clock, sizeof clock, "%+.0fms", r.clock_offset_ms);
-    std::snprintf(line, sizeof line, "%-16s %-6s %-8s %-7s %-5s %-8s %-8s %-9s %-13s %-7s %s\n", r.host.c_str(),
-                  r.ok ? "ok" : "FAIL", fact(r, "arch").c_str(), fact(r, "glibc").c_str(), fact(r, "gpus").c_str(),
-                  fact(r, "nccl").c_str(), fact(r, "python3").c_str(), fact(r, "torch").c_str(), clock,
+    std::snprintf(line, sizeof line, "%-16s %-6s %-8s %-7s %-5s %-8s %-8s %-9s %-13s %-7s %s\n",
+                  r.host.c_str(), r.ok ? "ok" : "FAIL", fact(r, "arch").c_str(), fact(r, "glibc").c_str(),
+                  fact(r, "gpus").c_str(), fact(r, "nccl").c_str(), fact(r, "python3").c_str(),
+                  fact(r, "torch").c_str(), clock,
                   r.facts.count("port_free") ? (r.facts.at("port_free") == "yes" ? "free" : "IN USE") : "-",
                   r.problem.empty() ? "" : (r.stage + ": " + r.problem).c_str());
     out += line;

@@ -32,8 +32,9 @@ class ProcessSignals final : public SignalSource {
  public:
   ProcessSignals() {
     if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
-      throw Error(std::string("cannot create the signal pipe: ") + std::strerror(errno), {}, exit_code::internal);
-    struct sigaction sa{};
+      throw Error(std::string("cannot create the signal pipe: ") + std::strerror(errno), {},
+                  exit_code::internal);
+    struct sigaction sa {};
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;

@@ -23,13 +23,20 @@ namespace msg = mltrain::agent::msg;
 
 const char* phase_name(Phase p) {
   switch (p) {
-    case Phase::connecting: return "connecting";
-    case Phase::preflight: return "preflight";
-    case Phase::running: return "running";
-    case Phase::stopping: return "stopping";
-    case Phase::restarting: return "restarting";
-    case Phase::closing: return "closing";
-    case Phase::done: return "done";
+    case Phase::connecting:
+      return "connecting";
+    case Phase::preflight:
+      return "preflight";
+    case Phase::running:
+      return "running";
+    case Phase::stopping:
+      return "stopping";
+    case Phase::restarting:
+      return "restarting";
+    case Phase::closing:
+      return "closing";
+    case Phase::done:
+      return "done";
   }
   return "?";
 }
@@ -47,10 +54,15 @@ void Gang::enter(Phase p) {
   phase_ = p;
   phase_start_ = clock_.now();
   switch (p) {
-    case Phase::connecting: start_connects(); break;
-    case Phase::preflight: send_prepare(); break;
+    case Phase::connecting:
+      start_connects();
+      break;
+    case Phase::preflight:
+      send_prepare();
+      break;
     case Phase::restarting:
-      std::fprintf(stderr, "mltrain: restarting the gang (restart %d of %d)\n", restart_ + 1, opts_.max_restarts);
+      std::fprintf(stderr, "mltrain: restarting the gang (restart %d of %d)\n", restart_ + 1,
+                   opts_.max_restarts);
       out_->mark_all("==> mltrain: restart " + std::to_string(restart_ + 1) + " of " +
                      std::to_string(opts_.max_restarts) + " <==");
       ++restart_;
@@ -67,13 +79,15 @@ void Gang::enter(Phase p) {
       spawn_all();
       if (!next_ping_) next_ping_ = clock_.now() + opts_.heartbeat_interval;
       break;
-    case Phase::stopping: break;
+    case Phase::stopping:
+      break;
     case Phase::closing:
       // Goodbye: agents kill anything left (strays of the ranks) and exit.
       out_->flush();
       for (auto& h : hosts_) send_to(h, msg::Shutdown{});
       break;
-    case Phase::done: break;
+    case Phase::done:
+      break;
   }
 }
 
@@ -82,8 +96,10 @@ int Gang::run() {
   if (opts_.timeout.count() > 0) job_deadline_ = job_start_ + opts_.timeout;
   std::vector<RankInfo> infos;
   for (const auto& r : plan_.ranks)
-    infos.push_back({r.rank, r.local_rank, plan_.hosts[size_t(r.host)].node_rank, plan_.hosts[size_t(r.host)].host.name});
-  out_ = std::make_unique<Output>(infos, plan_.multi_host, records::run_dir(rec_.id), opts_.console, opts_.console_fd, 2);
+    infos.push_back(
+        {r.rank, r.local_rank, plan_.hosts[size_t(r.host)].node_rank, plan_.hosts[size_t(r.host)].host.name});
+  out_ = std::make_unique<Output>(infos, plan_.multi_host, records::run_dir(rec_.id), opts_.console,
+                                  opts_.console_fd, 2);
   ranks_.assign(plan_.ranks.size(), RankState{});
   hosts_.resize(plan_.hosts.size());
   for (size_t i = 0; i < hosts_.size(); ++i) hosts_[i].plan = &plan_.hosts[i];
@@ -106,7 +122,9 @@ std::optional<Clock::time_point> Gang::next_deadline() const {
   };
   switch (phase_) {
     case Phase::connecting:
-    case Phase::preflight: take(phase_start_ + opts_.preflight_timeout); break;
+    case Phase::preflight:
+      take(phase_start_ + opts_.preflight_timeout);
+      break;
     case Phase::running:
     case Phase::stopping:
       take(job_deadline_);
@@ -116,8 +134,11 @@ std::optional<Clock::time_point> Gang::next_deadline() const {
       for (const auto& h : hosts_)
         if (h.open()) take(h.last_heard + opts_.heartbeat_timeout);
       break;
-    case Phase::closing: take(phase_start_ + milliseconds(3000)); break;
-    default: break;
+    case Phase::closing:
+      take(phase_start_ + milliseconds(3000));
+      break;
+    default:
+      break;
   }
   return t;
 }
@@ -132,7 +153,8 @@ void Gang::on_timers(Clock::time_point now) {
           if (hosts_[i].state != HostState::failed &&
               hosts_[i].state != (phase_ == Phase::connecting ? HostState::preparing : HostState::ready))
             host_failed(i, std::string("the agent did not ") + what + " within " +
-                               text::format_duration(std::chrono::duration_cast<milliseconds>(opts_.preflight_timeout)));
+                               text::format_duration(
+                                   std::chrono::duration_cast<milliseconds>(opts_.preflight_timeout)));
         check_preflight_progress();
       }
       break;
@@ -161,7 +183,8 @@ void Gang::on_timers(Clock::time_point now) {
       for (size_t i = 0; i < hosts_.size(); ++i)
         if (hosts_[i].open() && now - hosts_[i].last_heard >= opts_.heartbeat_timeout)
           host_lost(i, "stopped answering heartbeats for " +
-                           text::format_duration(std::chrono::duration_cast<milliseconds>(opts_.heartbeat_timeout)));
+                           text::format_duration(
+                               std::chrono::duration_cast<milliseconds>(opts_.heartbeat_timeout)));
       if (phase_ == Phase::running || phase_ == Phase::stopping)
         if (ranks_running() == 0) all_ranks_ended();
       break;
@@ -171,7 +194,8 @@ void Gang::on_timers(Clock::time_point now) {
           std::none_of(hosts_.begin(), hosts_.end(), [](const Host& h) { return h.open(); }))
         enter(Phase::done);
       break;
-    default: break;
+    default:
+      break;
   }
 }
 
@@ -197,7 +221,8 @@ void Gang::wait(Clock::time_point until) {
   // A fake clock wakes the loop through its descriptor; a real one only needs the timeout.
   int timeout = int(std::clamp<long long>(ms, 0, 1000));
   int rc = ::poll(fds.data(), fds.size(), timeout);
-  if (rc < 0 && errno != EINTR) throw Error(std::string("poll: ") + std::strerror(errno), {}, exit_code::internal);
+  if (rc < 0 && errno != EINTR)
+    throw Error(std::string("poll: ") + std::strerror(errno), {}, exit_code::internal);
   if (rc <= 0) return;
   if (fds[0].revents & POLLIN)
     for (int sig : signals_.take()) on_signal(sig);
@@ -206,16 +231,20 @@ void Gang::wait(Clock::time_point until) {
   for (size_t k = 3; k < fds.size(); ++k) {
     auto [i, is_write] = owner[k - 3];
     if (!hosts_[i].open() || phase_ == Phase::done) continue;
-    if (is_write && (fds[k].revents & (POLLOUT | POLLERR | POLLHUP))) write_host(i);
-    else if (!is_write && (fds[k].revents & (POLLIN | POLLHUP | POLLERR))) read_host(i);
+    if (is_write && (fds[k].revents & (POLLOUT | POLLERR | POLLHUP)))
+      write_host(i);
+    else if (!is_write && (fds[k].revents & (POLLIN | POLLHUP | POLLERR)))
+      read_host(i);
   }
 }
 
 void Gang::write_host(size_t i) {
   Host& h = hosts_[i];
   ssize_t n = ::write(h.link->write_fd(), h.outbox.data(), h.outbox.size());
-  if (n > 0) h.outbox.erase(0, size_t(n));
-  else if (n < 0 && errno != EAGAIN && errno != EINTR) host_lost(i, std::string("connection lost: ") + std::strerror(errno));
+  if (n > 0)
+    h.outbox.erase(0, size_t(n));
+  else if (n < 0 && errno != EAGAIN && errno != EINTR)
+    host_lost(i, std::string("connection lost: ") + std::strerror(errno));
 }
 
 void Gang::read_host(size_t i) {
@@ -228,13 +257,15 @@ void Gang::read_host(size_t i) {
       h.decoder.feed(buf, size_t(n));
       proto::Frame f;
       while (h.open() && h.decoder.next(f)) on_frame(i, std::move(f));
-      if (h.decoder.corrupt()) host_lost(i, "corrupt stream from the agent (a frame longer than the protocol allows)");
+      if (h.decoder.corrupt())
+        host_lost(i, "corrupt stream from the agent (a frame longer than the protocol allows)");
       if (size_t(n) < sizeof buf) break;
     } else if (n == 0) {
       host_lost(i, "the agent's connection closed unexpectedly");
       break;
     } else {
-      if (errno != EAGAIN && errno != EINTR) host_lost(i, std::string("connection lost: ") + std::strerror(errno));
+      if (errno != EAGAIN && errno != EINTR)
+        host_lost(i, std::string("connection lost: ") + std::strerror(errno));
       break;
     }
   }
@@ -267,8 +298,9 @@ void Gang::on(size_t i, uint32_t id, msg::SpawnFailed& m) {
   r.status = 127 << 8;
   rec_.ranks[id].exit_code = 127;
   if (phase_ == Phase::running)
-    fail_first(int(id), hosts_[i].plan->host.name, 127, 0,
-               hosts_[i].link->describe() + ": rank " + std::to_string(id) + " could not start: " + m.message);
+    fail_first(
+        int(id), hosts_[i].plan->host.name, 127, 0,
+        hosts_[i].link->describe() + ": rank " + std::to_string(id) + " could not start: " + m.message);
 }
 
 void Gang::on(size_t i, uint32_t id, msg::Exited& m) {
@@ -336,7 +368,8 @@ void Gang::fail_first(int rank, const std::string& host, int code, int sig, cons
   }
   rec_.failure = f;
   int others = ranks_running();
-  std::string stopping = others > 0 ? "; stopping the other " + std::to_string(others) + " rank" + (others == 1 ? "" : "s") : "";
+  std::string stopping =
+      others > 0 ? "; stopping the other " + std::to_string(others) + " rank" + (others == 1 ? "" : "s") : "";
   out_->flush();
   std::fprintf(stderr, "mltrain: %s%s\n", message.c_str(), stopping.c_str());
   std::fflush(stderr);
@@ -364,7 +397,8 @@ void Gang::host_lost(size_t i, const std::string& why) {
       ranks_[size_t(r)].status = -1;
       out_->finish(r);
     }
-  if (phase_ == Phase::running) fail_first(-1, h.plan->host.name, exit_code::host_failure, 0, h.link->describe() + ": " + why);
+  if (phase_ == Phase::running)
+    fail_first(-1, h.plan->host.name, exit_code::host_failure, 0, h.link->describe() + ": " + why);
   h.link->kill();
 }
 
@@ -373,7 +407,8 @@ void Gang::on_signal(int sig) {
     // Nothing has started: stop here, at once, without waiting for slow hosts.
     ending_ = sig == SIGINT ? Ending::interrupted : Ending::stopped;
     stop_signal_ = sig;
-    std::fprintf(stderr, "\nmltrain: %s during %s; no rank was started\n", signal_name(sig).c_str(), phase_name(phase_));
+    std::fprintf(stderr, "\nmltrain: %s during %s; no rank was started\n", signal_name(sig).c_str(),
+                 phase_name(phase_));
     enter(Phase::done);
     return;
   }
@@ -382,7 +417,8 @@ void Gang::on_signal(int sig) {
     ++interrupts_;
     if (ending_ == Ending::none) ending_ = Ending::interrupted, stop_signal_ = sig;
     if (interrupts_ == 1) {
-      std::fprintf(stderr, "\nmltrain: interrupt: passing SIGINT to every rank (press Ctrl-C again to kill them)\n");
+      std::fprintf(stderr,
+                   "\nmltrain: interrupt: passing SIGINT to every rank (press Ctrl-C again to kill them)\n");
       for (auto& h : hosts_) send_to(h, msg::Signal{SIGINT}, proto::kAllRanks);
       // Ranks that ignore SIGINT still go: TERM after the grace period, then KILL.
       if (phase_ == Phase::running) enter(Phase::stopping);

@@ -19,7 +19,8 @@ constexpr size_t kFileFlushAt = 256 * 1024;
 constexpr size_t kConsoleFlushAt = 1 << 20;
 
 void replace_all(std::string& s, std::string_view what, const std::string& with) {
-  for (size_t pos = 0; (pos = s.find(what, pos)) != std::string::npos; pos += with.size()) s.replace(pos, what.size(), with);
+  for (size_t pos = 0; (pos = s.find(what, pos)) != std::string::npos; pos += with.size())
+    s.replace(pos, what.size(), with);
 }
 
 std::string timestamp() {
@@ -28,7 +29,8 @@ std::string timestamp() {
   std::tm tm{};
   ::localtime_r(&tv.tv_sec, &tm);
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%02d:%02d:%02d.%03d ", tm.tm_hour, tm.tm_min, tm.tm_sec, int(tv.tv_usec / 1000));
+  std::snprintf(buf, sizeof buf, "%02d:%02d:%02d.%03d ", tm.tm_hour, tm.tm_min, tm.tm_sec,
+                int(tv.tv_usec / 1000));
   return buf;
 }
 }  // namespace

@@ -15,9 +15,9 @@ namespace mltrain::supervise {
 struct ConsoleOptions {
   bool color = false;
   bool timestamps = false;
-  std::string prefix = "auto";     // "auto", "" or a template with {rank} {host} {local_rank} {node}
+  std::string prefix = "auto";         // "auto", "" or a template with {rank} {host} {local_rank} {node}
   std::optional<std::set<int>> ranks;  // console filter; files get everything
-  bool quiet = false;               // no rank output on the console at all (--detach)
+  bool quiet = false;                  // no rank output on the console at all (--detach)
 };
 
 struct RankInfo {

@@ -123,8 +123,10 @@ void Gang::on(size_t i, uint32_t, msg::Prepared& m) {
   Host& h = hosts_[i];
   if (h.state != HostState::preparing) return;
   h.prepared = std::move(m);
-  if (!h.prepared.problems.empty()) host_failed(i, text::join(h.prepared.problems, "; "));
-  else h.state = HostState::ready;
+  if (!h.prepared.problems.empty())
+    host_failed(i, text::join(h.prepared.problems, "; "));
+  else
+    h.state = HostState::ready;
   check_preflight_progress();
 }
 
@@ -146,8 +148,9 @@ void Gang::check_preflight_progress() {
         lines.push_back("  " + (named ? h.problem : n + ": " + h.problem));
       }
     if (!lines.empty()) {
-      preflight_error_ = "preflight failed on " + std::to_string(lines.size()) + " of " + std::to_string(hosts_.size()) +
-                         (hosts_.size() == 1 ? " host" : " hosts") + "; no rank was started:\n" + text::join(lines, "\n");
+      preflight_error_ = "preflight failed on " + std::to_string(lines.size()) + " of " +
+                         std::to_string(hosts_.size()) + (hosts_.size() == 1 ? " host" : " hosts") +
+                         "; no rank was started:\n" + text::join(lines, "\n");
       ending_ = Ending::preflight_failed;
       enter(Phase::done);
       return;
@@ -175,7 +178,8 @@ void Gang::send_prepare() {
   m.argv0 = plan_.argv.empty() ? std::string() : plan_.argv[0];
   for (const auto& [k, v] : plan_.ranks[0].env)
     if (k == "PATH") m.path = v;
-  uint32_t nports = plan_.multi_host ? (plan_.auto_master_port ? 1u : 0u) + 1u + (plan_.ps_mode ? 1u : 0u) : 0u;
+  uint32_t nports =
+      plan_.multi_host ? (plan_.auto_master_port ? 1u : 0u) + 1u + (plan_.ps_mode ? 1u : 0u) : 0u;
   for (size_t i = 0; i < hosts_.size(); ++i)
     if (hosts_[i].state == HostState::greeted) {
       m.nports = i == 0 ? nports : 0;

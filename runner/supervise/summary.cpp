@@ -24,13 +24,32 @@ int Gang::finish() {
   }
   int code = 0;
   switch (ending_) {
-    case Ending::none: code = 0; rec_.status = "succeeded"; break;
-    case Ending::failure: code = ending_code_; rec_.status = "failed"; break;
-    case Ending::host_failure: code = exit_code::host_failure; rec_.status = "host-failure"; break;
-    case Ending::interrupted: code = exit_code::interrupted; rec_.status = "interrupted"; break;
-    case Ending::stopped: code = 128 + stop_signal_; rec_.status = "stopped"; break;
-    case Ending::timeout: code = exit_code::timeout; rec_.status = "timeout"; break;
-    case Ending::preflight_failed: break;  // above
+    case Ending::none:
+      code = 0;
+      rec_.status = "succeeded";
+      break;
+    case Ending::failure:
+      code = ending_code_;
+      rec_.status = "failed";
+      break;
+    case Ending::host_failure:
+      code = exit_code::host_failure;
+      rec_.status = "host-failure";
+      break;
+    case Ending::interrupted:
+      code = exit_code::interrupted;
+      rec_.status = "interrupted";
+      break;
+    case Ending::stopped:
+      code = 128 + stop_signal_;
+      rec_.status = "stopped";
+      break;
+    case Ending::timeout:
+      code = exit_code::timeout;
+      rec_.status = "timeout";
+      break;
+    case Ending::preflight_failed:
+      break;  // above
   }
   rec_.exit_code = code;
   rec_.ended_at = records::now_iso8601();
@@ -49,9 +68,10 @@ void Gang::print_summary(int code) {
     std::fflush(stdout);
   }
   if (code == 0) {
-    std::fprintf(stderr, "mltrain: %s: %zu rank%s succeeded in %s%s (logs: mltrain logs %s)\n", rec_.name.c_str(),
-                 ranks_.size(), ranks_.size() == 1 ? "" : "s", dur,
-                 restart_ > 0 ? (" after " + std::to_string(restart_) + " restart(s)").c_str() : "", rec_.id.c_str());
+    std::fprintf(stderr, "mltrain: %s: %zu rank%s succeeded in %s%s (logs: mltrain logs %s)\n",
+                 rec_.name.c_str(), ranks_.size(), ranks_.size() == 1 ? "" : "s", dur,
+                 restart_ > 0 ? (" after " + std::to_string(restart_) + " restart(s)").c_str() : "",
+                 rec_.id.c_str());
     return;
   }
   if (rec_.failure) {
@@ -60,7 +80,8 @@ void Gang::print_summary(int code) {
       std::fprintf(stderr, "mltrain: first failure: rank %d on %s: %s\n", f.rank, f.host.c_str(),
                    describe_status(f.signal ? f.signal : (f.exit_code << 8)).c_str());
       if (!f.tail.empty()) {
-        std::fprintf(stderr, "mltrain: last lines of rank %d (%s):\n", f.rank, out_->log_path(f.rank).c_str());
+        std::fprintf(stderr, "mltrain: last lines of rank %d (%s):\n", f.rank,
+                     out_->log_path(f.rank).c_str());
         for (const auto& l : f.tail) std::fprintf(stderr, "    %s\n", l.c_str());
       }
     } else {

@@ -43,6 +43,7 @@ using TransportFor = std::function<transport::Transport&(const plan::HostPlan&)>
 // Connections open on threads of their own. One still opening when the run ends (Ctrl-C while a
 // host times out) is abandoned, not waited for: the transports must outlive it, so keep them
 // until the process exits.
-int run_job(plan::Plan& plan, records::RunRecord& record, const Options& opts, const TransportFor& transport_for);
+int run_job(plan::Plan& plan, records::RunRecord& record, const Options& opts,
+            const TransportFor& transport_for);
 
 }  // namespace mltrain::supervise

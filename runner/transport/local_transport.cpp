@@ -75,7 +75,8 @@ class LocalTransport : public Transport {
       ::close(to_agent[1]);
       ::close(from_agent[0]);
       throw Error("cannot start the local agent " + agent + ": " + ec.message(),
-                  "check that " + agent + " is executable (MLTRAIN_HOME on a noexec mount?)", exit_code::host_failure);
+                  "check that " + agent + " is executable (MLTRAIN_HOME on a noexec mount?)",
+                  exit_code::host_failure);
     }
     pid_t pid = child.id();
     child.detach();  // the link reaps it; boost would terminate it on destruction otherwise

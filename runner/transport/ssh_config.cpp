@@ -111,7 +111,8 @@ std::string expand_home(const std::string& path, const std::string& home) {
 std::string proxy_command_for_jump(const std::string& config, const std::string& jump) {
   auto last = jump.rfind(',');
   return "ssh -F '" + config + "' -W '[%h]:%p'" +
-         (last == std::string::npos ? " " + jump : " -J " + jump.substr(0, last) + " " + jump.substr(last + 1));
+         (last == std::string::npos ? " " + jump
+                                    : " -J " + jump.substr(0, last) + " " + jump.substr(last + 1));
 }
 
 SshConfig SshConfig::load(const std::string& path, const std::string& home) {
@@ -128,7 +129,8 @@ SshConfig SshConfig::parse(std::string_view text, const std::string& home) {
   return c;
 }
 
-std::vector<SshConfig::Line> SshConfig::parse_lines(std::string_view text, const std::string& home, int depth) {
+std::vector<SshConfig::Line> SshConfig::parse_lines(std::string_view text, const std::string& home,
+                                                    int depth) {
   std::vector<Line> lines;
   size_t pos = 0;
   while (pos < text.size()) {

@@ -29,9 +29,9 @@ class SshConfig {
 
  private:
   struct Line {
-    std::string keyword;            // lower case
-    std::vector<std::string> args;  // unquoted words
-    std::string value;              // the value text, unquoted when it is one quoted token
+    std::string keyword;                      // lower case
+    std::vector<std::string> args;            // unquoted words
+    std::string value;                        // the value text, unquoted when it is one quoted token
     std::vector<std::vector<Line>> included;  // an Include's files, each its lines
   };
   static std::vector<Line> parse_lines(std::string_view text, const std::string& home, int depth);

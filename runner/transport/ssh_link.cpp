@@ -1,5 +1,7 @@
 // The agent link over an SSH channel: a pump thread per host moves bytes between the channel and
 // a socketpair the supervisor polls like any other agent stream.
+#include "runner/transport/detail/ssh_link.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -19,7 +21,6 @@
 
 #include "runner/common/error.h"
 #include "runner/common/log.h"
-#include "runner/transport/detail/ssh_link.h"
 
 namespace mltrain::transport::detail {
 namespace {
@@ -27,11 +28,14 @@ namespace {
 std::string sock_address(int fd, bool peer) {
   sockaddr_storage a{};
   socklen_t len = sizeof a;
-  int rc = peer ? ::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) : ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  int rc = peer ? ::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len)
+                : ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
   if (rc != 0) return {};
   char buf[INET6_ADDRSTRLEN] = {};
-  if (a.ss_family == AF_INET) ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&a)->sin_addr, buf, sizeof buf);
-  else if (a.ss_family == AF_INET6) ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&a)->sin6_addr, buf, sizeof buf);
+  if (a.ss_family == AF_INET)
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&a)->sin_addr, buf, sizeof buf);
+  else if (a.ss_family == AF_INET6)
+    ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&a)->sin6_addr, buf, sizeof buf);
   return buf;
 }
 
@@ -98,7 +102,9 @@ class SshLink : public AgentLink {
   }
   int read_fd() const override { return ours_; }
   int write_fd() const override { return ours_; }
-  std::string describe() const override { return peer_.empty() || peer_ == name_ ? name_ : name_ + " (" + peer_ + ")"; }
+  std::string describe() const override {
+    return peer_.empty() || peer_ == name_ ? name_ : name_ + " (" + peer_ + ")";
+  }
   std::string address() const override { return peer_; }
   std::string local_address() const override { return local_; }
   void kill() override {

@@ -1,12 +1,14 @@
 // The SSH transport (libssh): one connection and one channel per host, however many ranks it
 // runs. This file makes the session (options from the spec and the ssh config), checks the host
 // key, authenticates and starts the agent; ssh_link.cpp carries the agent's stream afterwards.
+#include "runner/transport/ssh_transport.h"
+
 #include <libssh/libssh.h>
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cctype>
+#include <chrono>
 #include <cstdlib>
 
 #include "runner/common/error.h"
@@ -14,7 +16,6 @@
 #include "runner/transport/detail/ssh_link.h"
 #include "runner/transport/ssh_bootstrap.h"
 #include "runner/transport/ssh_config.h"
-#include "runner/transport/ssh_transport.h"
 
 namespace mltrain::transport {
 namespace {
@@ -40,7 +41,7 @@ void set_option(ssh_session ss, ssh_options_e option, const void* value, const c
 }
 
 bool file_exists(const std::string& p) {
-  struct stat st{};
+  struct stat st {};
   return ::stat(p.c_str(), &st) == 0;
 }
 
@@ -61,7 +62,8 @@ class SshTransport : public Transport {
     std::string config = expand_home(o_.config.empty() ? "~/.ssh/config" : o_.config, home);
     if (file_exists(config)) {
       if (ssh_options_parse_config(ss, config.c_str()) != SSH_OK)
-        throw Error(config + ": cannot parse the ssh config: " + ssh_get_error(ss), "fix the file, or pass --ssh-config");
+        throw Error(config + ": cannot parse the ssh config: " + ssh_get_error(ss),
+                    "fix the file, or pass --ssh-config");
     } else if (!o_.config.empty()) {
       throw Error(config + ": ssh config file not found", "check [ssh] config / --ssh-config");
     }
@@ -70,7 +72,8 @@ class SshTransport : public Transport {
     if (!o_.config.empty()) {
       std::string jump = parsed.value(h.name, "proxyjump");
       if (!jump.empty() && lower(jump) != "none")
-        set_option(ss, SSH_OPTIONS_PROXYCOMMAND, proxy_command_for_jump(config, jump).c_str(), "PROXYCOMMAND", name);
+        set_option(ss, SSH_OPTIONS_PROXYCOMMAND, proxy_command_for_jump(config, jump).c_str(), "PROXYCOMMAND",
+                   name);
     }
     // Explicit settings win over the config: the hostfile's, then the spec's.
     std::string user = !h.user.empty() ? h.user : o_.user;
@@ -78,7 +81,8 @@ class SshTransport : public Transport {
     int port = h.port > 0 ? h.port : o_.port;
     if (port > 0) set_option(ss, SSH_OPTIONS_PORT, &port, "PORT", name);
     if (!o_.identity_file.empty())
-      set_option(ss, SSH_OPTIONS_ADD_IDENTITY, expand_home(o_.identity_file, home).c_str(), "ADD_IDENTITY", name);
+      set_option(ss, SSH_OPTIONS_ADD_IDENTITY, expand_home(o_.identity_file, home).c_str(), "ADD_IDENTITY",
+                 name);
     if (!o_.known_hosts.empty())
       set_option(ss, SSH_OPTIONS_KNOWNHOSTS, expand_home(o_.known_hosts, home).c_str(), "KNOWNHOSTS", name);
     if (o_.connect_timeout_set || parsed.value(h.name, "connecttimeout").empty()) {
@@ -90,13 +94,15 @@ class SshTransport : public Transport {
     std::string strict = o_.strict_host_keys;
     if (!o_.strict_host_keys_set) {
       std::string c = lower(parsed.value(h.name, "stricthostkeychecking"));
-      if (c == "accept-new") strict = "accept-new";
-      else if (c == "no" || c == "off") strict = "no";
+      if (c == "accept-new")
+        strict = "accept-new";
+      else if (c == "no" || c == "off")
+        strict = "no";
     }
 
     if (ssh_connect(ss) != SSH_OK)
-      throw Error(name + ": cannot connect: " + ssh_get_error(ss), "check the host name, that sshd runs there, and the network",
-                  exit_code::host_failure);
+      throw Error(name + ": cannot connect: " + ssh_get_error(ss),
+                  "check the host name, that sshd runs there, and the network", exit_code::host_failure);
     verify_host_key(ss, name, strict);
     authenticate(ss, name);
     return start_agent(std::move(s), name);
@@ -120,30 +126,35 @@ class SshTransport : public Transport {
       ssh_key_free(key);
     }
     switch (ssh_session_is_known_server(ss)) {
-      case SSH_KNOWN_HOSTS_OK: return;
+      case SSH_KNOWN_HOSTS_OK:
+        return;
       case SSH_KNOWN_HOSTS_CHANGED:
-        throw Error(name + ": HOST KEY CHANGED: the host now presents " + fingerprint +
-                        ", which differs from the key recorded in known_hosts. Someone may be intercepting the "
-                        "connection, or the host was reinstalled",
-                    "if the change is expected, remove the old key (ssh-keygen -R " + name + ") and connect again",
-                    exit_code::host_failure);
+        throw Error(
+            name + ": HOST KEY CHANGED: the host now presents " + fingerprint +
+                ", which differs from the key recorded in known_hosts. Someone may be intercepting the "
+                "connection, or the host was reinstalled",
+            "if the change is expected, remove the old key (ssh-keygen -R " + name + ") and connect again",
+            exit_code::host_failure);
       case SSH_KNOWN_HOSTS_OTHER:
-        throw Error(name + ": the host presents a key of another type (" + fingerprint + ") than known_hosts records",
-                    "check the host; remove the old entry with ssh-keygen -R " + name + " if the change is expected",
-                    exit_code::host_failure);
+        throw Error(
+            name + ": the host presents a key of another type (" + fingerprint + ") than known_hosts records",
+            "check the host; remove the old entry with ssh-keygen -R " + name + " if the change is expected",
+            exit_code::host_failure);
       case SSH_KNOWN_HOSTS_NOT_FOUND:
       case SSH_KNOWN_HOSTS_UNKNOWN:
         if (strict == "no") return;
         if (strict == "accept-new") {
           if (ssh_session_update_known_hosts(ss) != SSH_OK)
-            throw Error(name + ": cannot record the host key: " + ssh_get_error(ss), {}, exit_code::host_failure);
+            throw Error(name + ": cannot record the host key: " + ssh_get_error(ss), {},
+                        exit_code::host_failure);
           log::info("transport", name + ": recorded new host key " + fingerprint);
           return;
         }
-        throw Error(name + ": unknown host key " + fingerprint + "; refusing to connect",
-                    "check the fingerprint, then accept it with --accept-new-host-keys (or [ssh] strict_host_keys = "
-                    "\"accept-new\"), which records it in known_hosts",
-                    exit_code::host_failure);
+        throw Error(
+            name + ": unknown host key " + fingerprint + "; refusing to connect",
+            "check the fingerprint, then accept it with --accept-new-host-keys (or [ssh] strict_host_keys = "
+            "\"accept-new\"), which records it in known_hosts",
+            exit_code::host_failure);
       case SSH_KNOWN_HOSTS_ERROR:
       default:
         throw Error(name + ": cannot check the host key: " + ssh_get_error(ss), {}, exit_code::host_failure);
@@ -174,11 +185,12 @@ class SshTransport : public Transport {
     std::string hash(agent_hash());
     std::string cmd = agent_bootstrap_script(hash, bytes.size(), kAgentArch);
     ssh_channel ch = ssh_channel_new(ss);
-    if (!ch || ssh_channel_open_session(ch) != SSH_OK || ssh_channel_request_exec(ch, cmd.c_str()) != SSH_OK) {
+    if (!ch || ssh_channel_open_session(ch) != SSH_OK ||
+        ssh_channel_request_exec(ch, cmd.c_str()) != SSH_OK) {
       std::string err = ssh_get_error(ss);
       if (ch) ssh_channel_free(ch);
-      throw Error(name + ": cannot start a command over SSH: " + err, "check the host's sshd (MaxSessions, ForceCommand)",
-                  exit_code::host_failure);
+      throw Error(name + ": cannot start a command over SSH: " + err,
+                  "check the host's sshd (MaxSessions, ForceCommand)", exit_code::host_failure);
     }
     auto fail = [&](const std::string& what, const std::string& hint) -> std::unique_ptr<AgentLink> {
       ssh_channel_close(ch);
@@ -190,8 +202,10 @@ class SshTransport : public Transport {
     if (line == kMarkerAgentMissing) {
       size_t off = 0;
       while (off < bytes.size()) {
-        int n = ssh_channel_write(ch, bytes.data() + off, uint32_t(std::min<size_t>(bytes.size() - off, 64 * 1024)));
-        if (n <= 0) return fail(std::string("cannot upload the agent: ") + ssh_get_error(ss), "check the connection");
+        int n = ssh_channel_write(ch, bytes.data() + off,
+                                  uint32_t(std::min<size_t>(bytes.size() - off, 64 * 1024)));
+        if (n <= 0)
+          return fail(std::string("cannot upload the agent: ") + ssh_get_error(ss), "check the connection");
         off += size_t(n);
       }
       // The marker after the upload may already be buffered behind the first one.
@@ -201,15 +215,18 @@ class SshTransport : public Transport {
     }
     if (line == kMarkerAgentOk) return detail::make_ssh_link(std::move(s), ch, name, rest);
     if (line.rfind(kMarkerArch, 0) == 0)
-      return fail("the host's architecture is " + line.substr(std::string(kMarkerArch).size()) + "; this mltrain carries an agent for " + kAgentArch,
+      return fail("the host's architecture is " + line.substr(std::string(kMarkerArch).size()) +
+                      "; this mltrain carries an agent for " + kAgentArch,
                   "run mltrain built for that architecture");
     if (line == kMarkerUploadFailed)
-      return fail("cannot write the agent to ~/.cache/mltrain", "check free space and permissions in the remote home");
-    return fail("the agent did not start (got '" + line + "')", "check that the host has a POSIX sh and glibc");
+      return fail("cannot write the agent to ~/.cache/mltrain",
+                  "check free space and permissions in the remote home");
+    return fail("the agent did not start (got '" + line + "')",
+                "check that the host has a POSIX sh and glibc");
   }
 
-  void read_marker(ssh_session ss, ssh_channel ch, const std::string& name, std::string& line, std::string& rest,
-                   const std::string& buffered = {}) {
+  void read_marker(ssh_session ss, ssh_channel ch, const std::string& name, std::string& line,
+                   std::string& rest, const std::string& buffered = {}) {
     auto deadline = std::chrono::steady_clock::now() + o_.connect_timeout + std::chrono::seconds(5);
     std::string got = buffered, err;
     char buf[4096];
@@ -242,6 +259,8 @@ class SshTransport : public Transport {
 
 }  // namespace
 
-std::unique_ptr<Transport> make_ssh_transport(SshOptions o) { return std::make_unique<SshTransport>(std::move(o)); }
+std::unique_ptr<Transport> make_ssh_transport(SshOptions o) {
+  return std::make_unique<SshTransport>(std::move(o));
+}
 
 }  // namespace mltrain::transport

@@ -92,7 +92,8 @@ TEST_CASE("agent preflight: workdir and program problems") {
   CHECK(check_workdir_and_program("/w", "sub/train.sh", "/usr/bin", fs).empty());
   CHECK(check_workdir_and_program("/w", "tool", "/usr/bin:bin", fs).empty());
   CHECK(check_workdir_and_program("", "", "", fs).empty());
-  CHECK(check_workdir_and_program("/nope", "python3", "/usr/bin", fs) == V{"workdir /nope does not exist here"});
+  CHECK(check_workdir_and_program("/nope", "python3", "/usr/bin", fs) ==
+        V{"workdir /nope does not exist here"});
   CHECK(check_workdir_and_program("/w", "train", "/usr/bin:/bin", fs) ==
         V{"program train not found in PATH (/usr/bin:/bin)"});
   CHECK(check_workdir_and_program("/w", "/opt/train", "/usr/bin", fs) ==

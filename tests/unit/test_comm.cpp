@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "core/reduce.h"
-#include "rendezvous/store.h"
 #include "mltrain/comm.h"
 #include "mltrain/comm.hpp"
+#include "rendezvous/store.h"
 
 using namespace mltrain::comm;
 using namespace std::chrono_literals;
@@ -31,8 +31,7 @@ struct World {
 
 // Runs fn(comm) on `size` threads, each with its own Communicator; rethrows the first failure.
 void run_ranks(int size, Transport transport, const std::function<void(Communicator&)>& fn,
-               std::chrono::milliseconds timeout = 20s,
-               const std::function<void(Options&)>& tweak = {}) {
+               std::chrono::milliseconds timeout = 20s, const std::function<void(Options&)>& tweak = {}) {
   detail::StoreServer server(0, "secret");
   std::vector<std::thread> threads;
   std::mutex mu;
@@ -75,13 +74,18 @@ std::uint64_t mix(std::uint64_t x) {
 
 // Input element i of rank r, as a double exactly representable in dtype.
 double input(DataType dt, ReduceOp op, int r, std::size_t i) {
-  const std::uint64_t h = mix(i * 131 + static_cast<std::uint64_t>(r) * 7919 + static_cast<std::uint64_t>(op));
+  const std::uint64_t h =
+      mix(i * 131 + static_cast<std::uint64_t>(r) * 7919 + static_cast<std::uint64_t>(op));
   const double unit = static_cast<double>(h >> 11) / 9007199254740992.0;  // [0,1)
   const bool integral = dt == DataType::i32 || dt == DataType::i64 || dt == DataType::u8;
   double v;
-  if (op == ReduceOp::prod) v = integral ? static_cast<double>(1 + h % 2) : 0.9 + 0.2 * unit;
-  else if (integral) v = dt == DataType::u8 ? static_cast<double>(h % 7) : static_cast<double>(static_cast<std::int64_t>(h % 2001) - 1000);
-  else v = 2 * unit - 1;
+  if (op == ReduceOp::prod)
+    v = integral ? static_cast<double>(1 + h % 2) : 0.9 + 0.2 * unit;
+  else if (integral)
+    v = dt == DataType::u8 ? static_cast<double>(h % 7)
+                           : static_cast<double>(static_cast<std::int64_t>(h % 2001) - 1000);
+  else
+    v = 2 * unit - 1;
   if (dt == DataType::f16) v = detail::f16_to_f32(detail::f32_to_f16(static_cast<float>(v)));
   if (dt == DataType::bf16) v = detail::bf16_to_f32(detail::f32_to_bf16(static_cast<float>(v)));
   if (dt == DataType::f32) v = static_cast<float>(v);
@@ -90,11 +94,16 @@ double input(DataType dt, ReduceOp op, int r, std::size_t i) {
 
 double unit_roundoff(DataType dt) {
   switch (dt) {
-  case DataType::f32: return std::ldexp(1.0, -24);
-  case DataType::f64: return std::ldexp(1.0, -53);
-  case DataType::f16: return std::ldexp(1.0, -11);
-  case DataType::bf16: return std::ldexp(1.0, -8);
-  default: return 0;
+    case DataType::f32:
+      return std::ldexp(1.0, -24);
+    case DataType::f64:
+      return std::ldexp(1.0, -53);
+    case DataType::f16:
+      return std::ldexp(1.0, -11);
+    case DataType::bf16:
+      return std::ldexp(1.0, -8);
+    default:
+      return 0;
   }
 }
 
@@ -113,10 +122,19 @@ std::string check_reduced(DataType dt, ReduceOp op, int n, std::size_t i, double
     for (int r = 1; r < n; ++r) {
       const auto v = static_cast<std::int64_t>(input(dt, op, r, i));
       switch (op) {
-      case ReduceOp::prod: acc = wrap(dt, static_cast<std::int64_t>(static_cast<std::uint64_t>(acc) * static_cast<std::uint64_t>(v))); break;
-      case ReduceOp::min: acc = std::min(acc, v); break;
-      case ReduceOp::max: acc = std::max(acc, v); break;
-      default: acc = wrap(dt, static_cast<std::int64_t>(static_cast<std::uint64_t>(acc) + static_cast<std::uint64_t>(v)));
+        case ReduceOp::prod:
+          acc = wrap(
+              dt, static_cast<std::int64_t>(static_cast<std::uint64_t>(acc) * static_cast<std::uint64_t>(v)));
+          break;
+        case ReduceOp::min:
+          acc = std::min(acc, v);
+          break;
+        case ReduceOp::max:
+          acc = std::max(acc, v);
+          break;
+        default:
+          acc = wrap(
+              dt, static_cast<std::int64_t>(static_cast<std::uint64_t>(acc) + static_cast<std::uint64_t>(v)));
       }
     }
     if (op == ReduceOp::avg) acc /= n;
@@ -127,10 +145,18 @@ std::string check_reduced(DataType dt, ReduceOp op, int n, std::size_t i, double
   for (int r = 1; r < n; ++r) {
     const double v = input(dt, op, r, i);
     switch (op) {
-    case ReduceOp::prod: exact *= v; break;
-    case ReduceOp::min: exact = std::min(exact, v); break;
-    case ReduceOp::max: exact = std::max(exact, v); break;
-    default: exact += v; magnitude += std::fabs(v);
+      case ReduceOp::prod:
+        exact *= v;
+        break;
+      case ReduceOp::min:
+        exact = std::min(exact, v);
+        break;
+      case ReduceOp::max:
+        exact = std::max(exact, v);
+        break;
+      default:
+        exact += v;
+        magnitude += std::fabs(v);
     }
   }
   // The reference is computed in double: near exact for the narrower types, but for f64 it
@@ -138,12 +164,15 @@ std::string check_reduced(DataType dt, ReduceOp op, int n, std::size_t i, double
   const double u = unit_roundoff(dt) * (dt == DataType::f64 ? 2 : 1);
   double tol = 0;
   if (op == ReduceOp::sum) tol = n * u * magnitude;
-  if (op == ReduceOp::avg) { exact /= n; tol = 2 * u * magnitude; }
+  if (op == ReduceOp::avg) {
+    exact /= n;
+    tol = 2 * u * magnitude;
+  }
   if (op == ReduceOp::prod) tol = n * u * std::fabs(exact);
   tol += 1e-7 * (dt == DataType::f16);  // f16 subnormal spacing (6e-8)
   if (std::fabs(got - exact) <= tol) return {};
-  return "element " + std::to_string(i) + ": got " + std::to_string(got) + ", want " +
-         std::to_string(exact) + " +- " + std::to_string(tol);
+  return "element " + std::to_string(i) + ": got " + std::to_string(got) + ", want " + std::to_string(exact) +
+         " +- " + std::to_string(tol);
 }
 
 const DataType kDtypes[] = {DataType::f32, DataType::f64, DataType::f16, DataType::bf16,
@@ -161,8 +190,7 @@ struct Shared {
 };
 
 // Every op x dtype x count for one world; large counts only where `large` says.
-void exercise(Communicator& c, const std::vector<std::size_t>& counts, Shared& shared,
-              bool large_subset) {
+void exercise(Communicator& c, const std::vector<std::size_t>& counts, Shared& shared, bool large_subset) {
   const int n = c.size(), r = c.rank();
   std::size_t case_no = 0;
   for (std::size_t count : counts) {
@@ -171,11 +199,13 @@ void exercise(Communicator& c, const std::vector<std::size_t>& counts, Shared& s
       if (big && large_subset && dt != DataType::f32 && dt != DataType::i64 && dt != DataType::bf16) continue;
       const std::size_t es = size_of(dt);
       for (ReduceOp op : kOps) {
-        if (big && large_subset && op != ReduceOp::sum && !(dt == DataType::i64 && op == ReduceOp::max)) continue;
+        if (big && large_subset && op != ReduceOp::sum && !(dt == DataType::i64 && op == ReduceOp::max))
+          continue;
         const bool inplace = (++case_no % 2) == 0;
         // allreduce
         std::vector<std::byte> in(count * es + 8), out(count * es + 8);
-        for (std::size_t i = 0; i < count; ++i) detail::store_from_double(in.data(), i, dt, input(dt, op, r, i));
+        for (std::size_t i = 0; i < count; ++i)
+          detail::store_from_double(in.data(), i, dt, input(dt, op, r, i));
         if (inplace) {
           c.allreduce(in.data(), count, dt, op);
           out = in;
@@ -201,7 +231,8 @@ void exercise(Communicator& c, const std::vector<std::size_t>& counts, Shared& s
         for (std::size_t i = 0; i < count * static_cast<std::size_t>(n); ++i)
           detail::store_from_double(rs_in.data(), i, dt, input(dt, op, r, i));
         if (inplace) {
-          c.reduce_scatter(rs_in.data(), rs_in.data() + static_cast<std::size_t>(r) * count * es, count, dt, op);
+          c.reduce_scatter(rs_in.data(), rs_in.data() + static_cast<std::size_t>(r) * count * es, count, dt,
+                           op);
           std::memcpy(rs_out.data(), rs_in.data() + static_cast<std::size_t>(r) * count * es, count * es);
         } else {
           c.reduce_scatter(rs_in.data(), rs_out.data(), count, dt, op);
@@ -230,11 +261,13 @@ void exercise(Communicator& c, const std::vector<std::size_t>& counts, Shared& s
         }
       // allgather
       std::vector<std::byte> mine(count * es + 8), all(count * es * static_cast<std::size_t>(n) + 8);
-      for (std::size_t i = 0; i < count; ++i) detail::store_from_double(mine.data(), i, dt, input(dt, ReduceOp::max, r, i));
+      for (std::size_t i = 0; i < count; ++i)
+        detail::store_from_double(mine.data(), i, dt, input(dt, ReduceOp::max, r, i));
       c.allgather(mine.data(), all.data(), count, dt);
       for (int q = 0; q < n; ++q)
         for (std::size_t i = 0; i < count; ++i)
-          if (detail::load_as_double(all.data(), static_cast<std::size_t>(q) * count + i, dt) != input(dt, ReduceOp::max, q, i)) {
+          if (detail::load_as_double(all.data(), static_cast<std::size_t>(q) * count + i, dt) !=
+              input(dt, ReduceOp::max, q, i)) {
             shared.error("allgather " + std::string(name_of(dt)) + " count " + std::to_string(count) +
                          " block " + std::to_string(q) + " element " + std::to_string(i));
             q = n;
@@ -320,7 +353,8 @@ TEST_CASE("collectives: every op x dtype x count, world 2..8, TCP") {
 
 // The whole matrix with 1M+3 elements for every op, dtype and world: minutes on 2 cores, so it
 // runs as its own ctest (comm_full_matrix, label comm) rather than in the unit tier.
-TEST_CASE("collectives: full matrix, 1M+3 for every op x dtype x world" * doctest::skip(!std::getenv("MLTRAIN_TEST_FULL_MATRIX"))) {
+TEST_CASE("collectives: full matrix, 1M+3 for every op x dtype x world" *
+          doctest::skip(!std::getenv("MLTRAIN_TEST_FULL_MATRIX"))) {
   for (int n : {1, 2, 3, 4, 8}) {
     CAPTURE(n);
     correctness(n, Transport::shm, true, false);
@@ -336,7 +370,8 @@ TEST_CASE("allreduce: large messages take the pipelined ring, results bitwise eq
     std::vector<std::vector<float>> got(4);
     run_ranks(4, t, [&](Communicator& c) {
       std::vector<float> v((1u << 20) + 3);
-      for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(input(DataType::f32, ReduceOp::sum, c.rank(), i));
+      for (std::size_t i = 0; i < v.size(); ++i)
+        v[i] = static_cast<float>(input(DataType::f32, ReduceOp::sum, c.rank(), i));
       c.allreduce(v.data(), v.size(), DataType::f32, ReduceOp::sum);
       got[static_cast<std::size_t>(c.rank())] = std::move(v);
     });
@@ -351,8 +386,9 @@ TEST_CASE("allreduce: algorithms ring, bidir and hd give the reference result (b
   for (Algo algo : {Algo::ring, Algo::bidir, Algo::hd, Algo::automatic}) {
     for (int n : {3, 4, 8}) {
       for (bool inplace : {false, true}) {
-        for (auto [dt, op] : {std::pair{DataType::f32, ReduceOp::sum}, std::pair{DataType::i32, ReduceOp::max},
-                              std::pair{DataType::f64, ReduceOp::avg}}) {
+        for (auto [dt, op] :
+             {std::pair{DataType::f32, ReduceOp::sum}, std::pair{DataType::i32, ReduceOp::max},
+              std::pair{DataType::f64, ReduceOp::avg}}) {
           CAPTURE(static_cast<int>(algo));
           CAPTURE(n);
           CAPTURE(inplace);

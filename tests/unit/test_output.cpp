@@ -89,7 +89,8 @@ TEST_CASE("output: an overlong line is passed on in pieces, bytes intact") {
     ConsoleOptions c;
     c.quiet = true;
     Output o(fx.ranks(1), false, fx.dir.string(), c, fx.out[1], fx.err[1]);
-    for (size_t off = 0; off < big.size(); off += 70000) o.data(0, 1, std::string_view(big).substr(off, 70000));
+    for (size_t off = 0; off < big.size(); off += 70000)
+      o.data(0, 1, std::string_view(big).substr(off, 70000));
     o.data(0, 1, "\n");
   }
   CHECK(fx.file(0) == big + "\n");

@@ -46,7 +46,10 @@ TEST_CASE("protocol: integers are little-endian and 64-bit values survive") {
 }
 
 TEST_CASE("protocol: short or lying payloads fail without reading past the end") {
-  const std::string short_payload("\x05\x00\x00\x00" "ab", 6);  // a 5-byte string with 2 bytes
+  const std::string short_payload(
+      "\x05\x00\x00\x00"
+      "ab",
+      6);  // a 5-byte string with 2 bytes
   Reader r(short_payload);
   CHECK(r.str().empty());
   CHECK(r.failed());
@@ -173,9 +176,15 @@ TEST_CASE("protocol: fuzzed streams never crash or hang the decoder") {
       for (int k = 0, n = int(next() % 4); k < n && !wire.empty(); ++k) {
         size_t at = next() % wire.size();
         switch (next() % 3) {
-          case 0: wire[at] = char(next()); break;
-          case 1: wire.insert(at, 1, char(next())); break;
-          default: wire.resize(at); break;
+          case 0:
+            wire[at] = char(next());
+            break;
+          case 1:
+            wire.insert(at, 1, char(next()));
+            break;
+          default:
+            wire.resize(at);
+            break;
         }
       }
     }
@@ -188,7 +197,8 @@ TEST_CASE("protocol: fuzzed streams never crash or hang the decoder") {
       Frame f;
       while (d.next(f)) {
         std::string error;
-        if (decode(std::move(f), error)) ++decoded;
+        if (decode(std::move(f), error))
+          ++decoded;
         else {
           CHECK_FALSE(error.empty());
           ++rejected;

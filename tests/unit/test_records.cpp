@@ -87,7 +87,7 @@ TEST_CASE("records: listing and id lookup") {
   CHECK(records::resolve("") == ids[2]);
   CHECK(records::resolve("latest") == ids[2]);
   CHECK(records::resolve(ids[0]) == ids[0]);
-  CHECK(records::resolve("beta") == ids[1]);  // a unique substring
+  CHECK(records::resolve("beta") == ids[1]);                                     // a unique substring
   CHECK(records::resolve(ids[1].substr(0, ids[1].size() - 1), true) == ids[1]);  // a unique prefix
   CHECK_THROWS_AS(records::resolve("no-such-run"), Error);
   CHECK_THROWS_AS(records::load("no-such-run"), Error);

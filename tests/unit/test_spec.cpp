@@ -160,7 +160,8 @@ TEST_CASE("spec: built-in and user profiles") {
 
 TEST_CASE("spec: durations") {
   TempDir d;
-  auto s = spec::load_file(d.write("job.toml", "[run]\ncommand = 'x'\ntimeout = 90\ngrace_period = '1.5s'\n"));
+  auto s =
+      spec::load_file(d.write("job.toml", "[run]\ncommand = 'x'\ntimeout = 90\ngrace_period = '1.5s'\n"));
   CHECK(s.run.timeout == std::chrono::seconds(90));
   CHECK(s.run.grace_period == std::chrono::milliseconds(1500));
 }
@@ -180,20 +181,26 @@ TEST_CASE("spec: malformed specs give one-line errors with their location") {
       {"[run]\nargv = []\n", "'argv' is empty"},
       {"[run]\ncommand = 'x'\nmax_restarts = -1\n", "job.toml:3:16: 'max_restarts' is -1, out of range"},
       {"[run]\ncommand = 'x'\nmax_restarts = 'two'\n", "'max_restarts' must be an integer, not a string"},
-      {"[run]\ncommand = 'x'\ntimeout = '10 minutes'\n", "job.toml:3:11: 'timeout' has a malformed duration '10 minutes'"},
+      {"[run]\ncommand = 'x'\ntimeout = '10 minutes'\n",
+       "job.toml:3:11: 'timeout' has a malformed duration '10 minutes'"},
       {"[run]\ncommand = 'x'\ntimeout = '5x'\n", "malformed duration '5x'"},
       {"[run]\ncommand = 'x'\ngrace_period = -3\n", "'grace_period' must not be negative"},
       {"[run]\ncommand = 'x'\ntimeout = true\n", "'timeout' must be a duration"},
-      {"[run]\ncommand = 'x'\n[run.env]\nRANK = '3'\n", "job.toml:4:1: env 'RANK' is set by mltrain for every rank"},
+      {"[run]\ncommand = 'x'\n[run.env]\nRANK = '3'\n",
+       "job.toml:4:1: env 'RANK' is set by mltrain for every rank"},
       {"[run]\ncommand = 'x'\n[run.env]\nMASTER_PORT = 1\n", "env 'MASTER_PORT' is set by mltrain"},
       {"[run]\ncommand = 'x'\n[run.env]\n'1BAD' = 'v'\n", "'1BAD' is not a valid environment variable name"},
       {"[run]\ncommand = 'x'\n[run.env]\n'A-B' = 'v'\n", "'A-B' is not a valid environment variable name"},
-      {"[run]\ncommand = 'x'\nenv = { A = [1] }\n", "env 'A' must be a string, number or boolean, not an array"},
+      {"[run]\ncommand = 'x'\nenv = { A = [1] }\n",
+       "env 'A' must be a string, number or boolean, not an array"},
       {"[run]\ncommand = 'x'\nforward_env = 'NCCL_*'\n", "'forward_env' must be an array of strings"},
-      {"[run]\ncommand = 'x'\n[cluster]\nprocs_per_host = 0\n", "job.toml:4:18: 'procs_per_host' is 0, out of range"},
+      {"[run]\ncommand = 'x'\n[cluster]\nprocs_per_host = 0\n",
+       "job.toml:4:18: 'procs_per_host' is 0, out of range"},
       {"[run]\ncommand = 'x'\n[cluster]\nhosts = [1, 2]\n", "'hosts' must hold only strings"},
-      {"[run]\ncommand = 'x'\n[comm]\nmode = 'allreduse'\n", "'mode' is 'allreduse', which is not one of: allreduce, ps (did you mean 'allreduce'?)"},
-      {"[run]\ncommand = 'x'\n[comm]\nbackend = 'mpi'\n", "'backend' is 'mpi', which is not one of: auto, tcp, nccl"},
+      {"[run]\ncommand = 'x'\n[comm]\nmode = 'allreduse'\n",
+       "'mode' is 'allreduse', which is not one of: allreduce, ps (did you mean 'allreduce'?)"},
+      {"[run]\ncommand = 'x'\n[comm]\nbackend = 'mpi'\n",
+       "'backend' is 'mpi', which is not one of: auto, tcp, nccl"},
       {"[run]\ncommand = 'x'\n[comm]\nmaster_port = 70000\n", "'master_port' is 70000, out of range"},
       {"[run]\ncommand = 'x'\n[comm]\nmaster_port = 'any'\n", "'master_port' is 'any'"},
       {"[run]\ncommand = 'x'\n[gpus]\nper_proc = 'all'\n", "'per_proc' must be an integer"},
@@ -202,16 +209,17 @@ TEST_CASE("spec: malformed specs give one-line errors with their location") {
       {"[run]\ncommand = 'x'\n[logs]\nranks = '0,x'\n", "'ranks' is '0,x', not a rank list"},
       {"[run]\ncommand = 'x'\n[logs]\ntimestamps = 'yes'\n", "'timestamps' must be true or false"},
       {"run = 3\n", "job.toml:1:7: 'run' must be a table ([run]), not an integer"},
-      {"[run]\ncommand = 'x\n", "job.toml:2:"},                       // unterminated string
-      {"[run\ncommand = 'x'\n", "job.toml:1:"},                       // bad table header
-      {"[run]\ncommand = 'x'\ncommand = 'y'\n", "job.toml:3:"},        // duplicate key
+      {"[run]\ncommand = 'x\n", "job.toml:2:"},                  // unterminated string
+      {"[run\ncommand = 'x'\n", "job.toml:1:"},                  // bad table header
+      {"[run]\ncommand = 'x'\ncommand = 'y'\n", "job.toml:3:"},  // duplicate key
       {"name = 'x'\n", "nothing to run"},
       {"[run]\ncommand = ''\n", "job.toml:2:11: [run] command is empty"},
       {"name = 'a b'\n[run]\ncommand = 'x'\n", "job.toml:1:8: name 'a b' may hold only letters"},
       {"profile = 'nope'\n[run]\ncommand = 'x'\n", "job.toml:1:11: unknown profile 'nope'"},
       {"profile = 'locl'\n[run]\ncommand = 'x'\n", "unknown profile 'locl' (did you mean 'local'?)"},
       {"[run]\ncommand = 'x'\n[cluster]\ninclude = 'a'\nexclude = 'b'\n", "include and exclude ("},
-      {"[run]\ncommand = 'x'\n[gpus]\nper_proc = 1\nprocs_per_gpu = 2\n", "job.toml:4:12: [gpus] per_proc and procs_per_gpu cannot both be set"},
+      {"[run]\ncommand = 'x'\n[gpus]\nper_proc = 1\nprocs_per_gpu = 2\n",
+       "job.toml:4:12: [gpus] per_proc and procs_per_gpu cannot both be set"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.text);
@@ -235,12 +243,14 @@ TEST_CASE("spec: errors in a profile point into the profile file") {
   d.write("bad-profile.toml", "[run]\ngrace = '3s'\n");
   std::string msg = error_of("profile = 'bad-profile.toml'\n[run]\ncommand = 'x'\n", &d);
   // error_of trims to "job.toml", which is absent here: the whole message names the profile.
-  CHECK(msg.find("bad-profile.toml:2:1: unknown key 'grace' in [run] (did you mean 'grace_period'?)") != std::string::npos);
+  CHECK(msg.find("bad-profile.toml:2:1: unknown key 'grace' in [run] (did you mean 'grace_period'?)") !=
+        std::string::npos);
 }
 
 TEST_CASE("spec: to_toml round-trips through load_file") {
   TempDir d;
-  auto s = spec::load_file(d.write("job.toml", "name = 'rt'\n[run]\nargv = ['a', 'b c']\nmax_restarts = 3\n[run.env]\nK = 'v w'\n"));
+  auto s = spec::load_file(d.write(
+      "job.toml", "name = 'rt'\n[run]\nargv = ['a', 'b c']\nmax_restarts = 3\n[run.env]\nK = 'v w'\n"));
   auto again = spec::load_file(d.write("again.toml", spec::to_toml(s)));
   CHECK(again.name == "rt");
   CHECK(again.run.argv == s.run.argv);

@@ -42,7 +42,7 @@ TEST_CASE("ssh config: Host patterns with * and ?") {
   CHECK(c.value("gpu-17", "user") == "trainer");
   CHECK(c.value("node3", "user") == "op");
   CHECK(c.value("node33", "user") == "fallback");  // ? is exactly one character
-  CHECK(c.value("GPU-2", "user") == "trainer");     // host names have no case
+  CHECK(c.value("GPU-2", "user") == "trainer");    // host names have no case
   CHECK(c.value("gpu-1", "port") == "");
 }
 
@@ -119,7 +119,8 @@ TEST_CASE("ssh config: Include, relative to ~/.ssh, with globs, in a block") {
       "Include config.d/*.conf\n"
       "Host h9\n  Include only-h9.conf\n"
       "Host loop\n  Include deep.conf\n"
-      "Host *\n  Include " + home.path + "/abs.conf\n  Port 22\n",
+      "Host *\n  Include " +
+          home.path + "/abs.conf\n  Port 22\n",
       home.path);
   CHECK(c.value("gpu1", "user") == "trainer");
   CHECK(c.value("cpu1", "user") == "everyone");
@@ -145,7 +146,8 @@ TEST_CASE("ssh config: ~ expansion and ProxyJump as a ProxyCommand") {
   CHECK(expand_home("~bob/key", "/home/u") == "~bob/key");
   CHECK(expand_home("keys/~/x", "/home/u") == "keys/~/x");
   CHECK(proxy_command_for_jump("/c/cfg", "jump") == "ssh -F '/c/cfg' -W '[%h]:%p' jump");
-  CHECK(proxy_command_for_jump("/c/cfg", "Admin@j1:2222,j2") == "ssh -F '/c/cfg' -W '[%h]:%p' -J Admin@j1:2222 j2");
+  CHECK(proxy_command_for_jump("/c/cfg", "Admin@j1:2222,j2") ==
+        "ssh -F '/c/cfg' -W '[%h]:%p' -J Admin@j1:2222 j2");
   CHECK(proxy_command_for_jump("/c/cfg", "a,b,c") == "ssh -F '/c/cfg' -W '[%h]:%p' -J a,b c");
 }
 

@@ -10,13 +10,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
-#include <condition_variable>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -162,7 +162,8 @@ class FakeAgent {
           auto m = proto::decode(std::move(f), error);
           REQUIRE(m);
           if (std::get_if<proto::msg::Hello>(&*m)) {
-            if (!b_.mute_hello) send(proto::msg::HelloAck{proto::kMagic, proto::kVersion, 1, "fake", "x86_64"});
+            if (!b_.mute_hello)
+              send(proto::msg::HelloAck{proto::kMagic, proto::kVersion, 1, "fake", "x86_64"});
           } else if (std::get_if<proto::msg::Prepare>(&*m)) {
             ++seen_.prepares;
             if (b_.mute_prepare) continue;
@@ -226,7 +227,8 @@ class FakeLink : public transport::AgentLink {
 
 class FakeTransport : public transport::Transport {
  public:
-  FakeTransport(ScriptFor s, std::map<std::string, FakeHostBehaviour> b) : script_(std::move(s)), behaviour_(std::move(b)) {}
+  FakeTransport(ScriptFor s, std::map<std::string, FakeHostBehaviour> b)
+      : script_(std::move(s)), behaviour_(std::move(b)) {}
   ~FakeTransport() override {
     // Connections the gang abandoned may still be blocked here: release them and wait.
     {
@@ -403,7 +405,11 @@ TEST_CASE("supervisor: the first failure stops the gang and sets the exit code")
 }
 
 TEST_CASE("supervisor: a signal death maps to 128+N") {
-  FakeTransport t([](int r, int) { return r == 1 ? Script{"", SIGKILL} : Script{"", 0, kNever}; }, kPlainHosts);
+  FakeTransport t(
+      [](int r, int) {
+        return r == 1 ? Script{"", SIGKILL} : Script{"", 0, kNever};
+      },
+      kPlainHosts);
   Run run;
   run.go("a:2", t);
   CHECK(run.code == 128 + SIGKILL);
@@ -411,8 +417,11 @@ TEST_CASE("supervisor: a signal death maps to 128+N") {
 }
 
 TEST_CASE("supervisor: max_restarts restarts the whole gang") {
-  FakeTransport t([](int r, int restart) { return (r == 1 && restart < 2) ? Script{"", exited(1)} : Script{"", 0}; },
-                  kPlainHosts);
+  FakeTransport t(
+      [](int r, int restart) {
+        return (r == 1 && restart < 2) ? Script{"", exited(1)} : Script{"", 0};
+      },
+      kPlainHosts);
   Run run;
   supervise::Options o;
   o.max_restarts = 3;
@@ -424,7 +433,11 @@ TEST_CASE("supervisor: max_restarts restarts the whole gang") {
 }
 
 TEST_CASE("supervisor: restarts run out") {
-  FakeTransport t([](int r, int) { return r == 0 ? Script{"", exited(4)} : Script{"", 0, kNever}; }, kPlainHosts);
+  FakeTransport t(
+      [](int r, int) {
+        return r == 0 ? Script{"", exited(4)} : Script{"", 0, kNever};
+      },
+      kPlainHosts);
   Run run;
   supervise::Options o;
   o.max_restarts = 2;
@@ -435,7 +448,8 @@ TEST_CASE("supervisor: restarts run out") {
 
 TEST_CASE("supervisor: a host that cannot be reached fails preflight; nothing starts") {
   FakeTransport t([&](int, int) { return Script{}; },
-                  {{"a", {}}, {"b", host_that(&FakeHostBehaviour::refuse_connect)},
+                  {{"a", {}},
+                   {"b", host_that(&FakeHostBehaviour::refuse_connect)},
                    {"c", host_with_problem("workdir /x does not exist here")}});
   Run run;
   try {
@@ -453,7 +467,8 @@ TEST_CASE("supervisor: a host that cannot be reached fails preflight; nothing st
 }
 
 TEST_CASE("supervisor: an agent that never answers fails preflight after the preflight timeout") {
-  FakeTransport t([](int, int) { return Script{}; }, {{"a", {}}, {"b", host_that(&FakeHostBehaviour::mute_hello)}});
+  FakeTransport t([](int, int) { return Script{}; },
+                  {{"a", {}}, {"b", host_that(&FakeHostBehaviour::mute_hello)}});
   Run run;
   Driver d(run.finished, [&](const std::atomic<bool>& done) {
     wait_until(done, [&] { return t.seen.connects == 2; });
@@ -471,8 +486,11 @@ TEST_CASE("supervisor: an agent that never answers fails preflight after the pre
 }
 
 TEST_CASE("supervisor: a host that stops answering is named within the heartbeat timeout") {
-  FakeTransport t([](int, int) { return Script{"", 0, kNever}; },
-                  {{"a", {}}, {"b", host_that(&FakeHostBehaviour::go_silent_after_spawn)}});
+  FakeTransport t(
+      [](int, int) {
+        return Script{"", 0, kNever};
+      },
+      {{"a", {}}, {"b", host_that(&FakeHostBehaviour::go_silent_after_spawn)}});
   Run run;
   supervise::Options o;  // heartbeat every 2s, 10s timeout
   Driver d(run.finished, [&](const std::atomic<bool>& done) {
@@ -503,7 +521,8 @@ TEST_CASE("supervisor: timeout") {
 TEST_CASE("supervisor: a signal while a host is still connecting starts nothing and ends at once") {
   for (auto [sig, code] : {std::pair{SIGINT, 130}, {SIGTERM, 143}, {SIGHUP, 129}}) {
     CAPTURE(sig);
-    FakeTransport t([](int, int) { return Script{}; }, {{"a", {}}, {"b", host_that(&FakeHostBehaviour::block_connect)}});
+    FakeTransport t([](int, int) { return Script{}; },
+                    {{"a", {}}, {"b", host_that(&FakeHostBehaviour::block_connect)}});
     Run run;
     Driver d(run.finished, [&](const std::atomic<bool>& done) {
       wait_until(done, [&] { return t.seen.connects == 2; });
@@ -519,7 +538,8 @@ TEST_CASE("supervisor: a signal while a host is still connecting starts nothing 
 }
 
 TEST_CASE("supervisor: a signal during preflight starts nothing") {
-  FakeTransport t([](int, int) { return Script{}; }, {{"a", {}}, {"b", host_that(&FakeHostBehaviour::mute_prepare)}});
+  FakeTransport t([](int, int) { return Script{}; },
+                  {{"a", {}}, {"b", host_that(&FakeHostBehaviour::mute_prepare)}});
   Run run;
   Driver d(run.finished, [&](const std::atomic<bool>& done) {
     wait_until(done, [&] { return t.seen.prepares == 2; });

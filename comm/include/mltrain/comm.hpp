@@ -37,14 +37,14 @@ std::optional<ReduceOp> parse_redop(std::string_view text);
 
 // The one exception type. peer_rank() is -1 when no single peer is to blame.
 class Error : public std::runtime_error {
-public:
+ public:
   enum class Kind { usage, store, timeout, peer_closed, mismatch, internal };
   Error(Kind kind, const std::string& what, int peer_rank = -1, std::string peer_host = {});
   Kind kind() const noexcept { return kind_; }
   int peer_rank() const noexcept { return peer_rank_; }
   const std::string& peer_host() const noexcept { return peer_host_; }
 
-private:
+ private:
   Kind kind_;
   int peer_rank_;
   std::string peer_host_;
@@ -70,7 +70,7 @@ struct Options {
 };
 
 class Communicator {
-public:
+ public:
   // Reads Options::from_env() and joins the job; throws Error.
   static std::unique_ptr<Communicator> init_from_env();
   static std::unique_ptr<Communicator> create(const Options& options);
@@ -93,15 +93,14 @@ public:
   // recv holds size()*count elements; rank i's send lands at recv + i*count. send may alias it.
   void allgather(const void* send, void* recv, std::size_t count, DataType dtype);
   // send holds size()*recv_count elements; this rank gets the reduced block rank()*recv_count.
-  void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType dtype,
-                      ReduceOp op);
+  void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType dtype, ReduceOp op);
   void barrier();
 
   // Room for the parameter-server calls (push/pull/push_pull) of a later issue.
 
   struct Impl;
 
-private:
+ private:
   explicit Communicator(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -45,8 +45,7 @@ struct HeaderBox {
 };
 
 // Appends a header exchange: send mine on tx, receive theirs from rx.
-void add_header_step(std::vector<Step>& steps, HeaderBox& box, const Context& ctx, Link* tx,
-                     Link* rx) {
+void add_header_step(std::vector<Step>& steps, HeaderBox& box, const Context& ctx, Link* tx, Link* rx) {
   Step s;
   s.tx = tx;
   s.send = &ctx.header;
@@ -134,9 +133,8 @@ int add_ring_reduce_scatter(std::vector<Step>& steps, const RingDir& d, int n, c
 
 // Ring allreduce of count elements (reduce-scatter: v ends owning segment v+1, then allgather);
 // each step's send depends byte-wise on the previous step's receive, so the whole thing streams.
-void add_ring_allreduce(std::vector<Step>& steps, HeaderBox& box, const Context& ctx,
-                        const RingDir& d, std::size_t count, std::size_t es, const std::byte* send,
-                        std::byte* recv, bool avg) {
+void add_ring_allreduce(std::vector<Step>& steps, HeaderBox& box, const Context& ctx, const RingDir& d,
+                        std::size_t count, std::size_t es, const std::byte* send, std::byte* recv, bool avg) {
   const int n = ctx.size;
   add_header_step(steps, box, ctx, d.right, d.left);
   const Segments seg{count, n};
@@ -161,9 +159,8 @@ void add_ring_allreduce(std::vector<Step>& steps, HeaderBox& box, const Context&
 // world: round k pairs rank r with r ^ 2^k, and the two swap halves of the range they share,
 // both ways on one connection. Nearest partners first, so ranks numbered host by host move
 // most bytes inside a host. Each send streams behind the receive it depends on.
-void add_hd_allreduce(std::vector<Step>& steps, HeaderBox& box, const Context& ctx,
-                      std::size_t count, std::size_t es, const std::byte* send, std::byte* recv,
-                      bool avg) {
+void add_hd_allreduce(std::vector<Step>& steps, HeaderBox& box, const Context& ctx, std::size_t count,
+                      std::size_t es, const std::byte* send, std::byte* recv, bool avg) {
   const int n = ctx.size, r = ctx.rank;
   int rounds = 0;
   while ((1 << rounds) < n) ++rounds;
@@ -226,11 +223,16 @@ void add_hd_allreduce(std::vector<Step>& steps, HeaderBox& box, const Context& c
 
 const char* coll_name(Coll coll) {
   switch (coll) {
-  case Coll::allreduce: return "allreduce";
-  case Coll::broadcast: return "broadcast";
-  case Coll::allgather: return "allgather";
-  case Coll::reduce_scatter: return "reduce_scatter";
-  case Coll::barrier: return "barrier";
+    case Coll::allreduce:
+      return "allreduce";
+    case Coll::broadcast:
+      return "broadcast";
+    case Coll::allgather:
+      return "allgather";
+    case Coll::reduce_scatter:
+      return "reduce_scatter";
+    case Coll::barrier:
+      return "barrier";
   }
   return "?";
 }
@@ -238,14 +240,14 @@ const char* coll_name(Coll coll) {
 void check_header(const WireHeader& mine, const WireHeader& theirs, const Link& from) {
   if (theirs.magic != kCollMagic || theirs.version != kCollVersion)
     throw Error(Error::Kind::mismatch,
-                from.peer_label() + " speaks another wire format (magic " +
-                    std::to_string(theirs.magic) + ", version " + std::to_string(theirs.version) +
-                    "; this rank: version " + std::to_string(kCollVersion) + ")",
+                from.peer_label() + " speaks another wire format (magic " + std::to_string(theirs.magic) +
+                    ", version " + std::to_string(theirs.version) + "; this rank: version " +
+                    std::to_string(kCollVersion) + ")",
                 from.peer_rank(), from.peer_host());
   if (std::memcmp(&mine, &theirs, sizeof mine) != 0)
     throw Error(Error::Kind::mismatch,
-                "mismatched collective: this rank called " + describe(mine) + " but " +
-                    from.peer_label() + " called " + describe(theirs),
+                "mismatched collective: this rank called " + describe(mine) + " but " + from.peer_label() +
+                    " called " + describe(theirs),
                 from.peer_rank(), from.peer_host());
 }
 
@@ -275,7 +277,7 @@ void allreduce(Context& ctx, const void* send_v, void* recv_v, std::size_t count
     std::byte* other = tmp;
     const std::byte* src = send;
     auto out_of = [&](int k) { return ((rounds - 1 - k) % 2 == 0) ? recv : other; };
-    if (src == out_of(0)) {  // in place: snapshot the input
+    if (src == out_of(0)) {                                    // in place: snapshot the input
       std::memcpy(tmp + bytes + 8 - (bytes % 8), src, bytes);  // keep 8-byte alignment
       src = tmp + bytes + 8 - (bytes % 8);
     }
@@ -312,8 +314,7 @@ void allreduce(Context& ctx, const void* send_v, void* recv_v, std::size_t count
     return;
   }
   if (algo != Algo::bidir) {
-    add_ring_allreduce(steps, box, ctx, ring_dir(ctx, false), count, es, send, recv,
-                       op == ReduceOp::avg);
+    add_ring_allreduce(steps, box, ctx, ring_dir(ctx, false), count, es, send, recv, op == ReduceOp::avg);
     run(steps, box, ctx, cfg);
     return;
   }
@@ -324,8 +325,8 @@ void allreduce(Context& ctx, const void* send_v, void* recv_v, std::size_t count
   HeaderBox boxes[2];
   add_ring_allreduce(channels[0], boxes[0], ctx, ring_dir(ctx, false), first, es, send, recv,
                      op == ReduceOp::avg);
-  add_ring_allreduce(channels[1], boxes[1], ctx, ring_dir(ctx, true), count - first, es,
-                     send + first * es, recv + first * es, op == ReduceOp::avg);
+  add_ring_allreduce(channels[1], boxes[1], ctx, ring_dir(ctx, true), count - first, es, send + first * es,
+                     recv + first * es, op == ReduceOp::avg);
   run(channels, boxes, ctx, cfg);
 }
 
@@ -387,8 +388,8 @@ void allgather(Context& ctx, const void* send_v, void* recv_v, std::size_t count
   run(steps, box, ctx, ctx.engine);
 }
 
-void reduce_scatter(Context& ctx, const void* send_v, void* recv_v, std::size_t recv_count,
-                    DataType dtype, ReduceOp op) {
+void reduce_scatter(Context& ctx, const void* send_v, void* recv_v, std::size_t recv_count, DataType dtype,
+                    ReduceOp op) {
   const int n = ctx.size, r = ctx.rank;
   const std::size_t es = size_of(dtype);
   const std::size_t block = recv_count * es;
@@ -404,8 +405,7 @@ void reduce_scatter(Context& ctx, const void* send_v, void* recv_v, std::size_t 
   const Segments seg{recv_count * static_cast<std::size_t>(n), n};  // equal blocks
   std::byte* work = scratch(ctx, block * static_cast<std::size_t>(n));
   // shift 0: rank r ends owning segment r, written straight into recv.
-  add_ring_reduce_scatter(steps, ring_dir(ctx, false), n, seg, es, send, work, 0,
-                          op == ReduceOp::avg, recv);
+  add_ring_reduce_scatter(steps, ring_dir(ctx, false), n, seg, es, send, work, 0, op == ReduceOp::avg, recv);
   run(steps, box, ctx, reduce_config(ctx, dtype, op));
 }
 

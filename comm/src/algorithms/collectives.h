@@ -15,8 +15,13 @@ namespace mltrain::comm::detail {
 inline constexpr std::uint32_t kCollMagic = 0x4d4c4343;  // "MLCC"
 inline constexpr std::uint16_t kCollVersion = 1;
 
-enum class Coll : std::uint8_t { allreduce = 1, broadcast = 2, allgather = 3, reduce_scatter = 4,
-                                 barrier = 5 };
+enum class Coll : std::uint8_t {
+  allreduce = 1,
+  broadcast = 2,
+  allgather = 3,
+  reduce_scatter = 4,
+  barrier = 5
+};
 const char* coll_name(Coll coll);
 
 // Sent to each peer at the start of every collective and compared on arrival, so ranks that
@@ -49,12 +54,11 @@ struct Context {
 // Throws Error(mismatch) naming both calls when theirs differs from mine.
 void check_header(const WireHeader& mine, const WireHeader& theirs, const Link& from);
 
-void allreduce(Context& ctx, const void* send, void* recv, std::size_t count, DataType dtype,
-               ReduceOp op);
+void allreduce(Context& ctx, const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op);
 void broadcast(Context& ctx, void* buf, std::size_t count, DataType dtype, int root);
 void allgather(Context& ctx, const void* send, void* recv, std::size_t count, DataType dtype);
-void reduce_scatter(Context& ctx, const void* send, void* recv, std::size_t recv_count,
-                    DataType dtype, ReduceOp op);
+void reduce_scatter(Context& ctx, const void* send, void* recv, std::size_t recv_count, DataType dtype,
+                    ReduceOp op);
 void barrier(Context& ctx);
 
 }  // namespace mltrain::comm::detail

@@ -66,7 +66,8 @@ bool pump_send(Cursor& c, const EngineConfig& cfg, Link** want) {
     std::size_t limit = s.send_bytes;
     if (s.send_dep >= 0) {
       const auto dep = static_cast<std::size_t>(s.send_dep);
-      if (c.ri < dep) limit = 0;
+      if (c.ri < dep)
+        limit = 0;
       else if (c.ri == dep) {
         const std::int64_t avail = static_cast<std::int64_t>(c.ro) + s.send_dep_lead;
         limit = std::min<std::size_t>(limit, avail > 0 ? static_cast<std::size_t>(avail) : 0);
@@ -133,8 +134,10 @@ bool pump_recv(Cursor& c, std::size_t channel, const EngineConfig& cfg,
     std::size_t limit = s.recv_bytes;
     if (s.recv_dep >= 0) {  // do not overwrite bytes still to be sent
       const auto dep = static_cast<std::size_t>(s.recv_dep);
-      if (c.si < dep) limit = 0;
-      else if (c.si == dep) limit = std::min(limit, c.so);
+      if (c.si < dep)
+        limit = 0;
+      else if (c.si == dep)
+        limit = std::min(limit, c.so);
     }
     if (c.ro >= limit) break;  // waits on a send
     auto* dst = static_cast<std::byte*>(s.recv) + c.ro;
@@ -213,8 +216,8 @@ void run_channels(std::vector<std::vector<Step>>& channels, const EngineConfig& 
     for (Link* l : rx_wants)
       if (l != nullptr && l->peer_gone())
         throw Error(Error::Kind::peer_closed,
-                    l->peer_label() + " closed the connection in the middle of a message",
-                    l->peer_rank(), l->peer_host());
+                    l->peer_label() + " closed the connection in the middle of a message", l->peer_rank(),
+                    l->peer_host());
     const auto now = Clock::now();
     if (!idle) {
       idle = true;
@@ -239,8 +242,7 @@ void run_channels(std::vector<std::vector<Step>>& channels, const EngineConfig& 
                       seconds_text(cfg.timeout) + " (stuck or dead? timeout: MLTRAIN_COMM_TIMEOUT)",
                   who ? who->peer_rank() : -1, who ? who->peer_host() : std::string());
     }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        cfg.timeout - (now - idle_since));
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(cfg.timeout - (now - idle_since));
     const int cap_ms = static_cast<int>(std::clamp<long long>(left.count() + 1, 1, 200));
 
     fds.clear();
@@ -279,8 +281,7 @@ void run_channels(std::vector<std::vector<Step>>& channels, const EngineConfig& 
       const std::uint32_t seen = bell->seq.load(std::memory_order_seq_cst);
       bool ready = false;
       for (std::size_t ch = 0; !ready && ch < cursors.size(); ++ch)
-        ready = (tx_wants[ch] && tx_wants[ch]->can_send()) ||
-                (rx_wants[ch] && rx_wants[ch]->can_recv());
+        ready = (tx_wants[ch] && tx_wants[ch]->can_send()) || (rx_wants[ch] && rx_wants[ch]->can_recv());
       if (!ready) sleep_on_bell(bell, seen, cap_ms);
       bell->waiters.fetch_sub(1, std::memory_order_seq_cst);
     }
@@ -288,12 +289,12 @@ void run_channels(std::vector<std::vector<Step>>& channels, const EngineConfig& 
     // left to read from it (or no room to write to it).
     for (Link* l : rx_wants)
       if (l != nullptr && !l->can_recv() && !l->peer_alive())
-        throw Error(Error::Kind::peer_closed, l->peer_label() + ": its process is gone",
-                    l->peer_rank(), l->peer_host());
+        throw Error(Error::Kind::peer_closed, l->peer_label() + ": its process is gone", l->peer_rank(),
+                    l->peer_host());
     for (Link* l : tx_wants)
       if (l != nullptr && !l->can_send() && !l->peer_alive())
-        throw Error(Error::Kind::peer_closed, l->peer_label() + ": its process is gone",
-                    l->peer_rank(), l->peer_host());
+        throw Error(Error::Kind::peer_closed, l->peer_label() + ": its process is gone", l->peer_rank(),
+                    l->peer_host());
   }
 }
 

@@ -65,7 +65,8 @@ std::uint16_t f32_to_bf16(float f) {
 namespace {
 
 struct Sum {
-  template <class T> static T apply(T a, T b) {
+  template <class T>
+  static T apply(T a, T b) {
     if constexpr (std::is_integral_v<T>) {
       using U = std::make_unsigned_t<T>;  // wrap, never UB
       return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
@@ -75,10 +76,10 @@ struct Sum {
   }
 };
 struct Prod {
-  template <class T> static T apply(T a, T b) {
+  template <class T>
+  static T apply(T a, T b) {
     if constexpr (std::is_integral_v<T>) {
-      using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned,
-                                   std::make_unsigned_t<T>>;
+      using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
       return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
     } else {
       return a * b;
@@ -86,10 +87,16 @@ struct Prod {
   }
 };
 struct Min {
-  template <class T> static T apply(T a, T b) { return b < a ? b : a; }
+  template <class T>
+  static T apply(T a, T b) {
+    return b < a ? b : a;
+  }
 };
 struct Max {
-  template <class T> static T apply(T a, T b) { return a < b ? b : a; }
+  template <class T>
+  static T apply(T a, T b) {
+    return a < b ? b : a;
+  }
 };
 
 struct F16 {
@@ -115,15 +122,13 @@ void reduce_native(void* dst, const void* own, const void* in, std::size_t n) {
   if (dst == own)
     kernel_inplace<T, Op>(static_cast<T*>(dst), static_cast<const T*>(in), n);
   else
-    kernel_3<T, Op>(static_cast<T*>(dst), static_cast<const T*>(own), static_cast<const T*>(in),
-                    n);
+    kernel_3<T, Op>(static_cast<T*>(dst), static_cast<const T*>(own), static_cast<const T*>(in), n);
 }
 
 template <class H, class Op>
 void kernel_half(std::uint16_t* dst, const std::uint16_t* own, const std::uint16_t* __restrict in,
                  std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i)
-    dst[i] = H::store(Op::apply(H::load(own[i]), H::load(in[i])));
+  for (std::size_t i = 0; i < n; ++i) dst[i] = H::store(Op::apply(H::load(own[i]), H::load(in[i])));
 }
 template <class H, class Op>
 void reduce_half(void* dst, const void* own, const void* in, std::size_t n) {
@@ -131,74 +136,115 @@ void reduce_half(void* dst, const void* own, const void* in, std::size_t n) {
                      static_cast<const std::uint16_t*>(in), n);
 }
 
-template <class Op> ReduceFn pick(DataType dtype) {
+template <class Op>
+ReduceFn pick(DataType dtype) {
   switch (dtype) {
-  case DataType::f32: return reduce_native<float, Op>;
-  case DataType::f64: return reduce_native<double, Op>;
-  case DataType::f16: return reduce_half<F16, Op>;
-  case DataType::bf16: return reduce_half<BF16, Op>;
-  case DataType::i32: return reduce_native<std::int32_t, Op>;
-  case DataType::i64: return reduce_native<std::int64_t, Op>;
-  case DataType::u8: return reduce_native<std::uint8_t, Op>;
+    case DataType::f32:
+      return reduce_native<float, Op>;
+    case DataType::f64:
+      return reduce_native<double, Op>;
+    case DataType::f16:
+      return reduce_half<F16, Op>;
+    case DataType::bf16:
+      return reduce_half<BF16, Op>;
+    case DataType::i32:
+      return reduce_native<std::int32_t, Op>;
+    case DataType::i64:
+      return reduce_native<std::int64_t, Op>;
+    case DataType::u8:
+      return reduce_native<std::uint8_t, Op>;
   }
   throw Error(Error::Kind::usage, "unknown dtype " + std::to_string(static_cast<int>(dtype)));
 }
 
-template <class T> void divide(T* buf, std::size_t n, int world) {
+template <class T>
+void divide(T* buf, std::size_t n, int world) {
   for (std::size_t i = 0; i < n; ++i) buf[i] = static_cast<T>(buf[i] / static_cast<T>(world));
 }
-template <class H> void divide_half(std::uint16_t* buf, std::size_t n, int world) {
-  for (std::size_t i = 0; i < n; ++i)
-    buf[i] = H::store(H::load(buf[i]) / static_cast<float>(world));
+template <class H>
+void divide_half(std::uint16_t* buf, std::size_t n, int world) {
+  for (std::size_t i = 0; i < n; ++i) buf[i] = H::store(H::load(buf[i]) / static_cast<float>(world));
 }
 
 }  // namespace
 
 ReduceFn reduce_fn(DataType dtype, ReduceOp op) {
   switch (op) {
-  case ReduceOp::sum:
-  case ReduceOp::avg: return pick<Sum>(dtype);
-  case ReduceOp::prod: return pick<Prod>(dtype);
-  case ReduceOp::min: return pick<Min>(dtype);
-  case ReduceOp::max: return pick<Max>(dtype);
+    case ReduceOp::sum:
+    case ReduceOp::avg:
+      return pick<Sum>(dtype);
+    case ReduceOp::prod:
+      return pick<Prod>(dtype);
+    case ReduceOp::min:
+      return pick<Min>(dtype);
+    case ReduceOp::max:
+      return pick<Max>(dtype);
   }
   throw Error(Error::Kind::usage, "unknown reduce op " + std::to_string(static_cast<int>(op)));
 }
 
 void finalize_avg(void* buf, std::size_t n, DataType dtype, int world) {
   switch (dtype) {
-  case DataType::f32: return divide(static_cast<float*>(buf), n, world);
-  case DataType::f64: return divide(static_cast<double*>(buf), n, world);
-  case DataType::f16: return divide_half<F16>(static_cast<std::uint16_t*>(buf), n, world);
-  case DataType::bf16: return divide_half<BF16>(static_cast<std::uint16_t*>(buf), n, world);
-  case DataType::i32: return divide(static_cast<std::int32_t*>(buf), n, world);
-  case DataType::i64: return divide(static_cast<std::int64_t*>(buf), n, world);
-  case DataType::u8: return divide(static_cast<std::uint8_t*>(buf), n, world);
+    case DataType::f32:
+      return divide(static_cast<float*>(buf), n, world);
+    case DataType::f64:
+      return divide(static_cast<double*>(buf), n, world);
+    case DataType::f16:
+      return divide_half<F16>(static_cast<std::uint16_t*>(buf), n, world);
+    case DataType::bf16:
+      return divide_half<BF16>(static_cast<std::uint16_t*>(buf), n, world);
+    case DataType::i32:
+      return divide(static_cast<std::int32_t*>(buf), n, world);
+    case DataType::i64:
+      return divide(static_cast<std::int64_t*>(buf), n, world);
+    case DataType::u8:
+      return divide(static_cast<std::uint8_t*>(buf), n, world);
   }
 }
 
 double load_as_double(const void* buf, std::size_t i, DataType dt) {
   switch (dt) {
-  case DataType::f32: return static_cast<const float*>(buf)[i];
-  case DataType::f64: return static_cast<const double*>(buf)[i];
-  case DataType::f16: return f16_to_f32(static_cast<const std::uint16_t*>(buf)[i]);
-  case DataType::bf16: return bf16_to_f32(static_cast<const std::uint16_t*>(buf)[i]);
-  case DataType::i32: return static_cast<const std::int32_t*>(buf)[i];
-  case DataType::i64: return static_cast<double>(static_cast<const std::int64_t*>(buf)[i]);
-  case DataType::u8: return static_cast<const std::uint8_t*>(buf)[i];
+    case DataType::f32:
+      return static_cast<const float*>(buf)[i];
+    case DataType::f64:
+      return static_cast<const double*>(buf)[i];
+    case DataType::f16:
+      return f16_to_f32(static_cast<const std::uint16_t*>(buf)[i]);
+    case DataType::bf16:
+      return bf16_to_f32(static_cast<const std::uint16_t*>(buf)[i]);
+    case DataType::i32:
+      return static_cast<const std::int32_t*>(buf)[i];
+    case DataType::i64:
+      return static_cast<double>(static_cast<const std::int64_t*>(buf)[i]);
+    case DataType::u8:
+      return static_cast<const std::uint8_t*>(buf)[i];
   }
   return 0;
 }
 
 void store_from_double(void* buf, std::size_t i, DataType dt, double v) {
   switch (dt) {
-  case DataType::f32: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
-  case DataType::f64: static_cast<double*>(buf)[i] = v; break;
-  case DataType::f16: static_cast<std::uint16_t*>(buf)[i] = f32_to_f16(static_cast<float>(v)); break;
-  case DataType::bf16: static_cast<std::uint16_t*>(buf)[i] = f32_to_bf16(static_cast<float>(v)); break;
-  case DataType::i32: static_cast<std::int32_t*>(buf)[i] = static_cast<std::int32_t>(v); break;
-  case DataType::i64: static_cast<std::int64_t*>(buf)[i] = static_cast<std::int64_t>(v); break;
-  case DataType::u8: static_cast<std::uint8_t*>(buf)[i] = static_cast<std::uint8_t>(v); break;
+    case DataType::f32:
+      static_cast<float*>(buf)[i] = static_cast<float>(v);
+      break;
+    case DataType::f64:
+      static_cast<double*>(buf)[i] = v;
+      break;
+    case DataType::f16:
+      static_cast<std::uint16_t*>(buf)[i] = f32_to_f16(static_cast<float>(v));
+      break;
+    case DataType::bf16:
+      static_cast<std::uint16_t*>(buf)[i] = f32_to_bf16(static_cast<float>(v));
+      break;
+    case DataType::i32:
+      static_cast<std::int32_t*>(buf)[i] = static_cast<std::int32_t>(v);
+      break;
+    case DataType::i64:
+      static_cast<std::int64_t*>(buf)[i] = static_cast<std::int64_t>(v);
+      break;
+    case DataType::u8:
+      static_cast<std::uint8_t*>(buf)[i] = static_cast<std::uint8_t>(v);
+      break;
   }
 }
 

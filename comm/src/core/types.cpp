@@ -1,13 +1,12 @@
 // Names and sizes of the public enums, and the Error type.
-#include "mltrain/comm.hpp"
-
 #include <array>
+
+#include "mltrain/comm.hpp"
 
 namespace mltrain::comm {
 
 namespace {
-constexpr std::array<std::string_view, 7> kDtypeNames{"f32", "f64", "f16", "bf16", "i32", "i64",
-                                                      "u8"};
+constexpr std::array<std::string_view, 7> kDtypeNames{"f32", "f64", "f16", "bf16", "i32", "i64", "u8"};
 constexpr std::array<std::size_t, 7> kDtypeSizes{4, 8, 2, 2, 4, 8, 1};
 constexpr std::array<std::string_view, 5> kOpNames{"sum", "prod", "min", "max", "avg"};
 constexpr std::array<std::string_view, 4> kAlgoNames{"auto", "ring", "bidir", "hd"};
@@ -37,7 +36,6 @@ std::optional<ReduceOp> parse_redop(std::string_view text) {
 }
 
 Error::Error(Kind kind, const std::string& what, int peer_rank, std::string peer_host)
-    : std::runtime_error(what), kind_(kind), peer_rank_(peer_rank),
-      peer_host_(std::move(peer_host)) {}
+    : std::runtime_error(what), kind_(kind), peer_rank_(peer_rank), peer_host_(std::move(peer_host)) {}
 
 }  // namespace mltrain::comm

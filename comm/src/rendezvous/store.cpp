@@ -1,13 +1,14 @@
 #include "rendezvous/store.h"
 
-#include <charconv>
-#include <cstdio>
 #include <fcntl.h>
-#include <cstring>
-#include <map>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <map>
 #include <vector>
 
 #include "mltrain/comm.hpp"
@@ -53,8 +54,7 @@ void StoreServer::serve() {
 
   auto reply = [](Conn& c, const std::string& out) {
     try {
-      send_all(c.fd.get(), out.data(), out.size(), Clock::now() + std::chrono::seconds(10),
-               "store reply");
+      send_all(c.fd.get(), out.data(), out.size(), Clock::now() + std::chrono::seconds(10), "store reply");
     } catch (const Error&) {
       c.fd.reset();  // a client that cannot take its answer is dropped
     }
@@ -82,8 +82,10 @@ void StoreServer::serve() {
         if (in.size() < Hello::kSize) return true;
         const Hello hello = Hello::from(in.data());
         if (hello.magic != kStoreMagic || hello.token_len > kMaxToken) {
-          std::fprintf(stderr, "mltrain-comm store: refused connection from %s: not an mltrain "
-                               "store client (bad magic)\n", c.name.c_str());
+          std::fprintf(stderr,
+                       "mltrain-comm store: refused connection from %s: not an mltrain "
+                       "store client (bad magic)\n",
+                       c.name.c_str());
           return false;
         }
         if (in.size() < Hello::kSize + hello.token_len) return true;
@@ -138,8 +140,10 @@ void StoreServer::serve() {
         reply(c, it == data.end() ? value_frame(false, {}) : value_frame(true, it->second));
       } else if (op == kWait) {
         auto it = data.find(key);
-        if (it != data.end()) reply(c, value_frame(true, it->second));
-        else waiters[key].push_back(&c);
+        if (it != data.end())
+          reply(c, value_frame(true, it->second));
+        else
+          waiters[key].push_back(&c);
       } else {
         const auto delta = get<std::int64_t>(in.data() + head + klen);
         auto it = data.find(key);
@@ -147,7 +151,8 @@ void StoreServer::serve() {
         if (it != data.end()) {
           const char* end = it->second.data() + it->second.size();
           if (std::from_chars(it->second.data(), end, value).ptr != end) {
-            std::fprintf(stderr, "mltrain-comm store: rank %d added to key '%s', whose value is not an integer\n",
+            std::fprintf(stderr,
+                         "mltrain-comm store: rank %d added to key '%s', whose value is not an integer\n",
                          c.rank, key.c_str());
             return false;
           }
@@ -289,8 +294,8 @@ std::string StoreClient::wait(const std::string& key, Deadline deadline) {
     read_exact(head, sizeof head, deadline);
   } catch (const Error& e) {
     if (e.kind() == Error::Kind::timeout)
-      throw Error(Error::Kind::timeout, "store at " + addr_ + ": key '" + key +
-                                            "' was not set before the timeout");
+      throw Error(Error::Kind::timeout,
+                  "store at " + addr_ + ": key '" + key + "' was not set before the timeout");
     throw;
   }
   std::string value(ValueReply::from(head).value_len, '\0');

@@ -12,9 +12,8 @@
 
 namespace mltrain::comm::detail {
 
-
 class StoreServer {
-public:
+ public:
   // Listens on all interfaces at port (0 picks a free one) and serves from a thread.
   StoreServer(int port, std::string token);
   ~StoreServer();
@@ -22,7 +21,7 @@ public:
   StoreServer& operator=(const StoreServer&) = delete;
   int port() const { return port_; }
 
-private:
+ private:
   void serve();
   Fd listen_;
   int port_ = 0;
@@ -32,7 +31,7 @@ private:
 };
 
 class StoreClient {
-public:
+ public:
   // Connects (retrying until connect_deadline, the server may start later) and proves the token.
   StoreClient(std::string addr, std::string token, int rank, Deadline connect_deadline);
   void set(const std::string& key, const std::string& value, Deadline deadline);
@@ -44,7 +43,7 @@ public:
   std::string local_address() const { return local_ip_; }
   const std::string& addr() const { return addr_; }
 
-private:
+ private:
   void ensure_connected(Deadline deadline);
   void request(const std::string& frame, Deadline deadline);
   void read_exact(void* data, std::size_t n, Deadline deadline);

@@ -41,7 +41,8 @@ struct Hello {
     put(out, magic), put(out, version), put(out, std::uint16_t(0)), put(out, rank), put(out, token_len);
   }
   static Hello from(const char* p) {
-    return {get<std::uint32_t>(p), get<std::uint16_t>(p + 4), get<std::int32_t>(p + 8), get<std::uint32_t>(p + 12)};
+    return {get<std::uint32_t>(p), get<std::uint16_t>(p + 4), get<std::int32_t>(p + 8),
+            get<std::uint32_t>(p + 12)};
   }
 };
 
@@ -51,9 +52,12 @@ struct HelloReply {
   std::uint16_t version = kStoreVersion;
   std::uint16_t status = kOk;
   std::uint32_t message_len = 0;
-  void put_to(std::string& out) const { put(out, magic), put(out, version), put(out, status), put(out, message_len); }
+  void put_to(std::string& out) const {
+    put(out, magic), put(out, version), put(out, status), put(out, message_len);
+  }
   static HelloReply from(const char* p) {
-    return {get<std::uint32_t>(p), get<std::uint16_t>(p + 4), get<std::uint16_t>(p + 6), get<std::uint32_t>(p + 8)};
+    return {get<std::uint32_t>(p), get<std::uint16_t>(p + 4), get<std::uint16_t>(p + 6),
+            get<std::uint32_t>(p + 8)};
   }
 };
 

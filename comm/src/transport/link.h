@@ -22,7 +22,7 @@ void ring_bell(Bell* bell);
 void sleep_on_bell(Bell* bell, std::uint32_t seen, int timeout_ms);
 
 class Link {
-public:
+ public:
   Link(int peer_rank, std::string peer_host) : peer_rank_(peer_rank), peer_host_(std::move(peer_host)) {}
   virtual ~Link() = default;
   Link(const Link&) = delete;
@@ -67,7 +67,7 @@ public:
   const std::string& peer_host() const { return peer_host_; }
   std::string peer_label() const { return "rank " + std::to_string(peer_rank_) + " (" + peer_host_ + ")"; }
 
-protected:
+ protected:
   virtual std::size_t do_send(const void* data, std::size_t n) = 0;
   virtual std::span<const std::byte> do_peek() = 0;
   virtual void do_consume(std::size_t n) = 0;
@@ -81,7 +81,7 @@ protected:
     return k;
   }
 
-private:
+ private:
   int peer_rank_;
   std::string peer_host_;
   std::uint64_t tx_pos_ = 0, rx_pos_ = 0;

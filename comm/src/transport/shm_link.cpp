@@ -60,8 +60,7 @@ struct Layout {
 }  // namespace
 
 ShmMapping::ShmMapping(const std::string& name, std::size_t bytes, bool create) : name_(name) {
-  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC | (create ? O_CREAT | O_EXCL : 0),
-                            0600);
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC | (create ? O_CREAT | O_EXCL : 0), 0600);
   if (fd < 0)
     throw Error(Error::Kind::internal,
                 "shm_open(" + name + "): " + std::strerror(errno) +
@@ -123,21 +122,23 @@ void ShmLink::init_segment(void* base, std::size_t capacity) {
 void ShmLink::check_segment(const void* base, std::size_t capacity, const std::string& who) {
   const auto* header = static_cast<const SegmentHeader*>(base);
   if (header->magic != kShmMagic || header->version != kShmVersion)
-    throw Error(Error::Kind::mismatch, "shared memory from " + who +
-                                           " has a different wire version (magic/version)");
+    throw Error(Error::Kind::mismatch,
+                "shared memory from " + who + " has a different wire version (magic/version)");
   if (header->capacity != capacity)
     throw Error(Error::Kind::mismatch, "shared memory from " + who + " has ring capacity " +
                                            std::to_string(header->capacity) + ", this rank " +
-                                           std::to_string(capacity) +
-                                           " (MLTRAIN_COMM_SHM_BYTES differs)");
+                                           std::to_string(capacity) + " (MLTRAIN_COMM_SHM_BYTES differs)");
 }
 
 ShmLink::ShmLink(std::unique_ptr<ShmMapping> segment, int side, Bell* own_bell,
-                 std::unique_ptr<ShmMapping> peer_bell, int peer_pid, int peer_rank,
-                 std::string peer_host)
-    : Link(peer_rank, std::move(peer_host)), segment_(std::move(segment)),
-      peer_bell_map_(std::move(peer_bell)), own_bell_(own_bell),
-      peer_bell_(static_cast<Bell*>(peer_bell_map_->data())), peer_pid_(peer_pid), side_(side) {
+                 std::unique_ptr<ShmMapping> peer_bell, int peer_pid, int peer_rank, std::string peer_host)
+    : Link(peer_rank, std::move(peer_host)),
+      segment_(std::move(segment)),
+      peer_bell_map_(std::move(peer_bell)),
+      own_bell_(own_bell),
+      peer_bell_(static_cast<Bell*>(peer_bell_map_->data())),
+      peer_pid_(peer_pid),
+      side_(side) {
   auto* base = static_cast<std::byte*>(segment_->data());
   auto* layout = reinterpret_cast<Layout*>(base);
   cap_ = layout->header.capacity;
@@ -159,17 +160,13 @@ void ShmLink::close() {
 }
 
 void ShmLink::throw_closed() const {
-  throw Error(Error::Kind::peer_closed, peer_label() + " closed the connection", peer_rank(),
-              peer_host());
+  throw Error(Error::Kind::peer_closed, peer_label() + " closed the connection", peer_rank(), peer_host());
 }
 
-bool ShmLink::peer_alive() {
-  return peer_pid_ <= 0 || ::kill(peer_pid_, 0) == 0 || errno != ESRCH;
-}
+bool ShmLink::peer_alive() { return peer_pid_ <= 0 || ::kill(peer_pid_, 0) == 0 || errno != ESRCH; }
 
 bool ShmLink::can_send() {
-  return tx_->head.load(std::memory_order_relaxed) - tx_->tail.load(std::memory_order_acquire) <
-             cap_ ||
+  return tx_->head.load(std::memory_order_relaxed) - tx_->tail.load(std::memory_order_acquire) < cap_ ||
          closed_[1 - side_].load(std::memory_order_relaxed) != 0;
 }
 
@@ -204,8 +201,7 @@ std::span<const std::byte> ShmLink::do_peek() {
     return {};
   }
   const std::size_t at = static_cast<std::size_t>(tail % cap_);
-  const std::size_t n =
-      static_cast<std::size_t>(std::min<std::uint64_t>(head - tail, cap_ - at));
+  const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(head - tail, cap_ - at));
   return {rx_data_ + at, n};
 }
 

@@ -17,7 +17,7 @@ inline constexpr std::uint16_t kShmVersion = 1;
 
 // A mapped POSIX shared-memory object; unmapped on destruction (unlinking is explicit).
 class ShmMapping {
-public:
+ public:
   // create: O_CREAT|O_EXCL of `bytes`; otherwise opens an existing object of at least `bytes`.
   ShmMapping(const std::string& name, std::size_t bytes, bool create);
   ~ShmMapping();
@@ -28,7 +28,7 @@ public:
   const std::string& name() const { return name_; }
   void unlink();
 
-private:
+ private:
   std::string name_;
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
@@ -36,11 +36,10 @@ private:
 };
 
 class ShmLink final : public Link {
-public:
+ public:
   // side 0 is the lower rank of the pair (it created the segment), side 1 the higher.
   ShmLink(std::unique_ptr<ShmMapping> segment, int side, Bell* own_bell,
-          std::unique_ptr<ShmMapping> peer_bell, int peer_pid, int peer_rank,
-          std::string peer_host);
+          std::unique_ptr<ShmMapping> peer_bell, int peer_pid, int peer_rank, std::string peer_host);
   ~ShmLink() override;
 
   // Lays out a fresh segment of the given ring capacity; returns its total size.
@@ -55,12 +54,12 @@ public:
   void close() override;
   const char* kind() const override { return "shm"; }
 
-protected:
+ protected:
   std::size_t do_send(const void* data, std::size_t n) override;
   std::span<const std::byte> do_peek() override;
   void do_consume(std::size_t n) override;
 
-private:
+ private:
   struct Ring;
   void throw_closed() const;
   std::unique_ptr<ShmMapping> segment_;

@@ -46,8 +46,7 @@ std::pair<std::string, int> split_host_port(const std::string& addr) {
   if (colon == std::string::npos || colon + 1 == addr.size())
     throw Error(Error::Kind::usage, "address '" + addr + "' is not host:port");
   std::string host = addr.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
-    host = host.substr(1, host.size() - 2);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   char* end = nullptr;
   const long port = std::strtol(addr.c_str() + colon + 1, &end, 10);
   if (*end != '\0' || port < 0 || port > 65535)
@@ -81,8 +80,7 @@ std::pair<Fd, int> listen_tcp(int port, int backlog) {
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0)
     throw Error(Error::Kind::usage,
                 "cannot listen on port " + std::to_string(port) + ": " + errno_text(errno));
-  if (::listen(fd.get(), backlog) != 0)
-    throw Error(Error::Kind::internal, "listen(): " + errno_text(errno));
+  if (::listen(fd.get(), backlog) != 0) throw Error(Error::Kind::internal, "listen(): " + errno_text(errno));
   socklen_t len = sizeof sa;
   check_sys(::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&sa), &len), "getsockname",
             "listening on port " + std::to_string(port));
@@ -130,8 +128,8 @@ Fd connect_tcp(const std::string& host, int port, Deadline deadline, const std::
       ::freeaddrinfo(res);
     }
     if (Clock::now() + backoff >= deadline)
-      throw Error(Error::Kind::timeout, what + ": cannot connect to " + host + ":" +
-                                            std::to_string(port) + " (" + last_error + ")");
+      throw Error(Error::Kind::timeout, what + ": cannot connect to " + host + ":" + std::to_string(port) +
+                                            " (" + last_error + ")");
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
   }
@@ -186,8 +184,7 @@ void send_all(int fd, const void* data, std::size_t n, Deadline deadline, const 
       throw Error(Error::Kind::peer_closed, what + ": " + errno_text(errno));
     pollfd pfd{fd, POLLOUT, 0};
     const int ms = ms_until(deadline);
-    if (ms == 0 || ::poll(&pfd, 1, ms) == 0)
-      throw Error(Error::Kind::timeout, what + ": timed out sending");
+    if (ms == 0 || ::poll(&pfd, 1, ms) == 0) throw Error(Error::Kind::timeout, what + ": timed out sending");
   }
 }
 
@@ -206,8 +203,7 @@ void recv_all(int fd, void* data, std::size_t n, Deadline deadline, const std::s
       throw Error(Error::Kind::peer_closed, what + ": " + errno_text(errno));
     pollfd pfd{fd, POLLIN, 0};
     const int ms = ms_until(deadline);
-    if (ms == 0 || ::poll(&pfd, 1, ms) == 0)
-      throw Error(Error::Kind::timeout, what + ": timed out waiting");
+    if (ms == 0 || ::poll(&pfd, 1, ms) == 0) throw Error(Error::Kind::timeout, what + ": timed out waiting");
   }
 }
 

@@ -15,7 +15,7 @@ using Deadline = Clock::time_point;
 int ms_until(Deadline deadline, int cap = 1 << 30);
 
 class Fd {
-public:
+ public:
   Fd() = default;
   explicit Fd(int fd) : fd_(fd) {}
   Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
@@ -27,7 +27,7 @@ public:
   explicit operator bool() const { return fd_ >= 0; }
   void reset();
 
-private:
+ private:
   int fd_ = -1;
 };
 

@@ -1,15 +1,17 @@
 #include "transport/tcp_link.h"
 
+#include <sys/socket.h>
+
 #include <cerrno>
 #include <cstring>
-#include <sys/socket.h>
 
 #include "mltrain/comm.hpp"
 
 namespace mltrain::comm::detail {
 
 TcpLink::TcpLink(Fd fd, int peer_rank, std::string peer_host, std::size_t staging_bytes)
-    : Link(peer_rank, std::move(peer_host)), fd_(std::move(fd)),
+    : Link(peer_rank, std::move(peer_host)),
+      fd_(std::move(fd)),
       cap_(std::max<std::size_t>(staging_bytes, 64u << 10)) {
   storage_ = std::make_unique<std::byte[]>(cap_ + 64);
   const auto addr = reinterpret_cast<std::uintptr_t>(storage_.get());
@@ -21,8 +23,7 @@ TcpLink::TcpLink(Fd fd, int peer_rank, std::string peer_host, std::size_t stagin
 TcpLink::~TcpLink() { close(); }
 
 void TcpLink::throw_closed() const {
-  throw Error(Error::Kind::peer_closed, peer_label() + " closed the connection", peer_rank(),
-              peer_host());
+  throw Error(Error::Kind::peer_closed, peer_label() + " closed the connection", peer_rank(), peer_host());
 }
 
 void TcpLink::close() {
@@ -38,8 +39,8 @@ std::size_t TcpLink::do_send(const void* data, std::size_t n) {
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
     throw Error(Error::Kind::peer_closed,
-                peer_label() + " closed the connection (" + std::strerror(errno) + ")",
-                peer_rank(), peer_host());
+                peer_label() + " closed the connection (" + std::strerror(errno) + ")", peer_rank(),
+                peer_host());
   }
 }
 
@@ -71,8 +72,7 @@ void TcpLink::fill() {
 
 std::span<const std::byte> TcpLink::do_peek() {
   if (rend_ - rpos_ < cap_ / 2) fill();
-  if (rpos_ == rend_ && eof_)
-    throw_closed();
+  if (rpos_ == rend_ && eof_) throw_closed();
   return {buf_ + rpos_, rend_ - rpos_};
 }
 
@@ -85,8 +85,7 @@ std::size_t TcpLink::do_recv_into(void* dst, std::size_t n) {
     do_consume(k);
     return k;
   }
-  if (eof_ || !fd_)
-    throw_closed();
+  if (eof_ || !fd_) throw_closed();
   while (true) {
     const ssize_t k = ::recv(fd_.get(), dst, n, MSG_DONTWAIT);
     if (k > 0) {

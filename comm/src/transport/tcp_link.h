@@ -24,7 +24,7 @@ static_assert(sizeof(LinkHello) == 24);
 
 // A TCP stream with a receive staging buffer so peek() can hand out whole elements.
 class TcpLink final : public Link {
-public:
+ public:
   TcpLink(Fd fd, int peer_rank, std::string peer_host, std::size_t staging_bytes);
   ~TcpLink() override;
   bool can_send() override { return true; }
@@ -38,13 +38,13 @@ public:
   void close() override;
   const char* kind() const override { return "tcp"; }
 
-protected:
+ protected:
   std::size_t do_send(const void* data, std::size_t n) override;
   std::span<const std::byte> do_peek() override;
   void do_consume(std::size_t n) override;
   std::size_t do_recv_into(void* dst, std::size_t n) override;
 
-private:
+ private:
   void fill();
   [[noreturn]] void throw_closed() const;
   Fd fd_;

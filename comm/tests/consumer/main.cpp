@@ -1,5 +1,5 @@
-#include <mltrain/comm.hpp>
 #include <cstdio>
+#include <mltrain/comm.hpp>
 int main() {
   auto c = mltrain::comm::Communicator::init_from_env();
   float x[2] = {1, 2};

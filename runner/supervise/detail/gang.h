@@ -40,7 +40,9 @@ struct Host {
   std::string problem;  // why preflight failed here
   agent::msg::Prepared prepared;
   Clock::time_point last_heard{};
-  bool open() const { return link && (state != HostState::failed && state != HostState::lost && state != HostState::closed); }
+  bool open() const {
+    return link && (state != HostState::failed && state != HostState::lost && state != HostState::closed);
+  }
 };
 
 struct RankState {
@@ -60,8 +62,8 @@ struct Connects {
   Connects();
   ~Connects();
   int ready_fd() const { return pipe[0]; }
-  void put(Result r);            // from a connection thread
-  std::vector<Result> take();    // on the loop
+  void put(Result r);          // from a connection thread
+  std::vector<Result> take();  // on the loop
   void abandon();
   int pipe[2] = {-1, -1};
   std::mutex m;
@@ -143,8 +145,8 @@ class Gang {
   std::string preflight_error_;
   Clock::time_point job_start_{};
   std::optional<Clock::time_point> job_deadline_;
-  std::optional<Clock::time_point> escalate_at_;       // after an interrupt: TERM at this time
-  std::optional<Clock::time_point> stop_deadline_;     // stopping: unreported ranks count as lost
+  std::optional<Clock::time_point> escalate_at_;    // after an interrupt: TERM at this time
+  std::optional<Clock::time_point> stop_deadline_;  // stopping: unreported ranks count as lost
   std::optional<Clock::time_point> next_ping_;
 };
 
