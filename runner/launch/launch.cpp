@@ -190,16 +190,20 @@ std::string describe_plan(const plan::Plan& p) {
   return out;
 }
 
+namespace detail {
+HostTransports& lasting_transports(const spec::JobSpec& s) { return *new HostTransports(s); }
+}  // namespace detail
+
 DoctorResult doctor(const JobRequest& req) {
   JobRequest r = req;
   if (!r.command) r.command = std::vector<std::string>{"true"};  // doctor checks hosts, not a program
   spec::JobSpec s = resolve_spec(r);
   plan::Plan p = plan::make_plan(s, detail::plan_inputs(r, "doctor", "doctor", detail::Ports::placeholder));
-  detail::HostTransports t(s);
   DoctorResult d;
-  d.reports = supervise::run_doctor(p.hosts, t.for_host(), s.comm.master_port);
+  d.exit_code = supervise::run_doctor(p, supervise::Options{}, detail::lasting_transports(s).for_host(),
+                                      s.comm.master_port, d.reports);
   for (const auto& rep : d.reports)
-    if (!rep.ok) d.exit_code = exit_code::host_failure;
+    if (!rep.ok && d.exit_code == 0) d.exit_code = exit_code::host_failure;
   return d;
 }
 

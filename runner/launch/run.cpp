@@ -110,10 +110,7 @@ RunResult run(const JobRequest& req) {
   rec.launcher_start = records::process_start_time(rec.launcher_pid);
   records::save(rec);
 
-  // Never freed: a connection the gang abandoned (Ctrl-C while a host times out) may still be
-  // inside a transport until the process exits (see supervise::run_job).
-  auto* transports = new detail::HostTransports(s);
-  result.exit_code = supervise::run_job(p, rec, o, transports->for_host());
+  result.exit_code = supervise::run_job(p, rec, o, detail::lasting_transports(s).for_host());
   if (req.detach) {
     std::fflush(stdout);
     ::_exit(result.exit_code);

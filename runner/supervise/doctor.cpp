@@ -1,72 +1,20 @@
 #include "runner/supervise/doctor.h"
 
-#include <poll.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
-#include <optional>
-#include <thread>
 
-#include "runner/agent/protocol.h"
 #include "runner/common/error.h"
+#include "runner/supervise/detail/gang.h"
 
 namespace mltrain::supervise {
 namespace {
-
-namespace proto = mltrain::agent;
-using Clock = std::chrono::steady_clock;
 
 int64_t wall_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-bool write_all(int fd, const std::string& data) {
-  size_t off = 0;
-  auto deadline = Clock::now() + std::chrono::seconds(10);
-  while (off < data.size() && Clock::now() < deadline) {
-    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
-    if (n > 0)
-      off += size_t(n);
-    else if (n < 0 && errno != EAGAIN && errno != EINTR)
-      return false;
-    else {
-      pollfd p{fd, POLLOUT, 0};
-      ::poll(&p, 1, 100);
-    }
-  }
-  return off == data.size();
-}
-
-// Sends `request` and reads frames until a message of type M arrives (30 s at most); nullopt
-// when the agent closes, sends a malformed frame or does not answer.
-template <class M>
-std::optional<M> ask(transport::AgentLink& link, proto::Decoder& d, const auto& request) {
-  std::string out;
-  proto::encode(out, request);
-  if (!write_all(link.write_fd(), out)) return std::nullopt;
-  auto deadline = Clock::now() + std::chrono::seconds(30);
-  proto::Frame f;
-  while (Clock::now() < deadline) {
-    while (d.next(f)) {
-      if (f.type != M::kType) continue;
-      std::string error;
-      auto m = proto::decode(std::move(f), error);
-      if (!m) return std::nullopt;
-      return std::get<M>(std::move(*m));
-    }
-    if (d.corrupt()) return std::nullopt;
-    pollfd p{link.read_fd(), POLLIN, 0};
-    if (::poll(&p, 1, 200) <= 0) continue;
-    char buf[65536];
-    ssize_t n = ::read(link.read_fd(), buf, sizeof buf);
-    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return std::nullopt;
-    if (n > 0) d.feed(buf, size_t(n));
-  }
-  return std::nullopt;
 }
 
 std::string stage_of(const std::string& msg) {
@@ -77,62 +25,6 @@ std::string stage_of(const std::string& msg) {
   return "agent";
 }
 
-HostReport check_host(const plan::HostPlan& h, const TransportFor& tf, int port) {
-  HostReport r;
-  r.host = h.host.name;
-  std::unique_ptr<transport::AgentLink> link;
-  try {
-    link = tf(h).connect(h);
-  } catch (const Error& e) {
-    r.problem = e.what();
-    r.stage = stage_of(r.problem);
-    return r;
-  }
-  proto::Decoder d;
-  proto::msg::Hello hello;
-  hello.grace_ms = 1000;
-  auto ack = ask<proto::msg::HelloAck>(*link, d, hello);
-  if (!ack || ack->magic != proto::kMagic || ack->version != proto::kVersion) {
-    r.stage = "agent";
-    r.problem = ack ? "the agent speaks protocol version " + std::to_string(ack->version) +
-                          ", this mltrain " + std::to_string(proto::kVersion)
-                    : "the agent did not answer";
-    return r;
-  }
-  // A ping first: its round trip bounds how stale the host's clock reading is.
-  auto p0 = Clock::now();
-  if (!ask<proto::msg::Pong>(*link, d, proto::msg::Ping{})) {
-    r.stage = "agent";
-    r.problem = "the agent did not answer a ping";
-    return r;
-  }
-  double rtt = std::chrono::duration<double, std::milli>(Clock::now() - p0).count();
-  int64_t w0 = wall_ms();
-  auto probed = ask<proto::msg::Probed>(*link, d, proto::msg::Probe{uint32_t(port)});
-  if (!probed) {
-    r.stage = "agent";
-    r.problem = "the agent did not answer the probe";
-    return r;
-  }
-  for (const auto& kv : probed->facts) {
-    auto eq = kv.find('=');
-    if (eq != std::string::npos) r.facts[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  // The host read its clock first thing, about half a round trip after we sent the probe.
-  if (r.facts.count("time_ms"))
-    r.clock_offset_ms = double(std::stoll(r.facts["time_ms"])) - (double(w0) + rtt / 2);
-  r.facts.erase("time_ms");
-  r.rtt_ms = rtt;
-  ask<proto::msg::Bye>(*link, d, proto::msg::Shutdown{});
-  r.ok = true;
-  if (r.facts.count("port_free") && r.facts["port_free"] == "no") {
-    r.ok = false;
-    r.stage = "port";
-    r.problem = "master port " + std::to_string(port) + " is in use";
-  }
-  return r;
-}
-
 std::string fact(const HostReport& r, const char* k) {
   auto it = r.facts.find(k);
   return it == r.facts.end() ? "-" : it->second;
@@ -140,14 +32,86 @@ std::string fact(const HostReport& r, const char* k) {
 
 }  // namespace
 
-std::vector<HostReport> run_doctor(const std::vector<plan::HostPlan>& hosts, const TransportFor& tf,
-                                   int master_port) {
-  std::vector<HostReport> reports(hosts.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < hosts.size(); ++i)
-    threads.emplace_back([&, i] { reports[i] = check_host(hosts[i], tf, i == 0 ? master_port : 0); });
-  for (auto& t : threads) t.join();
+namespace detail {
+
+namespace msg = mltrain::agent::msg;
+
+void Gang::send_probes() {
+  // A ping first: its round trip bounds how stale the host's clock reading is.
+  for (auto& h : hosts_)
+    if (h.state == HostState::greeted) {
+      h.state = HostState::preparing;
+      h.probing.ping_sent = clock_.now();
+      send_to(h, msg::Ping{});
+    }
+  check_progress();
+}
+
+void Gang::on_probe_pong(size_t i) {
+  Host& h = hosts_[i];
+  if (h.state != HostState::preparing || h.probing.probe_sent_wall_ms != 0) return;
+  h.probing.rtt_ms = std::chrono::duration<double, std::milli>(clock_.now() - h.probing.ping_sent).count();
+  h.probing.probe_sent_wall_ms = wall_ms();
+  send_to(h, msg::Probe{uint32_t(i == 0 ? doctor_port_ : 0)});
+}
+
+void Gang::on(size_t i, uint32_t, msg::Probed& m) {
+  Host& h = hosts_[i];
+  if (phase_ != Phase::probing || h.state != HostState::preparing) return;
+  h.probed = std::move(m);
+  h.state = HostState::ready;
+  check_progress();
+}
+
+std::vector<HostReport> Gang::doctor_reports() const {
+  std::vector<HostReport> reports;
+  for (size_t i = 0; i < hosts_.size(); ++i) {
+    const Host& h = hosts_[i];
+    HostReport r;
+    r.host = h.plan->host.name;
+    if (!h.probed) {
+      r.problem = h.problem.empty() ? "not checked (interrupted)" : h.problem;
+      r.stage = stage_of(r.problem);
+      reports.push_back(r);
+      continue;
+    }
+    for (const auto& kv : h.probed->facts) {
+      auto eq = kv.find('=');
+      if (eq != std::string::npos) r.facts[kv.substr(0, eq)] = kv.substr(eq + 1);
+    }
+    // The host read its clock first thing, about half a round trip after we sent the probe.
+    if (auto t = r.facts.find("time_ms"); t != r.facts.end()) {
+      r.clock_offset_ms = std::strtod(t->second.c_str(), nullptr) -
+                          (double(h.probing.probe_sent_wall_ms) + h.probing.rtt_ms / 2);
+      r.facts.erase(t);
+    }
+    r.rtt_ms = h.probing.rtt_ms;
+    r.ok = true;
+    if (r.facts.count("port_free") && r.facts["port_free"] == "no") {
+      r.ok = false;
+      r.stage = "port";
+      r.problem = "master port " + std::to_string(doctor_port_) + " is in use";
+    }
+    reports.push_back(r);
+  }
   return reports;
+}
+
+int Gang::run_doctor(int master_port, std::vector<HostReport>& reports) {
+  doctor_ = true;
+  doctor_port_ = master_port;
+  loop();
+  reports = doctor_reports();
+  return ending_ == Ending::none ? 0 : 128 + stop_signal_;
+}
+
+}  // namespace detail
+
+int run_doctor(plan::Plan& plan, const Options& opts, const TransportFor& transport_for, int master_port,
+               std::vector<HostReport>& reports) {
+  records::RunRecord unused;  // doctor records no run
+  detail::Gang g(plan, unused, opts, transport_for);
+  return g.run_doctor(master_port, reports);
 }
 
 std::string format_doctor(const std::vector<HostReport>& reports, bool json) {

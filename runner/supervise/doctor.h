@@ -20,10 +20,11 @@ struct HostReport {
   double rtt_ms = 0;
 };
 
-// Connects to every host in parallel and asks its agent for facts. master_port: the port to
-// test on the first host (0: none).
-std::vector<HostReport> run_doctor(const std::vector<plan::HostPlan>& hosts,
-                                   const TransportFor& transport_for, int master_port);
+// Connects to every host in parallel (the gang's connecting phase) and asks its agent for facts
+// (a ping for the round trip, then a probe); master_port: the port to test on the first host (0:
+// none). Fills one report per host and returns 0, or 128 + the signal that cut it short.
+int run_doctor(plan::Plan& plan, const Options& opts, const TransportFor& transport_for, int master_port,
+               std::vector<HostReport>& reports);
 
 // A table for people, or JSON.
 std::string format_doctor(const std::vector<HostReport>& reports, bool json);

@@ -27,6 +27,8 @@ const char* phase_name(Phase p) {
       return "connecting";
     case Phase::preflight:
       return "preflight";
+    case Phase::probing:
+      return "probing";
     case Phase::running:
       return "running";
     case Phase::stopping:
@@ -60,6 +62,9 @@ void Gang::enter(Phase p) {
     case Phase::preflight:
       send_prepare();
       break;
+    case Phase::probing:
+      send_probes();
+      break;
     case Phase::restarting:
       std::fprintf(stderr, "mltrain: restarting the gang (restart %d of %d)\n", restart_ + 1,
                    opts_.max_restarts);
@@ -83,7 +88,7 @@ void Gang::enter(Phase p) {
       break;
     case Phase::closing:
       // Goodbye: agents kill anything left (strays of the ranks) and exit.
-      out_->flush();
+      if (out_) out_->flush();
       for (auto& h : hosts_) send_to(h, msg::Shutdown{});
       break;
     case Phase::done:
@@ -101,9 +106,13 @@ int Gang::run() {
   out_ = std::make_unique<Output>(infos, plan_.multi_host, records::run_dir(rec_.id), opts_.console,
                                   opts_.console_fd, 2);
   ranks_.assign(plan_.ranks.size(), RankState{});
+  loop();
+  return finish();
+}
+
+void Gang::loop() {
   hosts_.resize(plan_.hosts.size());
   for (size_t i = 0; i < hosts_.size(); ++i) hosts_[i].plan = &plan_.hosts[i];
-
   enter(Phase::connecting);
   while (phase_ != Phase::done) {
     auto now = clock_.now();
@@ -112,7 +121,7 @@ int Gang::run() {
     auto until = next_deadline();
     wait(until ? *until : now + milliseconds(1000));
   }
-  return finish();
+  if (connects_) connects_->abandon();
 }
 
 std::optional<Clock::time_point> Gang::next_deadline() const {
@@ -123,6 +132,7 @@ std::optional<Clock::time_point> Gang::next_deadline() const {
   switch (phase_) {
     case Phase::connecting:
     case Phase::preflight:
+    case Phase::probing:
       take(phase_start_ + opts_.preflight_timeout);
       break;
     case Phase::running:
@@ -147,15 +157,18 @@ void Gang::on_timers(Clock::time_point now) {
   switch (phase_) {
     case Phase::connecting:
     case Phase::preflight:
+    case Phase::probing:
       if (now >= phase_start_ + opts_.preflight_timeout) {
-        const char* what = phase_ == Phase::connecting ? "answer" : "finish its preflight";
+        const char* what = phase_ == Phase::connecting  ? "answer"
+                           : phase_ == Phase::preflight ? "finish its preflight"
+                                                        : "answer the probe";
+        const HostState done = phase_ == Phase::connecting ? HostState::greeted : HostState::ready;
         for (size_t i = 0; i < hosts_.size(); ++i)
-          if (hosts_[i].state != HostState::failed &&
-              hosts_[i].state != (phase_ == Phase::connecting ? HostState::preparing : HostState::ready))
+          if (hosts_[i].state != HostState::failed && hosts_[i].state != done)
             host_failed(i, std::string("the agent did not ") + what + " within " +
                                text::format_duration(
                                    std::chrono::duration_cast<milliseconds>(opts_.preflight_timeout)));
-        check_preflight_progress();
+        check_progress();
       }
       break;
     case Phase::running:
@@ -216,7 +229,7 @@ void Gang::wait(Clock::time_point until) {
       owner.emplace_back(i, true);
     }
   }
-  out_->flush();
+  if (out_) out_->flush();
   auto ms = std::chrono::duration_cast<milliseconds>(until - clock_.now()).count();
   // A fake clock wakes the loop through its descriptor; a real one only needs the timeout.
   int timeout = int(std::clamp<long long>(ms, 0, 1000));
@@ -324,7 +337,9 @@ void Gang::on(size_t i, uint32_t id, msg::Exited& m) {
   }
 }
 
-void Gang::on(size_t, uint32_t, msg::Pong&) {}
+void Gang::on(size_t i, uint32_t, msg::Pong&) {
+  if (phase_ == Phase::probing) on_probe_pong(i);
+}
 
 void Gang::on(size_t i, uint32_t, msg::AgentError& m) {
   std::fprintf(stderr, "mltrain: %s: agent: %s\n", hosts_[i].link->describe().c_str(), m.message.c_str());
@@ -383,10 +398,10 @@ int Gang::ranks_running() const {
 void Gang::host_lost(size_t i, const std::string& why) {
   Host& h = hosts_[i];
   if (!h.open()) return;
-  if (phase_ == Phase::connecting || phase_ == Phase::preflight) {
+  if (before_running()) {
     host_failed(i, why);
     h.link->kill();
-    check_preflight_progress();
+    check_progress();
     return;
   }
   h.state = HostState::lost;
@@ -403,12 +418,12 @@ void Gang::host_lost(size_t i, const std::string& why) {
 }
 
 void Gang::on_signal(int sig) {
-  if (phase_ == Phase::connecting || phase_ == Phase::preflight) {
+  if (before_running()) {
     // Nothing has started: stop here, at once, without waiting for slow hosts.
     ending_ = sig == SIGINT ? Ending::interrupted : Ending::stopped;
     stop_signal_ = sig;
-    std::fprintf(stderr, "\nmltrain: %s during %s; no rank was started\n", signal_name(sig).c_str(),
-                 phase_name(phase_));
+    std::fprintf(stderr, "\nmltrain: %s during %s; %s\n", signal_name(sig).c_str(), phase_name(phase_),
+                 doctor_ ? "hosts not yet checked are reported as such" : "no rank was started");
     enter(Phase::done);
     return;
   }

@@ -97,7 +97,7 @@ void Gang::take_connected() {
     hello.heartbeat_timeout_ms = h.plan->local ? 0u : uint32_t(opts_.heartbeat_timeout.count());
     send_to(h, hello);
   }
-  check_preflight_progress();
+  check_progress();
 }
 
 void Gang::host_failed(size_t i, const std::string& problem) {
@@ -116,7 +116,7 @@ void Gang::on(size_t i, uint32_t, msg::HelloAck& m) {
   } else {
     h.state = HostState::greeted;
   }
-  check_preflight_progress();
+  check_progress();
 }
 
 void Gang::on(size_t i, uint32_t, msg::Prepared& m) {
@@ -127,17 +127,19 @@ void Gang::on(size_t i, uint32_t, msg::Prepared& m) {
     host_failed(i, text::join(h.prepared.problems, "; "));
   else
     h.state = HostState::ready;
-  check_preflight_progress();
+  check_progress();
 }
 
-void Gang::check_preflight_progress() {
+void Gang::check_progress() {
   auto all = [&](HostState s) {
     return std::all_of(hosts_.begin(), hosts_.end(),
                        [&](const Host& h) { return h.state == s || h.state == HostState::failed; });
   };
   if (phase_ == Phase::connecting && all(HostState::greeted)) {
     log::info("supervise", "every agent answered");
-    enter(Phase::preflight);
+    enter(doctor_ ? Phase::probing : Phase::preflight);
+  } else if (phase_ == Phase::probing && all(HostState::ready)) {
+    enter(Phase::closing);
   } else if (phase_ == Phase::preflight && all(HostState::ready)) {
     log::info("supervise", "preflight done");
     std::vector<std::string> lines;
@@ -186,7 +188,7 @@ void Gang::send_prepare() {
       hosts_[i].state = HostState::preparing;
       send_to(hosts_[i], m);
     }
-  check_preflight_progress();
+  check_progress();
 }
 
 void Gang::settle_rendezvous() {

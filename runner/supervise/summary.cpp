@@ -11,7 +11,6 @@
 namespace mltrain::supervise::detail {
 
 int Gang::finish() {
-  if (connects_) connects_->abandon();
   out_->flush();
   log::info("supervise", "agents shut down");
   if (ending_ == Ending::preflight_failed) {

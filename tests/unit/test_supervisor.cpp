@@ -26,6 +26,7 @@
 #include "runner/common/status.h"
 #include "runner/plan/plan.h"
 #include "runner/records/records.h"
+#include "runner/supervise/doctor.h"
 #include "runner/supervise/supervisor.h"
 
 namespace fs = std::filesystem;
@@ -187,6 +188,10 @@ class FakeAgent {
           } else if (std::get_if<proto::msg::Terminate>(&*m)) {
             ++seen_.terminates;
             for (auto& [rid, run] : ranks) end(rid, run, SIGTERM);
+          } else if (auto* probe = std::get_if<proto::msg::Probe>(&*m)) {
+            proto::msg::Probed r{{"arch=x86_64", "gpus=0", "time_ms=0"}};
+            if (probe->port != 0) r.facts.push_back("port_free=no");
+            send(r);
           } else if (auto* ping = std::get_if<proto::msg::Ping>(&*m)) {
             send(proto::msg::Pong{ping->seq});
           } else if (std::get_if<proto::msg::Shutdown>(&*m)) {
@@ -470,18 +475,25 @@ TEST_CASE("supervisor: an agent that never answers fails preflight after the pre
   FakeTransport t([](int, int) { return Script{}; },
                   {{"a", {}}, {"b", host_that(&FakeHostBehaviour::mute_hello)}});
   Run run;
+  std::atomic<int> prepares_before_timeout{-1};
   Driver d(run.finished, [&](const std::atomic<bool>& done) {
     wait_until(done, [&] { return t.seen.connects == 2; });
-    advance_in_steps(t.clock, done, 31s, 1s);
+    advance_in_steps(t.clock, done, 29s, 1s);
+    std::this_thread::sleep_for(20ms);
+    prepares_before_timeout = t.seen.prepares.load();  // a slow host holds everyone at the door
+    advance_in_steps(t.clock, done, 2s, 1s);
   });
   try {
     run.go("a:1,b:1", t);
     FAIL("no error");
   } catch (const Error& e) {
     CHECK(e.code() == exit_code::host_failure);
-    CHECK(std::string(e.what()).find("b: the agent did not answer within 30") != std::string::npos);
+    std::string what = e.what();
+    CHECK(what.find("preflight failed on 1 of 2 hosts") != std::string::npos);
+    CHECK(what.find("b: the agent did not answer within 30") != std::string::npos);
+    CHECK(what.find("a: ") == std::string::npos);
   }
-  CHECK(t.seen.prepares == 0);  // a slow host holds everyone at the door
+  CHECK(prepares_before_timeout == 0);
   CHECK(t.seen.spawns == 0);
 }
 
@@ -581,4 +593,64 @@ TEST_CASE("supervisor: a second Ctrl-C kills at once") {
   run.go("a:2", t);
   CHECK(run.code == exit_code::interrupted);
   CHECK(t.seen.terminates >= 1);
+}
+
+TEST_CASE("doctor: every host probed through the gang's connecting phase; problems by stage") {
+  FakeTransport t([](int, int) { return Script{}; },
+                  {{"a", {}}, {"b", host_that(&FakeHostBehaviour::refuse_connect)}, {"c", {}}});
+  Run run;
+  spec::JobSpec s;
+  s.run.argv = {"true"};
+  s.cluster.hosts = {"a:1,b:1,c:1"};
+  plan::Inputs in;
+  in.run_id = "doctor";
+  in.token = "t";
+  in.free_port = [n = 29500]() mutable { return n++; };
+  plan::Plan p = plan::make_plan(s, in);
+  supervise::Options o;
+  o.clock = &t.clock;
+  o.signals = &t.signals;
+  std::vector<supervise::HostReport> reports;
+  int code = supervise::run_doctor(
+      p, o, [&](const plan::HostPlan&) -> transport::Transport& { return t; }, 29500, reports);
+  CHECK(code == 0);
+  REQUIRE(reports.size() == 3);
+  CHECK(reports[0].host == "a");
+  CHECK_FALSE(reports[0].ok);  // the master port (tested on the first host only) is taken
+  CHECK(reports[0].stage == "port");
+  CHECK(reports[0].facts.at("arch") == "x86_64");
+  CHECK(reports[0].facts.count("time_ms") == 0);
+  CHECK_FALSE(reports[1].ok);
+  CHECK(reports[1].problem.find("connection refused") != std::string::npos);
+  CHECK(reports[2].ok);
+  CHECK(t.seen.spawns == 0);
+  CHECK(t.seen.prepares == 0);
+}
+
+TEST_CASE("doctor: Ctrl-C while a host is still connecting ends it at once") {
+  FakeTransport t([](int, int) { return Script{}; },
+                  {{"a", {}}, {"b", host_that(&FakeHostBehaviour::block_connect)}});
+  Run run;
+  spec::JobSpec s;
+  s.run.argv = {"true"};
+  s.cluster.hosts = {"a:1,b:1"};
+  plan::Inputs in;
+  in.run_id = "doctor";
+  in.token = "t";
+  in.free_port = [n = 29500]() mutable { return n++; };
+  plan::Plan p = plan::make_plan(s, in);
+  supervise::Options o;
+  o.clock = &t.clock;
+  o.signals = &t.signals;
+  std::vector<supervise::HostReport> reports;
+  Driver d(run.finished, [&](const std::atomic<bool>& done) {
+    wait_until(done, [&] { return t.seen.connects == 2; });
+    t.signals.deliver(SIGINT);
+  });
+  int code = supervise::run_doctor(
+      p, o, [&](const plan::HostPlan&) -> transport::Transport& { return t; }, 0, reports);
+  run.finished = true;
+  CHECK(code == 130);
+  REQUIRE(reports.size() == 2);
+  CHECK_FALSE(reports[1].ok);
 }

@@ -32,4 +32,8 @@ class HostTransports {
   supervise::TransportFor for_host_;
 };
 
+// Transports for the gang, never freed: a connection the gang abandoned (Ctrl-C while a host
+// times out) may still be inside one until the process exits (see supervise::run_job).
+HostTransports& lasting_transports(const spec::JobSpec& s);
+
 }  // namespace mltrain::launch::detail

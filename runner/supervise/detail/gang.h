@@ -4,6 +4,8 @@
 //        │             │            ▲  │         │
 //        └─────────────┴──► done    └──┴ restarting (after a failure, while max_restarts allows)
 //
+// `mltrain doctor` runs the same loop for another purpose: connecting ──► probing ──► closing.
+//
 // connecting: transports open every host's agent (threads) and each agent answers hello;
 // preflight: every agent checks its host (prepare); running: ranks run; stopping: ranks were
 // told to stop and are awaited; closing: agents say goodbye. A signal before running ends the
@@ -17,16 +19,25 @@
 #include <vector>
 
 #include "runner/agent/protocol.h"
+#include "runner/supervise/doctor.h"
 #include "runner/supervise/supervisor.h"
 
 namespace mltrain::supervise::detail {
 
-enum class Phase { connecting, preflight, running, stopping, restarting, closing, done };
+enum class Phase { connecting, preflight, probing, running, stopping, restarting, closing, done };
 const char* phase_name(Phase p);
 
-// Per host: connecting -> greeting (hello sent) -> greeted -> preparing -> ready; or failed (a
-// problem before running), lost (after), closed (said bye).
+// Per host: connecting -> greeting (hello sent) -> greeted -> preparing (prepare, or doctor's
+// ping and probe, sent) -> ready; or failed (a problem before running), lost (after), closed
+// (said bye).
 enum class HostState { connecting, greeting, greeted, preparing, ready, failed, lost, closed };
+
+// Doctor's view of one host while probing: the ping's round trip, then the probe's facts.
+struct Probing {
+  Clock::time_point ping_sent{};
+  double rtt_ms = 0;
+  int64_t probe_sent_wall_ms = 0;
+};
 
 // How the run ends; the first reason wins.
 enum class Ending { none, failure, host_failure, interrupted, stopped, timeout, preflight_failed };
@@ -39,6 +50,8 @@ struct Host {
   std::string outbox;
   std::string problem;  // why preflight failed here
   agent::msg::Prepared prepared;
+  Probing probing;
+  std::optional<agent::msg::Probed> probed;
   Clock::time_point last_heard{};
   bool open() const {
     return link && (state != HostState::failed && state != HostState::lost && state != HostState::closed);
@@ -76,9 +89,16 @@ class Gang {
   Gang(plan::Plan& p, records::RunRecord& rec, const Options& o, const TransportFor& tf);
   ~Gang();
   int run();
+  // Doctor: connect, probe every host (master_port tested free on the first), say goodbye.
+  // Returns 0, or 128 + the signal that cut it short; `reports` has one entry per host.
+  int run_doctor(int master_port, std::vector<HostReport>& reports);
 
  private:
   // The loop.
+  void loop();
+  bool before_running() const {
+    return phase_ == Phase::connecting || phase_ == Phase::preflight || phase_ == Phase::probing;
+  }
   void wait(Clock::time_point until);
   void on_timers(Clock::time_point now);
   std::optional<Clock::time_point> next_deadline() const;
@@ -88,7 +108,7 @@ class Gang {
   void start_connects();
   void take_connected();
   void host_failed(size_t i, const std::string& problem);
-  void check_preflight_progress();
+  void check_progress();  // moves on once every host answered (or failed) in this phase
   void send_prepare();
   void settle_rendezvous();
 
@@ -108,6 +128,7 @@ class Gang {
   void on(size_t i, uint32_t id, agent::msg::Pong& m);
   void on(size_t i, uint32_t id, agent::msg::AgentError& m);
   void on(size_t i, uint32_t id, agent::msg::Bye& m);
+  void on(size_t i, uint32_t id, agent::msg::Probed& m);
   template <class M>
   void on(size_t i, uint32_t id, M& m);  // a launcher->agent message: unexpected here
 
@@ -119,6 +140,11 @@ class Gang {
   void on_signal(int sig);
   void all_ranks_ended();
   int ranks_running() const;
+
+  // Doctor (doctor.cpp).
+  void send_probes();
+  void on_probe_pong(size_t i);
+  std::vector<HostReport> doctor_reports() const;
 
   // The end (summary.cpp).
   int finish();
@@ -142,6 +168,8 @@ class Gang {
   int interrupts_ = 0;
   int restart_ = 0;
   std::string master_;
+  bool doctor_ = false;
+  int doctor_port_ = 0;
   std::string preflight_error_;
   Clock::time_point job_start_{};
   std::optional<Clock::time_point> job_deadline_;
