@@ -239,6 +239,9 @@ TEST_SUITE("hostfile errors") {
         {"10.0.0.300", "hosts.txt:1:8:", "bad IPv4 address '10.0.0.300'"},
         {"010.0.0.1", "hosts.txt:1:1:", "bad IPv4 address"},
         {"10.0.1", "hosts.txt:1:1:", "bad IPv4 address"},
+        {"10.0.0.1.5", "hosts.txt:1:10:", "bad IPv4 address '10.0.0.1.5'"},
+        {"a.xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+         "hosts.txt:1:3:", "label longer than 63 characters"},
         {"fe80::1 slots=2", "hosts.txt:1:1:", "IPv6 address 'fe80::1' without brackets"},
         {"[fe80::zz]:2", "hosts.txt:1:2:", "bad IPv6 address 'fe80::zz'"},
         {"[::1", "hosts.txt:1:1:", "missing ']'"},
@@ -425,6 +428,42 @@ TEST_SUITE("Slurm node lists") {
           std::vector<std::string>{"r1n01", "r1n02", "r3n01", "r3n02", "x"});
   }
 
+  TEST_CASE("one bracket holds ranges and single numbers, each padded as written") {
+    CHECK(expand_nodelist("n[01-03,07]") == std::vector<std::string>{"n01", "n02", "n03", "n07"});
+    CHECK(expand_nodelist("n[7,01-02]") == std::vector<std::string>{"n7", "n01", "n02"});
+  }
+
+  TEST_CASE("commas inside brackets belong to the range, commas outside separate names") {
+    CHECK(expand_nodelist("a[1,3],b[2-3,5]-ib, c") ==
+          std::vector<std::string>{"a1", "a3", "b2-ib", "b3-ib", "b5-ib", "c"});
+  }
+
+  TEST_CASE("text after the brackets goes on every name") {
+    CHECK(expand_nodelist("n[1-3]-ib") == std::vector<std::string>{"n1-ib", "n2-ib", "n3-ib"});
+    CHECK(expand_nodelist("n[1-2].cluster.local") ==
+          std::vector<std::string>{"n1.cluster.local", "n2.cluster.local"});
+  }
+
+  TEST_CASE("bad ranges: the whole message, with the column and a hint") {
+    CHECK(error_of([] { expand_nodelist("n[3-1]"); }) ==
+          "nodelist: column 3: range '3-1' runs backwards in 'n[3-1]' (write the smaller number first)");
+    CHECK(error_of([] { expand_nodelist("n[01-03,7-]"); }) ==
+          "nodelist: column 9: bad range '7-' in '[01-03,7-]' in 'n[01-03,7-]' "
+          "(expected numbers and ranges such as '[01-04,07]')");
+    CHECK(error_of([] { expand_nodelist("n[1-3]]"); }) ==
+          "nodelist: column 7: unmatched ']' in 'n[1-3]]' (remove it, or open the bracket: 'gpu[01-04]')");
+    CHECK(error_of([] { expand_nodelist("n[1-3],m[1,x]"); }) ==
+          "nodelist: column 12: bad range 'x' in '[1,x]' in 'n[1-3],m[1,x]' "
+          "(expected numbers and ranges such as '[01-04,07]')");
+  }
+
+  TEST_CASE("a whole node list stops at 65536 names") {
+    CHECK(expand_nodelist("n[1-65536]").size() == 65536);
+    CHECK(error_of([] {
+            expand_nodelist("n[1-65536],x");
+          }).rfind("nodelist: column 12: node list expands to more than 65536 names", 0) == 0);
+  }
+
   TEST_CASE("malformed node lists") {
     struct Case {
       const char* list;
@@ -564,6 +603,8 @@ TEST_SUITE("filters") {
         {"worker-[1-2", "--include: column 8: missing ']'"},
         {"[fe80::zz]:0", "--include: column 2: bad IPv6 address 'fe80::zz'"},
         {"cpu:0\x02", "--include: column 6: unexpected control character"},
+        {"worker-1:0:1", "--include: column 10: bad slot index '0:1'"},
+        {"[::1]x", "--include: column 6: unexpected 'x' after ']'"},
     };
     for (const auto& c : cases) {
       CAPTURE(c.include);
@@ -571,6 +612,12 @@ TEST_SUITE("filters") {
       CHECK(msg.rfind(c.starts, 0) == 0);
       CHECK(msg.find('\n') == std::string::npos);
     }
+  }
+
+  TEST_CASE("a bracketed entry that is no IPv6 address gets the same hint as in a hostfile") {
+    std::string msg = error_of([&] { apply_filters(four_hosts(), "[1-2]", ""); });
+    CHECK(msg.rfind("--include: column 2: bad IPv6 address '1-2'", 0) == 0);
+    CHECK(msg.find("a Slurm range needs a prefix, e.g. 'node[1-4]'") != std::string::npos);
   }
 }
 
