@@ -106,9 +106,8 @@ int run_main(int argc, char** argv) {
     }
     throw Error(msg, hint, exit_code::usage);
   }
-  if (!log::set_level_from_env())
-    std::fprintf(stderr, "mltrain: warning: MLTRAIN_LOG='%s' is not one of debug, info, warn, error, off\n",
-                 std::getenv("MLTRAIN_LOG"));
+  if (std::string bad = log::set_level_from_env(); !bad.empty())
+    std::fprintf(stderr, "mltrain: warning: %s; ignored\n", bad.c_str());
   if (g.verbose == 1) log::set_level(log::Level::info);
   if (g.verbose >= 2) log::set_level(log::Level::debug);
   if (g.has_trailing && !handler) return exit_code::usage;

@@ -8,6 +8,8 @@
 #include <mutex>
 #include <string>
 
+#include "knobs/registry.h"
+
 namespace mltrain::log {
 namespace {
 
@@ -49,23 +51,24 @@ spdlog::logger& logger(std::string_view subsystem) {
 
 void set_level(Level l) { g_level = l; }
 
-bool set_level_from_env() {
-  const char* v = std::getenv("MLTRAIN_LOG");
-  if (!v || !*v) return true;
-  std::string s(v);
-  if (s == "debug" || s == "trace")
+std::string set_level_from_env() {
+  std::string s;
+  try {
+    s = knobs::get_choice("MLTRAIN_LOG");
+  } catch (const knobs::BadValue& e) {
+    return e.what();
+  }
+  if (s == "debug")
     g_level = Level::debug;
   else if (s == "info")
     g_level = Level::info;
-  else if (s == "warn" || s == "warning")
+  else if (s == "warn")
     g_level = Level::warn;
   else if (s == "error")
     g_level = Level::error;
-  else if (s == "off")
-    g_level = Level::off;
   else
-    return false;
-  return true;
+    g_level = Level::off;
+  return "";
 }
 
 bool enabled(Level l) { return l >= g_level && g_level != Level::off; }

@@ -2,6 +2,7 @@
 // `-v` or MLTRAIN_LOG=debug|info|warn turns it up. spdlog stays inside log.cpp.
 #pragma once
 
+#include <string>
 #include <string_view>
 
 namespace mltrain::log {
@@ -9,8 +10,9 @@ namespace mltrain::log {
 enum class Level { debug, info, warn, error, off };
 
 void set_level(Level l);
-// Reads MLTRAIN_LOG; returns false (and leaves the level) if it is set to something unknown.
-bool set_level_from_env();
+// Reads MLTRAIN_LOG (through the knobs registry). Returns "" or, when it is set to something
+// unknown, why (the level is then left as it was).
+std::string set_level_from_env();
 bool enabled(Level l);
 void write(Level l, std::string_view subsystem, std::string_view message);
 
