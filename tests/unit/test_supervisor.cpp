@@ -595,34 +595,45 @@ TEST_CASE("supervisor: a second Ctrl-C kills at once") {
   CHECK(t.seen.terminates >= 1);
 }
 
+// `mltrain doctor` on `hosts` through the fake transport.
+struct Doctor {
+  FakeTransport& t;
+  plan::Plan plan;
+  std::vector<supervise::HostReport> reports;
+  Doctor(FakeTransport& ft, const std::string& hosts) : t(ft) {
+    spec::JobSpec s;
+    s.run.argv = {"true"};
+    s.cluster.hosts = {hosts};
+    plan::Inputs in;
+    in.run_id = "doctor";
+    in.token = "t";
+    in.free_port = [n = 29500]() mutable { return n++; };
+    plan = plan::make_plan(s, in);
+  }
+  int run(int master_port) {
+    supervise::Options o;
+    o.clock = &t.clock;
+    o.signals = &t.signals;
+    return supervise::run_doctor(
+        plan, o, [&](const plan::HostPlan&) -> transport::Transport& { return t; }, master_port, reports);
+  }
+};
+
 TEST_CASE("doctor: every host probed through the gang's connecting phase; problems by stage") {
   FakeTransport t([](int, int) { return Script{}; },
                   {{"a", {}}, {"b", host_that(&FakeHostBehaviour::refuse_connect)}, {"c", {}}});
-  Run run;
-  spec::JobSpec s;
-  s.run.argv = {"true"};
-  s.cluster.hosts = {"a:1,b:1,c:1"};
-  plan::Inputs in;
-  in.run_id = "doctor";
-  in.token = "t";
-  in.free_port = [n = 29500]() mutable { return n++; };
-  plan::Plan p = plan::make_plan(s, in);
-  supervise::Options o;
-  o.clock = &t.clock;
-  o.signals = &t.signals;
-  std::vector<supervise::HostReport> reports;
-  int code = supervise::run_doctor(
-      p, o, [&](const plan::HostPlan&) -> transport::Transport& { return t; }, 29500, reports);
+  Doctor doc(t, "a:1,b:1,c:1");
+  int code = doc.run(29500);
   CHECK(code == 0);
-  REQUIRE(reports.size() == 3);
-  CHECK(reports[0].host == "a");
-  CHECK_FALSE(reports[0].ok);  // the master port (tested on the first host only) is taken
-  CHECK(reports[0].stage == "port");
-  CHECK(reports[0].facts.at("arch") == "x86_64");
-  CHECK(reports[0].facts.count("time_ms") == 0);
-  CHECK_FALSE(reports[1].ok);
-  CHECK(reports[1].problem.find("connection refused") != std::string::npos);
-  CHECK(reports[2].ok);
+  REQUIRE(doc.reports.size() == 3);
+  CHECK(doc.reports[0].host == "a");
+  CHECK_FALSE(doc.reports[0].ok);  // the master port (tested on the first host only) is taken
+  CHECK(doc.reports[0].stage == "port");
+  CHECK(doc.reports[0].facts.at("arch") == "x86_64");
+  CHECK(doc.reports[0].facts.count("time_ms") == 0);
+  CHECK_FALSE(doc.reports[1].ok);
+  CHECK(doc.reports[1].problem.find("connection refused") != std::string::npos);
+  CHECK(doc.reports[2].ok);
   CHECK(t.seen.spawns == 0);
   CHECK(t.seen.prepares == 0);
 }
@@ -631,26 +642,14 @@ TEST_CASE("doctor: Ctrl-C while a host is still connecting ends it at once") {
   FakeTransport t([](int, int) { return Script{}; },
                   {{"a", {}}, {"b", host_that(&FakeHostBehaviour::block_connect)}});
   Run run;
-  spec::JobSpec s;
-  s.run.argv = {"true"};
-  s.cluster.hosts = {"a:1,b:1"};
-  plan::Inputs in;
-  in.run_id = "doctor";
-  in.token = "t";
-  in.free_port = [n = 29500]() mutable { return n++; };
-  plan::Plan p = plan::make_plan(s, in);
-  supervise::Options o;
-  o.clock = &t.clock;
-  o.signals = &t.signals;
-  std::vector<supervise::HostReport> reports;
+  Doctor doc(t, "a:1,b:1");
   Driver d(run.finished, [&](const std::atomic<bool>& done) {
     wait_until(done, [&] { return t.seen.connects == 2; });
     t.signals.deliver(SIGINT);
   });
-  int code = supervise::run_doctor(
-      p, o, [&](const plan::HostPlan&) -> transport::Transport& { return t; }, 0, reports);
+  int code = doc.run(0);
   run.finished = true;
   CHECK(code == 130);
-  REQUIRE(reports.size() == 2);
-  CHECK_FALSE(reports[1].ok);
+  REQUIRE(doc.reports.size() == 2);
+  CHECK_FALSE(doc.reports[1].ok);
 }
