@@ -26,7 +26,10 @@ void log_err(const char* fmt, const char* arg);
 struct Rank {
   uint32_t id = 0;
   pid_t pid = -1;
-  int fds[2] = {-1, -1};  // stdout, stderr read ends
+  int fds[2] = {-1, -1};       // stdout, stderr read ends
+  int stdin_fd = -1;           // write end of the rank's stdin pipe (spawned with stdin_pipe)
+  std::string stdin_buf;       // bytes from Stdin frames not yet taken by the rank
+  bool stdin_closing = false;  // StdinClose came: close once stdin_buf is written
   bool reaped = false;
 };
 
@@ -40,6 +43,8 @@ class Agent {
   void on(uint32_t id, msg::Spawn& m);
   void on(uint32_t id, const msg::Prepare& m);
   void on(uint32_t id, const msg::Probe& m);
+  void on(uint32_t id, msg::Stdin& m);
+  void on(uint32_t id, const msg::StdinClose& m);
   void on(uint32_t id, const msg::Signal& m);
   void on(uint32_t id, const msg::Terminate& m);
   void on(uint32_t id, const msg::Ping& m);
@@ -56,6 +61,7 @@ class Agent {
   }
   void flush_outbox(bool block);
   void read_rank_fd(Rank& r, int which);
+  void write_rank_stdin(Rank& r);
   void drain_rank(Rank& r);
   void reap();
   void signal_groups(int sig, uint32_t id);
