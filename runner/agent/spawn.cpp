@@ -54,7 +54,16 @@ void Agent::write_rank_stdin(Rank& r) {
 void Agent::on(uint32_t id, msg::Stdin& m) {
   auto it = ranks_.find(id);
   if (it == ranks_.end() || it->second.stdin_fd < 0) return;  // the rank is gone or closed its stdin
-  it->second.stdin_buf += m.bytes;
+  Rank& r = it->second;
+  if (r.stdin_buf.size() + m.bytes.size() > kStdinBacklog) {
+    // The rank does not read its stdin: bound the agent's memory, and say so once.
+    if (!r.stdin_dropped)
+      send(msg::AgentError{"rank " + std::to_string(id) + " is not reading its stdin: input beyond " +
+                           std::to_string(kStdinBacklog >> 20) + " MiB not yet read is dropped"});
+    r.stdin_dropped = true;
+    return;
+  }
+  r.stdin_buf += m.bytes;
   write_rank_stdin(it->second);
 }
 

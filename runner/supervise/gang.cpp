@@ -222,8 +222,10 @@ void Gang::wait(Clock::time_point until) {
   if (connects_) fds.back().fd = connects_->ready_fd();
   fds.push_back({-1, POLLIN, 0});  // the launcher's stdin, forwarded to one running rank
   const int in_rank = opts_.stdin_rank;
+  // Not while the agent has a backlog to take: stdin waits in the pipe, not in our memory.
   if (in_rank >= 0 && size_t(in_rank) < ranks_.size() && !stdin_eof_ && phase_ == Phase::running &&
-      !ranks_[size_t(in_rank)].exited)
+      !ranks_[size_t(in_rank)].exited &&
+      hosts_[size_t(plan_.ranks[size_t(in_rank)].host)].outbox.size() < (1u << 20))
     fds.back().fd = opts_.stdin_fd;
   constexpr size_t kFixed = 4;
   std::vector<std::pair<size_t, bool>> owner;  // host, is_write
@@ -250,7 +252,7 @@ void Gang::wait(Clock::time_point until) {
     for (int sig : signals_.take()) on_signal(sig);
   if (fds[1].revents & POLLIN) clock_.drain_wake();
   if (fds[2].revents & POLLIN) take_connected();
-  if (fds[3].revents & (POLLIN | POLLHUP | POLLERR)) forward_stdin();
+  if (fds[3].revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL)) forward_stdin();  // NVAL: no stdin at all
   for (size_t k = kFixed; k < fds.size(); ++k) {
     auto [i, is_write] = owner[k - kFixed];
     if (!hosts_[i].open() || phase_ == Phase::done) continue;

@@ -160,3 +160,16 @@ def test_interactive_prompt_on_a_terminal(ml):
         os.close(master)
     assert p.returncode == 0, err
     assert b"you said continue" in got
+
+
+def test_stdin_closed_is_end_of_input_not_a_hang(ml):
+    r = subprocess.run(["sh", "-c", 'exec <&-; exec "$0" run -n 1 --stdin -- sh -c "read x; echo got \\$x"',
+                        ml.bin], env=ml.env, capture_output=True, text=True, timeout=30, cwd=ml.dir)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["[0] got"]
+
+
+def test_stdin_a_rank_does_not_read_does_not_stall_the_job(ml):
+    r = ml("run", "-n", "2", "--stdin", "--", "sh", "-c", "sleep 0.5; echo ok", input="x" * (4 << 20))
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.splitlines()) == ["[0] ok", "[1] ok"]

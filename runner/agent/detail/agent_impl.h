@@ -18,6 +18,7 @@ namespace mltrain::agent::detail {
 inline constexpr size_t kReadChunk = 64 * 1024;
 inline constexpr int64_t kLostLauncherGraceMs = 2000;
 inline constexpr size_t kOutboxHighWater = 8u << 20;  // stop reading ranks' pipes above this backlog
+inline constexpr size_t kStdinBacklog = 64u << 20;    // a rank's unread forwarded stdin, at most
 
 int64_t now_ms();
 bool set_nonblocking(int fd);  // false with errno set when fcntl fails
@@ -30,6 +31,7 @@ struct Rank {
   int stdin_fd = -1;           // write end of the rank's stdin pipe (spawned with stdin_pipe)
   std::string stdin_buf;       // bytes from Stdin frames not yet taken by the rank
   bool stdin_closing = false;  // StdinClose came: close once stdin_buf is written
+  bool stdin_dropped = false;  // input beyond kStdinBacklog was dropped (said once)
   bool reaped = false;
 };
 
