@@ -116,12 +116,19 @@ void register_run(CLI::App& app, Global& g, std::function<int()>& handler) {
               "Print the plan (hosts, ranks, each rank's environment); start nothing");
   c->add_flag("--json", f.json, "Machine-readable output (the plan with --dry-run, else the final summary)");
   c->add_flag("-d,--detach", f.detach, "Print the run id and leave the job running in the background");
+  auto* in = c->add_flag_callback(
+      "--stdin", [&] { f.overrides.stdin_rank = std::max(f.overrides.stdin_rank, 0); },
+      "Forward this terminal's stdin to rank 0 (e.g. for pdb); other ranks read /dev/null");
+  c->add_option("--stdin-rank", f.overrides.stdin_rank, "Forward stdin to rank N instead of rank 0")
+      ->check(CLI::Range(0, 1 << 20))
+      ->excludes(in);
   c->footer(
       "Examples:\n"
       "  mltrain run examples/hello.toml\n"
       "  mltrain run -n 4 -- sh -c 'echo $RANK of $WORLD_SIZE'\n"
       "  mltrain run -n 8 --max-restarts 2 -- /usr/bin/python3 train.py --epochs 3\n"
       "  mltrain run job.toml -H a:4,b:4 --env OMP_NUM_THREADS=2 --dry-run\n"
+      "  mltrain run -n 2 --stdin -- python3 -m pdb train.py\n"
       "Exit code: 0 when every rank succeeds, else the first failed rank's code (128+N for signal N);\n"
       "2 for a bad spec, 124 on timeout, 130 on Ctrl-C, 143 when stopped, 255 when a host is lost.");
   c->callback([&] { handler = [&] { return do_run(f, g); }; });

@@ -1,5 +1,6 @@
 // mltrain: a thin main. Subcommands come from a table; every error reaches one handler that
 // prints it and maps it to a documented exit code (docs/exit-codes.md).
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -119,6 +120,10 @@ int run_main(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   using namespace mltrain;
+  // A closed stdin, stdout or stderr would be taken by the next file opened (a rank log, an
+  // agent's pipe), and --stdin would then read, or output land, there: fill them with /dev/null.
+  for (int fd = 0; fd < 3; ++fd)
+    if (::fcntl(fd, F_GETFD) < 0 && ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY) < 0) return 255;
   try {
     // Ranks of `mltrain bench` are mltrain itself; they speak the benchmark's own flags.
     if (argc >= 2 && std::strcmp(argv[1], "__bench-worker") == 0)

@@ -132,6 +132,8 @@ complete -c mltrain -n "__mltrain_using $job" -l timestamps -d 'Start console li
 complete -c mltrain -n "__mltrain_using $job" -l json -d 'Machine-readable output'
 complete -c mltrain -n '__mltrain_using run' -l dry-run -d 'Print the plan; start nothing'
 complete -c mltrain -n '__mltrain_using run' -s d -l detach -d 'Print the run id and leave the job running'
+complete -c mltrain -n '__mltrain_using run' -l stdin -d 'Forward stdin to rank 0 (e.g. for pdb)'
+complete -c mltrain -n '__mltrain_using run' -l stdin-rank -x -d 'Forward stdin to rank N'
 
 # logs, ls, show, stop.
 complete -c mltrain -n '__mltrain_using logs show stop; and __mltrain_no_positional' -k -a '(__mltrain_run_ids)' -d 'Run id'

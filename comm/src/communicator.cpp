@@ -1,11 +1,13 @@
 // Communicator: joins the job through the store, connects links on first use (shm to ranks on
-// the same host, TCP otherwise), runs collectives, and turns failures into one message that
+// the same machine, TCP otherwise), runs collectives, and turns failures into one message that
 // names the rank that failed first.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <random>
@@ -28,12 +30,28 @@ struct PeerInfo {
   std::string ip;
   int port = 0;
   int pid = 0;
+  std::string memory;  // who can share memory with whom: see memory_identity()
 };
 
 std::string this_host() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
   return buf;
+}
+
+// Two processes can share POSIX shared memory when they run on one kernel (its boot id, as NCCL's
+// host hash uses it) and see the same /dev/shm (its device and inode): host names prove neither,
+// since cloned machines often share one. Without a boot id, the host name is all there is.
+std::string memory_identity(const std::string& host) {
+  std::string boot;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::getline(f, boot);
+  if (boot.empty()) boot = "host:" + host;
+  struct stat st {};
+  if (::stat("/dev/shm", &st) == 0)
+    boot += "/shm:" + std::to_string(static_cast<unsigned long long>(st.st_dev)) + ":" +
+            std::to_string(static_cast<unsigned long long>(st.st_ino));
+  return boot;
 }
 
 std::vector<std::string> split_lines(const std::string& text) {
@@ -104,6 +122,9 @@ Communicator::Impl::Impl(const Options& o) : opt(o) {
   opt.chunk_bytes = std::max<std::size_t>(opt.chunk_bytes, 4096);
   peers.resize(static_cast<std::size_t>(opt.world_size));
   peers[static_cast<std::size_t>(opt.rank)].host = host;
+  std::string memory = memory_identity(host);
+  if (opt.host_splits_shm) memory += "/name:" + host;
+  peers[static_cast<std::size_t>(opt.rank)].memory = memory;
   if (opt.world_size == 1) return;  // nothing to join
 
   const Deadline dl = deadline();
@@ -136,7 +157,7 @@ Communicator::Impl::Impl(const Options& o) : opt(o) {
   }
   store->set("rank/" + std::to_string(opt.rank),
              host + "\n" + store->local_address() + "\n" + std::to_string(listen_port) + "\n" +
-                 std::to_string(::getpid()),
+                 std::to_string(::getpid()) + "\n" + memory,
              dl);
   for (int p = 0; p < opt.world_size; ++p) {
     if (p == opt.rank) continue;
@@ -158,6 +179,7 @@ Communicator::Impl::Impl(const Options& o) : opt(o) {
     pi.ip = lines[1];
     pi.port = std::stoi(lines[2]);
     pi.pid = std::stoi(lines[3]);
+    pi.memory = lines.size() > 4 ? lines[4] : "host:" + pi.host;
   }
   // Over TCP, a connection that carries data both ways at once costs less CPU per byte than two
   // one-way ones, and talking to one peer at a time less than to two (docs/comm.md, "Across
@@ -184,7 +206,7 @@ Communicator::Impl::~Impl() {
 bool Communicator::Impl::shm_between(int a, int b) const {
   if (opt.transport == Transport::shm) return true;
   if (opt.transport == Transport::tcp) return false;
-  return peers[static_cast<std::size_t>(a)].host == peers[static_cast<std::size_t>(b)].host;
+  return peers[static_cast<std::size_t>(a)].memory == peers[static_cast<std::size_t>(b)].memory;
 }
 
 Fd Communicator::Impl::accept_from(int peer) {
@@ -263,6 +285,14 @@ Link* Communicator::Impl::link(int peer) {
     }
     made = std::make_unique<TcpLink>(std::move(fd), peer, pi.host,
                                      std::max<std::size_t>(4 * opt.chunk_bytes, 1u << 20));
+  }
+  if (opt.debug_links) {
+    const char* why = opt.transport != Transport::automatic ? "MLTRAIN_COMM_TRANSPORT"
+                      : wants_shm(peer)                     ? "same boot id and /dev/shm"
+                      : opt.host_splits_shm ? "different boot id, /dev/shm or MLTRAIN_COMM_HOST"
+                                            : "different boot id or /dev/shm";
+    std::fprintf(stderr, "mltrain-comm: %s: link to %s: %s (%s)\n", me().c_str(), label(peer).c_str(),
+                 made->kind(), why);
   }
   Link* raw = made.get();
   links[peer] = std::move(made);

@@ -232,6 +232,11 @@ int Agent::run() {
             owners.emplace_back(&r, w);
           }
     }
+    for (auto& [id, r] : ranks_)
+      if (r.stdin_fd >= 0 && !r.stdin_buf.empty()) {
+        fds.push_back({r.stdin_fd, POLLOUT, 0});
+        owners.emplace_back(&r, 2);
+      }
     int timeout = 1000;
     if (kill_deadline_ms_ >= 0)
       timeout = int(std::max<int64_t>(0, std::min<int64_t>(timeout, kill_deadline_ms_ - now)));
@@ -261,9 +266,13 @@ int Agent::run() {
         teardown_and_exit_soon("launcher connection closed");
       }
     }
-    for (size_t i = 3; i < fds.size(); ++i)
-      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR))
-        read_rank_fd(*owners[i - 3].first, owners[i - 3].second);
+    for (size_t i = 3; i < fds.size(); ++i) {
+      auto [rank, which] = owners[i - 3];
+      if (which == 2 && (fds[i].revents & (POLLOUT | POLLHUP | POLLERR)))
+        write_rank_stdin(*rank);
+      else if (which < 2 && (fds[i].revents & (POLLIN | POLLHUP | POLLERR)))
+        read_rank_fd(*rank, which);
+    }
     reap();
     flush_outbox(false);
   }

@@ -124,6 +124,10 @@ const char* type_name(Type t) {
       return "ping";
     case Type::shutdown:
       return "shutdown";
+    case Type::stdin_data:
+      return "stdin";
+    case Type::stdin_close:
+      return "stdin_close";
     case Type::hello_ack:
       return "hello_ack";
     case Type::started:
@@ -189,6 +193,12 @@ std::optional<Message> decode(Frame&& f, std::string& error) {
       break;
     case Type::probe:
       m = read_as<msg::Probe>(r);
+      break;
+    case Type::stdin_data:
+      m = read_as<msg::Stdin>(r);
+      break;
+    case Type::stdin_close:
+      m = read_as<msg::StdinClose>(r);
       break;
     case Type::hello_ack:
       m = read_as<msg::HelloAck>(r);

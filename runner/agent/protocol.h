@@ -17,7 +17,7 @@
 namespace mltrain::agent {
 
 inline constexpr uint32_t kMagic = 0x41544c4d;  // "MLTA"
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;         // 2: stdin forwarding
 inline constexpr uint32_t kAllRanks = 0xffffffffu;
 inline constexpr uint32_t kMaxPayload = 64u << 20;  // a bigger frame means a corrupt stream
 inline constexpr size_t kHeaderSize = 12;
@@ -32,6 +32,8 @@ enum class Type : uint16_t {
   shutdown = 6,
   prepare = 7,
   probe = 8,
+  stdin_data = 9,
+  stdin_close = 10,
   // agent -> launcher
   hello_ack = 101,
   started = 102,
@@ -134,8 +136,22 @@ struct Spawn {  // id = rank
   bool operator==(const Spawn&) const = default;
   std::string cwd;
   std::vector<std::string> argv, env;  // env: "K=V", set over the agent's own environment
-  void put(Writer& w) const { w.str(cwd).strings(argv).strings(env); }
-  void get(Reader& r) { cwd = r.str(), argv = r.strings(), env = r.strings(); }
+  uint32_t stdin_pipe = 0;             // 1: the rank's stdin is a pipe fed by Stdin frames, else /dev/null
+  void put(Writer& w) const { w.str(cwd).strings(argv).strings(env).u32(stdin_pipe); }
+  void get(Reader& r) { cwd = r.str(), argv = r.strings(), env = r.strings(), stdin_pipe = r.u32(); }
+};
+struct Stdin {  // id = rank; bytes for the stdin of a rank spawned with stdin_pipe
+  static constexpr Type kType = Type::stdin_data;
+  bool operator==(const Stdin&) const = default;
+  std::string bytes;
+  void put(Writer& w) const { w.raw(bytes); }
+  void get(Reader& r) { bytes = r.rest(); }
+};
+struct StdinClose {  // id = rank; the launcher's stdin ended: close the rank's stdin (EOF)
+  static constexpr Type kType = Type::stdin_close;
+  bool operator==(const StdinClose&) const = default;
+  void put(Writer&) const {}
+  void get(Reader&) {}
 };
 struct Signal {  // id = rank or kAllRanks
   static constexpr Type kType = Type::signal;
@@ -266,8 +282,8 @@ struct Probed {
 
 using Message =
     std::variant<msg::Hello, msg::Spawn, msg::Signal, msg::Terminate, msg::Ping, msg::Shutdown, msg::Prepare,
-                 msg::Probe, msg::HelloAck, msg::Started, msg::SpawnFailed, msg::Output, msg::Exited,
-                 msg::Pong, msg::AgentError, msg::Bye, msg::Prepared, msg::Probed>;
+                 msg::Probe, msg::Stdin, msg::StdinClose, msg::HelloAck, msg::Started, msg::SpawnFailed,
+                 msg::Output, msg::Exited, msg::Pong, msg::AgentError, msg::Bye, msg::Prepared, msg::Probed>;
 
 // Appends message `m` as one frame with `id` (a rank, kAllRanks, or 0).
 template <class M>

@@ -31,6 +31,49 @@ void Agent::read_rank_fd(Rank& r, int which) {
   }
 }
 
+void Agent::write_rank_stdin(Rank& r) {
+  while (r.stdin_fd >= 0 && !r.stdin_buf.empty()) {
+    ssize_t n = ::write(r.stdin_fd, r.stdin_buf.data(), r.stdin_buf.size());
+    if (n > 0) {
+      r.stdin_buf.erase(0, size_t(n));
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && errno == EAGAIN) {
+      return;  // the pipe is full: the loop polls for room
+    } else {
+      r.stdin_buf.clear();  // the rank closed its stdin (EPIPE): nobody reads the rest
+      r.stdin_closing = true;
+    }
+  }
+  if (r.stdin_fd >= 0 && r.stdin_closing && r.stdin_buf.empty()) {
+    ::close(r.stdin_fd);
+    r.stdin_fd = -1;
+  }
+}
+
+void Agent::on(uint32_t id, msg::Stdin& m) {
+  auto it = ranks_.find(id);
+  if (it == ranks_.end() || it->second.stdin_fd < 0) return;  // the rank is gone or closed its stdin
+  Rank& r = it->second;
+  if (r.stdin_buf.size() + m.bytes.size() > kStdinBacklog) {
+    // The rank does not read its stdin: bound the agent's memory, and say so once.
+    if (!r.stdin_dropped)
+      send(msg::AgentError{"rank " + std::to_string(id) + " is not reading its stdin: input beyond " +
+                           std::to_string(kStdinBacklog >> 20) + " MiB not yet read is dropped"});
+    r.stdin_dropped = true;
+    return;
+  }
+  r.stdin_buf += m.bytes;
+  write_rank_stdin(it->second);
+}
+
+void Agent::on(uint32_t id, const msg::StdinClose&) {
+  auto it = ranks_.find(id);
+  if (it == ranks_.end()) return;
+  it->second.stdin_closing = true;
+  write_rank_stdin(it->second);
+}
+
 // Forwards everything already in the pipes, so a rank's output always precedes its exit frame.
 void Agent::drain_rank(Rank& r) {
   for (int which = 0; which < 2; ++which) {
@@ -59,6 +102,9 @@ void Agent::reap() {
     for (auto& [id, r] : ranks_) {
       if (r.pid != pid || r.reaped) continue;
       r.reaped = true;
+      if (r.stdin_fd >= 0) ::close(r.stdin_fd);
+      r.stdin_fd = -1;
+      r.stdin_buf.clear();
       drain_rank(r);
       send(msg::Exited{status}, r.id);
     }
@@ -95,37 +141,43 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
   for (auto& a : argv) args.push_back(a.data());
   args.push_back(nullptr);
 
-  int out[2], err[2], status_pipe[2];
-  if (::pipe2(out, O_CLOEXEC) || ::pipe2(err, O_CLOEXEC) || ::pipe2(status_pipe, O_CLOEXEC)) {
+  int out[2], err[2], status_pipe[2], in[2] = {-1, -1};
+  if (::pipe2(out, O_CLOEXEC) || ::pipe2(err, O_CLOEXEC) || ::pipe2(status_pipe, O_CLOEXEC) ||
+      (m.stdin_pipe && ::pipe2(in, O_CLOEXEC))) {
     send(msg::SpawnFailed{std::string("pipe: ") + std::strerror(errno)}, id);
     return;
   }
-  // The read ends only (the ranks' ends stay blocking); they are not inherited (O_CLOEXEC).
-  if (!set_nonblocking(out[0]) || !set_nonblocking(err[0])) {
+  auto close_all = [&] {
+    for (int fd : {out[0], out[1], err[0], err[1], status_pipe[0], status_pipe[1], in[0], in[1]})
+      if (fd >= 0) ::close(fd);
+  };
+  // The agent's ends only (the ranks' ends stay blocking); they are not inherited (O_CLOEXEC).
+  if (!set_nonblocking(out[0]) || !set_nonblocking(err[0]) || (in[1] >= 0 && !set_nonblocking(in[1]))) {
     send(msg::SpawnFailed{std::string("fcntl: ") + std::strerror(errno)}, id);
-    for (int fd : {out[0], out[1], err[0], err[1], status_pipe[0], status_pipe[1]}) ::close(fd);
+    close_all();
     return;
   }
   pid_t pid = ::fork();
   if (pid < 0) {
     send(msg::SpawnFailed{std::string("fork: ") + std::strerror(errno)}, id);
-    for (int fd : {out[0], out[1], err[0], err[1], status_pipe[0], status_pipe[1]}) ::close(fd);
+    close_all();
     return;
   }
   if (pid == 0) {
-    // Child: own process group, clean signal state, pipes as stdout/stderr, /dev/null as stdin.
+    // Child: own process group, clean signal state, pipes as stdout/stderr, /dev/null (or the
+    // launcher's forwarded stdin) as stdin.
     // A step that fails is reported like a failed exec: through the status pipe, exit 127.
     const char* failed = nullptr;
     sigset_t none;
     sigemptyset(&none);
-    int devnull = -1;
+    int input = in[0];
     if (::setpgid(0, 0) != 0)
       failed = "setpgid";
     else if (::sigprocmask(SIG_SETMASK, &none, nullptr) != 0)
       failed = "sigprocmask";
-    else if ((devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0)
+    else if (input < 0 && (input = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0)
       failed = "open of /dev/null";
-    else if (::dup2(devnull, 0) < 0)
+    else if (::dup2(input, 0) < 0)
       failed = "dup2 of stdin";
     else if (::dup2(out[1], 1) < 0)
       failed = "dup2 of stdout";
@@ -161,6 +213,7 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
   ::close(out[1]);
   ::close(err[1]);
   ::close(status_pipe[1]);
+  if (in[0] >= 0) ::close(in[0]);
   char msg[512];
   ssize_t n;
   do n = ::read(status_pipe[0], msg, sizeof msg);
@@ -170,6 +223,7 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
     // exec failed: the child exits 127 on its own; report why and let reap() collect it.
     ::close(out[0]);
     ::close(err[0]);
+    if (in[1] >= 0) ::close(in[1]);
     int status = 0;
     ::waitpid(pid, &status, 0);
     send(msg::SpawnFailed{std::string(msg, size_t(n))}, id);
@@ -180,6 +234,7 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
   r.pid = pid;
   r.fds[0] = out[0];
   r.fds[1] = err[0];
+  r.stdin_fd = in[1];
   ranks_[id] = r;
   send(msg::Started{pid}, id);
 }

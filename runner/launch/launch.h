@@ -29,6 +29,7 @@ struct Overrides {
   std::string name, workdir, ranks, ssh_config;
   bool no_prefix = false, timestamps = false;
   bool accept_new_host_keys = false;
+  int stdin_rank = -1;  // run: --stdin (0) or --stdin-rank N; -1: every rank reads /dev/null
 };
 
 struct JobRequest {

@@ -53,6 +53,7 @@ supervise::Options supervise_options(const spec::JobSpec& s, const JobRequest& r
   o.console.color = req.color;
   o.console.timestamps = s.logs.timestamps;
   o.console.prefix = s.logs.prefix;
+  o.stdin_rank = req.overrides.stdin_rank;
   if (!s.logs.ranks.empty()) {
     auto list = text::parse_int_list(s.logs.ranks);
     o.console.ranks = std::set<int>(list->begin(), list->end());
@@ -79,7 +80,18 @@ RunResult run(const JobRequest& req) {
   spec::JobSpec s = resolve_spec(req);
   std::string token = detail::random_token();
   // Plan before creating the record, so a bad host list leaves no empty run behind.
-  plan::make_plan(s, detail::plan_inputs(req, "pending", token, detail::Ports::free));
+  const size_t nranks =
+      plan::make_plan(s, detail::plan_inputs(req, "pending", token, detail::Ports::free)).ranks.size();
+  if (const int in = req.overrides.stdin_rank; in >= 0) {
+    if (req.detach)
+      throw Error("--stdin cannot be used with --detach: a detached job has no terminal to read",
+                  "drop --detach, or feed the rank from a file inside its command", exit_code::usage);
+    if (size_t(in) >= nranks)
+      throw Error("--stdin-rank " + std::to_string(in) + ": the job has " + std::to_string(nranks) + " rank" +
+                      (nranks == 1 ? "" : "s") + " (0.." + std::to_string(nranks - 1) + ")",
+                  "pick a rank in that range", exit_code::usage);
+  }
+
   plan::Plan p =
       plan::make_plan(s, detail::plan_inputs(req, records::create_run(s.name), token, detail::Ports::free));
 

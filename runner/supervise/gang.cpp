@@ -66,6 +66,7 @@ void Gang::enter(Phase p) {
       send_probes();
       break;
     case Phase::restarting:
+      out_->before_message();
       std::fprintf(stderr, "mltrain: restarting the gang (restart %d of %d)\n", restart_ + 1,
                    opts_.max_restarts);
       out_->mark_all("==> mltrain: restart " + std::to_string(restart_ + 1) + " of " +
@@ -88,7 +89,7 @@ void Gang::enter(Phase p) {
       break;
     case Phase::closing:
       // Goodbye: agents kill anything left (strays of the ranks) and exit.
-      if (out_) out_->flush();
+      if (out_) out_->flush(), out_->before_message();
       for (auto& h : hosts_) send_to(h, msg::Shutdown{});
       break;
     case Phase::done:
@@ -176,6 +177,7 @@ void Gang::on_timers(Clock::time_point now) {
       if (job_deadline_ && now >= *job_deadline_ && ending_ == Ending::none) {
         ending_ = Ending::timeout;
         out_->flush();
+        out_->before_message();
         std::fprintf(stderr, "mltrain: the job ran past its timeout of %s; stopping every rank\n",
                      text::format_duration(opts_.timeout).c_str());
         terminate_all(opts_.grace);
@@ -218,6 +220,14 @@ void Gang::wait(Clock::time_point until) {
   fds.push_back({clock_.wake_fd(), POLLIN, 0});
   fds.push_back({-1, POLLIN, 0});  // connection threads
   if (connects_) fds.back().fd = connects_->ready_fd();
+  fds.push_back({-1, POLLIN, 0});  // the launcher's stdin, forwarded to one running rank
+  const int in_rank = opts_.stdin_rank;
+  // Not while the agent has a backlog to take: stdin waits in the pipe, not in our memory.
+  if (in_rank >= 0 && size_t(in_rank) < ranks_.size() && !stdin_eof_ && phase_ == Phase::running &&
+      !ranks_[size_t(in_rank)].exited &&
+      hosts_[size_t(plan_.ranks[size_t(in_rank)].host)].outbox.size() < (1u << 20))
+    fds.back().fd = opts_.stdin_fd;
+  constexpr size_t kFixed = 4;
   std::vector<std::pair<size_t, bool>> owner;  // host, is_write
   for (size_t i = 0; i < hosts_.size(); ++i) {
     Host& h = hosts_[i];
@@ -233,6 +243,7 @@ void Gang::wait(Clock::time_point until) {
   auto ms = std::chrono::duration_cast<milliseconds>(until - clock_.now()).count();
   // A fake clock wakes the loop through its descriptor; a real one only needs the timeout.
   int timeout = int(std::clamp<long long>(ms, 0, 1000));
+  if (out_) timeout = std::min(timeout, int(out_->due_in().count()));  // a partial line, a progress redraw
   int rc = ::poll(fds.data(), fds.size(), timeout);
   if (rc < 0 && errno != EINTR)
     throw Error(std::string("poll: ") + std::strerror(errno), {}, exit_code::internal);
@@ -241,13 +252,29 @@ void Gang::wait(Clock::time_point until) {
     for (int sig : signals_.take()) on_signal(sig);
   if (fds[1].revents & POLLIN) clock_.drain_wake();
   if (fds[2].revents & POLLIN) take_connected();
-  for (size_t k = 3; k < fds.size(); ++k) {
-    auto [i, is_write] = owner[k - 3];
+  if (fds[3].revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL)) forward_stdin();  // NVAL: no stdin at all
+  for (size_t k = kFixed; k < fds.size(); ++k) {
+    auto [i, is_write] = owner[k - kFixed];
     if (!hosts_[i].open() || phase_ == Phase::done) continue;
     if (is_write && (fds[k].revents & (POLLOUT | POLLERR | POLLHUP)))
       write_host(i);
     else if (!is_write && (fds[k].revents & (POLLIN | POLLHUP | POLLERR)))
       read_host(i);
+  }
+}
+
+void Gang::forward_stdin() {
+  const int rank = opts_.stdin_rank;
+  Host& h = hosts_[size_t(plan_.ranks[size_t(rank)].host)];
+  char buf[64 * 1024];
+  ssize_t n = ::read(opts_.stdin_fd, buf, sizeof buf);
+  if (n > 0) {
+    send_to(h, msg::Stdin{std::string(buf, size_t(n))}, uint32_t(rank));
+    // A terminal echoed what was typed, newline included: the console's cursor is on a new line.
+    if (std::memchr(buf, '\n', size_t(n)) && ::isatty(opts_.stdin_fd) == 1) out_->input_echoed();
+  } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+    stdin_eof_ = true;
+    send_to(h, msg::StdinClose{}, uint32_t(rank));
   }
 }
 
@@ -342,6 +369,7 @@ void Gang::on(size_t i, uint32_t, msg::Pong&) {
 }
 
 void Gang::on(size_t i, uint32_t, msg::AgentError& m) {
+  if (out_) out_->before_message();
   std::fprintf(stderr, "mltrain: %s: agent: %s\n", hosts_[i].link->describe().c_str(), m.message.c_str());
 }
 
@@ -354,7 +382,10 @@ void Gang::spawn_all() {
     m.cwd = plan_.workdir;
     m.argv = plan_.argv;
     for (const auto& [k, v] : r.env) m.env.push_back(k + "=" + v);
+    m.stdin_pipe = r.rank == opts_.stdin_rank;
     send_to(hosts_[size_t(r.host)], m, uint32_t(r.rank));
+    // A restarted rank finds the launcher's stdin already at its end.
+    if (m.stdin_pipe && stdin_eof_) send_to(hosts_[size_t(r.host)], msg::StdinClose{}, uint32_t(r.rank));
     ranks_[size_t(r.rank)].started_at = clock_.now();
   }
 }
@@ -386,6 +417,7 @@ void Gang::fail_first(int rank, const std::string& host, int code, int sig, cons
   std::string stopping =
       others > 0 ? "; stopping the other " + std::to_string(others) + " rank" + (others == 1 ? "" : "s") : "";
   out_->flush();
+  out_->before_message();
   std::fprintf(stderr, "mltrain: %s%s\n", message.c_str(), stopping.c_str());
   std::fflush(stderr);
   terminate_all(opts_.grace);
@@ -428,6 +460,7 @@ void Gang::on_signal(int sig) {
     return;
   }
   if (phase_ == Phase::closing || phase_ == Phase::done) return;
+  if (out_) out_->before_message();
   if (sig == SIGINT) {
     ++interrupts_;
     if (ending_ == Ending::none) ending_ = Ending::interrupted, stop_signal_ = sig;

@@ -1,11 +1,14 @@
 #include "runner/supervise/output.h"
 
 #include <fcntl.h>
+#include <sys/ioctl.h>
 #include <sys/select.h>
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 
@@ -45,9 +48,60 @@ std::string render_prefix(const std::string& tmpl, const RankInfo& r, bool multi
   return s;
 }
 
+std::string escape_console(std::string_view b) {
+  std::string out;
+  out.reserve(b.size());
+  auto hex = [&](unsigned char c) {
+    char x[8];
+    std::snprintf(x, sizeof x, "\\x%02x", unsigned(c));
+    out += x;
+  };
+  for (size_t i = 0; i < b.size();) {
+    auto c = static_cast<unsigned char>(b[i]);
+    if (c == 0x1b) {  // colour (SGR) codes pass: ESC [ digits and ';' m
+      size_t j = i + 1;
+      if (j < b.size() && b[j] == '[') {
+        ++j;
+        while (j < b.size() && ((b[j] >= '0' && b[j] <= '9') || b[j] == ';')) ++j;
+        if (j < b.size() && b[j] == 'm') {
+          out.append(b.substr(i, j + 1 - i));
+          i = j + 1;
+          continue;
+        }
+      }
+      hex(c), ++i;
+    } else if ((c < 0x20 && c != '\t') || c == 0x7f) {
+      hex(c), ++i;
+    } else if (c < 0x80) {
+      out += char(c), ++i;
+    } else {
+      size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+      bool ok = len > 0 && i + len <= b.size();
+      for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(b[i + k]) & 0xc0) == 0x80;
+      if (ok) {
+        out.append(b.substr(i, len));
+        i += len;
+      } else {
+        hex(c), ++i;
+      }
+    }
+  }
+  return out;
+}
+
+size_t complete_utf8(std::string_view s) {
+  size_t i = s.size();
+  for (int back = 0; back < 3 && i > 0 && (static_cast<unsigned char>(s[i - 1]) & 0xc0) == 0x80; ++back) --i;
+  if (i == 0) return s.size();
+  auto c = static_cast<unsigned char>(s[i - 1]);
+  size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+  return len > 0 && s.size() - (i - 1) < len ? i - 1 : s.size();
+}
+
 Output::Output(std::vector<RankInfo> ranks, bool multi_host, const std::string& run_dir, ConsoleOptions opts,
                int out_fd, int err_fd)
     : run_dir_(run_dir), opts_(std::move(opts)), out_fd_(out_fd), err_fd_(err_fd) {
+  tty_ = !opts_.quiet && ::isatty(out_fd_) == 1;
   ranks_.resize(ranks.size());
   for (size_t i = 0; i < ranks.size(); ++i) {
     Rank& r = ranks_[i];
@@ -68,80 +122,198 @@ Output::~Output() {
     finish(r.info.rank);
   }
   flush();
+  before_message();
   for (auto& r : ranks_)
     if (r.fd >= 0) ::close(r.fd);
 }
 
 std::string Output::log_path(int rank) const { return run_dir_ + "/rank-" + std::to_string(rank) + ".log"; }
 
-void Output::emit(Rank& r, int stream, std::string_view line, bool ended) {
-  // File: the rank's bytes exactly (a piece of an overlong line has no newline of its own).
-  r.file_buf.append(line);
-  if (ended) r.file_buf.push_back('\n');
-  if (r.file_buf.size() >= kFileFlushAt) write_all(r.fd, r.file_buf);
+std::string Output::line_start(const Rank& r) const {
+  return (opts_.timestamps ? timestamp() : std::string()) + r.prefix;
+}
 
-  std::string t(line.substr(0, 4096));
+void Output::close_fragment() {
+  if (open_rank_ < 0) return;
+  console(open_stream_) += '\n';
+  open_rank_ = -1;
+}
+
+void Output::end_line(Rank& r, int s) {
+  Stream& st = r.streams[s];
+  std::string_view seg = st.seg, vis = !st.seg.empty() ? st.seg : std::string_view(st.last);
+  std::string shown_text = escape_console(vis);
   if (r.tail.size() == kTailLines) r.tail.pop_front();
-  r.tail.push_back(std::move(t));
+  r.tail.push_back(shown_text.substr(0, 4096));
+  if (r.shown) {
+    if (st.cr) status_changed_ = true;
+    bool continues = !st.cr && st.shown > 0 && open_rank_ == r.info.rank && open_stream_ == s;
+    if (continues) {
+      console(s) += escape_console(seg.substr(st.shown)) + "\n";
+      open_rank_ = -1;
+    } else if (st.cr || st.shown == 0 || st.shown < seg.size()) {
+      close_fragment();
+      console(s) += line_start(r) + (st.cr ? shown_text : escape_console(seg.substr(st.shown))) + "\n";
+    }
+    std::string& out = console(s);
+    if (out.size() >= kConsoleFlushAt) write_all(s == 1 ? err_fd_ : out_fd_, out);
+  }
+  std::string file = std::move(st.file);
+  st = Stream{};
+  st.file = std::move(file);
+}
 
-  if (!r.shown) return;
-  std::string& out = stream == 2 ? err_buf_ : out_buf_;
-  if (opts_.timestamps) out += timestamp();
-  out += r.prefix;
-  out.append(line);
-  out.push_back('\n');
-  if (out.size() >= kConsoleFlushAt) write_all(stream == 2 ? err_fd_ : out_fd_, out);
+void Output::show_fragment(Rank& r, int s) {
+  Stream& st = r.streams[s];
+  size_t end = complete_utf8(st.seg);
+  if (end <= st.shown) {
+    st.since = std::chrono::steady_clock::now();  // only half a character: look again later
+    return;
+  }
+  if (open_rank_ != r.info.rank || open_stream_ != s) {
+    close_fragment();
+    console(s) += line_start(r);
+  }
+  console(s) += escape_console(std::string_view(st.seg).substr(st.shown, end - st.shown));
+  st.shown = end;
+  open_rank_ = r.info.rank;
+  open_stream_ = s;
+}
+
+void Output::feed(Rank& r, int s, std::string_view bytes) {
+  Stream& st = r.streams[s];
+  while (!bytes.empty()) {
+    size_t k = bytes.find_first_of("\r\n");
+    std::string_view piece = bytes.substr(0, k);
+    if (!piece.empty()) {
+      if (st.seg.size() == st.shown) st.since = std::chrono::steady_clock::now();
+      st.seg.append(piece);
+      if (st.cr) st.changed = status_changed_ = true;
+      if (st.seg.size() >= kMaxLine) end_line(r, s);  // a piece of an overlong line
+    }
+    if (k == std::string_view::npos) break;
+    if (bytes[k] == '\n') {
+      end_line(r, s);
+    } else {  // '\r': the line becomes progress; its latest segment is what a terminal shows
+      if (open_rank_ == r.info.rank && open_stream_ == s) close_fragment();
+      if (!st.seg.empty()) {
+        st.last = std::move(st.seg);
+        st.seg.clear();
+      }
+      st.shown = 0;
+      st.cr = st.changed = status_changed_ = true;
+    }
+    bytes.remove_prefix(k + 1);
+  }
 }
 
 void Output::data(int rank, int stream, std::string_view bytes) {
   if (rank < 0 || size_t(rank) >= ranks_.size()) return;
   Rank& r = ranks_[size_t(rank)];
-  int s = stream == 2 ? 1 : 0;
-  std::string& partial = r.streams[s].partial;
-  while (!bytes.empty()) {
-    size_t nl = bytes.find('\n');
-    if (nl == std::string_view::npos) {
-      partial.append(bytes);
-      while (partial.size() >= kMaxLine) {
-        emit(r, stream, std::string_view(partial).substr(0, kMaxLine), false);
-        partial.erase(0, kMaxLine);
-      }
-      return;
-    }
-    if (partial.empty()) {
-      emit(r, stream, bytes.substr(0, nl), true);
-    } else {
-      partial.append(bytes.substr(0, nl));
-      emit(r, stream, partial, true);
-      partial.clear();
-    }
-    bytes.remove_prefix(nl + 1);
+  // File: the rank's bytes exactly, whole lines so stdout and stderr do not tear each other.
+  std::string& partial = r.streams[stream == 2 ? 1 : 0].file;
+  size_t nl = bytes.rfind('\n');
+  if (nl == std::string_view::npos) {
+    partial.append(bytes);
+    if (partial.size() >= kMaxLine) r.file_buf += partial, partial.clear();
+  } else {
+    r.file_buf += partial;
+    partial.clear();
+    r.file_buf.append(bytes.substr(0, nl + 1));
+    partial.append(bytes.substr(nl + 1));
   }
+  if (r.file_buf.size() >= kFileFlushAt) write_all(r.fd, r.file_buf);
+  feed(r, stream == 2 ? 1 : 0, bytes);
 }
 
 void Output::finish(int rank) {
   if (rank < 0 || size_t(rank) >= ranks_.size()) return;
   Rank& r = ranks_[size_t(rank)];
+  // No newline came: the file keeps the bytes as they were, the console ends the line.
   for (int s = 0; s < 2; ++s) {
-    if (!r.streams[s].partial.empty()) {
-      // No newline came: the file keeps the bytes as they were, the console ends the line.
-      std::string last = std::move(r.streams[s].partial);
-      r.streams[s].partial.clear();
-      r.file_buf += last;
-      if (r.tail.size() == kTailLines) r.tail.pop_front();
-      r.tail.push_back(last.substr(0, 4096));
-      if (r.shown) {
-        std::string& out = s == 1 ? err_buf_ : out_buf_;
-        if (opts_.timestamps) out += timestamp();
-        out += r.prefix + last + "\n";
-      }
-    }
+    if (r.streams[s].pending()) end_line(r, s);
+    r.file_buf += r.streams[s].file;
+    r.streams[s].file.clear();
   }
 }
 
 void Output::mark_all(const std::string& line) {
   for (auto& r : ranks_) {
     r.file_buf += line + "\n";
+  }
+}
+
+void Output::input_echoed() {
+  open_rank_ = -1;           // the terminal's cursor went to a new line on its own
+  if (drawn_ > 0) ++drawn_;  // and the status area is one line higher
+}
+
+std::string Output::status_area() const {
+  winsize w{};
+  int cols = 80, rows = 24;
+  if (::ioctl(out_fd_, TIOCGWINSZ, &w) == 0 && w.ws_col > 0) cols = w.ws_col, rows = w.ws_row;
+  std::vector<std::string> lines;
+  for (const auto& r : ranks_)
+    for (const auto& st : r.streams)
+      if (r.shown && st.cr && st.pending())
+        lines.push_back(r.prefix + escape_console(!st.seg.empty() ? st.seg : st.last));
+  size_t room = size_t(std::max(1, rows - 2));
+  if (lines.size() > room) {
+    size_t more = lines.size() - (room - 1);
+    lines.resize(room - 1);
+    lines.push_back("... and " + std::to_string(more) + " more in progress");
+  }
+  std::string area;
+  for (const auto& l : lines) {
+    // Cut to the width (a code point a column, colour codes none): a wrapped line would break
+    // the count of lines the next redraw goes up.
+    int n = 0;
+    size_t i = 0;
+    while (i < l.size() && n < cols - 1) {
+      if (l[i] == '\x1b') {
+        size_t m = l.find('m', i);
+        i = m == std::string::npos ? l.size() : m + 1;
+        continue;
+      }
+      ++i;
+      while (i < l.size() && (static_cast<unsigned char>(l[i]) & 0xc0) == 0x80) ++i;
+      ++n;
+    }
+    area.append(l, 0, i);
+    if (l.find('\x1b') != std::string::npos) area += kColorReset;
+    area += "\n";
+  }
+  return area;
+}
+
+std::chrono::milliseconds Output::due_in() const {
+  using std::chrono::milliseconds;
+  auto now = std::chrono::steady_clock::now();
+  auto due = milliseconds(60000);
+  auto take = [&](Time t) {
+    auto d = std::chrono::duration_cast<milliseconds>(t - now);
+    due = std::max(milliseconds(0), std::min(due, d));
+  };
+  for (const auto& r : ranks_) {
+    if (!r.shown) continue;
+    for (const auto& st : r.streams) {
+      if (!st.cr && st.seg.size() > st.shown) take(st.since + kPartialDelay);
+      if (st.cr && !tty_ && st.changed) take(st.printed + kProgressEvery);
+    }
+  }
+  if (tty_ && status_changed_ && open_rank_ < 0) take(last_draw_ + kRedraw);
+  return due;
+}
+
+void Output::before_message() {
+  close_fragment();
+  write_all(out_fd_, out_buf_);
+  write_all(err_fd_, err_buf_);
+  if (drawn_ > 0) {
+    std::string erase = "\x1b[" + std::to_string(drawn_) + "F\x1b[J";
+    write_all(out_fd_, erase);
+    drawn_ = 0;
+    status_changed_ = true;
   }
 }
 
@@ -167,8 +339,39 @@ void Output::write_all(int fd, std::string& buf) {
 }
 
 void Output::flush() {
-  write_all(out_fd_, out_buf_);
-  write_all(err_fd_, err_buf_);
+  auto now = std::chrono::steady_clock::now();
+  for (auto& r : ranks_) {
+    if (!r.shown) continue;
+    for (int s = 0; s < 2; ++s) {
+      Stream& st = r.streams[s];
+      if (!st.cr && st.seg.size() > st.shown && now - st.since >= kPartialDelay) show_fragment(r, s);
+      if (st.cr && !tty_ && st.changed && now - st.printed >= kProgressEvery) {
+        // Not a terminal: a progress line's latest state, now and then, as a line of its own.
+        close_fragment();
+        console(s) += line_start(r) + escape_console(!st.seg.empty() ? st.seg : st.last) + "\n";
+        st.printed = now;
+        st.changed = false;
+      }
+    }
+  }
+  bool lines = !out_buf_.empty() || !err_buf_.empty();
+  if (tty_ && (lines || drawn_ > 0 || status_changed_) &&
+      (lines || (status_changed_ && now - last_draw_ >= kRedraw))) {
+    // Erase the status area, print the lines above it, draw it again below them (not while a
+    // partial line holds the cursor).
+    std::string erase = drawn_ > 0 ? "\x1b[" + std::to_string(drawn_) + "F\x1b[J" : "";
+    std::string area = open_rank_ < 0 ? status_area() : std::string();
+    out_buf_.insert(0, erase);
+    write_all(out_fd_, out_buf_);
+    write_all(err_fd_, err_buf_);
+    drawn_ = int(std::count(area.begin(), area.end(), '\n'));
+    write_all(out_fd_, area);
+    if (open_rank_ < 0) status_changed_ = false;
+    last_draw_ = now;
+  } else {
+    write_all(out_fd_, out_buf_);
+    write_all(err_fd_, err_buf_);
+  }
   for (auto& r : ranks_)
     if (!r.file_buf.empty()) write_all(r.fd, r.file_buf);
 }

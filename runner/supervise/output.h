@@ -1,8 +1,18 @@
-// Merges the output of every rank into the terminal as whole prefixed lines and writes each
-// rank's lines to rank-N.log as they arrive. Partial lines wait for their newline; a line longer
-// than kMaxLine is passed on in pieces so memory stays bounded under any output.
+// Merges the output of every rank into the console as prefixed lines and writes each rank's bytes,
+// exactly as they came ('\r' included), to rank-N.log, a line of stdout or stderr at a time.
+//
+// On the console (docs/spec.md, "Console output"):
+// - a partial line (no newline yet) is shown after kPartialDelay, and the rest of it continues it
+//   when nothing else was printed in between (a `(Pdb) ` prompt stays on its line);
+// - `\r` progress (tqdm): on a terminal, each rank's latest `\r` segment is a status line in an
+//   area at the bottom, redrawn in place (at most every kRedraw) while completed lines scroll above
+//   it; elsewhere only each line's final state is printed, plus its latest state every
+//   kProgressEvery while it stays open;
+// - control bytes and invalid UTF-8 are shown as \xNN on every line (colour codes pass);
+// - a line longer than kMaxLine is passed on in pieces so memory stays bounded under any output.
 #pragma once
 
+#include <chrono>
 #include <deque>
 #include <optional>
 #include <set>
@@ -31,6 +41,9 @@ class Output {
  public:
   static constexpr size_t kMaxLine = 1 << 20;
   static constexpr size_t kTailLines = 10;
+  static constexpr std::chrono::milliseconds kPartialDelay{200};
+  static constexpr std::chrono::milliseconds kRedraw{100};
+  static constexpr std::chrono::milliseconds kProgressEvery{10000};
 
   // Opens (appends to) rank-N.log in `run_dir` for every rank. out_fd/err_fd: the console.
   Output(std::vector<RankInfo> ranks, bool multi_host, const std::string& run_dir, ConsoleOptions opts,
@@ -45,15 +58,33 @@ class Output {
   void finish(int rank);
   // A line from mltrain itself into every rank file (e.g. a restart marker).
   void mark_all(const std::string& line);
-  // Writes what is buffered to the console and the files.
+  // Writes what is buffered (and partial lines now due) to the console and the files.
   void flush();
+  // How long until flush() has something due (a partial line, a status redraw); the event loop
+  // wakes by then. A large value when nothing waits.
+  std::chrono::milliseconds due_in() const;
+  // Readies the console for a line of mltrain's own on stderr: ends a partial line left open and
+  // takes the status area away (the next flush draws it again).
+  void before_message();
+  // Input typed at the terminal (--stdin) ended a line there: an open partial line is over.
+  void input_echoed();
   // The last lines a rank wrote (for the failure summary).
   std::vector<std::string> tail(int rank) const;
   std::string log_path(int rank) const;
 
  private:
+  using Time = std::chrono::steady_clock::time_point;
+  // One stream's line in progress, split at '\r': `seg` after the last one, `last` the latest
+  // non-empty segment before it (what a terminal shows once `seg` is empty again).
   struct Stream {
-    std::string partial;
+    std::string seg, last;
+    bool cr = false;       // the line has had a '\r': progress, not a partial line
+    size_t shown = 0;      // bytes of seg already on the console as an open fragment
+    Time since{};          // when seg got its first byte not yet shown
+    Time printed{};        // not a terminal: when the progress state was last printed
+    bool changed = false;  // the status line needs drawing
+    std::string file;      // bytes since the last newline: the file gets whole lines of each stream
+    bool pending() const { return !seg.empty() || !last.empty(); }
   };
   struct Rank {
     RankInfo info;
@@ -64,7 +95,13 @@ class Output {
     std::string prefix;  // rendered, with colour codes
     bool shown = true;
   };
-  void emit(Rank& r, int stream, std::string_view line, bool ended);
+  void feed(Rank& r, int s, std::string_view bytes);
+  void end_line(Rank& r, int s);
+  void show_fragment(Rank& r, int s);
+  void close_fragment();
+  std::string& console(int s) { return s == 1 ? err_buf_ : out_buf_; }
+  std::string line_start(const Rank& r) const;
+  std::string status_area() const;
   void write_all(int fd, std::string& buf);
 
   std::vector<Rank> ranks_;
@@ -72,7 +109,19 @@ class Output {
   ConsoleOptions opts_;
   int out_fd_, err_fd_;
   std::string out_buf_, err_buf_;
+  bool tty_ = false;  // out_fd is a terminal: status area for progress
+  int drawn_ = 0;     // lines of status area on the terminal now
+  bool status_changed_ = false;
+  Time last_draw_{};
+  // The (rank, stream) whose partial line is open on the console (cursor after it), or -1.
+  int open_rank_ = -1, open_stream_ = 0;
 };
+
+// `bytes` as the console shows them: control bytes but tab and SGR colour codes, and invalid
+// UTF-8, as \xNN.
+std::string escape_console(std::string_view bytes);
+// How many bytes of `s` end before an incomplete UTF-8 sequence at its end.
+size_t complete_utf8(std::string_view s);
 
 // Renders a prefix template for a rank ("[{rank}]" -> "[3]").
 std::string render_prefix(const std::string& tmpl, const RankInfo& r, bool multi_host);

@@ -27,6 +27,8 @@ struct Options {
   ConsoleOptions console;
   bool json_summary = false;  // print the summary as JSON on stdout
   int console_fd = 1;         // where ranks' stdout lines go
+  int stdin_rank = -1;        // the rank whose stdin is fed from stdin_fd (--stdin); -1: none
+  int stdin_fd = 0;
   // Where time and signals come from; null: the steady clock and this process's SIGINT, SIGTERM
   // and SIGHUP. Tests inject fakes to drive time and deliver signals.
   Clock* clock = nullptr;

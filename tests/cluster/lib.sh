@@ -76,10 +76,15 @@ mlt_start_sshd() {
   local k="$1" dir="$2" hd="$2/h$1" i
   mkdir -p /run/sshd && chmod 755 /run/sshd
   rm -f "$hd/sshd.pid"
-  # Own UTS namespace too, so `hostname` on host K says hK.
+  # Own UTS namespace too, so `hostname` on host K says hK (or the name in $hd/hostname, which
+  # up.sh --hostname writes); own mount namespace with a private tmpfs on /dev/shm, so hosts share
+  # no memory, as separate machines do (the comm library picks shared memory by /dev/shm's identity).
+  local name="h$k"
+  [ -s "$hd/hostname" ] && name="$(cat "$hd/hostname")"
   # shellcheck disable=SC2016
-  ip netns exec "$(mlt_ns "$k")" unshare --uts /bin/sh -c \
-      'hostname "$1" && exec /usr/sbin/sshd -f "$2/sshd_config" -E "$2/sshd.log"' _ "h$k" "$hd" \
+  ip netns exec "$(mlt_ns "$k")" unshare --uts --mount --propagation private /bin/sh -c \
+      'hostname "$1" && mount -t tmpfs -o mode=1777,size=512m "mlt-shm-$3" /dev/shm &&
+       exec /usr/sbin/sshd -f "$2/sshd_config" -E "$2/sshd.log"' _ "$name" "$hd" "h$k" \
     || { cat "$hd/sshd.log" >&2 2>/dev/null; mlt_die "sshd for h$k failed to start"; }
   for i in $(seq 1 50); do
     [ -s "$hd/sshd.pid" ] && return 0

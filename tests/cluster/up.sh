@@ -2,17 +2,18 @@
 # Bring up the test cluster: N "hosts" as network namespaces on bridge mltbr0, each running its own
 # sshd on 10.231.0.(10+K):22. Tears down a previous cluster first. Needs root. See README.md.
 #
-# Usage: tests/cluster/up.sh [-n N] [-d STATE_DIR] [--max-sessions hK=M]... [--etc-hosts]
+# Usage: tests/cluster/up.sh [-n N] [-d STATE_DIR] [--max-sessions hK=M]... [--hostname hK=NAME]... [--etc-hosts]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=lib.sh
 . "$here/lib.sh"
 
 usage() {
-  echo "usage: $0 [-n N] [-d STATE_DIR] [--max-sessions hK=M]... [--etc-hosts] [--user NAME]" >  echo "usage: $0 [-n N] [-d STATE_DIR] [--max-sessions hK=M]... [--etc-hosts]" >&22
+  echo "usage: $0 [-n N] [-d STATE_DIR] [--max-sessions hK=M]... [--hostname hK=NAME]... [--etc-hosts] [--user NAME]" >&2
   echo "  -n N                 number of hosts (default 4, at most 200)" >&2
   echo "  -d STATE_DIR         keys, configs, logs (default $MLT_DEFAULT_DIR)" >&2
   echo "  --max-sessions hK=M  sshd MaxSessions M on host hK (default 10); repeatable" >&2
+  echo "  --hostname hK=NAME   host hK's own name (\`hostname\`) is NAME, e.g. two hosts both 'ubuntu'; repeatable" >&2
   echo "  --etc-hosts          also add 'IP hK' lines to /etc/hosts (down.sh removes them)" >&2
   echo "  --user NAME          the user ssh logs in as (default mltest, created with /bin/sh as its shell)" >&2
   exit 2
@@ -23,6 +24,7 @@ dir="$MLT_DEFAULT_DIR"
 etc_hosts=0
 user=mltest
 declare -A max_sessions=()
+declare -A host_names=()
 while [ $# -gt 0 ]; do
   case "$1" in
     -n) [ $# -ge 2 ] || usage; n="$2"; shift 2 ;;
@@ -33,6 +35,9 @@ while [ $# -gt 0 ]; do
     --max-sessions=*) ms="${1#*=}"; shift
       [[ "$ms" =~ ^h?[0-9]+=[0-9]+$ ]] || mlt_die "bad --max-sessions '$ms' (want hK=M)"
       max_sessions[$(mlt_host_index "${ms%%=*}")]="${ms#*=}" ;;
+    --hostname) [ $# -ge 2 ] || usage; hn="$2"; shift 2
+      [[ "$hn" =~ ^h?[0-9]+=[A-Za-z0-9][A-Za-z0-9.-]*$ ]] || mlt_die "bad --hostname '$hn' (want hK=NAME)"
+      host_names[$(mlt_host_index "${hn%%=*}")]="${hn#*=}" ;;
     --etc-hosts) etc_hosts=1; shift ;;
     --user) [ $# -ge 2 ] || usage; user="$2"; shift 2 ;;
     -h|--help) usage ;;
@@ -42,6 +47,9 @@ done
 [[ "$n" =~ ^[0-9]+$ && "$n" -ge 1 && "$n" -le 200 ]] || mlt_die "bad -n '$n' (1..200)"
 for k in "${!max_sessions[@]}"; do
   [ "$k" -le "$n" ] || mlt_die "--max-sessions names h$k but the cluster has $n hosts"
+done
+for k in "${!host_names[@]}"; do
+  [ "$k" -le "$n" ] || mlt_die "--hostname names h$k but the cluster has $n hosts"
 done
 mlt_need_root
 # The hosts log in a plain user whose shell is /bin/sh, as on a minimal node: root's login shell
@@ -171,6 +179,7 @@ UseDNS no
 Subsystem sftp internal-sftp
 EOF
   : >"$hd/sshd.log"
+  if [ -n "${host_names[$k]:-}" ]; then echo "${host_names[$k]}" >"$hd/hostname"; else rm -f "$hd/hostname"; fi
 done
 mkdir -p /run/sshd && chmod 755 /run/sshd   # sshd's privilege separation directory
 starters=()

@@ -111,14 +111,18 @@ class Cluster:
 
     # -- lifecycle -------------------------------------------------------------------------------
     @classmethod
-    def up(cls, n=4, max_sessions=None, state_dir=DEFAULT_DIR, timeout=120):
+    def up(cls, n=4, max_sessions=None, state_dir=DEFAULT_DIR, timeout=120, hostnames=None):
         """Tear down any previous cluster and bring up n hosts h1..hn (tests/cluster/up.sh).
 
         max_sessions: {"h2": 2} (or {2: 2}) sets sshd MaxSessions on those hosts (default 10).
+        hostnames: {"h1": "twin", "h2": "twin"} gives hosts their own `hostname` (default hK).
+        Every host has its own /dev/shm, as separate machines do.
         """
         args = [str(SCRIPTS / "up.sh"), "-n", str(n), "-d", str(state_dir)]
         for h, m in (max_sessions or {}).items():
             args += ["--max-sessions", f"h{_index(h)}={int(m)}"]
+        for h, name in (hostnames or {}).items():
+            args += ["--hostname", f"h{_index(h)}={name}"]
         _run(args, timeout=timeout)
         c = cls(state_dir)
         if len(c.hosts) != n:

@@ -123,3 +123,52 @@ TEST_CASE("output: render_prefix") {
   CHECK(render_prefix("", r, true).empty());
   CHECK(render_prefix("{node}.{local_rank}", r, false) == "2.1");
 }
+
+TEST_CASE("output: a partial line shows after the delay and its rest continues it") {
+  Fixture fx;
+  Output o(fx.ranks(2), false, fx.dir.string(), ConsoleOptions{}, fx.out[1], fx.err[1]);
+  o.data(0, 1, "(Pdb) ");
+  o.flush();
+  CHECK(Fixture::drain(fx.out[0]).empty());
+  CHECK(o.due_in() <= Output::kPartialDelay);
+  ::usleep(useconds_t(std::chrono::microseconds(Output::kPartialDelay).count() + 20000));
+  o.flush();
+  CHECK(Fixture::drain(fx.out[0]) == "[0] (Pdb) ");
+  o.data(0, 1, "next\n");
+  o.flush();
+  CHECK(Fixture::drain(fx.out[0]) == "next\n");
+  // Another rank's line in between ends the fragment; the rest gets its own prefix.
+  o.data(0, 1, "ask ");
+  ::usleep(useconds_t(std::chrono::microseconds(Output::kPartialDelay).count() + 20000));
+  o.flush();
+  o.data(1, 1, "other\n");
+  o.data(0, 1, "answer\n");
+  o.flush();
+  CHECK(Fixture::drain(fx.out[0]) == "[0] ask \n[1] other\n[0] answer\n");
+}
+
+TEST_CASE("output: off a terminal, \\r progress prints states as lines, the file keeps the bytes") {
+  Fixture fx;
+  {
+    Output o(fx.ranks(1), false, fx.dir.string(), ConsoleOptions{}, fx.out[1], fx.err[1]);
+    o.data(0, 2, "\r 10%|#");
+    o.flush();  // the first state at once
+    o.data(0, 2, "\r 50%|###");
+    o.flush();  // throttled
+    o.data(0, 2, "\r100%|#####\n");
+    o.flush();
+    CHECK(Fixture::drain(fx.err[0]) == "[0]  10%|#\n[0] 100%|#####\n");
+    CHECK(o.tail(0) == std::vector<std::string>{"100%|#####"});
+  }
+  CHECK(fx.file(0) == "\r 10%|#\r 50%|###\r100%|#####\n");
+}
+
+TEST_CASE("output: escape_console and complete_utf8") {
+  CHECK(escape_console("a\x01\tb") == "a\\x01\tb");
+  CHECK(escape_console("\x1b[1;31mred\x1b[0m") == "\x1b[1;31mred\x1b[0m");
+  CHECK(escape_console("\x1b]0;t\x07") == "\\x1b]0;t\\x07");
+  CHECK(escape_console("\xe2\x9c\x93 \xff \xe2\x9c") == "\xe2\x9c\x93 \\xff \\xe2\\x9c");
+  CHECK(complete_utf8("ab\xe2\x9c") == 2);
+  CHECK(complete_utf8("ab\xe2\x9c\x93") == 5);
+  CHECK(complete_utf8("ab") == 2);
+}

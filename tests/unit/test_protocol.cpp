@@ -107,6 +107,8 @@ std::vector<std::string> one_of_each() {
   add(msg::Shutdown{}, 0);
   add(msg::Prepare{"10.0.0.1", 3, "/tmp", "train.py", "/usr/bin:/bin"}, 0);
   add(msg::Probe{29500}, 0);
+  add(msg::Stdin{std::string("c\n\0", 3)}, 0);
+  add(msg::StdinClose{}, 0);
   add(msg::HelloAck{kMagic, kVersion, 4242, "h1", "x86_64"}, 0);
   add(msg::Started{777}, 5);
   add(msg::SpawnFailed{"exec: No such file or directory"}, 5);
@@ -131,6 +133,10 @@ TEST_CASE("protocol: every message round-trips through its struct") {
   round_trip(msg::Shutdown{}, 0);
   round_trip(msg::Prepare{"10.0.0.1", 3, "/tmp", "train.py", "/usr/bin:/bin"}, 0);
   round_trip(msg::Probe{29500}, 0);
+  round_trip(msg::Spawn{"/w", {"sh"}, {}, 1}, 0);
+  round_trip(msg::Stdin{std::string("c\n\0", 3)}, 0);
+  round_trip(msg::Stdin{""}, 2);
+  round_trip(msg::StdinClose{}, 2);
   round_trip(msg::HelloAck{kMagic, kVersion, 4242, "h1", "x86_64"}, 0);
   round_trip(msg::Started{777}, 5);
   round_trip(msg::SpawnFailed{"exec: No such file or directory"}, 5);

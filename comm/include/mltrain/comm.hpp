@@ -64,7 +64,10 @@ struct Options {
   std::size_t small_bytes = 64u << 10;         // below: latency-oriented algorithm
   int spin_us = 50;                            // spin (with yields) before blocking
   Algo algo = Algo::automatic;                 // all ranks must agree (checked on every call)
-  std::string host;                            // host identity; default gethostname()
+  std::string host;                            // name in messages; default gethostname()
+  // Set: ranks must also have equal `host` to share memory (splits one machine for tests).
+  bool host_splits_shm = false;
+  bool debug_links = false;  // MLTRAIN_COMM_DEBUG: say on stderr which transport each link uses
 
   static Options from_env();
 };

@@ -45,6 +45,8 @@ Options read_options() {
            : algo == "hd"    ? Algo::hd
                              : Algo::automatic;
   o.host = knobs::get_string("MLTRAIN_COMM_HOST");
+  o.host_splits_shm = !o.host.empty();
+  o.debug_links = knobs::get_flag("MLTRAIN_COMM_DEBUG");
   return o;
 }
 

@@ -62,9 +62,12 @@ struct Layout {
 ShmMapping::ShmMapping(const std::string& name, std::size_t bytes, bool create) : name_(name) {
   const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC | (create ? O_CREAT | O_EXCL : 0), 0600);
   if (fd < 0)
-    throw Error(Error::Kind::internal,
-                "shm_open(" + name + "): " + std::strerror(errno) +
-                    (create ? "" : " (set MLTRAIN_COMM_TRANSPORT=tcp if /dev/shm is not shared)"));
+    throw Error(
+        Error::Kind::internal,
+        "shm_open(" + name + "): " + std::strerror(errno) +
+            (create ? ""
+                    : " (the peer's /dev/shm is not this one: MLTRAIN_COMM_TRANSPORT=shm forces shared "
+                      "memory; auto uses it only between ranks with the same boot id and /dev/shm)"));
   linked_ = create;
   if (create && ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     const int err = errno;

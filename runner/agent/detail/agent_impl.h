@@ -18,6 +18,7 @@ namespace mltrain::agent::detail {
 inline constexpr size_t kReadChunk = 64 * 1024;
 inline constexpr int64_t kLostLauncherGraceMs = 2000;
 inline constexpr size_t kOutboxHighWater = 8u << 20;  // stop reading ranks' pipes above this backlog
+inline constexpr size_t kStdinBacklog = 64u << 20;    // a rank's unread forwarded stdin, at most
 
 int64_t now_ms();
 bool set_nonblocking(int fd);  // false with errno set when fcntl fails
@@ -26,7 +27,11 @@ void log_err(const char* fmt, const char* arg);
 struct Rank {
   uint32_t id = 0;
   pid_t pid = -1;
-  int fds[2] = {-1, -1};  // stdout, stderr read ends
+  int fds[2] = {-1, -1};       // stdout, stderr read ends
+  int stdin_fd = -1;           // write end of the rank's stdin pipe (spawned with stdin_pipe)
+  std::string stdin_buf;       // bytes from Stdin frames not yet taken by the rank
+  bool stdin_closing = false;  // StdinClose came: close once stdin_buf is written
+  bool stdin_dropped = false;  // input beyond kStdinBacklog was dropped (said once)
   bool reaped = false;
 };
 
@@ -40,6 +45,8 @@ class Agent {
   void on(uint32_t id, msg::Spawn& m);
   void on(uint32_t id, const msg::Prepare& m);
   void on(uint32_t id, const msg::Probe& m);
+  void on(uint32_t id, msg::Stdin& m);
+  void on(uint32_t id, const msg::StdinClose& m);
   void on(uint32_t id, const msg::Signal& m);
   void on(uint32_t id, const msg::Terminate& m);
   void on(uint32_t id, const msg::Ping& m);
@@ -56,6 +63,7 @@ class Agent {
   }
   void flush_outbox(bool block);
   void read_rank_fd(Rank& r, int which);
+  void write_rank_stdin(Rank& r);
   void drain_rank(Rank& r);
   void reap();
   void signal_groups(int sig, uint32_t id);

@@ -134,6 +134,7 @@ class Gang {
 
   // Running.
   void spawn_all();
+  void forward_stdin();  // --stdin: the launcher's stdin to one rank, while it runs
   void terminate_all(std::chrono::milliseconds grace);
   void fail_first(int rank, const std::string& host, int code, int sig, const std::string& message);
   void host_lost(size_t i, const std::string& why);
@@ -167,6 +168,7 @@ class Gang {
   int stop_signal_ = 0;  // the signal that stopped the run (exit 128 + it)
   int interrupts_ = 0;
   int restart_ = 0;
+  bool stdin_eof_ = false;
   std::string master_;
   bool doctor_ = false;
   int doctor_port_ = 0;
