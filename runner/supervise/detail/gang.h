@@ -48,7 +48,8 @@ struct Host {
   std::unique_ptr<transport::AgentLink> link;
   agent::Decoder decoder;
   std::string outbox;
-  std::string problem;  // why preflight failed here
+  std::string problem;        // why preflight failed here
+  bool cannot_start = false;  // ... because the program or workdir is missing (exit 127)
   agent::msg::Prepared prepared;
   Probing probing;
   std::optional<agent::msg::Probed> probed;
@@ -135,7 +136,8 @@ class Gang {
   // Running.
   void spawn_all();
   void terminate_all(std::chrono::milliseconds grace);
-  void fail_first(int rank, const std::string& host, int code, int sig, const std::string& message);
+  void fail_first(int rank, const std::string& host, int code, int sig, const std::string& message,
+                  const char* reason);
   void host_lost(size_t i, const std::string& why);
   void on_signal(int sig);
   void all_ranks_ended();
