@@ -104,7 +104,8 @@ void register_doctor(CLI::App& app, Global& g, std::function<int()>& handler) {
   c->footer(
       "Examples:\n  mltrain doctor job.toml\n  mltrain doctor --hostfile hosts.txt --ssh-config "
       "./ssh_config\n"
-      "Exit code 0 when every host is ready, 255 when one is not.");
+      "torch is checked with the interpreter the job runs (its python program, else python3 in the\n"
+      "ranks' PATH); the output names it. Exit code 0 when every host is ready, 255 when one is not.");
   c->callback([&] { handler = [&] { return do_doctor(f, g); }; });
 }
 
@@ -115,7 +116,8 @@ void register_run(CLI::App& app, Global& g, std::function<int()>& handler) {
   c->add_flag("--dry-run", f.dry_run,
               "Print the plan (hosts, ranks, each rank's environment); start nothing");
   c->add_flag("--json", f.json, "Machine-readable output (the plan with --dry-run, else the final summary)");
-  c->add_flag("-d,--detach", f.detach, "Print the run id and leave the job running in the background");
+  c->add_flag("-d,--detach", f.detach,
+              "After preflight, print the run id and leave the job running in the background");
   auto* in = c->add_flag_callback(
       "--stdin", [&] { f.overrides.stdin_rank = std::max(f.overrides.stdin_rank, 0); },
       "Forward this terminal's stdin to rank 0 (e.g. for pdb); other ranks read /dev/null");
@@ -130,7 +132,9 @@ void register_run(CLI::App& app, Global& g, std::function<int()>& handler) {
       "  mltrain run job.toml -H a:4,b:4 --env OMP_NUM_THREADS=2 --dry-run\n"
       "  mltrain run -n 2 --stdin -- python3 -m pdb train.py\n"
       "Exit code: 0 when every rank succeeds, else the first failed rank's code (128+N for signal N);\n"
-      "2 for a bad spec, 124 on timeout, 130 on Ctrl-C, 143 when stopped, 255 when a host is lost.");
+      "2 for a bad spec, 124 on timeout, 127 when the program is missing, 129 on SIGHUP, 130 on Ctrl-C,\n"
+      "143 when stopped, 255 when a host is lost or fails preflight. With --detach: 0 once every rank\n"
+      "started; a failure before that is the command's (docs/exit-codes.md).");
   c->callback([&] { handler = [&] { return do_run(f, g); }; });
 }
 

@@ -55,7 +55,7 @@ std::vector<Host> load_hostfile(const std::string& path) {
   if (::fstat(fd, &st) != 0) throw cannot_read(errno);
   if (S_ISDIR(st.st_mode)) throw cannot_read(EISDIR);
   int flags = ::fcntl(fd, F_GETFL);
-  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) throw cannot_read(errno);
 
   std::string text;
   char buf[65536];

@@ -83,6 +83,20 @@ std::vector<std::string> reserve_free_ports(uint32_t n, std::vector<std::string>
   return ports;
 }
 
+bool tcp_port_free(uint32_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  // SO_REUSEADDR as the ranks' servers set it: a port in TIME_WAIT is free for them too.
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
+}
+
 std::string effective_path(const std::string& requested, const char* agent_path) {
   if (!requested.empty()) return requested;
   return agent_path ? agent_path : "/usr/bin:/bin";

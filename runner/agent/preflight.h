@@ -48,6 +48,9 @@ std::string effective_path(const std::string& requested, const char* agent_path)
 std::vector<std::string> program_candidates(const std::string& argv0, const std::string& workdir,
                                             const std::string& path);
 
+// Whether a TCP port can be bound on every IPv4 address of this host (nobody listens on it).
+bool tcp_port_free(uint32_t port);
+
 // What a check needs to know of the file system (real: stat and access).
 struct FileSystemView {
   std::function<bool(const std::string&)> is_directory;

@@ -2,17 +2,17 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <gnu/libc-version.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "runner/agent/detail/agent_impl.h"
+#include "runner/agent/preflight.h"
 #include "runner/agent/protocol.h"
 
 namespace mltrain::agent::detail {
@@ -29,6 +29,13 @@ std::string first_line(const std::string& cmd) {
   ::pclose(p);
   while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
   return out;
+}
+
+// `s` as one word for /bin/sh.
+std::string quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
 }
 
 }  // namespace
@@ -68,20 +75,25 @@ void Agent::on(uint32_t id, const msg::Probe& m) {
     }
   }
   facts.push_back("nccl=" + nccl);
-  std::string py = first_line("python3 --version");
+  // The interpreter the job would run: the spec's python program, else python3, looked up in the
+  // PATH the ranks get (as the agent's preflight does), not the agent's own.
+  std::string path = effective_path(m.path, ::getenv("PATH"));
+  std::string want = m.python.empty() ? std::string("python3") : m.python;
+  std::string python;
+  auto fs = real_file_system();
+  for (const auto& candidate : program_candidates(want, "", path))
+    if (fs.is_executable_file(candidate)) {
+      python = candidate;
+      break;
+    }
+  facts.push_back("python=" + (python.empty() ? want + " (not found in PATH " + path + ")" : python));
+  std::string py = python.empty() ? std::string() : first_line(quote(python) + " --version");
   facts.push_back("python3=" + (py.rfind("Python ", 0) == 0 ? py.substr(7) : std::string("not found")));
-  std::string torch = first_line("/usr/bin/python3 -c 'import torch; print(torch.__version__)'");
-  if (torch.empty()) torch = first_line("python3 -c 'import torch; print(torch.__version__)'");
+  std::string torch = python.empty()
+                          ? std::string()
+                          : first_line(quote(python) + " -c 'import torch; print(torch.__version__)'");
   facts.push_back("torch=" + (torch.empty() ? std::string("not found") : torch));
-  if (port > 0) {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(uint16_t(port));
-    bool free_port = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-    if (fd >= 0) ::close(fd);
-    facts.push_back(std::string("port_free=") + (free_port ? "yes" : "no"));
-  }
+  if (port > 0) facts.push_back(std::string("port_free=") + (tcp_port_free(uint32_t(port)) ? "yes" : "no"));
   send(msg::Probed{facts}, id);
 }
 

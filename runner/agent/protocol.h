@@ -17,7 +17,7 @@
 namespace mltrain::agent {
 
 inline constexpr uint32_t kMagic = 0x41544c4d;  // "MLTA"
-inline constexpr uint32_t kVersion = 2;         // 2: stdin forwarding
+inline constexpr uint32_t kVersion = 2;  // 2: stdin forwarding, fixed master port, doctor interpreter
 inline constexpr uint32_t kAllRanks = 0xffffffffu;
 inline constexpr uint32_t kMaxPayload = 64u << 20;  // a bigger frame means a corrupt stream
 inline constexpr size_t kHeaderSize = 12;
@@ -186,18 +186,25 @@ struct Prepare {  // preflight
   std::string master_addr;  // "" on one host
   uint32_t nports = 0;      // free ports to find (rank 0's host only)
   std::string workdir, argv0;
-  std::string path;  // the ranks' PATH; "" = the agent's own
-  void put(Writer& w) const { w.str(master_addr).u32(nports).str(workdir).str(argv0).str(path); }
+  std::string path;         // the ranks' PATH; "" = the agent's own
+  uint32_t fixed_port = 0;  // a fixed master_port that must be free here (rank 0's host); 0: none
+  void put(Writer& w) const {
+    w.str(master_addr).u32(nports).str(workdir).str(argv0).str(path).u32(fixed_port);
+  }
   void get(Reader& r) {
     master_addr = r.str(), nports = r.u32(), workdir = r.str(), argv0 = r.str(), path = r.str();
+    fixed_port = r.u32();
   }
 };
 struct Probe {  // doctor
   static constexpr Type kType = Type::probe;
   bool operator==(const Probe&) const = default;
   uint32_t port = 0;  // to test for being free; 0: none
-  void put(Writer& w) const { w.u32(port); }
-  void get(Reader& r) { port = r.u32(); }
+  // The interpreter the job runs: a python program the spec names (a path or a name looked up in
+  // `path`), or "" for python3; `path` is the ranks' PATH ("" = the agent's own).
+  std::string python, path;
+  void put(Writer& w) const { w.u32(port).str(python).str(path); }
+  void get(Reader& r) { port = r.u32(), python = r.str(), path = r.str(); }
 };
 
 // agent -> launcher
@@ -267,8 +274,14 @@ struct Prepared {
   std::string ifname;    // the interface routing to master_addr
   std::string local_ip;  // this host's address on that route
   std::vector<std::string> ports, problems;
-  void put(Writer& w) const { w.str(ifname).str(local_ip).strings(ports).strings(problems); }
-  void get(Reader& r) { ifname = r.str(), local_ip = r.str(), ports = r.strings(), problems = r.strings(); }
+  uint32_t cannot_start = 0;  // 1: the program or the workdir is missing here (exit 127)
+  void put(Writer& w) const {
+    w.str(ifname).str(local_ip).strings(ports).strings(problems).u32(cannot_start);
+  }
+  void get(Reader& r) {
+    ifname = r.str(), local_ip = r.str(), ports = r.strings(), problems = r.strings();
+    cannot_start = r.u32();
+  }
 };
 struct Probed {
   static constexpr Type kType = Type::probed;

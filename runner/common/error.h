@@ -13,6 +13,7 @@ inline constexpr int ok = 0;
 inline constexpr int usage = 2;           // bad command line, spec, hostfile or profile
 inline constexpr int internal = 70;       // a broken invariant inside mltrain (a bug)
 inline constexpr int timeout = 124;       // the job ran past [run] timeout
+inline constexpr int cannot_start = 127;  // a rank's program or workdir is missing
 inline constexpr int interrupted = 130;   // stopped by Ctrl-C
 inline constexpr int stopped = 143;       // stopped by `mltrain stop` or SIGTERM
 inline constexpr int host_failure = 255;  // a host could not be reached, or stopped answering

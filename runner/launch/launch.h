@@ -73,9 +73,13 @@ struct RunResult {
 };
 
 // Creates the run record, connects to every host and supervises the job to its end. With
-// req.detach the launcher forks: the parent returns at once with the run id and the child's pid;
-// the child (its own session, its console in the run's console.log) runs the job and _exits with
-// its code, never returning to the caller.
+// req.detach the launcher forks: the child (its own session, its console in the run's
+// console.log) connects, runs preflight on every host and runs the job, then _exits with its
+// code, never returning to the caller; the parent waits until preflight passed and the ranks were
+// started, then returns with the run id and the child's pid. When the run fails before that
+// (host unreachable, program missing), the parent throws the child's error with its exit code
+// (with req.json, after printing the run's record). mltrain's own error for a recorded run is
+// kept in its folder (records::launcher_error), detached or not.
 RunResult run(const JobRequest& req);
 
 struct DoctorResult {

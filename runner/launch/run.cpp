@@ -1,5 +1,7 @@
-// launch::run: the run record, the git commit, detaching, the transports, then the supervisor.
+// launch::run: the run record, the git commit, detaching (after preflight), the transports, then
+// the supervisor.
 #include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -9,6 +11,7 @@
 #include <set>
 
 #include "runner/common/error.h"
+#include "runner/common/status.h"
 #include "runner/common/text.h"
 #include "runner/launch/detail/launch_detail.h"
 #include "runner/launch/launch.h"
@@ -61,17 +64,92 @@ supervise::Options supervise_options(const spec::JobSpec& s, const JobRequest& r
   return o;
 }
 
-// In the detached child: its own session, stdin from /dev/null, its console into console.log.
-void become_background_launcher(const std::string& run_id) {
-  ::setsid();
-  int devnull = ::open("/dev/null", O_RDONLY);
-  std::string console = records::run_dir(run_id) + "/console.log";
-  int cfd = ::open(console.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  ::dup2(devnull, 0);
-  if (cfd >= 0) {
-    ::dup2(cfd, 1);
-    ::dup2(cfd, 2);
+// mltrain's own error as main prints it, for the run's folder (shown by `logs`).
+std::string error_text(const Error& e) {
+  std::string t = "mltrain: error: " + std::string(e.what()) + "\n";
+  if (!e.hint().empty()) t += "mltrain: hint: " + e.hint() + "\n";
+  return t;
+}
+
+// The detached launcher tells the command that forked it how the start went, over a pipe:
+// "R" once every host passed preflight and the ranks were sent to start, or "E" with the exit
+// code, the error and its hint (NUL-separated) when the run failed before that. EOF without
+// either: the launcher died or the run ended (a signal) before it started.
+void write_all(int fd, const std::string& bytes) {
+  for (size_t off = 0; off < bytes.size();) {
+    ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // the waiting command is gone: nobody to tell
+    off += size_t(n);
   }
+}
+
+[[noreturn]] void fail_in_child(int report_fd, const std::string& run_id, const Error& e) {
+  std::string text = error_text(e);
+  records::save_launcher_error(run_id, text);
+  write_all(2, text);
+  if (report_fd >= 0)
+    write_all(report_fd, "E" + std::to_string(e.code()) + '\0' + e.what() + '\0' + e.hint());
+  ::_exit(e.code());
+}
+
+// In the detached child: its own session, stdin from /dev/null, its console into console.log.
+// Throws Error when one of the steps fails.
+void become_background_launcher(const std::string& run_id) {
+  auto failed = [](const std::string& what) {
+    return Error("cannot detach the launcher: " + what + ": " + std::strerror(errno),
+                 "run without --detach, or check the state folder (MLTRAIN_HOME)", exit_code::internal);
+  };
+  if (::setsid() < 0) throw failed("setsid");
+  int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (devnull < 0) throw failed("open /dev/null");
+  std::string console = records::run_dir(run_id) + "/console.log";
+  int cfd = ::open(console.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (cfd < 0) throw failed("open " + console);
+  if (::dup2(devnull, 0) < 0) throw failed("dup2 of stdin");
+  if (::dup2(cfd, 1) < 0 || ::dup2(cfd, 2) < 0) throw failed("dup2 of " + console);
+  ::close(devnull);
+  ::close(cfd);
+}
+
+// The forking command's side: waits until the detached launcher reports, then returns (started)
+// or throws the launcher's error with its exit code (the record says the same).
+void await_background_start(int report_fd, pid_t child, const JobRequest& req, RunResult& result) {
+  std::string got;
+  char buf[4096];
+  while (true) {
+    ssize_t n = ::read(report_fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got.append(buf, size_t(n));
+    if (got == "R") break;
+  }
+  ::close(report_fd);
+  if (got == "R") return;
+  int status = 0;
+  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  int code = exit_code_of(status);
+  std::string message, hint;
+  if (!got.empty() && got[0] == 'E') {
+    auto parts = text::split(got.substr(1), '\0');
+    if (parts.size() >= 2) message = parts[1];
+    if (parts.size() >= 3) hint = parts[2];
+  }
+  if (message.empty()) {
+    message = "run " + result.run_id + ": the background launcher ended (" + describe_status(status) +
+              ") before the run started";
+    hint = "see mltrain logs " + result.run_id;
+  }
+  if (req.json) {
+    try {
+      std::printf("%s\n", records::to_json(records::load(result.run_id), true).c_str());
+      std::fflush(stdout);
+    } catch (const Error&) {
+      // No record to print: the error below says why.
+    }
+  }
+  throw Error(message, hint, code);
 }
 
 }  // namespace
@@ -102,30 +180,70 @@ RunResult run(const JobRequest& req) {
   supervise::Options o = supervise_options(s, req);
 
   if (req.detach) {
+    int report[2];
+    if (::pipe2(report, O_CLOEXEC) != 0)
+      throw Error(std::string("pipe2: ") + std::strerror(errno), {}, exit_code::internal);
     std::fflush(stdout);
     std::fflush(stderr);
     pid_t pid = ::fork();
-    if (pid < 0) throw Error(std::string("fork: ") + std::strerror(errno), {}, exit_code::internal);
+    if (pid < 0) {
+      int e = errno;
+      ::close(report[0]);
+      ::close(report[1]);
+      throw Error(std::string("cannot detach the launcher: fork: ") + std::strerror(e),
+                  "run without --detach, or free some memory or processes", exit_code::internal);
+    }
+    rec.detached = true;
     if (pid > 0) {
+      ::close(report[1]);
       result.detached = true;
       result.launcher_pid = int(pid);
-      rec.detached = true;
       rec.launcher_pid = result.launcher_pid;
+      await_background_start(report[0], pid, req, result);
       return result;
     }
-    become_background_launcher(rec.id);
-    rec.detached = true;
+    ::close(report[0]);
+    int report_fd = report[1];
+    try {
+      become_background_launcher(rec.id);
+    } catch (const Error& e) {
+      fail_in_child(report_fd, rec.id, e);
+    }
     o.console.color = false;
     o.json_summary = false;
+    o.on_running = [&report_fd] {
+      write_all(report_fd, "R");
+      ::close(report_fd);
+      report_fd = -1;  // the command has returned: later errors go to console.log and the record
+    };
+    rec.launcher_pid = ::getpid();
+    rec.launcher_start = records::process_start_time(rec.launcher_pid);
+    records::save(rec);
+    int code = exit_code::internal;
+    try {
+      code = supervise::run_job(p, rec, o, detail::lasting_transports(s).for_host());
+    } catch (const Error& e) {
+      std::fflush(stdout);
+      fail_in_child(report_fd, rec.id, e);
+    } catch (const std::exception& e) {
+      std::fflush(stdout);
+      fail_in_child(report_fd, rec.id,
+                    Error(std::string("internal error: ") + e.what(), "please report this as a bug",
+                          exit_code::internal));
+    }
+    std::fflush(stdout);
+    std::fflush(stderr);
+    ::_exit(code);
   }
   rec.launcher_pid = ::getpid();
   rec.launcher_start = records::process_start_time(rec.launcher_pid);
   records::save(rec);
 
-  result.exit_code = supervise::run_job(p, rec, o, detail::lasting_transports(s).for_host());
-  if (req.detach) {
-    std::fflush(stdout);
-    ::_exit(result.exit_code);
+  try {
+    result.exit_code = supervise::run_job(p, rec, o, detail::lasting_transports(s).for_host());
+  } catch (const Error& e) {
+    records::save_launcher_error(rec.id, error_text(e));
+    throw;
   }
   result.launcher_pid = rec.launcher_pid;
   return result;

@@ -50,8 +50,8 @@ std::string read_all(const std::string& path, bool& ok) {
 }
 
 json failure_json(const Failure& f) {
-  return json{{"rank", f.rank},     {"host", f.host},       {"exit_code", f.exit_code},
-              {"signal", f.signal}, {"message", f.message}, {"tail", f.tail}};
+  return json{{"rank", f.rank},       {"host", f.host}, {"exit_code", f.exit_code}, {"signal", f.signal},
+              {"message", f.message}, {"tail", f.tail}, {"reason", f.reason}};
 }
 
 RunRecord from_json(const json& j) {
@@ -85,6 +85,7 @@ RunRecord from_json(const json& j) {
     rr.pid = k.value("pid", 0);
     rr.exit_code = k.value("exit_code", -1);
     rr.signal = k.value("signal", 0);
+    rr.host_lost = k.value("host_lost", false);
     rr.env = k.value("env", std::map<std::string, std::string>{});
     r.ranks.push_back(rr);
   }
@@ -92,7 +93,8 @@ RunRecord from_json(const json& j) {
     const auto& f = j["failure"];
     r.failure =
         Failure{f.value("rank", -1),  f.value("host", ""),    f.value("exit_code", 0),
-                f.value("signal", 0), f.value("message", ""), f.value("tail", std::vector<std::string>{})};
+                f.value("signal", 0), f.value("message", ""), f.value("tail", std::vector<std::string>{}),
+                f.value("reason", "")};
   }
   return r;
 }
@@ -109,6 +111,7 @@ json to_json_value(const RunRecord& r) {
                      {"pid", k.pid},
                      {"exit_code", k.exit_code},
                      {"signal", k.signal},
+                     {"host_lost", k.host_lost},
                      {"env", k.env}});
   json j{{"id", r.id},
          {"name", r.name},

@@ -21,6 +21,7 @@ struct RankRecord {
   int pid = 0;
   int exit_code = -1;                      // -1 while running or never started
   int signal = 0;                          // the signal that killed it, 0 if none
+  bool host_lost = false;                  // its host was lost: its own exit is unknown
   std::map<std::string, std::string> env;  // what mltrain set for this rank
 };
 
@@ -37,6 +38,9 @@ struct Failure {
   int signal = 0;
   std::string message;  // one line, as printed
   std::vector<std::string> tail;
+  // Why: rank_exit (the rank's own exit code, even 255), rank_signal, spawn_failed, host_lost,
+  // preflight (nothing started), launcher (mltrain's own error).
+  std::string reason;
 };
 
 struct RunRecord {
@@ -88,5 +92,10 @@ bool launcher_alive(const RunRecord& r);
 unsigned long long process_start_time(int pid);
 
 std::string now_iso8601();
+
+// mltrain's own error for a run (what it printed as "mltrain: error: ..."), kept in the run's
+// folder as launcher-error.txt so `logs` shows it; "" when there is none.
+void save_launcher_error(const std::string& id, const std::string& text);
+std::string launcher_error(const std::string& id);
 
 }  // namespace mltrain::records

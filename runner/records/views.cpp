@@ -188,6 +188,9 @@ int print_logs(const LogsOptions& o) {
   } else {
     for (auto& f : fs) pump(f, re, !o.follow);
   }
+  // mltrain's own error (a run that failed before or beside its ranks), after their output.
+  auto print_launcher_error = [&] { std::fputs(launcher_error(id).c_str(), stdout); };
+  if (!o.follow) print_launcher_error();
   std::fflush(stdout);
   if (!o.follow) return 0;
 
@@ -200,6 +203,7 @@ int print_logs(const LogsOptions& o) {
       RunRecord now = load(id);
       if (now.status != "running") {
         for (auto& f : fs) pump(f, re, true);
+        print_launcher_error();
         std::fflush(stdout);
         if (now.status == "lost")
           std::fprintf(stderr, "mltrain: the launcher of run %s is gone without recording an end\n",

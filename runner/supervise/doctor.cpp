@@ -52,7 +52,17 @@ void Gang::on_probe_pong(size_t i) {
   if (h.state != HostState::preparing || h.probing.probe_sent_wall_ms != 0) return;
   h.probing.rtt_ms = std::chrono::duration<double, std::milli>(clock_.now() - h.probing.ping_sent).count();
   h.probing.probe_sent_wall_ms = wall_ms();
-  send_to(h, msg::Probe{uint32_t(i == 0 ? doctor_port_ : 0)});
+  // torch is checked with the interpreter the job runs: its program when that is a python, else
+  // python3, each looked up in the PATH the ranks get.
+  msg::Probe probe{uint32_t(i == 0 ? doctor_port_ : 0), {}, {}};
+  if (!plan_.argv.empty()) {
+    const std::string& prog = plan_.argv[0];
+    std::string base = prog.substr(prog.rfind('/') + 1);
+    if (base.rfind("python", 0) == 0) probe.python = prog;
+  }
+  for (const auto& [k, v] : plan_.ranks[0].env)
+    if (k == "PATH") probe.path = v;
+  send_to(h, probe);
 }
 
 void Gang::on(size_t i, uint32_t, msg::Probed& m) {
@@ -144,6 +154,9 @@ std::string format_doctor(const std::vector<HostReport>& reports, bool json) {
                   r.problem.empty() ? "" : (r.stage + ": " + r.problem).c_str());
     out += line;
   }
+  for (const auto& r : reports)
+    if (r.facts.count("python"))
+      out += r.host + ": python3 and torch checked with " + r.facts.at("python") + "\n";
   return out;
 }
 

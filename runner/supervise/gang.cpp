@@ -83,6 +83,7 @@ void Gang::enter(Phase p) {
       rec_.restarts = restart_;
       records::save(rec_);
       spawn_all();
+      if (restart_ == 0 && opts_.on_running) opts_.on_running();
       if (!next_ping_) next_ping_ = clock_.now() + opts_.heartbeat_interval;
       break;
     case Phase::stopping:
@@ -338,9 +339,9 @@ void Gang::on(size_t i, uint32_t id, msg::SpawnFailed& m) {
   r.status = 127 << 8;
   rec_.ranks[id].exit_code = 127;
   if (phase_ == Phase::running)
-    fail_first(
-        int(id), hosts_[i].plan->host.name, 127, 0,
-        hosts_[i].link->describe() + ": rank " + std::to_string(id) + " could not start: " + m.message);
+    fail_first(int(id), hosts_[i].plan->host.name, 127, 0,
+               hosts_[i].link->describe() + ": rank " + std::to_string(id) + " could not start: " + m.message,
+               "spawn_failed");
 }
 
 void Gang::on(size_t i, uint32_t id, msg::Exited& m) {
@@ -360,7 +361,8 @@ void Gang::on(size_t i, uint32_t id, msg::Exited& m) {
     const Host& h = hosts_[i];
     fail_first(int(id), h.plan->host.name, code, WIFSIGNALED(r.status) ? WTERMSIG(r.status) : 0,
                (plan_.multi_host ? h.link->describe() + ": " : std::string()) + "rank " + std::to_string(id) +
-                   " failed with " + describe_status(r.status) + " after " + after + " (first failure)");
+                   " failed with " + describe_status(r.status) + " after " + after + " (first failure)",
+               WIFSIGNALED(r.status) ? "rank_signal" : "rank_exit");
   }
 }
 
@@ -398,7 +400,8 @@ void Gang::terminate_all(milliseconds grace) {
   for (auto& h : hosts_) send_to(h, msg::Terminate{uint32_t(grace.count())}, proto::kAllRanks);
 }
 
-void Gang::fail_first(int rank, const std::string& host, int code, int sig, const std::string& message) {
+void Gang::fail_first(int rank, const std::string& host, int code, int sig, const std::string& message,
+                      const char* reason) {
   if (ending_ != Ending::none) return;
   ending_ = rank >= 0 ? Ending::failure : Ending::host_failure;
   ending_code_ = code;
@@ -408,6 +411,7 @@ void Gang::fail_first(int rank, const std::string& host, int code, int sig, cons
   f.exit_code = code;
   f.signal = sig;
   f.message = message;
+  f.reason = reason;
   if (rank >= 0) {
     out_->finish(rank);
     f.tail = out_->tail(rank);
@@ -442,10 +446,12 @@ void Gang::host_lost(size_t i, const std::string& why) {
     if (!ranks_[size_t(r)].exited) {
       ranks_[size_t(r)].exited = true;
       ranks_[size_t(r)].status = -1;
+      rec_.ranks[size_t(r)].host_lost = true;
       out_->finish(r);
     }
   if (phase_ == Phase::running)
-    fail_first(-1, h.plan->host.name, exit_code::host_failure, 0, h.link->describe() + ": " + why);
+    fail_first(-1, h.plan->host.name, exit_code::host_failure, 0, h.link->describe() + ": " + why,
+               "host_lost");
   h.link->kill();
 }
 

@@ -123,9 +123,10 @@ void Gang::on(size_t i, uint32_t, msg::Prepared& m) {
   Host& h = hosts_[i];
   if (h.state != HostState::preparing) return;
   h.prepared = std::move(m);
-  if (!h.prepared.problems.empty())
+  if (!h.prepared.problems.empty()) {
     host_failed(i, text::join(h.prepared.problems, "; "));
-  else
+    h.cannot_start = h.prepared.cannot_start != 0;
+  } else
     h.state = HostState::ready;
   check_progress();
 }
@@ -185,6 +186,8 @@ void Gang::send_prepare() {
   for (size_t i = 0; i < hosts_.size(); ++i)
     if (hosts_[i].state == HostState::greeted) {
       m.nports = i == 0 ? nports : 0;
+      // A fixed master_port must be free on rank 0's host, or rank 0 fails to listen on it later.
+      m.fixed_port = i == 0 && !plan_.auto_master_port ? uint32_t(plan_.master_port) : 0;
       hosts_[i].state = HostState::preparing;
       send_to(hosts_[i], m);
     }

@@ -1,6 +1,7 @@
 // The gang's end: the run record's final state, mltrain's exit code and the summary on stderr.
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "runner/common/error.h"
@@ -14,12 +15,25 @@ int Gang::finish() {
   out_->flush();
   log::info("supervise", "agents shut down");
   if (ending_ == Ending::preflight_failed) {
-    rec_.status = "host-failure";
-    rec_.exit_code = exit_code::host_failure;
-    rec_.failure = records::Failure{-1, "", exit_code::host_failure, 0, preflight_error_, {}};
+    // A program or workdir missing (and nothing else wrong) is "could not start": 127, as a shell says.
+    bool cannot_start = std::all_of(hosts_.begin(), hosts_.end(), [](const Host& h) {
+      return h.state != HostState::failed || h.cannot_start;
+    });
+    int code = cannot_start ? exit_code::cannot_start : exit_code::host_failure;
+    rec_.status = cannot_start ? "failed" : "host-failure";
+    rec_.exit_code = code;
+    rec_.failure = records::Failure{-1, "", code, 0, preflight_error_, {}, "preflight"};
     rec_.ended_at = records::now_iso8601();
+    rec_.duration_s = std::chrono::duration<double>(clock_.now() - job_start_).count();
     records::save(rec_);
-    throw Error(preflight_error_, "fix the hosts above, then run again", exit_code::host_failure);
+    if (opts_.json_summary) {
+      std::fprintf(stdout, "%s\n", records::to_json(rec_, true).c_str());
+      std::fflush(stdout);
+    }
+    throw Error(preflight_error_,
+                cannot_start ? "check the program and workdir on the hosts above, then run again"
+                             : "fix the hosts above, then run again",
+                code);
   }
   int code = 0;
   switch (ending_) {
@@ -76,15 +90,19 @@ void Gang::print_summary(int code) {
   if (rec_.failure) {
     const auto& f = *rec_.failure;
     if (f.rank >= 0) {
-      std::fprintf(stderr, "mltrain: first failure: rank %d on %s: %s\n", f.rank, f.host.c_str(),
-                   describe_status(f.signal ? f.signal : (f.exit_code << 8)).c_str());
+      // A rank's own exit 255 reads like mltrain's "host lost" code: say which it is.
+      bool own_255 = f.signal == 0 && f.exit_code == exit_code::host_failure;
+      std::fprintf(stderr, "mltrain: first failure: rank %d on %s: %s%s\n", f.rank, f.host.c_str(),
+                   describe_status(f.signal ? f.signal : (f.exit_code << 8)).c_str(),
+                   own_255 ? " (the rank's own exit code; its host was not lost)" : "");
       if (!f.tail.empty()) {
         std::fprintf(stderr, "mltrain: last lines of rank %d (%s):\n", f.rank,
                      out_->log_path(f.rank).c_str());
         for (const auto& l : f.tail) std::fprintf(stderr, "    %s\n", l.c_str());
       }
     } else {
-      std::fprintf(stderr, "mltrain: first failure: %s\n", f.message.c_str());
+      std::fprintf(stderr, "mltrain: first failure: %s%s\n", f.message.c_str(),
+                   f.reason == "host_lost" ? " (host lost)" : "");
     }
   }
   std::fprintf(stderr, "mltrain: run %s %s after %s; exit code %d (logs: mltrain logs %s)\n", rec_.id.c_str(),

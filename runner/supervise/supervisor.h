@@ -33,14 +33,18 @@ struct Options {
   // and SIGHUP. Tests inject fakes to drive time and deliver signals.
   Clock* clock = nullptr;
   SignalSource* signals = nullptr;
+  // Called once, when every host passed preflight and the ranks were sent to start (a detached
+  // launcher tells the command waiting for it that the run started).
+  std::function<void()> on_running;
 };
 
 // Chooses the transport for a host (local child or SSH).
 using TransportFor = std::function<transport::Transport&(const plan::HostPlan&)>;
 
 // Runs the job to its end and returns mltrain's exit code (docs/exit-codes.md). The record is
-// saved as the run goes (started, each restart, the end). Throws mltrain::Error (exit code 255)
-// when preflight fails on a host; nothing was started then.
+// saved as the run goes (started, each restart, the end). Throws mltrain::Error when preflight
+// fails on a host (exit code 127 when the program or workdir is missing there, else 255); nothing
+// was started then, and the record says so (with json_summary, it was printed first).
 //
 // Connections open on threads of their own. One still opening when the run ends (Ctrl-C while a
 // host times out) is abandoned, not waited for: the transports must outlive it, so keep them

@@ -16,8 +16,8 @@ import pytest
 
 from conftest import communicate, wait_for
 
-SIGNALS = [(signal.SIGINT, 130), (signal.SIGTERM, 143)]
-IDS = ["INT", "TERM"]
+SIGNALS = [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)]
+IDS = ["INT", "TERM", "HUP"]
 
 # Holds back everything after hello: the agent answers hello, never sees prepare.
 HOLD_PREPARE = """#!/usr/bin/python3
@@ -69,6 +69,7 @@ def test_signal_while_connecting_starts_nothing(ml, tmp_path, sig, code):
     assert p.returncode == code, err
     assert took < 1.0, f"exit {took:.2f}s after the signal"
     assert "no rank was started" in err, err
+    assert "passing SIGINT" not in err, err
     assert not list(tmp_path.glob("started.*"))
 
 
@@ -86,3 +87,12 @@ def test_signal_during_preflight_starts_nothing(ml, tmp_path, sig, code):
     rec = json.loads(ml("show", "--json").stdout)
     assert rec["status"] == ("interrupted" if sig == signal.SIGINT else "stopped")
     assert rec["exit_code"] == code
+
+
+def test_json_record_printed_when_interrupted_while_connecting(ml, tmp_path):
+    _slow_agent(ml, tmp_path, NEVER_ANSWER)
+    p = ml.popen("run", "--json", "-n", "1", "--", "true", text=True)
+    took, out, err = _interrupt(p, signal.SIGINT, lambda: True, "mltrain to start")
+    assert p.returncode == 130, err
+    rec = json.loads(out)  # the final record, once
+    assert rec["status"] == "interrupted" and rec["exit_code"] == 130

@@ -85,7 +85,7 @@ def test_background_child_of_a_rank_does_not_hold_the_run(ml):
 def test_preflight_failure_starts_nothing(ml, tmp_path, args, what):
     t0 = time.monotonic()
     r = ml("run", "-n", "2", *args)
-    assert r.returncode in (2, 255), r
+    assert r.returncode == 127, r  # could not start, as a shell says (docs/exit-codes.md)
     assert time.monotonic() - t0 < 5
     assert "mltrain: error:" in r.stderr and what in r.stderr
     assert "no rank was started" in r.stderr
@@ -154,3 +154,89 @@ def test_stdin_is_not_the_launchers(ml):
     out, err = communicate(p, 15)  # communicate closes our end only after reading everything
     assert p.returncode == 0, err
     assert sorted(out.splitlines()) == ["[0] eof 0", "[1] eof 1"]
+
+
+# A host name that never resolves (RFC 2606): connecting fails at once, no test cluster needed.
+NO_HOST = "h9.invalid"
+
+
+@pytest.mark.parametrize("args,code,what", [
+    (["--", "/nonexistent/prog"], 127, "/nonexistent/prog"),
+    (["-H", NO_HOST, "--", "true"], 255, NO_HOST),
+], ids=["no-program", "no-host"])
+def test_detach_fails_when_preflight_fails(ml, args, code, what):
+    r = ml("run", "-d", "-n", "1", *args, timeout=40)
+    assert r.returncode == code, r
+    assert "started in the background" not in r.stderr and r.stdout == "", r
+    assert "mltrain: error:" in r.stderr and what in r.stderr, r.stderr
+    rec = json.loads(ml("show", "--json").stdout)
+    assert rec["exit_code"] == code and rec["status"] != "running", rec
+    logs = ml("logs", rec["id"])
+    assert "mltrain: error:" in logs.stdout and what in logs.stdout, logs
+
+
+def test_detach_returns_once_ranks_started(ml, tmp_path):
+    m = ml.marker()
+    r = ml("run", "-d", "-n", "1", "--env", f"D={tmp_path}", "--", "sh", "-c",
+           'touch "$D/up"; exec sleep "$0"', m, timeout=20)
+    assert r.returncode == 0, r
+    assert "started in the background" in r.stderr
+    run_id = r.stdout.strip()
+    wait_for(lambda: (tmp_path / "up").exists(), 10, "the rank to start")
+    assert ml("stop", run_id).returncode == 0
+
+
+def test_logs_shows_launcher_error_of_a_failed_run(ml):
+    r = ml("run", "-n", "1", "--", "/nonexistent/prog")
+    assert r.returncode == 127
+    logs = ml("logs")
+    assert "mltrain: error: preflight failed" in logs.stdout and "/nonexistent/prog" in logs.stdout, logs
+
+
+@pytest.mark.parametrize("args,code,status", [
+    (["--", "/nonexistent/prog"], 127, "failed"),
+    (["-H", NO_HOST, "--", "true"], 255, "host-failure"),
+    (["--", "sh", "-c", "exit 3"], 3, "failed"),
+], ids=["no-program", "no-host", "rank-fails"])
+def test_json_record_on_every_outcome(ml, args, code, status):
+    r = ml("run", "--json", "-n", "1", *args, timeout=40)
+    assert r.returncode == code, r
+    rec = json.loads(r.stdout)  # exactly one JSON document, nothing else on stdout
+    assert rec["status"] == status and rec["exit_code"] == code, rec
+
+
+def test_fixed_master_port_in_use_fails_preflight(ml):
+    import socket
+    busy = socket.socket()
+    busy.bind(("0.0.0.0", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    try:
+        spec = ml.write("job.toml", f"[run]\ncommand = 'true'\n[cluster]\nnprocs = 2\n[comm]\nmaster_port = {port}\n")
+        r = ml("run", spec)
+    finally:
+        busy.close()
+    assert r.returncode == 255, r
+    assert f"master_port {port} is already in use" in r.stderr and "no rank was started" in r.stderr, r.stderr
+    assert "localhost" in r.stderr or "master_port" in r.stderr
+
+
+def test_rank_exit_255_is_not_a_lost_host(ml):
+    r = ml("run", "-n", "2", "--", "sh", "-c", '[ "$RANK" = 1 ] && exit 255; sleep 5')
+    assert r.returncode == 255
+    assert "the rank's own exit code; its host was not lost" in r.stderr, r.stderr
+    rec = json.loads(ml("show", "--json").stdout)
+    assert rec["failure"]["reason"] == "rank_exit" and rec["failure"]["rank"] == 1, rec
+    assert not any(k["host_lost"] for k in rec["ranks"]), rec
+
+
+def test_doctor_checks_torch_with_the_jobs_python(ml, tmp_path):
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    fake = venv / "python3"
+    fake.write_text('#!/bin/sh\n[ "$1" = --version ] && echo "Python 3.99.0" && exit 0\n'
+                    'echo 9.9.9-fake\n')
+    fake.chmod(0o755)
+    r = ml("doctor", "--", "python3", "train.py", env={"PATH": f"{venv}:{os.environ['PATH']}"})
+    assert f"checked with {fake}" in r.stdout, r.stdout
+    assert "9.9.9-fake" in r.stdout and "3.99.0" in r.stdout, r.stdout

@@ -105,8 +105,8 @@ std::vector<std::string> one_of_each() {
   add(msg::Terminate{1500}, kAllRanks);
   add(msg::Ping{0x0123456789abcdefULL}, 0);
   add(msg::Shutdown{}, 0);
-  add(msg::Prepare{"10.0.0.1", 3, "/tmp", "train.py", "/usr/bin:/bin"}, 0);
-  add(msg::Probe{29500}, 0);
+  add(msg::Prepare{"10.0.0.1", 3, "/tmp", "train.py", "/usr/bin:/bin", 29500}, 0);
+  add(msg::Probe{29500, "/opt/venv/bin/python", "/opt/venv/bin:/usr/bin"}, 0);
   add(msg::Stdin{std::string("c\n\0", 3)}, 0);
   add(msg::StdinClose{}, 0);
   add(msg::HelloAck{kMagic, kVersion, 4242, "h1", "x86_64"}, 0);
@@ -117,7 +117,7 @@ std::vector<std::string> one_of_each() {
   add(msg::Pong{99}, 0);
   add(msg::AgentError{"unexpected frame"}, 0);
   add(msg::Bye{}, 0);
-  add(msg::Prepared{"eth0", "10.0.0.2", {"29500", "29501"}, {"workdir /x does not exist"}}, 0);
+  add(msg::Prepared{"eth0", "10.0.0.2", {"29500", "29501"}, {"program x not found"}, 1}, 0);
   add(msg::Probed{{"arch=x86_64", "gpus=0"}}, 0);
   return frames;
 }
@@ -131,12 +131,10 @@ TEST_CASE("protocol: every message round-trips through its struct") {
   round_trip(msg::Terminate{1500}, kAllRanks);
   round_trip(msg::Ping{0x0123456789abcdefULL}, 0);
   round_trip(msg::Shutdown{}, 0);
-  round_trip(msg::Prepare{"10.0.0.1", 3, "/tmp", "train.py", "/usr/bin:/bin"}, 0);
-  round_trip(msg::Probe{29500}, 0);
-  round_trip(msg::Spawn{"/w", {"sh"}, {}, 1}, 0);
-  round_trip(msg::Stdin{std::string("c\n\0", 3)}, 0);
-  round_trip(msg::Stdin{""}, 2);
-  round_trip(msg::StdinClose{}, 2);
+  add(msg::Prepare{"10.0.0.1", 3, "/tmp", "train.py", "/usr/bin:/bin", 29500}, 0);
+  add(msg::Probe{29500, "/opt/venv/bin/python", "/opt/venv/bin:/usr/bin"}, 0);
+  add(msg::Stdin{std::string("c\n\0", 3)}, 0);
+  add(msg::StdinClose{}, 0);
   round_trip(msg::HelloAck{kMagic, kVersion, 4242, "h1", "x86_64"}, 0);
   round_trip(msg::Started{777}, 5);
   round_trip(msg::SpawnFailed{"exec: No such file or directory"}, 5);
@@ -146,7 +144,7 @@ TEST_CASE("protocol: every message round-trips through its struct") {
   round_trip(msg::Pong{99}, 0);
   round_trip(msg::AgentError{"unexpected frame"}, 0);
   round_trip(msg::Bye{}, 0);
-  round_trip(msg::Prepared{"eth0", "10.0.0.2", {"29500", "29501"}, {"workdir /x does not exist"}}, 0);
+  round_trip(msg::Prepared{"eth0", "10.0.0.2", {"29500", "29501"}, {"program x not found"}, 1}, 0);
   round_trip(msg::Probed{{"arch=x86_64", "gpus=0"}}, 0);
   CHECK(one_of_each().size() == std::variant_size_v<Message>);
 }

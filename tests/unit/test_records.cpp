@@ -49,7 +49,8 @@ TEST_CASE("records: save and load round trip") {
   r.ranks = {rank};
   r.restarts = 1;
   r.max_restarts = 2;
-  r.failure = records::Failure{1, "h2", 3, 0, "rank 1 exited with code 3", {"Traceback", "boom"}};
+  r.failure =
+      records::Failure{1, "h2", 3, 0, "rank 1 exited with code 3", {"Traceback", "boom"}, "rank_exit"};
   records::save(r);
 
   auto back = records::load(r.id);
@@ -69,6 +70,7 @@ TEST_CASE("records: save and load round trip") {
   REQUIRE(back.failure.has_value());
   CHECK(back.failure->host == "h2");
   CHECK(back.failure->tail == std::vector<std::string>{"Traceback", "boom"});
+  CHECK(back.failure->reason == "rank_exit");
 }
 
 TEST_CASE("records: listing and id lookup") {

@@ -48,7 +48,8 @@ struct Host {
   std::unique_ptr<transport::AgentLink> link;
   agent::Decoder decoder;
   std::string outbox;
-  std::string problem;  // why preflight failed here
+  std::string problem;        // why preflight failed here
+  bool cannot_start = false;  // ... because the program or workdir is missing (exit 127)
   agent::msg::Prepared prepared;
   Probing probing;
   std::optional<agent::msg::Probed> probed;
@@ -136,7 +137,8 @@ class Gang {
   void spawn_all();
   void forward_stdin();  // --stdin: the launcher's stdin to one rank, while it runs
   void terminate_all(std::chrono::milliseconds grace);
-  void fail_first(int rank, const std::string& host, int code, int sig, const std::string& message);
+  void fail_first(int rank, const std::string& host, int code, int sig, const std::string& message,
+                  const char* reason);
   void host_lost(size_t i, const std::string& why);
   void on_signal(int sig);
   void all_ranks_ended();
