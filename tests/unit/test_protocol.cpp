@@ -100,7 +100,7 @@ std::vector<std::string> one_of_each() {
     frames.push_back(w);
   };
   add(msg::Hello{kMagic, kVersion, 5000, 10000}, 0);
-  add(msg::Spawn{"/w d", {"python3", "-c", "print(1)", ""}, {"A=1", "B=x=y"}}, 3);
+  add(msg::Spawn{"/w d", {"python3", "-c", "print(1)", ""}, {"A=1", "B=x=y"}, 1}, 3);
   add(msg::Signal{2}, kAllRanks);
   add(msg::Terminate{1500}, kAllRanks);
   add(msg::Ping{0x0123456789abcdefULL}, 0);
@@ -126,15 +126,15 @@ std::vector<std::string> one_of_each() {
 
 TEST_CASE("protocol: every message round-trips through its struct") {
   round_trip(msg::Hello{kMagic, kVersion, 5000, 10000}, 0);
-  round_trip(msg::Spawn{"/w d", {"python3", "-c", "print(1)", ""}, {"A=1", "B=x=y"}}, 3);
+  round_trip(msg::Spawn{"/w d", {"python3", "-c", "print(1)", ""}, {"A=1", "B=x=y"}, 1}, 3);
   round_trip(msg::Signal{2}, kAllRanks);
   round_trip(msg::Terminate{1500}, kAllRanks);
   round_trip(msg::Ping{0x0123456789abcdefULL}, 0);
   round_trip(msg::Shutdown{}, 0);
-  add(msg::Prepare{"10.0.0.1", 3, "/tmp", "train.py", "/usr/bin:/bin", 29500}, 0);
-  add(msg::Probe{29500, "/opt/venv/bin/python", "/opt/venv/bin:/usr/bin"}, 0);
-  add(msg::Stdin{std::string("c\n\0", 3)}, 0);
-  add(msg::StdinClose{}, 0);
+  round_trip(msg::Prepare{"10.0.0.1", 3, "/tmp", "train.py", "/usr/bin:/bin", 29500}, 0);
+  round_trip(msg::Probe{29500, "/opt/venv/bin/python", "/opt/venv/bin:/usr/bin"}, 0);
+  round_trip(msg::Stdin{std::string("c\n\0", 3)}, 0);
+  round_trip(msg::StdinClose{}, 0);
   round_trip(msg::HelloAck{kMagic, kVersion, 4242, "h1", "x86_64"}, 0);
   round_trip(msg::Started{777}, 5);
   round_trip(msg::SpawnFailed{"exec: No such file or directory"}, 5);
