@@ -80,8 +80,9 @@ RunResult run(const JobRequest& req) {
   std::string token = detail::random_token();
   // Plan before creating the record, so a bad host list leaves no empty run behind.
   plan::make_plan(s, detail::plan_inputs(req, "pending", token, detail::Ports::free));
-  plan::Plan p =
-      plan::make_plan(s, detail::plan_inputs(req, records::create_run(s.name), token, detail::Ports::free));
+  plan::Inputs in = detail::plan_inputs(req, records::create_run(s.name), token, detail::Ports::free);
+  in.error_dir = records::run_dir(in.run_id);
+  plan::Plan p = plan::make_plan(s, in);
 
   RunResult result;
   result.run_id = p.run_id;
