@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "cli/commands.h"
+#include "cli/job_flags.h"
 #include "config.h"
 #include "runner/common/error.h"
 #include "runner/common/log.h"
@@ -43,6 +44,7 @@ int run_main(int argc, char** argv) {
       args.resize(i);
       break;
     }
+  translate_peer_flags(args);
 
   CLI::App app{
       "mltrain: start a training job's ranks on one or more hosts, stream their logs, stop them together.",
