@@ -7,6 +7,7 @@
 #include <climits>
 
 #include "cli/commands.h"
+#include "cli/job_flags.h"
 #include "mltrain/bench.hpp"
 #include "runner/common/error.h"
 #include "runner/launch/launch.h"
@@ -28,19 +29,15 @@ int bench_worker_main(int argc, char** argv) { return comm::bench_main(argc, arg
 
 void register_bench(CLI::App& app, Global& g, std::function<int()>& handler) {
   static struct {
-    std::string job, hostfile, hosts, ssh_config, op = "allreduce", redop = "sum", dtype = "f32";
+    std::string job, op = "allreduce", redop = "sum", dtype = "f32";
     std::string min_bytes = "4K", max_bytes = "256M", factor = "2", stat = "median";
-    int nprocs = 0, procs_per_host = 0, iters = 20, warmup = 5;
-    bool check = false, json = false, accept_new = false;
+    int iters = 20, warmup = 5;
+    bool check = false, json = false;
+    launch::Overrides hosts;
   } f;
   auto* c = app.add_subcommand("bench", "Measure collectives between the ranks of a job, like nccl-tests");
   c->add_option("job", f.job, "Job spec whose hosts to use (its command is ignored)");
-  c->add_option("-n,--nprocs", f.nprocs, "Number of ranks, as in 'run'")->check(CLI::Range(1, 4096));
-  c->add_option("--procs-per-host", f.procs_per_host, "Ranks on each host")->check(CLI::Range(1, 4096));
-  c->add_option("--hostfile", f.hostfile, "Hostfile");
-  c->add_option("-H,--hosts", f.hosts, "Hosts, e.g. 'a:2,b:2'");
-  c->add_option("--ssh-config", f.ssh_config, "ssh config file");
-  c->add_flag("--accept-new-host-keys", f.accept_new, "Accept and record unknown host keys");
+  add_host_flags(c, f.hosts);
   c->add_option("--op", f.op, "Collective")
       ->check(CLI::IsMember({"allreduce", "broadcast", "allgather", "reduce_scatter"}));
   c->add_option("--redop", f.redop, "Reduction")->check(CLI::IsMember({"sum", "prod", "min", "max", "avg"}));
@@ -67,13 +64,8 @@ void register_bench(CLI::App& app, Global& g, std::function<int()>& handler) {
       launch::JobRequest req;
       if (!f.job.empty()) req.specs = {f.job};
       auto& o = req.overrides;
-      o.nprocs = f.nprocs;
-      o.procs_per_host = f.procs_per_host;
-      o.hostfile = f.hostfile;
-      o.hosts = f.hosts;
-      o.ssh_config = f.ssh_config;
-      o.accept_new_host_keys = f.accept_new;
-      if (f.job.empty() && !f.nprocs && f.hostfile.empty() && f.hosts.empty()) o.nprocs = 2;
+      o = f.hosts;
+      if (f.job.empty() && !o.nprocs && o.hostfile.empty() && !o.hosts) o.nprocs = 2;
       // The ranks run mltrain itself, not the user's code: any directory every host has will do.
       o.name = "bench";
       o.workdir = "/";

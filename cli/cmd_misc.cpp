@@ -1,4 +1,7 @@
 // `mltrain completions` and `mltrain knobs`.
+#include <sys/ioctl.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -54,6 +57,29 @@ void print_knobs_json() {
   std::printf("]\n");
 }
 
+// The terminal's width: $COLUMNS, else the TTY's; 0 (no wrapping) for a pipe.
+size_t terminal_width() {
+  if (const char* c = std::getenv("COLUMNS"); c && std::atoi(c) > 0) return size_t(std::atoi(c));
+  winsize ws{};
+  if (::isatty(1) && ::ioctl(1, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  return 0;
+}
+
+// `text` broken at blanks into lines of at most `width` (0: one line), each after the first
+// indented by `indent`, so a long MEANING stays in its column instead of wrapping under VARIABLE.
+std::string wrap(const std::string& text, size_t indent, size_t width) {
+  if (width == 0 || indent + 20 > width) return text;
+  std::string out, line;
+  for (const auto& word : text::split(text, ' ')) {
+    if (!line.empty() && indent + line.size() + 1 + word.size() > width) {
+      out += line + "\n" + std::string(indent, ' ');
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+  }
+  return out + line;
+}
+
 void print_knobs_table() {
   size_t name_w = 8, default_w = 7, who_w = 3;
   for (const auto& k : knobs::all()) {
@@ -61,6 +87,7 @@ void print_knobs_table() {
     default_w = std::max(default_w, shown_default(k).size());
     who_w = std::max(who_w, knobs::readers_text(k.readers).size());
   }
+  size_t meaning_at = name_w + 2 + default_w + 2 + who_w + 2, width = terminal_width();
   std::printf("%-*s  %-*s  %-*s  %s\n", int(name_w), "VARIABLE", int(default_w), "DEFAULT", int(who_w), "WHO",
               "MEANING");
   for (const auto& k : knobs::all()) {
@@ -68,7 +95,7 @@ void print_knobs_table() {
     if (k.kind != knobs::Kind::string) help += " [" + knobs::kind_text(k) + "]";
     std::printf("%-*.*s  %-*.*s  %-*s  %s\n", int(name_w), int(k.name.size()), k.name.data(), int(default_w),
                 int(shown_default(k).size()), shown_default(k).data(), int(who_w),
-                knobs::readers_text(k.readers).c_str(), help.c_str());
+                knobs::readers_text(k.readers).c_str(), wrap(help, meaning_at, width).c_str());
   }
 }
 

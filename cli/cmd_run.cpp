@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "cli/job_flags.h"
 #include "runner/launch/launch.h"
 
 namespace mltrain::cli {
@@ -14,31 +15,8 @@ struct RunFlags {
   bool dry_run = false, json = false, detach = false;
 };
 
-void add_job_flags(CLI::App* c, RunFlags& rf) {
-  auto& f = rf.overrides;
+void add_spec_arg(CLI::App* c, RunFlags& rf) {
   c->add_option("job", rf.positional, "Job spec (TOML); or give a command after '--'");
-  c->add_option("-n,--nprocs", f.nprocs, "Number of ranks (on localhost, or spread over the hosts)")
-      ->check(CLI::Range(1, 1 << 20));
-  c->add_option("--procs-per-host", f.procs_per_host, "Ranks on each host")->check(CLI::Range(1, 4096));
-  c->add_option("--hostfile", f.hostfile, "Hostfile (DeepSpeed, Open MPI or Horovod format)");
-  c->add_option("-H,--hosts", f.hosts, "Hosts, e.g. 'a:4,b:4' or 'gpu[01-04]:8'");
-  c->add_option("--include", f.include, "Only these hosts/slots, e.g. 'host1:0,2@host2'");
-  c->add_option("--exclude", f.exclude, "All but these hosts/slots");
-  c->add_option("-e,--env", f.env, "Set a variable for every rank (K=V; repeatable)")
-      ->allow_extra_args(false);
-  c->add_option("--max-restarts", f.max_restarts, "Restart the whole gang up to N times on failure")
-      ->check(CLI::Range(0, 1000));
-  c->add_option("--timeout", f.timeout, "Stop the job after this long, e.g. 90s, 2h");
-  c->add_option("--grace-period", f.grace, "Time between SIGTERM and SIGKILL when stopping ranks");
-  c->add_option("--profile", f.profile, "Profile to merge under the spec (name or path)");
-  c->add_option("--name", f.name, "Job name (for run ids and records)");
-  c->add_option("--workdir", f.workdir, "Working directory of every rank");
-  c->add_option("--ranks", f.ranks, "Show only these ranks on the console, e.g. 0,3-5 (files get all)");
-  c->add_flag("--no-prefix", f.no_prefix, "Print rank output without the [rank] prefix");
-  c->add_flag("--timestamps", f.timestamps, "Start console lines with the time");
-  c->add_option("--ssh-config", f.ssh_config, "ssh config file (default ~/.ssh/config)");
-  c->add_flag("--accept-new-host-keys", f.accept_new_host_keys,
-              "Accept and record host keys never seen before");
 }
 
 launch::JobRequest request(const RunFlags& f, const Global& g) {
@@ -99,7 +77,8 @@ void register_doctor(CLI::App& app, Global& g, std::function<int()>& handler) {
   auto* c = app.add_subcommand(
       "doctor",
       "Check every host of a job: reachable, host key, auth, agent, GPUs, NCCL, Python, torch, clock");
-  add_job_flags(c, f);
+  add_spec_arg(c, f);
+  add_host_flags(c, f.overrides);
   c->add_flag("--json", f.json, "Print the report as JSON");
   c->footer(
       "Examples:\n  mltrain doctor job.toml\n  mltrain doctor --hostfile hosts.txt --ssh-config "
@@ -112,7 +91,10 @@ void register_doctor(CLI::App& app, Global& g, std::function<int()>& handler) {
 void register_run(CLI::App& app, Global& g, std::function<int()>& handler) {
   static RunFlags f;
   auto* c = app.add_subcommand("run", "Start a job's ranks, stream their output, stop them together");
-  add_job_flags(c, f);
+  add_spec_arg(c, f);
+  add_host_flags(c, f.overrides);
+  add_job_flags(c, f.overrides);
+  add_console_flags(c, f.overrides);
   c->add_flag("--dry-run", f.dry_run,
               "Print the plan (hosts, ranks, each rank's environment); start nothing");
   c->add_flag("--json", f.json, "Machine-readable output (the plan with --dry-run, else the final summary)");
@@ -141,7 +123,9 @@ void register_run(CLI::App& app, Global& g, std::function<int()>& handler) {
 void register_validate(CLI::App& app, Global& g, std::function<int()>& handler) {
   static RunFlags f;
   auto* c = app.add_subcommand("validate", "Check a job spec and its hosts without starting anything");
-  add_job_flags(c, f);
+  add_spec_arg(c, f);
+  add_host_flags(c, f.overrides);
+  add_job_flags(c, f.overrides);
   c->add_flag("--json", f.json, "Print the resolved plan as JSON");
   c->footer(
       "Example:\n  mltrain validate examples/hello.toml\nExit code 2 and a file:line:column message on any "

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "cli/commands.h"
+#include "cli/job_flags.h"
 #include "config.h"
 #include "runner/common/error.h"
 #include "runner/common/log.h"
@@ -44,6 +45,7 @@ int run_main(int argc, char** argv) {
       args.resize(i);
       break;
     }
+  translate_peer_flags(args);
 
   CLI::App app{
       "mltrain: start a training job's ranks on one or more hosts, stream their logs, stop them together.",

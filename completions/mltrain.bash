@@ -64,11 +64,11 @@ _mltrain() {
 
     local cmds="run validate logs ls show stop completions knobs"
     local global_opts="-v --verbose --color"
-    local job_opts="-n --nprocs --procs-per-host --hostfile -H --hosts --include --exclude -e --env
-        --max-restarts --timeout --grace-period --profile --name --workdir --ranks --no-prefix --timestamps"
+    local job_opts="-n --nprocs --procs-per-host --oversubscribe --hostfile -H --hosts --include --exclude -e --env -x
+        --master-port --max-restarts --timeout --grace-period --profile --name --workdir"
     # Options that take a value (the value is the next word, or follows '=').
-    local with_value=" --color -n --nprocs --procs-per-host --hostfile -H --hosts --include --exclude -e --env
-        --max-restarts --timeout --grace-period --profile --name --workdir --ranks -r --rank -g --grep -t --tail --stdin-rank "
+    local with_value=" --color -n --nprocs --procs-per-host --hostfile -H --hosts --include --exclude -e --env -x
+        --master-port --max-restarts --timeout --grace-period --profile --name --workdir --ranks -r --rank -g --grep -t --tail --stdin-rank "
     with_value=${with_value//$'\n'/ }
 
     # Find the subcommand, count the positionals after it, and notice a '--'.
@@ -164,7 +164,7 @@ _mltrain() {
         local flags
         case $cmd in
             "") flags="-h --help --version $global_opts" ;;
-            run) flags="$job_opts --dry-run --json -d --detach --stdin --stdin-rank -h --help $global_opts" ;;
+            run) flags="$job_opts --ranks --no-prefix --timestamps --dry-run --json -d --detach --stdin --stdin-rank -h --help $global_opts" ;;
             validate) flags="$job_opts --json -h --help $global_opts" ;;
             logs) flags="-f --follow -r --rank -g --grep -t --tail --no-prefix -h --help $global_opts" ;;
             ls | show | knobs) flags="--json -h --help $global_opts" ;;

@@ -5,8 +5,8 @@
 # The words before any '--' that are neither options nor option values: the subcommand first,
 # then its positionals.
 function __mltrain_words
-    set -l with_value --color -n --nprocs --procs-per-host --hostfile -H --hosts --include --exclude -e --env \
-        --max-restarts --timeout --grace-period --profile --name --workdir --ranks -r --rank -g --grep -t --tail
+    set -l with_value --color -n --nprocs --procs-per-host --hostfile -H --hosts --include --exclude -e --env -x \
+        --master-port --max-restarts --timeout --grace-period --profile --name --workdir --ranks -r --rank -g --grep -t --tail
     set -l skip 0
     for tok in (commandline -opc)[2..-1]
         if test $skip -eq 1
@@ -115,6 +115,9 @@ set -l job 'run validate'
 complete -c mltrain -n "__mltrain_using $job; and __mltrain_no_positional" -k -a '(__mltrain_toml_files)' -d 'Job spec'
 complete -c mltrain -n "__mltrain_using $job" -s n -l nprocs -x -d 'Number of ranks'
 complete -c mltrain -n "__mltrain_using $job" -l procs-per-host -x -d 'Ranks on each host'
+complete -c mltrain -n "__mltrain_using $job" -l oversubscribe -d 'Allow more ranks than the hosts have slots'
+complete -c mltrain -n "__mltrain_using $job" -s x -x -a '(set -xn)' -d 'Forward a variable of this shell (K), or set it (K=V)'
+complete -c mltrain -n "__mltrain_using $job" -l master-port -x -d 'MASTER_PORT of the job'
 complete -c mltrain -n "__mltrain_using $job" -l hostfile -r -F -d 'Hostfile (DeepSpeed, Open MPI or Horovod format)'
 complete -c mltrain -n "__mltrain_using $job" -s H -l hosts -x -a '(__fish_print_hostnames)' -d "Hosts, e.g. 'a:4,b:4'"
 complete -c mltrain -n "__mltrain_using $job" -l include -x -a '(__fish_print_hostnames)' -d 'Only these hosts/slots'
@@ -126,9 +129,9 @@ complete -c mltrain -n "__mltrain_using $job" -l grace-period -x -d 'Time betwee
 complete -c mltrain -n "__mltrain_using $job" -l profile -x -a '(__mltrain_profiles)' -d 'Profile to merge under the spec'
 complete -c mltrain -n "__mltrain_using $job" -l name -x -d 'Job name (for run ids and records)'
 complete -c mltrain -n "__mltrain_using $job" -l workdir -x -a '(__fish_complete_directories (commandline -ct))' -d 'Working directory of every rank'
-complete -c mltrain -n "__mltrain_using $job" -l ranks -x -d 'Show only these ranks on the console, e.g. 0,3-5'
-complete -c mltrain -n "__mltrain_using $job" -l no-prefix -d 'Print rank output without the [rank] prefix'
-complete -c mltrain -n "__mltrain_using $job" -l timestamps -d 'Start console lines with the time'
+complete -c mltrain -n '__mltrain_using run' -l ranks -x -d 'Show only these ranks on the console, e.g. 0,3-5'
+complete -c mltrain -n '__mltrain_using run' -l no-prefix -d 'Print rank output without the [rank] prefix'
+complete -c mltrain -n '__mltrain_using run' -l timestamps -d 'Start console lines with the time'
 complete -c mltrain -n "__mltrain_using $job" -l json -d 'Machine-readable output'
 complete -c mltrain -n '__mltrain_using run' -l dry-run -d 'Print the plan; start nothing'
 complete -c mltrain -n '__mltrain_using run' -s d -l detach -d 'Print the run id and leave the job running'

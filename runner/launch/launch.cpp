@@ -1,7 +1,10 @@
 // From a JobRequest to a spec and a plan: the flag overrides, validate, dry run, doctor.
 #include "runner/launch/launch.h"
 
+#include <netdb.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <random>
@@ -9,6 +12,7 @@
 #include "runner/common/error.h"
 #include "runner/common/text.h"
 #include "runner/launch/detail/launch_detail.h"
+#include "runner/transport/ssh_config.h"
 #include "runner/transport/ssh_transport.h"
 
 namespace mltrain::launch {
@@ -21,28 +25,53 @@ std::chrono::milliseconds parse_flag_duration(const std::string& flag, const std
   return *d;
 }
 
-void set_env(spec::JobSpec& s, const std::string& kv) {
-  auto eq = kv.find('=');
-  if (eq == std::string::npos || eq == 0)
-    throw Error("--env '" + kv + "' is not K=V", "write --env NAME=value");
-  std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
-  spec::check_env_name(k, "--env");
+void put_env(spec::JobSpec& s, const std::string& k, const std::string& v) {
   bool replaced = false;
   for (auto& [ek, ev] : s.run.env)
     if (ek == k) ev = v, replaced = true;
   if (!replaced) s.run.env.emplace_back(k, v);
 }
 
-void apply_overrides(spec::JobSpec& s, const Overrides& f) {
+void set_env(spec::JobSpec& s, const std::string& kv) {
+  auto eq = kv.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw Error("--env '" + kv + "' is not K=V",
+                "write --env NAME=value (or -x NAME to forward this shell's value)");
+  std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
+  spec::check_env_name(k, "--env");
+  put_env(s, k, v);
+}
+
+// mpirun's -x: "K" forwards the launcher's value of K, "K=V" sets it like --env.
+void forward_env(spec::JobSpec& s, const std::string& item,
+                 const std::map<std::string, std::string>& environ) {
+  auto eq = item.find('=');
+  std::string k = item.substr(0, eq);
+  spec::check_env_name(k, "-x");
+  if (eq != std::string::npos) return put_env(s, k, item.substr(eq + 1));
+  auto it = environ.find(k);
+  if (it == environ.end())
+    throw Error("-x " + k + ": " + k + " is not set in this environment, so there is nothing to forward",
+                "export " + k + " first, or give its value: -x " + k + "=VALUE");
+  put_env(s, k, it->second);
+}
+
+void apply_overrides(spec::JobSpec& s, const Overrides& f,
+                     const std::map<std::string, std::string>& environ) {
   if (f.nprocs > 0) s.cluster.nprocs = f.nprocs;
   if (f.procs_per_host > 0) s.cluster.procs_per_host = f.procs_per_host;
+  if (f.oversubscribe) {
+    s.cluster.oversubscribe = true;
+    s.origins["cluster.oversubscribe"] = "--oversubscribe";
+  }
   if (!f.hostfile.empty()) {
     s.cluster.hostfile = f.hostfile;
     s.cluster.hosts.clear();
     s.origins["cluster.hostfile"] = "--hostfile";
   }
-  if (!f.hosts.empty()) {
-    s.cluster.hosts = {f.hosts};
+  if (f.hosts) {
+    // An empty -H is kept: planning refuses it rather than running on localhost.
+    s.cluster.hosts = {*f.hosts};
     s.cluster.hostfile.clear();
     s.origins["cluster.hosts"] = "-H";
   }
@@ -55,6 +84,11 @@ void apply_overrides(spec::JobSpec& s, const Overrides& f) {
     s.origins["cluster.exclude"] = "--exclude";
   }
   for (const auto& kv : f.env) set_env(s, kv);
+  for (const auto& item : f.forward) forward_env(s, item, environ);
+  if (f.master_port > 0) {
+    s.comm.master_port = f.master_port;
+    s.origins["comm.master_port"] = "--master-port";
+  }
   if (f.max_restarts >= 0) s.run.max_restarts = f.max_restarts;
   if (!f.timeout.empty()) s.run.timeout = parse_flag_duration("--timeout", f.timeout);
   if (!f.grace.empty()) s.run.grace_period = parse_flag_duration("--grace-period", f.grace);
@@ -70,6 +104,44 @@ void apply_overrides(spec::JobSpec& s, const Overrides& f) {
   }
 }
 
+// What validate can learn about a remote host without connecting: the name ssh would dial (the
+// config's HostName) resolves. A host behind ProxyJump/ProxyCommand is resolved by the jump host,
+// so it is skipped. Returns one line per host; `failures` gets the hosts that do not resolve.
+std::vector<std::string> check_resolution(const plan::Plan& p, const spec::JobSpec& s,
+                                          std::vector<std::string>& failures) {
+  std::vector<std::string> lines;
+  const char* home_env = std::getenv("HOME");
+  std::string home = home_env ? home_env : "";
+  std::string config = transport::expand_home(s.ssh.config.empty() ? "~/.ssh/config" : s.ssh.config, home);
+  transport::SshConfig cfg = transport::SshConfig::load(config, home);
+  for (const auto& h : p.hosts) {
+    if (h.local) continue;
+    const std::string& name = h.host.name;
+    std::string target = cfg.value(name, "hostname");
+    if (target.empty()) target = name;
+    std::string via = target == name ? "" : " (HostName " + target + " in " + config + ")";
+    std::string jump = cfg.value(name, "proxyjump"), proxy = cfg.value(name, "proxycommand");
+    if ((!jump.empty() && jump != "none") || (!proxy.empty() && proxy != "none")) {
+      lines.push_back("  " + name + ": not resolved here: reached through " +
+                      (jump.empty() ? "ProxyCommand" : "ProxyJump " + jump));
+      continue;
+    }
+    addrinfo hints{}, *res = nullptr;
+    hints.ai_socktype = SOCK_STREAM;
+    int rc = ::getaddrinfo(target.c_str(), nullptr, &hints, &res);
+    if (rc != 0 || !res) {
+      failures.push_back(name + via + " (" + ::gai_strerror(rc) + ")");
+      lines.push_back("  " + name + ": does not resolve" + via);
+      continue;
+    }
+    char addr[NI_MAXHOST] = "?";
+    ::getnameinfo(res->ai_addr, res->ai_addrlen, addr, sizeof addr, nullptr, 0, NI_NUMERICHOST);
+    ::freeaddrinfo(res);
+    lines.push_back("  " + name + ": resolves to " + addr + via);
+  }
+  return lines;
+}
+
 }  // namespace
 
 spec::JobSpec resolve_spec(const JobRequest& req) {
@@ -81,7 +153,8 @@ spec::JobSpec resolve_spec(const JobRequest& req) {
   spec::JobSpec s;
   if (!words.empty()) {
     s = spec::load_file(words[0]);
-    if (req.command) {
+    // "run job.toml --" with nothing after it keeps the spec's command.
+    if (req.command && !req.command->empty()) {
       s.run.argv = *req.command;
       s.run.command.reset();
     }
@@ -94,7 +167,7 @@ spec::JobSpec resolve_spec(const JobRequest& req) {
                   "give a job spec (mltrain run job.toml) or a command (mltrain run -n 4 -- CMD ...)");
     s = spec::from_command(*req.command, profile);
   }
-  apply_overrides(s, req.overrides);
+  apply_overrides(s, req.overrides, req.environ ? *req.environ : plan::current_environ());
   spec::check(s);
   if (!s.logs.ranks.empty() && !text::parse_int_list(s.logs.ranks))
     throw Error("--ranks '" + s.logs.ranks + "' is not a rank list", "write ranks like 0,3-5");
@@ -154,8 +227,22 @@ Validation validate(const JobRequest& req) {
   for (const auto& h : v.plan.hosts)
     hosts.push_back(h.host.name + "(" + std::to_string(h.ranks.size()) + ")");
   size_t n = v.plan.ranks.size();
-  v.summary = (req.specs.empty() ? std::string("command") : req.specs[0]) + ": ok: " + std::to_string(n) +
-              " rank" + (n == 1 ? "" : "s") + " on " + text::join(hosts, ", ");
+  std::string what = req.specs.empty() ? std::string("command") : req.specs[0];
+  std::vector<std::string> failures;
+  auto lines = check_resolution(v.plan, s, failures);
+  if (!failures.empty())
+    throw Error(
+        what + ": " + (failures.size() == 1 ? "host " : "hosts ") + text::join(failures, ", ") +
+            (failures.size() == 1 ? " does not resolve" : " do not resolve"),
+        "check the name in -H, the hostfile or [cluster] hosts, or give it a HostName in the ssh config",
+        exit_code::host_failure);
+  v.summary =
+      what + ": ok: " + std::to_string(n) + " rank" + (n == 1 ? "" : "s") + " on " + text::join(hosts, ", ");
+  if (!lines.empty()) {
+    v.summary += "\n" + text::join(lines, "\n");
+    v.summary += "\nnot checked: connecting, host keys, login, the agent, GPUs, Python (run `mltrain doctor" +
+                 (req.specs.empty() ? std::string() : " " + req.specs[0]) + "` for those)";
+  }
   return v;
 }
 

@@ -20,9 +20,13 @@ namespace mltrain::launch {
 struct Overrides {
   int nprocs = 0;
   int procs_per_host = 0;
-  std::string hostfile, hosts;  // either replaces both of the spec's
+  bool oversubscribe = false;        // allow more ranks than the hosts have slots
+  std::string hostfile;              // replaces the spec's hosts and hostfile
+  std::optional<std::string> hosts;  // -H as given (even empty); replaces the spec's hosts and hostfile
   std::string include, exclude;
-  std::vector<std::string> env;  // "K=V" each; replaces the spec's value of K
+  std::vector<std::string> env;      // "K=V" each; replaces the spec's value of K
+  std::vector<std::string> forward;  // -x: "K" (the launcher's value of K) or "K=V"
+  int master_port = 0;               // 0: the spec's
   int max_restarts = -1;
   std::string timeout, grace;  // durations as written ("90s", "1h30m")
   std::string profile;         // ad-hoc runs only

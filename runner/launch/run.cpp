@@ -170,8 +170,9 @@ RunResult run(const JobRequest& req) {
                   "pick a rank in that range", exit_code::usage);
   }
 
-  plan::Plan p =
-      plan::make_plan(s, detail::plan_inputs(req, records::create_run(s.name), token, detail::Ports::free));
+  plan::Inputs in = detail::plan_inputs(req, records::create_run(s.name), token, detail::Ports::free);
+  in.error_dir = records::run_dir(in.run_id);
+  plan::Plan p = plan::make_plan(s, in);
 
   RunResult result;
   result.run_id = p.run_id;

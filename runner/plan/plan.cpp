@@ -112,6 +112,15 @@ std::vector<hostfile::Host> resolve_hosts(const spec::JobSpec& s,
       hosts.push_back(h);
     }
   }
+  // A host list that names no host must not quietly become this machine (a login node, often).
+  if (hosts.empty() && !s.cluster.hostfile.empty())
+    throw Error("hostfile " + s.cluster.hostfile + " has no hosts (only blank lines or comments)",
+                "write one host per line, e.g. 'node1 slots=4'; see docs/hostfile.md", exit_code::usage);
+  if (hosts.empty() && s.origins.count("cluster.hosts"))
+    throw Error(s.origin("cluster.hosts", "-H") == "-H"
+                    ? "-H is empty"
+                    : s.origin("cluster.hosts", "") + ": [cluster] hosts is empty",
+                "name at least one host (-H a:4,b:4), or leave hosts out to run on this machine");
   if (hosts.empty()) {
     hostfile::Host h;
     h.name = "localhost";
@@ -133,33 +142,35 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
   p.token = in.token;
   auto hosts = resolve_hosts(s, in.environ);
 
-  // How many ranks each host runs.
+  // How many ranks each host runs. One rule, mpirun's: a host has the slots written for it (a host
+  // written without a count has 1); more ranks than slots is an error unless oversubscribing.
+  // Only the implicit localhost (no hosts given) stretches to -n.
   std::vector<int> counts;
-  bool any_slots = std::any_of(hosts.begin(), hosts.end(),
-                               [](const auto& h) { return h.slots > 0 || !h.slot_ids.empty(); });
   int n = s.cluster.nprocs;
+  bool implicit_local = hosts.size() == 1 && hosts[0].origin == "default";
   if (s.cluster.procs_per_host > 0) {
     for (size_t i = 0; i < hosts.size(); ++i) counts.push_back(s.cluster.procs_per_host);
-  } else if (n > 0 && !any_slots) {
-    // No slots anywhere: spread -n evenly, the first hosts taking the remainder.
-    int h = int(hosts.size());
-    for (int i = 0; i < h; ++i) counts.push_back(n / h + (i < n % h ? 1 : 0));
   } else {
     for (const auto& h : hosts) counts.push_back(hostfile::slot_count(h));
   }
   if (n > 0) {
     int total = 0;
     for (int c : counts) total += c;
-    if (n > total) {
-      // A lone localhost with no slots stretches to -n; a real host list is a hard limit.
-      if (hosts.size() == 1 && hosts[0].slots == 0 && hosts[0].slot_ids.empty() &&
-          s.cluster.procs_per_host == 0) {
-        counts[0] = n;
-      } else {
+    if (n > total && implicit_local && s.cluster.procs_per_host == 0) {
+      counts[0] = n;
+    } else if (n > total) {
+      if (!s.cluster.oversubscribe) {
+        std::string where = !s.cluster.hostfile.empty() ? "hostfile " + s.cluster.hostfile
+                                                        : s.origin("cluster.hosts", "the host list");
         throw Error("asked for " + std::to_string(n) + " ranks but the hosts have only " +
-                        std::to_string(total) + " slots",
-                    "lower -n, or raise slots / procs_per_host");
+                        std::to_string(total) + " slot" + (total == 1 ? "" : "s") + " (" + where +
+                        "; a host written without a count has 1)",
+                    "lower -n, give slot counts (-H a:4,b:4 or 'slots=4'), set --procs-per-host, or allow it "
+                    "with --oversubscribe");
       }
+      // Oversubscribed: fill every slot, then deal the rest round-robin over the hosts.
+      for (int extra = n - total, i = 0; extra > 0; --extra, i = (i + 1) % int(counts.size()))
+        ++counts[size_t(i)];
     }
     int left = n;
     for (auto& c : counts) {
@@ -187,6 +198,16 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
   }
   if (p.ranks.empty())
     throw Error("the plan has no ranks", "set -n or [cluster] procs_per_host to at least 1");
+  if (!s.logs.ranks.empty())
+    if (auto shown = text::parse_int_list(s.logs.ranks))
+      for (int r : *shown)
+        if (r < 0 || size_t(r) >= p.ranks.size()) {
+          std::string last = std::to_string(p.ranks.size() - 1);
+          throw Error(s.origin("logs.ranks", "--ranks") + ": rank " + std::to_string(r) +
+                          " is not in this job, which has " + std::to_string(p.ranks.size()) + " rank" +
+                          (p.ranks.size() == 1 ? "" : "s"),
+                      "show ranks from 0 to " + last + ", e.g. --ranks 0" + (last == "0" ? "" : "," + last));
+        }
   p.multi_host = p.hosts.size() > 1 ||
                  std::any_of(p.hosts.begin(), p.hosts.end(), [](const HostPlan& h) { return !h.local; });
 
@@ -230,6 +251,8 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
     put(env, "LOCAL_WORLD_SIZE", std::to_string(hp.ranks.size()));
     put(env, "NODE_RANK", std::to_string(hp.node_rank));
     put(env, "GROUP_RANK", std::to_string(hp.node_rank));
+    put(env, "GROUP_WORLD_SIZE", std::to_string(p.hosts.size()));
+    put(env, "ROLE_NAME", "default");
     put(env, "ROLE_RANK", std::to_string(r.rank));
     put(env, "ROLE_WORLD_SIZE", std::to_string(world));
     put(env, "MASTER_ADDR", p.master_addr);
@@ -241,6 +264,17 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
     put(env, "MLTRAIN_STORE_ADDR", p.store_addr);
     put(env, "MLTRAIN_TOKEN", p.token);
     put(env, "MLTRAIN_COMM_BACKEND", s.comm.backend);
+    // torchrun's @record writes the failure there; the launcher's summary shows it.
+    // (torch does not create folders: elsewhere the file goes straight into /tmp.)
+    put(env, "TORCHELASTIC_ERROR_FILE",
+        hp.local && !in.error_dir.empty()
+            ? in.error_dir + "/rank-" + std::to_string(r.rank) + ".error.json"
+            : "/tmp/mltrain-" + p.run_id + "-rank-" + std::to_string(r.rank) + ".error.json");
+    // As torchrun: several ranks on one host would each start a thread per core. A user's own
+    // value wins: the spec's env, --env, -x, forward_env, or (on this machine) the launcher's.
+    if (hp.ranks.size() > 1 && !has(base, "OMP_NUM_THREADS") &&
+        !(hp.local && in.environ.count("OMP_NUM_THREADS")))
+      put(env, "OMP_NUM_THREADS", "1");
     if (!p.multi_host) {
       if (!user_ifname_nccl) put(env, "NCCL_SOCKET_IFNAME", "lo");
       if (!user_ifname_gloo) put(env, "GLOO_SOCKET_IFNAME", "lo");

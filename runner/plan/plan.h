@@ -66,6 +66,9 @@ struct Inputs {
   std::map<std::string, std::string> environ;  // the launcher's environment
   std::function<int()> free_port;              // a free TCP port on rank 0's host
   std::string cwd;                             // the launcher's working directory
+  // Where ranks on this machine write TORCHELASTIC_ERROR_FILE (the run's folder); remote ranks
+  // and an empty value get /tmp/mltrain-RUN_ID-rank-N.error.json on their host.
+  std::string error_dir;
   int restart_count = 0;
 };
 

@@ -29,6 +29,7 @@ struct ClusterSection {
   std::string hostfile;            // resolved relative to the spec file
   int procs_per_host = 0;          // 0: from slots (or 1)
   int nprocs = 0;                  // total ranks (`-n`); 0: every slot
+  bool oversubscribe = false;      // allow more ranks than slots (a host without a count has 1)
   std::string include, exclude;    // DeepSpeed-style filters
 };
 
@@ -87,6 +88,9 @@ std::string to_toml(const JobSpec& s);
 
 // Final checks after command-line overrides; throws mltrain::Error.
 void check(const JobSpec& s);
+
+// The placeholders a [logs] prefix template may use.
+const std::vector<std::string>& prefix_placeholders();
 
 // Throws mltrain::Error (naming `origin`) unless `name` may be set in a rank's environment:
 // a valid name, and not one of the variables mltrain sets itself.

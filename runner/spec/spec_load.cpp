@@ -1,6 +1,7 @@
 // Job spec loading and validation: the only place toml++ is included.
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -135,6 +136,31 @@ bool valid_env_name(const std::string& k) {
   return true;
 }
 
+// Every "{word}" of a prefix template must be a placeholder mltrain fills in.
+void check_prefix(const toml::source_region& r, const std::string& tmpl) {
+  if (tmpl == "auto") return;
+  const auto& known = prefix_placeholders();
+  for (size_t open = tmpl.find('{'); open != std::string::npos; open = tmpl.find('{', open + 1)) {
+    size_t close = tmpl.find('}', open);
+    std::string word =
+        tmpl.substr(open + 1, close == std::string::npos ? std::string::npos : close - open - 1);
+    bool ok = close != std::string::npos;
+    if (ok) ok = std::find(known.begin(), known.end(), word) != known.end();
+    if (!ok) {
+      std::vector<std::string> braced;
+      for (const auto& k : known) braced.push_back("{" + k + "}");
+      std::string shown = close == std::string::npos ? tmpl.substr(open) : "{" + word + "}";
+      auto near = text::closest(word, known);
+      for (const auto& k : known)  // {hostname} means {host}, {node_rank} means {node}
+        if (!near && word.rfind(k, 0) == 0) near = k;
+      fail(r,
+           "prefix '" + tmpl + "' has an unknown placeholder '" + shown + "'" +
+               (near ? " (did you mean '{" + *near + "}'?)" : ""),
+           "placeholders: " + text::join(braced, " "));
+    }
+  }
+}
+
 using Handler = std::function<void(const toml::node&)>;
 
 // Where each visited key was written; the spec being loaded (or its profile) owns it.
@@ -186,7 +212,13 @@ void apply(const toml::table& root, JobSpec& s, const std::string& base_dir, boo
            }},
           {"run",
            [&](const toml::node& n) {
-             visit(as_table(n, "run"), "run",
+             const toml::table& run = as_table(n, "run");
+             // Within one document both is a contradiction; a spec over a profile may switch.
+             if (run.contains("command") && run.contains("argv"))
+               fail(run.get("argv")->source(),
+                    "[run] has both 'command' (at " + where(run.get("command")->source()) + ") and 'argv'",
+                    "keep one: 'command' runs through /bin/sh -c, 'argv' runs the program directly");
+             visit(run, "run",
                    {
                        {"command",
                         [&](const toml::node& v) {
@@ -267,6 +299,8 @@ void apply(const toml::table& root, JobSpec& s, const std::string& base_dir, boo
                       }},
                      {"nprocs",
                       [&](const toml::node& v) { s.cluster.nprocs = int(get_int(v, "nprocs", 1, 1 << 20)); }},
+                     {"oversubscribe",
+                      [&](const toml::node& v) { s.cluster.oversubscribe = get_bool(v, "oversubscribe"); }},
                      {"include", [&](const toml::node& v) { s.cluster.include = get_string(v, "include"); }},
                      {"exclude", [&](const toml::node& v) { s.cluster.exclude = get_string(v, "exclude"); }},
                  });
@@ -370,6 +404,7 @@ void apply(const toml::table& root, JobSpec& s, const std::string& base_dir, boo
                             s.logs.prefix = b->get() ? "auto" : "";
                           else
                             s.logs.prefix = get_string(v, "prefix");
+                          check_prefix(v.source(), s.logs.prefix);
                         }},
                        {"timestamps",
                         [&](const toml::node& v) { s.logs.timestamps = get_bool(v, "timestamps"); }},
@@ -410,6 +445,11 @@ void apply_profile(JobSpec& s, const std::string& base_dir, const std::string& o
 }
 
 }  // namespace
+
+const std::vector<std::string>& prefix_placeholders() {
+  static const std::vector<std::string> kNames = {"rank", "host", "local_rank", "node"};
+  return kNames;
+}
 
 void check_env_name(const std::string& k, const std::string& origin) {
   if (!valid_env_name(k))
@@ -500,6 +540,7 @@ std::string to_toml(const JobSpec& s) {
   if (!s.cluster.hostfile.empty()) cluster.insert("hostfile", s.cluster.hostfile);
   if (s.cluster.procs_per_host) cluster.insert("procs_per_host", s.cluster.procs_per_host);
   if (s.cluster.nprocs) cluster.insert("nprocs", s.cluster.nprocs);
+  if (s.cluster.oversubscribe) cluster.insert("oversubscribe", true);
   if (!s.cluster.include.empty()) cluster.insert("include", s.cluster.include);
   if (!s.cluster.exclude.empty()) cluster.insert("exclude", s.cluster.exclude);
   root.insert("cluster", cluster);

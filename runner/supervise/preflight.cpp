@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 #include <utility>
@@ -62,6 +63,15 @@ Gang::~Gang() {
 void Gang::start_connects() {
   // In parallel: a slow or dead host costs its timeout once, not once per host.
   connects_ = std::make_shared<Connects>();
+  // SSH handshakes take seconds: say so, rather than sit silent. Local-only jobs stay quiet.
+  std::vector<std::string> remote;
+  for (const auto& h : plan_.hosts)
+    if (!h.local) remote.push_back(h.host.name);
+  if (!remote.empty()) {
+    std::string names = remote.size() <= 8 ? " (" + text::join(remote, ", ") + ")" : "";
+    std::fprintf(stderr, "mltrain: connecting to %zu host%s%s...\n", remote.size(),
+                 remote.size() == 1 ? "" : "s", names.c_str());
+  }
   for (size_t i = 0; i < plan_.hosts.size(); ++i) {
     transport::Transport& t = transport_for_(plan_.hosts[i]);
     std::thread([c = connects_, &t, host = plan_.hosts[i], i] {

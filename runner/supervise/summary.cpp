@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 
 #include "runner/common/error.h"
 #include "runner/common/log.h"
@@ -10,6 +13,47 @@
 #include "runner/supervise/detail/gang.h"
 
 namespace mltrain::supervise::detail {
+
+namespace {
+
+// The message torch's @record wrote to TORCHELASTIC_ERROR_FILE: {"message": {"message": "...",
+// "extraInfo": {...}}} (or an older {"message": "..."}); "" when there is none. A small reader of
+// the one string, rather than a JSON library in the supervisor.
+std::string error_file_message(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return {};
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string j = ss.str();
+  for (size_t at = j.find("\"message\""); at != std::string::npos; at = j.find("\"message\"", at + 1)) {
+    size_t i = j.find_first_not_of(" \t\r\n", at + 9);
+    if (i == std::string::npos || j[i] != ':') continue;
+    i = j.find_first_not_of(" \t\r\n", i + 1);
+    if (i == std::string::npos || j[i] != '"') continue;
+    std::string out;
+    for (++i; i < j.size() && j[i] != '"'; ++i) {
+      if (j[i] != '\\' || i + 1 >= j.size()) {
+        out += j[i];
+        continue;
+      }
+      char e = j[++i];
+      if (e == 'n')
+        out += '\n';
+      else if (e == 't')
+        out += '\t';
+      else if (e == 'u' && i + 4 < j.size()) {
+        unsigned long cp = std::strtoul(j.substr(i + 1, 4).c_str(), nullptr, 16);
+        out += cp < 0x80 ? char(cp) : '?';
+        i += 4;
+      } else
+        out += e;
+    }
+    return out;
+  }
+  return {};
+}
+
+}  // namespace
 
 int Gang::finish() {
   out_->flush();
@@ -100,6 +144,14 @@ void Gang::print_summary(int code) {
                      out_->log_path(f.rank).c_str());
         for (const auto& l : f.tail) std::fprintf(stderr, "    %s\n", l.c_str());
       }
+      if (size_t(f.rank) < plan_.ranks.size())
+        for (const auto& [k, v] : plan_.ranks[size_t(f.rank)].env)
+          if (k == "TORCHELASTIC_ERROR_FILE")
+            if (std::string m = error_file_message(v); !m.empty()) {
+              std::fprintf(stderr, "mltrain: rank %d's error file (%s):\n", f.rank, v.c_str());
+              std::istringstream lines(m);
+              for (std::string l; std::getline(lines, l);) std::fprintf(stderr, "    %s\n", l.c_str());
+            }
     } else {
       std::fprintf(stderr, "mltrain: first failure: %s%s\n", f.message.c_str(),
                    f.reason == "host_lost" ? " (host lost)" : "");

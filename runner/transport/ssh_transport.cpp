@@ -13,6 +13,7 @@
 
 #include "runner/common/error.h"
 #include "runner/common/log.h"
+#include "runner/common/text.h"
 #include "runner/transport/detail/ssh_link.h"
 #include "runner/transport/ssh_bootstrap.h"
 #include "runner/transport/ssh_config.h"
@@ -109,6 +110,32 @@ class SshTransport : public Transport {
   }
 
  private:
+  // The known_hosts file this session checks: [ssh] known_hosts, the config's UserKnownHostsFile,
+  // or libssh's default; the hint must name it, or `ssh-keygen -R` edits another file.
+  static std::string known_hosts_file(ssh_session ss) {
+    char* path = nullptr;
+    std::string out = "~/.ssh/known_hosts";
+    if (ssh_options_get(ss, SSH_OPTIONS_KNOWNHOSTS, &path) == SSH_OK && path) {
+      out = path;
+      ssh_string_free_char(path);
+    }
+    return out;
+  }
+
+  // The command that removes this host's entry, as known_hosts writes its name ("[h]:2222").
+  static std::string keygen_remove(ssh_session ss) {
+    char* host = nullptr;
+    std::string entry;
+    if (ssh_options_get(ss, SSH_OPTIONS_HOST, &host) == SSH_OK && host) {
+      entry = host;
+      ssh_string_free_char(host);
+    }
+    unsigned int port = 22;
+    ssh_options_get_port(ss, &port);
+    if (port != 22) entry = "[" + entry + "]:" + std::to_string(port);
+    return "ssh-keygen -f " + text::shell_quote(known_hosts_file(ss)) + " -R " + text::shell_quote(entry);
+  }
+
   void verify_host_key(ssh_session ss, const std::string& name, const std::string& strict) {
     ssh_key key = nullptr;
     std::string fingerprint = "(unknown)";
@@ -131,14 +158,15 @@ class SshTransport : public Transport {
       case SSH_KNOWN_HOSTS_CHANGED:
         throw Error(
             name + ": HOST KEY CHANGED: the host now presents " + fingerprint +
-                ", which differs from the key recorded in known_hosts. Someone may be intercepting the "
-                "connection, or the host was reinstalled",
-            "if the change is expected, remove the old key (ssh-keygen -R " + name + ") and connect again",
+                ", which differs from the key " + "recorded in " + known_hosts_file(ss) +
+                ". Someone may be intercepting the connection, or the " + "host was reinstalled",
+            "if the change is expected, remove the old key (" + keygen_remove(ss) + ") and connect again",
             exit_code::host_failure);
       case SSH_KNOWN_HOSTS_OTHER:
         throw Error(
-            name + ": the host presents a key of another type (" + fingerprint + ") than known_hosts records",
-            "check the host; remove the old entry with ssh-keygen -R " + name + " if the change is expected",
+            name + ": the host presents a key of another type (" + fingerprint + ") than " +
+                known_hosts_file(ss) + " records",
+            "check the host; remove the old entry with " + keygen_remove(ss) + " if the change is expected",
             exit_code::host_failure);
       case SSH_KNOWN_HOSTS_NOT_FOUND:
       case SSH_KNOWN_HOSTS_UNKNOWN:

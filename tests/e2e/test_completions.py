@@ -146,7 +146,7 @@ def test_bash_completes(scripts, env):
     ])
     assert got["mltrain r"] == ["run"]
     assert got["mltrain "] == sorted(["run", "validate", "logs", "ls", "show", "stop", "completions", "knobs"])
-    assert got["mltrain run --ma"] == ["--max-restarts"]
+    assert got["mltrain run --ma"] == ["--master-port", "--max-restarts"]
     assert got["mltrain completions "] == ["bash", "fish", "zsh"]
     assert got["mltrain logs "] == sorted(RUN_IDS + ["latest"])
     assert got["mltrain logs -t 5 2026"] == RUN_IDS

@@ -212,7 +212,6 @@ def test_timeout_from_spec_with_term_ignoring_rank(ml):
     m = ml.marker()
     spec = ml.write("job.toml", f"""
 [run]
-command = 'trap "" TERM; while :; do sleep 0.2; done'
 argv = ["sh", "-c", 'trap "" TERM; while :; do sleep 0.2; done', "{m}"]
 timeout = "1s"
 grace_period = "1s"

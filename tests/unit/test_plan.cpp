@@ -94,13 +94,54 @@ TEST_CASE("plan: -n limits and spreads") {
   s.cluster.nprocs = 9;
   CHECK_THROWS_WITH_AS(plan::make_plan(s, inputs()), doctest::Contains("only 8 slots"), Error);
 
+  // A host written without a count has one slot (mpirun's rule): more ranks need --oversubscribe,
+  // which deals the extra ranks round-robin.
   auto even = job();
   even.cluster.hosts = {"a,b,c"};
   even.cluster.nprocs = 7;
+  CHECK_THROWS_WITH_AS(plan::make_plan(even, inputs()), doctest::Contains("only 3 slots"), Error);
+  even.cluster.oversubscribe = true;
   auto q = plan::make_plan(even, inputs());
   CHECK(q.hosts[0].ranks.size() == 3);
   CHECK(q.hosts[1].ranks.size() == 2);
   CHECK(q.hosts[2].ranks.size() == 2);
+
+  s.cluster.oversubscribe = true;
+  auto r = plan::make_plan(s, inputs());
+  CHECK(r.hosts[0].ranks.size() == 5);
+  CHECK(r.hosts[1].ranks.size() == 4);
+}
+
+TEST_CASE("plan: an empty host list is an error, not localhost") {
+  auto s = job();
+  s.cluster.hosts = {""};
+  s.origins["cluster.hosts"] = "-H";
+  CHECK_THROWS_WITH_AS(plan::make_plan(s, inputs()), doctest::Contains("-H is empty"), Error);
+}
+
+TEST_CASE("plan: console ranks must exist") {
+  auto s = job();
+  s.cluster.nprocs = 2;
+  s.logs.ranks = "0,5";
+  CHECK_THROWS_WITH_AS(plan::make_plan(s, inputs()), doctest::Contains("rank 5 is not in this job"), Error);
+}
+
+TEST_CASE("plan: torchrun's extra variables, OMP_NUM_THREADS unless the user set it") {
+  auto s = job();
+  s.cluster.nprocs = 2;
+  auto in = inputs();
+  in.error_dir = "/runs/x";
+  auto p = plan::make_plan(s, in);
+  auto e = env_of(p.ranks[1]);
+  CHECK(e["OMP_NUM_THREADS"] == "1");
+  CHECK(e["ROLE_NAME"] == "default");
+  CHECK(e["GROUP_WORLD_SIZE"] == "1");
+  CHECK(e["TORCHELASTIC_ERROR_FILE"] == "/runs/x/rank-1.error.json");
+  s.run.env.emplace_back("OMP_NUM_THREADS", "4");
+  CHECK(env_of(plan::make_plan(s, in).ranks[0])["OMP_NUM_THREADS"] == "4");
+  s.cluster.nprocs = 1;
+  s.run.env.clear();
+  CHECK(env_of(plan::make_plan(s, in).ranks[0]).count("OMP_NUM_THREADS") == 0);
 }
 
 TEST_CASE("plan: procs_per_host overrides slots") {
