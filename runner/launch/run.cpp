@@ -9,6 +9,7 @@
 #include <set>
 
 #include "runner/common/error.h"
+#include "runner/common/secret.h"
 #include "runner/common/text.h"
 #include "runner/launch/detail/launch_detail.h"
 #include "runner/launch/launch.h"
@@ -35,7 +36,9 @@ records::RunRecord new_record(const spec::JobSpec& s, const plan::Plan& p) {
   rec.id = p.run_id;
   rec.name = s.name;
   rec.spec_file = s.source.empty() ? "" : std::filesystem::absolute(s.source).string();
-  rec.spec_toml = spec::to_toml(s);
+  spec::JobSpec shown = s;  // the record shows secret values as <secret>; ranks get the real ones
+  for (auto& [k, v] : shown.run.env) v = secret::shown_value(k, v);
+  rec.spec_toml = spec::to_toml(shown);
   rec.max_restarts = s.run.max_restarts;
   rec.started_at = records::now_iso8601();
   rec.git_commit = git_commit(p.workdir);
@@ -65,7 +68,7 @@ void become_background_launcher(const std::string& run_id) {
   ::setsid();
   int devnull = ::open("/dev/null", O_RDONLY);
   std::string console = records::run_dir(run_id) + "/console.log";
-  int cfd = ::open(console.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  int cfd = ::open(console.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   ::dup2(devnull, 0);
   if (cfd >= 0) {
     ::dup2(cfd, 1);

@@ -74,12 +74,19 @@ void save(const RunRecord& r);
 RunRecord load(const std::string& id);
 // Every run, oldest first; unreadable folders are skipped with a warning.
 std::vector<RunRecord> list();
-// "" or "latest" -> the newest run; else an exact id, a unique prefix or a unique substring.
-// Several matches: the newest, or an error when `unique` is asked for.
-std::string resolve(const std::string& query, bool unique = false);
+// The one rule of `show`, `logs`, `stop` and `rm`: "" or "latest" -> the newest run; an exact id
+// wins; else the one run whose id starts with `query` (or, when none does, contains it). A query
+// that matches several runs throws an Error listing them, newest first.
+std::string resolve(const std::string& query);
 
+// The version of every JSON document mltrain prints or writes, in its "schema" field (docs/json.md).
+inline constexpr int kJsonSchema = 1;
+
+// run.json, `show --json` and `run --json`: one run (docs/json.md, "run").
 std::string to_json(const RunRecord& r, bool pretty);
+// `ls --json`: {"schema": 1, "runs": [...]}, runs in the order given, without spec and env.
 std::string list_to_json(const std::vector<RunRecord>& runs);
+// `run --dry-run --json` and `validate --json`: the plan (docs/json.md, "plan").
 std::string plan_to_json(const plan::Plan& p);
 
 // Whether the launcher that owns a "running" record is still alive (pid and start time match).
