@@ -10,7 +10,9 @@
 #include "cli/commands.h"
 #include "knobs/registry.h"
 #include "runner/common/error.h"
+#include "runner/common/secret.h"
 #include "runner/common/text.h"
+#include "runner/records/records.h"
 
 namespace mltrain::cli {
 
@@ -41,20 +43,23 @@ std::string_view shown_default(const knobs::Knob& k) {
   return !k.default_shown.empty() ? k.default_shown : k.default_value;
 }
 
+// docs/json.md, "knobs": one document; a set variable's value, "<secret>" for a secret one.
 void print_knobs_json() {
-  std::printf("[\n");
+  std::printf("{\n  \"schema\": %d,\n  \"knobs\": [\n", records::kJsonSchema);
   const auto table = knobs::all();
   for (size_t i = 0; i < table.size(); ++i) {
     const auto& k = table[i];
     const char* now = std::getenv(std::string(k.name).c_str());
     std::printf(
-        "  {\"name\": %s, \"kind\": %s, \"default\": %s, \"who\": %s, \"help\": %s, \"value\": %s}%s\n",
+        "    {\"name\": %s, \"kind\": %s, \"default\": %s, \"default_shown\": %s, \"who\": %s, \"help\": %s, "
+        "\"value\": %s}%s\n",
         json_string(k.name).c_str(), json_string(knobs::kind_text(k)).c_str(),
+        k.default_value.empty() ? "null" : json_string(k.default_value).c_str(),
         json_string(shown_default(k)).c_str(), json_string(knobs::readers_text(k.readers)).c_str(),
-        json_string(k.help).c_str(), now ? json_string(now).c_str() : "null",
+        json_string(k.help).c_str(), now ? json_string(secret::shown_value(k.name, now)).c_str() : "null",
         i + 1 < table.size() ? "," : "");
   }
-  std::printf("]\n");
+  std::printf("  ]\n}\n");
 }
 
 // The terminal's width: $COLUMNS, else the TTY's; 0 (no wrapping) for a pipe.
@@ -130,7 +135,7 @@ void register_completions(CLI::App& app, Global&, std::function<int()>& handler)
 void register_knobs(CLI::App& app, Global&, std::function<int()>& handler) {
   static bool json = false;
   auto* c = app.add_subcommand("knobs", "List the environment variables mltrain reads, with defaults");
-  c->add_flag("--json", json, "One JSON object per variable (name, kind, default, who, help, value)");
+  c->add_flag("--json", json, "Print the table as one JSON document (docs/json.md)");
   c->footer(
       "WHO reads it: launcher (mltrain itself), agent (on each host), comm (libmltrain-comm in the ranks).\n"
       "Durations read like 90s, 5m, 1h30m (a bare number is seconds); sizes like 64K, 1M, 2G.\n"

@@ -1,9 +1,10 @@
-// `mltrain logs`, `ls`, `show`, `stop`: views of run records.
+// `mltrain logs`, `ls`, `show`, `stop`, `rm`, `gc`: views of run records and their cleanup.
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
 #include "runner/common/error.h"
 #include "runner/common/text.h"
+#include "runner/records/cleanup.h"
 #include "runner/records/views.h"
 
 namespace mltrain::cli {
@@ -45,7 +46,7 @@ void register_logs(CLI::App& app, Global& g, std::function<int()>& handler) {
 
 void register_ls(CLI::App& app, Global&, std::function<int()>& handler) {
   static bool json = false;
-  auto* c = app.add_subcommand("ls", "List recorded runs, oldest first");
+  auto* c = app.add_subcommand("ls", "List recorded runs, newest first");
   c->add_flag("--json", json, "Print the runs as a JSON array");
   c->footer("Example:\n  mltrain ls\nRuns live in $MLTRAIN_HOME/runs (default ~/.local/state/mltrain/runs).");
   c->callback([&] {
@@ -78,6 +79,44 @@ void register_stop(CLI::App& app, Global&, std::function<int()>& handler) {
   c->add_option("id", id, "Run id, a unique part of it, or 'latest'");
   c->footer("Example:\n  id=$(mltrain run -d job.toml); mltrain stop $id");
   c->callback([&] { handler = [&] { return records::stop_run(id); }; });
+}
+
+void register_rm(CLI::App& app, Global&, std::function<int()>& handler) {
+  static std::vector<std::string> ids;
+  auto* c = app.add_subcommand("rm", "Remove the records of ended runs (never a running one)");
+  c->add_option("id", ids, "Run ids, unique parts of them, or 'latest'")->required();
+  c->footer(
+      "Each id follows the rule of show/logs/stop: exact id, else a unique prefix; an id that\n"
+      "matches several runs is refused. Nothing is removed unless every id names an ended run.\n"
+      "Example:\n  mltrain rm 20261129-141502-hello-3fa2");
+  c->callback([&] { handler = [&] { return records::remove_runs(ids); }; });
+}
+
+void register_gc(CLI::App& app, Global&, std::function<int()>& handler) {
+  static std::string older_than;
+  static int keep = -1;
+  static bool dry_run = false;
+  auto* c = app.add_subcommand("gc", "Remove old run records (never a running run's)");
+  c->add_option("--older-than", older_than, "Only runs started longer ago than this (e.g. 7d, 12h)");
+  c->add_option("--keep", keep, "Always keep the newest N runs")->check(CLI::NonNegativeNumber);
+  c->add_flag("--dry-run", dry_run, "Only list what would be removed");
+  c->footer(
+      "With both options, a run goes when it is older than the limit and not among the newest N.\n"
+      "Examples:\n  mltrain gc --older-than 7d\n  mltrain gc --keep 20 --dry-run");
+  c->callback([&] {
+    handler = [&] {
+      records::GcOptions o;
+      if (!older_than.empty()) {
+        auto d = text::parse_duration(older_than);
+        if (!d)
+          throw Error("--older-than '" + older_than + "' is not a duration", "write it like 7d, 12h or 90m");
+        o.older_than = *d;
+      }
+      if (keep >= 0) o.keep = keep;
+      o.dry_run = dry_run;
+      return records::gc_runs(o);
+    };
+  });
 }
 
 }  // namespace mltrain::cli

@@ -29,6 +29,8 @@ void register_logs(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_ls(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_show(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_stop(CLI::App& app, Global& g, std::function<int()>& handler);
+void register_rm(CLI::App& app, Global& g, std::function<int()>& handler);
+void register_gc(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_completions(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_doctor(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_bench(CLI::App& app, Global& g, std::function<int()>& handler);

@@ -30,9 +30,9 @@ bool use_color(const Global& g, int fd) {
 
 namespace {
 
-const Register kCommands[] = {register_run,         register_validate, register_logs,   register_ls,
-                              register_show,        register_stop,     register_doctor, register_bench,
-                              register_completions, register_knobs};
+const Register kCommands[] = {register_run,    register_validate, register_logs,        register_ls,
+                              register_show,   register_stop,     register_rm,          register_gc,
+                              register_doctor, register_bench,    register_completions, register_knobs};
 
 int run_main(int argc, char** argv) {
   Global g;

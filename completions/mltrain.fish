@@ -98,9 +98,11 @@ complete -c mltrain -f
 complete -c mltrain -n __mltrain_no_subcommand -a run -d "Start a job's ranks, stream their output, stop them together"
 complete -c mltrain -n __mltrain_no_subcommand -a validate -d "Check a job spec and its hosts without starting anything"
 complete -c mltrain -n __mltrain_no_subcommand -a logs -d "Print a run's logs (the latest run by default)"
-complete -c mltrain -n __mltrain_no_subcommand -a ls -d "List recorded runs, oldest first"
+complete -c mltrain -n __mltrain_no_subcommand -a ls -d "List recorded runs, newest first"
 complete -c mltrain -n __mltrain_no_subcommand -a show -d "Show one run: command, hosts, ranks and how each ended"
 complete -c mltrain -n __mltrain_no_subcommand -a stop -d "Stop a running job"
+complete -c mltrain -n __mltrain_no_subcommand -a rm -d "Remove the records of ended runs"
+complete -c mltrain -n __mltrain_no_subcommand -a gc -d "Remove old run records"
 complete -c mltrain -n __mltrain_no_subcommand -a completions -d "Print the shell completion script for bash, zsh or fish"
 complete -c mltrain -n __mltrain_no_subcommand -a knobs -d "List the environment variables mltrain reads, with defaults"
 

@@ -307,12 +307,16 @@ int bench_main(int argc, char** argv) {
       if (r == 0) {
         const char* redop = reduces ? name_of(a.redop).data() : "none";
         if (a.json) {
+          // JSON Lines, one object per size (docs/json.md, "bench"); "wrong" is null without --check.
+          char wrong_json[24] = "null";
+          if (a.check) std::snprintf(wrong_json, sizeof wrong_json, "%lld", static_cast<long long>(wrong));
           std::printf(
-              "{\"op\":\"%s\",\"ranks\":%d,\"size\":%.0f,\"count\":%zu,\"type\":\"%s\","
-              "\"redop\":\"%s\",\"time_us\":%.2f,\"algbw\":%.4f,\"busbw\":%.4f,"
-              "\"wrong\":%lld}\n",
-              a.op_name.c_str(), n, bytes, total, name_of(a.dtype).data(), redop, slowest, algbw, busbw,
-              a.check ? static_cast<long long>(wrong) : -1LL);
+              "{\"schema\":1,\"op\":\"%s\",\"ranks\":%d,\"size\":%.0f,\"count\":%zu,\"type\":\"%s\","
+              "\"redop\":%s,\"time_us\":%.2f,\"algbw\":%.4f,\"busbw\":%.4f,"
+              "\"wrong\":%s}\n",
+              a.op_name.c_str(), n, bytes, total, name_of(a.dtype).data(),
+              reduces ? ("\"" + std::string(redop) + "\"").c_str() : "null", slowest, algbw, busbw,
+              wrong_json);
         } else {
           char wrong_text[24];
           if (a.check)

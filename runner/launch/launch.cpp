@@ -10,6 +10,7 @@
 #include <random>
 
 #include "runner/common/error.h"
+#include "runner/common/secret.h"
 #include "runner/common/text.h"
 #include "runner/launch/detail/launch_detail.h"
 #include "runner/transport/ssh_config.h"
@@ -270,7 +271,8 @@ std::string describe_plan(const plan::Plan& p) {
     for (int r : h.ranks) {
       out += "  rank " + std::to_string(r) + ":";
       for (const auto& [k, v] : p.ranks[size_t(r)].env)
-        out += " " + k + "=" + (k == "MLTRAIN_TOKEN" ? std::string("<secret>") : text::shell_quote(v));
+        out +=
+            " " + k + "=" + (secret::is_secret_name(k) ? std::string(secret::kShown) : text::shell_quote(v));
       out += "\n";
     }
   }

@@ -12,6 +12,7 @@
 
 #include "runner/common/error.h"
 #include "runner/common/status.h"
+#include "runner/common/secret.h"
 #include "runner/common/text.h"
 #include "runner/launch/detail/launch_detail.h"
 #include "runner/launch/launch.h"
@@ -38,7 +39,9 @@ records::RunRecord new_record(const spec::JobSpec& s, const plan::Plan& p) {
   rec.id = p.run_id;
   rec.name = s.name;
   rec.spec_file = s.source.empty() ? "" : std::filesystem::absolute(s.source).string();
-  rec.spec_toml = spec::to_toml(s);
+  spec::JobSpec shown = s;  // the record shows secret values as <secret>; ranks get the real ones
+  for (auto& [k, v] : shown.run.env) v = secret::shown_value(k, v);
+  rec.spec_toml = spec::to_toml(shown);
   rec.max_restarts = s.run.max_restarts;
   rec.started_at = records::now_iso8601();
   rec.git_commit = git_commit(p.workdir);
@@ -86,7 +89,7 @@ void write_all(int fd, const std::string& bytes) {
 
 [[noreturn]] void fail_in_child(int report_fd, const std::string& run_id, const Error& e) {
   std::string text = error_text(e);
-  records::save_launcher_error(run_id, text);
+  records::end_with_launcher_error(run_id, e.code(), e.what(), text);
   write_all(2, text);
   if (report_fd >= 0)
     write_all(report_fd, "E" + std::to_string(e.code()) + '\0' + e.what() + '\0' + e.hint());
@@ -243,7 +246,7 @@ RunResult run(const JobRequest& req) {
   try {
     result.exit_code = supervise::run_job(p, rec, o, detail::lasting_transports(s).for_host());
   } catch (const Error& e) {
-    records::save_launcher_error(rec.id, error_text(e));
+    records::end_with_launcher_error(rec.id, e.code(), e.what(), error_text(e));
     throw;
   }
   result.launcher_pid = rec.launcher_pid;

@@ -35,4 +35,20 @@ std::string launcher_error(const std::string& id) {
   return ss.str();
 }
 
+void end_with_launcher_error(const std::string& id, int exit_code, const std::string& message,
+                             const std::string& text) {
+  save_launcher_error(id, text);
+  try {
+    RunRecord r = load(id);
+    if (r.status != "running") return;
+    r.status = "failed";
+    r.exit_code = exit_code;
+    r.ended_at = now_iso8601();
+    if (!r.failure) r.failure = Failure{-1, "", exit_code, 0, message, {}, "launcher"};
+    save(r);
+  } catch (const std::exception&) {
+    // Best effort, as above: the record stays "running" and `ls` shows it lost once we exit.
+  }
+}
+
 }  // namespace mltrain::records

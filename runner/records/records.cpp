@@ -19,6 +19,7 @@
 
 #include "runner/common/error.h"
 #include "runner/common/log.h"
+#include "runner/common/secret.h"
 #include "runner/common/state_home.h"
 #include "runner/common/sys_check.h"
 #include "runner/common/text.h"
@@ -30,17 +31,6 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-void make_dirs(const std::string& path) {
-  std::string cur;
-  for (const auto& part : text::split(path, '/')) {
-    cur += part + "/";
-    if (part.empty()) continue;
-    if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
-      throw Error("cannot create " + cur + ": " + std::strerror(errno),
-                  "set MLTRAIN_HOME to a writable folder", exit_code::internal);
-  }
-}
-
 std::string read_all(const std::string& path, bool& ok) {
   std::ifstream in(path, std::ios::binary);
   ok = bool(in);
@@ -49,52 +39,75 @@ std::string read_all(const std::string& path, bool& ok) {
   return ss.str();
 }
 
+// Unknown values are null in every JSON document (docs/json.md); in memory they are -1, 0 or "".
+json or_null(int v, int unknown) { return v == unknown ? json(nullptr) : json(v); }
+json or_null(const std::string& v) { return v.empty() ? json(nullptr) : json(v); }
+
+// A field that may be null or absent (records of older versions wrote -1, 0 or "" instead).
+template <class T>
+T get(const json& j, const char* key, T unknown) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return unknown;
+  return it->template get<T>();
+}
+
 json failure_json(const Failure& f) {
-  return json{{"rank", f.rank},       {"host", f.host}, {"exit_code", f.exit_code}, {"signal", f.signal},
-              {"message", f.message}, {"tail", f.tail}, {"reason", f.reason}};
+  return json{{"rank", or_null(f.rank, -1)},    {"host", or_null(f.host)}, {"exit_code", f.exit_code},
+              {"signal", or_null(f.signal, 0)}, {"message", f.message},    {"tail", f.tail},
+              {"reason", or_null(f.reason)}};
 }
 
 RunRecord from_json(const json& j) {
   RunRecord r;
-  r.id = j.value("id", "");
-  r.name = j.value("name", "");
-  r.status = j.value("status", "unknown");
-  r.exit_code = j.value("exit_code", -1);
-  r.launcher_pid = j.value("launcher_pid", 0);
-  r.launcher_start = j.value("launcher_start", 0ULL);
-  r.started_at = j.value("started_at", "");
-  r.ended_at = j.value("ended_at", "");
-  r.duration_s = j.value("duration_s", 0.0);
-  r.spec_file = j.value("spec_file", "");
-  r.spec_toml = j.value("spec", "");
-  r.workdir = j.value("workdir", "");
-  r.git_commit = j.value("git_commit", "");
-  r.master_addr = j.value("master_addr", "");
-  r.master_port = j.value("master_port", 0);
-  r.argv = j.value("argv", std::vector<std::string>{});
-  r.restarts = j.value("restarts", 0);
-  r.max_restarts = j.value("max_restarts", 0);
-  r.detached = j.value("detached", false);
-  for (const auto& h : j.value("hosts", json::array()))
-    r.hosts.push_back({h.value("name", ""), h.value("address", ""), h.value("node_rank", 0)});
-  for (const auto& k : j.value("ranks", json::array())) {
+  r.id = get<std::string>(j, "id", "");
+  r.name = get<std::string>(j, "name", "");
+  r.status = get<std::string>(j, "status", "unknown");
+  r.exit_code = get(j, "exit_code", -1);
+  r.launcher_pid = get(j, "launcher_pid", 0);
+  r.launcher_start = get(j, "launcher_start", 0ULL);
+  r.started_at = get<std::string>(j, "started_at", "");
+  r.ended_at = get<std::string>(j, "ended_at", "");
+  r.duration_s = get(j, "duration_s", 0.0);
+  r.spec_file = get<std::string>(j, "spec_file", "");
+  r.spec_toml = get<std::string>(j, "spec", "");
+  r.workdir = get<std::string>(j, "workdir", "");
+  r.git_commit = get<std::string>(j, "git_commit", "");
+  r.master_addr = get<std::string>(j, "master_addr", "");
+  r.master_port = get(j, "master_port", 0);
+  r.argv = get(j, "argv", std::vector<std::string>{});
+  r.restarts = get(j, "restarts", 0);
+  r.max_restarts = get(j, "max_restarts", 0);
+  r.detached = get(j, "detached", false);
+  for (const auto& h : get(j, "hosts", json::array()))
+    r.hosts.push_back(
+        {get<std::string>(h, "name", ""), get<std::string>(h, "address", ""), get(h, "node_rank", 0)});
+  for (const auto& k : get(j, "ranks", json::array())) {
     RankRecord rr;
-    rr.rank = k.value("rank", 0);
-    rr.host = k.value("host", 0);
-    rr.local_rank = k.value("local_rank", 0);
-    rr.pid = k.value("pid", 0);
-    rr.exit_code = k.value("exit_code", -1);
-    rr.signal = k.value("signal", 0);
-    rr.host_lost = k.value("host_lost", false);
-    rr.env = k.value("env", std::map<std::string, std::string>{});
+    rr.rank = get(k, "rank", 0);
+    // The host: its name (schema 1), or an index into hosts (records written before it).
+    if (auto h = k.find("host"); h != k.end() && h->is_string()) {
+      for (size_t i = 0; i < r.hosts.size(); ++i)
+        if (r.hosts[i].name == h->get<std::string>()) rr.host = int(i);
+    } else {
+      rr.host = get(k, "host", 0);
+    }
+    rr.local_rank = get(k, "local_rank", 0);
+    rr.pid = get(k, "pid", 0);
+    rr.exit_code = get(k, "exit_code", -1);
+    rr.signal = get(k, "signal", 0);
+    rr.host_lost = get(k, "host_lost", false);
+    rr.env = get(k, "env", std::map<std::string, std::string>{});
     r.ranks.push_back(rr);
   }
   if (j.contains("failure") && j["failure"].is_object()) {
     const auto& f = j["failure"];
-    r.failure =
-        Failure{f.value("rank", -1),  f.value("host", ""),    f.value("exit_code", 0),
-                f.value("signal", 0), f.value("message", ""), f.value("tail", std::vector<std::string>{}),
-                f.value("reason", "")};
+    r.failure = Failure{get(f, "rank", -1),
+                        get<std::string>(f, "host", ""),
+                        get(f, "exit_code", 0),
+                        get(f, "signal", 0),
+                        get<std::string>(f, "message", ""),
+                        get(f, "tail", std::vector<std::string>{}),
+                        get<std::string>(f, "reason", "")};
   }
   return r;
 }
@@ -105,29 +118,34 @@ json to_json_value(const RunRecord& r) {
     hosts.push_back({{"name", h.name}, {"address", h.address}, {"node_rank", h.node_rank}});
   json ranks = json::array();
   for (const auto& k : r.ranks)
-    ranks.push_back({{"rank", k.rank},
-                     {"host", k.host},
-                     {"local_rank", k.local_rank},
-                     {"pid", k.pid},
-                     {"exit_code", k.exit_code},
-                     {"signal", k.signal},
-                     {"host_lost", k.host_lost},
-                     {"env", k.env}});
-  json j{{"id", r.id},
+    ranks.push_back(
+        {{"rank", k.rank},
+         {"host", size_t(k.host) < r.hosts.size() ? json(r.hosts[size_t(k.host)].name) : json(nullptr)},
+         {"node_rank",
+          size_t(k.host) < r.hosts.size() ? json(r.hosts[size_t(k.host)].node_rank) : json(nullptr)},
+         {"local_rank", k.local_rank},
+         {"pid", or_null(k.pid, 0)},
+         {"exit_code", or_null(k.exit_code, -1)},
+         {"signal", or_null(k.signal, 0)},
+         {"host_lost", k.host_lost},
+         {"env", k.env}});
+  const bool ended = r.status != "running" && r.status != "lost";
+  json j{{"schema", kJsonSchema},
+         {"id", r.id},
          {"name", r.name},
          {"status", r.status},
-         {"exit_code", r.exit_code},
-         {"launcher_pid", r.launcher_pid},
-         {"launcher_start", r.launcher_start},
-         {"started_at", r.started_at},
-         {"ended_at", r.ended_at},
-         {"duration_s", r.duration_s},
-         {"spec_file", r.spec_file},
+         {"exit_code", or_null(r.exit_code, -1)},
+         {"launcher_pid", or_null(r.launcher_pid, 0)},
+         {"launcher_start", r.launcher_start ? json(r.launcher_start) : json(nullptr)},
+         {"started_at", or_null(r.started_at)},
+         {"ended_at", or_null(r.ended_at)},
+         {"duration_s", ended ? json(r.duration_s) : json(nullptr)},
+         {"spec_file", or_null(r.spec_file)},
          {"workdir", r.workdir},
-         {"git_commit", r.git_commit},
+         {"git_commit", or_null(r.git_commit)},
          {"argv", r.argv},
          {"master_addr", r.master_addr},
-         {"master_port", r.master_port},
+         {"master_port", or_null(r.master_port, 0)},
          {"restarts", r.restarts},
          {"max_restarts", r.max_restarts},
          {"detached", r.detached},
@@ -144,7 +162,8 @@ std::string runs_dir() { return mltrain::state_home() + "/runs"; }
 std::string run_dir(const std::string& id) { return runs_dir() + "/" + id; }
 
 std::string create_run(const std::string& name) {
-  make_dirs(runs_dir());
+  make_private_dirs(state_home(), /*make_private=*/true);
+  make_private_dirs(runs_dir(), /*make_private=*/true);
   std::time_t t = std::time(nullptr);
   std::tm tm{};
   ::gmtime_r(&t, &tm);
@@ -155,7 +174,10 @@ std::string create_run(const std::string& name) {
     char suffix[8];
     std::snprintf(suffix, sizeof suffix, "%04x", unsigned(rd() & 0xffff));
     std::string id = std::string(stamp) + "-" + (name.empty() ? "job" : name) + "-" + suffix;
-    if (::mkdir(run_dir(id).c_str(), 0755) == 0) return id;
+    if (::mkdir(run_dir(id).c_str(), 0700) == 0) {
+      ::chmod(run_dir(id).c_str(), 0700);  // whatever the umask: the owner reads and writes it
+      return id;
+    }
     if (errno != EEXIST)
       throw Error("cannot create " + run_dir(id) + ": " + std::strerror(errno),
                   "set MLTRAIN_HOME to a writable folder", exit_code::internal);
@@ -174,7 +196,7 @@ void fill_from_plan(RunRecord& r, const plan::Plan& p) {
     rr.host = k.host;
     rr.local_rank = k.local_rank;
     for (const auto& [key, v] : k.env)
-      if (key != "MLTRAIN_TOKEN") rr.env[key] = v;  // the job's secret stays out of records
+      if (key != "MLTRAIN_TOKEN") rr.env[key] = secret::shown_value(key, v);  // the job's secret stays out
     r.ranks.push_back(rr);
   }
   r.argv = p.argv;
@@ -188,11 +210,12 @@ void save(const RunRecord& r) {
   std::string tmp = dir + "/.run.json.tmp";
   // Env values are bytes; a record shows invalid UTF-8 as U+FFFD rather than failing the run.
   std::string data = to_json_value(r).dump(2, ' ', false, json::error_handler_t::replace) + "\n";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) {
     log::warn("records", "cannot write " + tmp + ": " + std::strerror(errno));
     return;
   }
+  ::fchmod(fd, 0600);
   // A record that cannot be written is a warning, never the end of the run; a short one is not
   // renamed over the last good one.
   size_t off = 0;
@@ -258,31 +281,28 @@ std::vector<RunRecord> list() {
   return out;
 }
 
-std::string resolve(const std::string& query, bool unique) {
+std::string resolve(const std::string& query) {
   auto runs = list();
   if (runs.empty()) throw Error("no runs recorded in " + runs_dir(), "start one with 'mltrain run'");
   if (query.empty() || query == "latest" || query == "last") return runs.back().id;
-  std::vector<std::string> exact, prefix, sub;
-  for (const auto& r : runs) {
-    if (r.id == query)
-      exact.push_back(r.id);
-    else if (text::starts_with(r.id, query))
-      prefix.push_back(r.id);
-    else if (r.id.find(query) != std::string::npos)
-      sub.push_back(r.id);
+  std::vector<std::string> prefix, part;
+  for (auto it = runs.rbegin(); it != runs.rend(); ++it) {  // newest first
+    if (it->id == query) return it->id;
+    if (text::starts_with(it->id, query))
+      prefix.push_back(it->id);
+    else if (it->id.find(query) != std::string::npos)
+      part.push_back(it->id);
   }
-  if (!exact.empty()) return exact.front();
-  for (auto* set : {&prefix, &sub}) {
-    if (set->size() == 1) return set->front();
-    if (set->size() > 1) {
-      // Several runs of the same name: to read, the newest is what people mean ("logs hello");
-      // to act on one (stop), guessing is not allowed.
-      if (!unique) return set->back();
-      std::vector<std::string> shown(set->end() - std::min<long>(long(set->size()), 5), set->end());
-      throw Error(
-          "'" + query + "' matches " + std::to_string(set->size()) + " runs: " + text::join(shown, ", "),
-          "give more of the id");
-    }
+  // One rule for every command: a query that names several runs is refused, never guessed.
+  const auto& matches = prefix.empty() ? part : prefix;
+  if (matches.size() == 1) return matches.front();
+  if (matches.size() > 1) {
+    const size_t shown = std::min<size_t>(matches.size(), 10);
+    std::string list;
+    for (size_t i = 0; i < shown; ++i) list += "\n  " + matches[i];
+    if (shown < matches.size()) list += "\n  ... and " + std::to_string(matches.size() - shown) + " more";
+    throw Error("'" + query + "' matches " + std::to_string(matches.size()) + " runs (newest first):" + list,
+                "give more of the id, or 'latest' for the newest run");
   }
   std::vector<std::string> ids;
   for (const auto& r : runs) ids.push_back(r.id);
@@ -298,32 +318,36 @@ std::string list_to_json(const std::vector<RunRecord>& runs) {
   json a = json::array();
   for (const auto& r : runs) {
     json j = to_json_value(r);
+    j.erase("schema");
     j.erase("spec");
     for (auto& k : j["ranks"]) k.erase("env");
     a.push_back(j);
   }
-  return a.dump(2, ' ', false, json::error_handler_t::replace);
+  json doc{{"schema", kJsonSchema}, {"runs", a}};
+  return doc.dump(2, ' ', false, json::error_handler_t::replace);
 }
 
 std::string plan_to_json(const plan::Plan& p) {
   json hosts = json::array();
   for (const auto& h : p.hosts)
     hosts.push_back({{"name", h.host.name},
-                     {"user", h.host.user},
-                     {"port", h.host.port},
+                     {"user", or_null(h.host.user)},  // null: from the ssh config
+                     {"port", or_null(h.host.port, 0)},
                      {"local", h.local},
                      {"node_rank", h.node_rank},
                      {"ranks", h.ranks}});
   json ranks = json::array();
   for (const auto& r : p.ranks) {
     json env = json::object();
-    for (const auto& [k, v] : r.env) env[k] = k == "MLTRAIN_TOKEN" ? std::string("<secret>") : v;
+    for (const auto& [k, v] : r.env) env[k] = secret::shown_value(k, v);
     ranks.push_back({{"rank", r.rank},
                      {"host", p.hosts[size_t(r.host)].host.name},
+                     {"node_rank", p.hosts[size_t(r.host)].node_rank},
                      {"local_rank", r.local_rank},
                      {"env", env}});
   }
-  json j{{"run_id", p.run_id},
+  json j{{"schema", kJsonSchema},
+         {"id", p.run_id},
          {"name", p.name},
          {"argv", p.argv},
          {"workdir", p.workdir},

@@ -78,12 +78,19 @@ void save(const RunRecord& r);
 RunRecord load(const std::string& id);
 // Every run, oldest first; unreadable folders are skipped with a warning.
 std::vector<RunRecord> list();
-// "" or "latest" -> the newest run; else an exact id, a unique prefix or a unique substring.
-// Several matches: the newest, or an error when `unique` is asked for.
-std::string resolve(const std::string& query, bool unique = false);
+// The one rule of `show`, `logs`, `stop` and `rm`: "" or "latest" -> the newest run; an exact id
+// wins; else the one run whose id starts with `query` (or, when none does, contains it). A query
+// that matches several runs throws an Error listing them, newest first.
+std::string resolve(const std::string& query);
 
+// The version of every JSON document mltrain prints or writes, in its "schema" field (docs/json.md).
+inline constexpr int kJsonSchema = 1;
+
+// run.json, `show --json` and `run --json`: one run (docs/json.md, "run").
 std::string to_json(const RunRecord& r, bool pretty);
+// `ls --json`: {"schema": 1, "runs": [...]}, runs in the order given, without spec and env.
 std::string list_to_json(const std::vector<RunRecord>& runs);
+// `run --dry-run --json` and `validate --json`: the plan (docs/json.md, "plan").
 std::string plan_to_json(const plan::Plan& p);
 
 // Whether the launcher that owns a "running" record is still alive (pid and start time match).
@@ -97,5 +104,11 @@ std::string now_iso8601();
 // folder as launcher-error.txt so `logs` shows it; "" when there is none.
 void save_launcher_error(const std::string& id, const std::string& text);
 std::string launcher_error(const std::string& id);
+
+// mltrain itself failed while the run was running (not a rank, not a host): keeps the error as
+// above and ends the record as failed with failure.reason "launcher", so `ls` does not show the
+// run as running or lost. A record the supervisor already ended is left as it is.
+void end_with_launcher_error(const std::string& id, int exit_code, const std::string& message,
+                             const std::string& text);
 
 }  // namespace mltrain::records

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <deque>
@@ -218,6 +219,7 @@ int print_logs(const LogsOptions& o) {
 void print_list(bool json) {
   auto runs = list();
   if (json) {
+    std::reverse(runs.begin(), runs.end());  // newest first, as the table
     std::printf("%s\n", list_to_json(runs).c_str());
     return;
   }
@@ -227,7 +229,8 @@ void print_list(bool json) {
   }
   std::printf("%-34s %-12s %5s %5s %-19s %9s %4s\n", "ID", "STATUS", "RANKS", "HOSTS", "STARTED", "DURATION",
               "EXIT");
-  for (const auto& r : runs) {
+  for (auto it = runs.rbegin(); it != runs.rend(); ++it) {  // newest first
+    const RunRecord& r = *it;
     const std::string& status = r.status;
     std::printf("%-34s %-12s %5zu %5zu %-19s %9s %4s\n", r.id.c_str(), status.c_str(), r.ranks.size(),
                 r.hosts.size(), age(r.started_at).c_str(), duration_of(r).c_str(),
@@ -274,7 +277,7 @@ void print_show(const std::string& query, bool json) {
 }
 
 int stop_run(const std::string& query) {
-  std::string id = resolve(query, /*unique=*/true);
+  std::string id = resolve(query);
   RunRecord r = load(id);
   if (r.status != "running" && r.status != "lost") {
     std::printf("run %s already ended (%s)\n", id.c_str(), r.status.c_str());

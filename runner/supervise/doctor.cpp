@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runner/common/error.h"
+#include "runner/records/records.h"
 #include "runner/supervise/detail/gang.h"
 
 namespace mltrain::supervise {
@@ -126,16 +127,28 @@ int run_doctor(plan::Plan& plan, const Options& opts, const TransportFor& transp
 
 std::string format_doctor(const std::vector<HostReport>& reports, bool json) {
   if (json) {
-    nlohmann::ordered_json a = nlohmann::ordered_json::array();
-    for (const auto& r : reports)
+    // docs/json.md, "doctor": facts typed (counts as numbers, yes/no as booleans, "not found" null).
+    using J = nlohmann::ordered_json;
+    auto typed = [](const std::string& v) -> J {
+      if (v.empty() || v == "not found") return nullptr;
+      if (v == "yes" || v == "no") return v == "yes";
+      if (v.find_first_not_of("0123456789") == std::string::npos && v.size() < 10) return std::stoi(v);
+      return v;
+    };
+    J a = J::array();
+    for (const auto& r : reports) {
+      const bool probed = !r.facts.empty();
+      J facts = J::object();
+      for (const auto& [k, v] : r.facts) facts[k] = typed(v);
       a.push_back({{"host", r.host},
                    {"ok", r.ok},
-                   {"stage", r.stage},
-                   {"problem", r.problem},
-                   {"facts", r.facts},
-                   {"clock_offset_ms", r.clock_offset_ms},
-                   {"rtt_ms", r.rtt_ms}});
-    return a.dump(2) + "\n";
+                   {"stage", r.stage.empty() ? J(nullptr) : J(r.stage)},
+                   {"problem", r.problem.empty() ? J(nullptr) : J(r.problem)},
+                   {"facts", facts},
+                   {"clock_offset_ms", probed ? J(r.clock_offset_ms) : J(nullptr)},
+                   {"rtt_ms", probed ? J(r.rtt_ms) : J(nullptr)}});
+    }
+    return J{{"schema", records::kJsonSchema}, {"hosts", a}}.dump(2) + "\n";
   }
   std::string out;
   char line[512];

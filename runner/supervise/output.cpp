@@ -107,7 +107,7 @@ Output::Output(std::vector<RankInfo> ranks, bool multi_host, const std::string& 
     Rank& r = ranks_[i];
     r.info = ranks[i];
     std::string path = log_path(r.info.rank);
-    r.fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    r.fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (r.fd < 0) log::warn("output", "cannot open " + path + ": " + std::strerror(errno));
     std::string p = render_prefix(opts_.prefix, r.info, multi_host);
     if (!p.empty()) {

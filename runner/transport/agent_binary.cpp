@@ -26,9 +26,8 @@ std::string_view agent_hash() { return mltrain_agent_blob_hash; }
 std::string local_agent_path() {
   std::string dir = state_home();
   std::string agents = dir + "/agent";
-  for (const std::string& d : {dir, agents})
-    if (::mkdir(d.c_str(), 0755) != 0 && errno != EEXIST)
-      throw_sys("mkdir", d, "set MLTRAIN_HOME to a writable folder");
+  make_private_dirs(dir, /*make_private=*/true);
+  make_private_dirs(agents);
   std::string path = agents + "/mltrain-agent-" + std::string(agent_hash().substr(0, 16));
   if (::access(path.c_str(), X_OK) == 0) return path;
 

@@ -144,8 +144,8 @@ def test_bash_completes(scripts, env):
         "mltrain -",
         "mltrain ls -",
     ])
-    assert got["mltrain r"] == ["run"]
-    assert got["mltrain "] == sorted(["run", "validate", "logs", "ls", "show", "stop", "completions", "knobs"])
+    assert got["mltrain r"] == ["rm", "run"]
+    assert got["mltrain "] == sorted(["run", "validate", "logs", "ls", "show", "stop", "rm", "gc", "completions", "knobs"])
     assert got["mltrain run --ma"] == ["--master-port", "--max-restarts"]
     assert got["mltrain completions "] == ["bash", "fish", "zsh"]
     assert got["mltrain logs "] == sorted(RUN_IDS + ["latest"])
@@ -197,7 +197,7 @@ def test_bash_with_bash_completion(scripts, env):
     e, work = env
     got = bash_complete(scripts["bash"], e, work, ["mltrain r", "mltrain logs ", "mltrain run -n 2 -- cat no"],
                         preamble=f"source {main}\n")
-    assert got["mltrain r"] == ["run"]
+    assert got["mltrain r"] == ["rm", "run"]
     assert got["mltrain logs "] == sorted(RUN_IDS + ["latest"])
     assert got["mltrain run -n 2 -- cat no"] == ["notes.txt"]
 
@@ -282,7 +282,7 @@ def test_zsh_loads_and_completes(scripts, env, tmp_path):
         elif o.startswith("<hits>"):
             got[case] |= set(o[len("<hits>"):-len("</hits>")].split())
     assert list(got) == lines, r.stdout
-    assert got["mltrain r"] == {"run"}
+    assert got["mltrain r"] == {"rm", "run"}
     assert got["mltrain run --max"] == {"--max-restarts"}
     assert got["mltrain completions "] == {"bash", "zsh", "fish"}
     assert got["mltrain logs "] == set(RUN_IDS) | {"latest"}
@@ -325,7 +325,7 @@ def test_fish_completes(scripts, env):
         "mltrain run --name ls --dry",
         "mltrain run -n 2 -- cat no",
     ])
-    assert got["mltrain "] == sorted(["run", "validate", "logs", "ls", "show", "stop", "completions", "knobs"])
+    assert got["mltrain "] == sorted(["run", "validate", "logs", "ls", "show", "stop", "rm", "gc", "completions", "knobs"])
     assert got["mltrain run --max"] == ["--max-restarts"]
     assert got["mltrain completions "] == ["bash", "fish", "zsh"]
     assert got["mltrain logs "] == sorted(RUN_IDS + ["latest"])

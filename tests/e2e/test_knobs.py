@@ -40,7 +40,9 @@ def test_table_is_aligned_and_lists_the_comm_knobs(ml):
 def test_json_has_each_knob_once_with_its_current_value(ml):
     r = ml("knobs", "--json", env={"MLTRAIN_COMM_ALGO": "hd"})
     assert r.returncode == 0, r.stderr
-    knobs = json.loads(r.stdout)
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == 1
+    knobs = doc["knobs"]
     names = [k["name"] for k in knobs]
     assert len(names) == len(set(names))
     by_name = {k["name"]: k for k in knobs}

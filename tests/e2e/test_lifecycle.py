@@ -64,7 +64,7 @@ def test_detached_launcher_killed_json_status(ml):
     os.kill(json.loads(ml("show", "--json", run_id).stdout)["launcher_pid"], signal.SIGKILL)
     assert wait_gone(m, 5) == []
     wait_for(lambda: "lost" in ml("show", run_id).stdout, 10, "show to say 'lost'", step=0.2)
-    assert json.loads(ml("ls", "--json").stdout)[0]["status"] != "running"
+    assert json.loads(ml("ls", "--json").stdout)["runs"][0]["status"] != "running"
     assert json.loads(ml("show", "--json", run_id).stdout)["status"] != "running"
 
 
@@ -124,7 +124,7 @@ def test_concurrent_runs_get_distinct_records(ml):
     for p in procs:
         communicate(p, 30)
         assert p.returncode == 0
-    runs = json.loads(ml("ls", "--json").stdout)
+    runs = json.loads(ml("ls", "--json").stdout)["runs"]
     assert len(runs) == 4 and len({x["id"] for x in runs}) == 4
     outs = sorted(ml("logs", x["id"], "--rank", "0").stdout for x in runs)
     assert outs == [f"[0] run{i}\n" for i in range(4)]

@@ -108,10 +108,12 @@ def test_ls_and_show(ml):
     r = ml("ls")
     assert r.returncode == 0
     body = [ln for ln in r.stdout.splitlines() if ln.strip() and not ln.startswith("ID")]
-    assert [ln.split()[0] for ln in body] == ids  # oldest first
+    assert [ln.split()[0] for ln in body] == ids[::-1]  # newest first
     assert "failed" in body[1] and body[1].split()[-1] == "6"
-    runs = json.loads(ml("ls", "--json").stdout)
-    assert [x["id"] for x in runs] == ids
+    doc = json.loads(ml("ls", "--json").stdout)
+    assert doc["schema"] == 1
+    runs = doc["runs"]
+    assert [x["id"] for x in runs] == ids[::-1]
     assert [x["status"] for x in runs] == ["succeeded", "failed", "succeeded"]
     beta = _record(ml, ids[1])
     assert beta["status"] == "failed" and beta["exit_code"] == 6
@@ -194,13 +196,13 @@ def test_latest_is_the_newest_even_within_one_second(ml):
         r = ml("run", "--json", "-n", "1", "--name", f"quick{9 - i}", "--", "true")
         ids.append(json.loads(r.stdout[r.stdout.index("{"):])["id"])
         assert _record(ml)["id"] == ids[-1], (i, ids)
-    assert [x["id"] for x in json.loads(ml("ls", "--json").stdout)] == ids
+    assert [x["id"] for x in json.loads(ml("ls", "--json").stdout)["runs"]] == ids[::-1]
 
 
 def test_ls_empty_home(ml):
     r = ml("ls")
     assert r.returncode == 0
-    assert json.loads(ml("ls", "--json").stdout) == []
+    assert json.loads(ml("ls", "--json").stdout) == {"schema": 1, "runs": []}
     r = ml("logs")
     assert r.returncode != 0 and r.returncode > 0 and "mltrain: error:" in r.stderr
 
@@ -233,7 +235,7 @@ def test_corrupt_record_does_not_break_the_others(ml):
     (bad / "run.json").write_text("{not json")
     r = ml("ls")
     assert r.returncode == 0 and "good" in r.stdout
-    assert [x["name"] for x in json.loads(ml("ls", "--json").stdout)] == ["good"]
+    assert [x["name"] for x in json.loads(ml("ls", "--json").stdout)["runs"]] == ["good"]
     assert _record(ml)["name"] == "good"
     r = ml("show", "bad-0000")
     assert r.returncode == 2 and r.returncode >= 0 and "mltrain: error:" in r.stderr
@@ -246,7 +248,7 @@ def test_record_without_id_is_not_listed_blank(ml):
     odd = ml.runs_dir / "20000101-000000-odd-0000"
     odd.mkdir()
     (odd / "run.json").write_text("{}")
-    ids = [x["id"] for x in json.loads(ml("ls", "--json").stdout)]
+    ids = [x["id"] for x in json.loads(ml("ls", "--json").stdout)["runs"]]
     assert "" not in ids
 
 

@@ -1,11 +1,17 @@
 #include <doctest/doctest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "runner/common/error.h"
+#include "runner/common/secret.h"
+#include "runner/records/cleanup.h"
 #include "runner/records/records.h"
 
 namespace fs = std::filesystem;
@@ -89,9 +95,20 @@ TEST_CASE("records: listing and id lookup") {
   CHECK(records::resolve("") == ids[2]);
   CHECK(records::resolve("latest") == ids[2]);
   CHECK(records::resolve(ids[0]) == ids[0]);
-  CHECK(records::resolve("beta") == ids[1]);                                     // a unique substring
-  CHECK(records::resolve(ids[1].substr(0, ids[1].size() - 1), true) == ids[1]);  // a unique prefix
+  CHECK(records::resolve("beta") == ids[1]);                               // a unique substring
+  CHECK(records::resolve(ids[1].substr(0, ids[1].size() - 1)) == ids[1]);  // a unique prefix
   CHECK_THROWS_AS(records::resolve("no-such-run"), Error);
+  // A prefix of several runs is refused, naming them newest first (one rule for every command).
+  std::string message;
+  try {
+    records::resolve(ids[0].substr(0, 8));  // the date: every run today
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  CAPTURE(message);
+  CHECK(message.find("matches 3 runs") != std::string::npos);
+  CHECK(message.find(ids[2]) < message.find(ids[1]));
+  CHECK(message.find(ids[1]) < message.find(ids[0]));
   CHECK_THROWS_AS(records::load("no-such-run"), Error);
 }
 
@@ -107,4 +124,72 @@ TEST_CASE("records: a corrupt run.json is an error naming the file") {
   }
   CAPTURE(message);
   CHECK(message.find("run.json") != std::string::npos);
+}
+
+TEST_CASE("records: gc picks ended runs older than the limit and beyond the newest N") {
+  using namespace std::chrono;
+  auto now = system_clock::from_time_t(2'000'000'000);
+  auto iso = [&](hours ago) {
+    std::time_t t = system_clock::to_time_t(now - ago);
+    std::tm tm{};
+    ::gmtime_r(&t, &tm);
+    char buf[40];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S.000Z", &tm);
+    return std::string(buf);
+  };
+  std::vector<records::RunRecord> runs(4);  // oldest first: 30 days, 10 days, 2 days, 1 hour old
+  const hours ages[] = {hours(24 * 30), hours(24 * 10), hours(48), hours(1)};
+  for (size_t i = 0; i < runs.size(); ++i) {
+    runs[i].id = "run" + std::to_string(i);
+    runs[i].status = "succeeded";
+    runs[i].started_at = iso(ages[i]);
+  }
+  records::GcOptions o;
+  o.older_than = hours(24 * 7);
+  CHECK(records::gc_select(runs, o, now) == std::vector<std::string>{"run1", "run0"});
+  o.keep = 3;
+  CHECK(records::gc_select(runs, o, now) == std::vector<std::string>{"run0"});
+  o.older_than.reset();
+  o.keep = 1;
+  CHECK(records::gc_select(runs, o, now) == std::vector<std::string>{"run2", "run1", "run0"});
+  // A running run (its launcher alive: this process) is never picked.
+  runs[0].status = "running";
+  runs[0].launcher_pid = int(::getpid());
+  runs[0].launcher_start = records::process_start_time(::getpid());
+  CHECK(records::gc_select(runs, o, now) == std::vector<std::string>{"run2", "run1"});
+}
+
+TEST_CASE("secret: names that look secret, and MLTRAIN_SECRET_VARS") {
+  for (const char* name : {"WANDB_API_KEY", "aws_secret_access_key", "HF_TOKEN", "GITHUB_TOKEN_RO",
+                           "MLTRAIN_TOKEN", "DB_PASSWORD", "my_password_file", "SECRET"})
+    CHECK_MESSAGE(secret::is_secret_name(name), name);
+  for (const char* name : {"PATH", "KEYBOARD", "RANK", "MASTER_PORT", "PASSWD"})
+    CHECK_MESSAGE(!secret::is_secret_name(name), name);
+  ::setenv("MLTRAIN_SECRET_VARS", "hf_*, PASSWD", 1);
+  CHECK(secret::is_secret_name("HF_LOGIN"));
+  CHECK(secret::is_secret_name("passwd"));
+  CHECK(secret::shown_value("HF_LOGIN", "abc") == "<secret>");
+  CHECK(secret::shown_value("RANK", "3") == "3");
+  ::unsetenv("MLTRAIN_SECRET_VARS");
+  CHECK(!secret::is_secret_name("HF_LOGIN"));
+}
+
+TEST_CASE("records: the state home, runs/ and run folders are private, run.json 0600") {
+  TempHome home;
+  ::chmod(home.path.c_str(), 0755);
+  mode_t old = ::umask(0);
+  std::string id = records::create_run("priv");
+  records::RunRecord r;
+  r.id = id;
+  records::save(r);
+  ::umask(old);
+  auto mode = [](const std::string& p) {
+    struct stat st {};
+    REQUIRE(::stat(p.c_str(), &st) == 0);
+    return st.st_mode & 0777;
+  };
+  CHECK(mode(home.path) == 0700);
+  CHECK(mode(records::runs_dir()) == 0700);
+  CHECK(mode(records::run_dir(id)) == 0700);
+  CHECK(mode(records::run_dir(id) + "/run.json") == 0600);
 }

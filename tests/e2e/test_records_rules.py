@@ -1,0 +1,128 @@
+"""Run-id prefixes (one rule), rm/gc of old records, and the JSON schema (issue 9: 13, 15, 19)."""
+import json
+import time
+
+import pytest
+
+from conftest import pids_with_arg, wait_for
+
+
+def _runs(ml, names):
+    ids = []
+    for n in names:
+        r = ml("run", "--json", "-n", "1", "--name", n, "--", "true")
+        assert r.returncode == 0, r.stderr
+        ids.append(json.loads(r.stdout[r.stdout.index("{"):])["id"])
+    return ids
+
+
+@pytest.mark.parametrize("cmd", [["show"], ["logs"], ["stop"], ["rm"]])
+def test_ambiguous_prefix_is_refused_by_every_command(ml, cmd):
+    ids = _runs(ml, ["same", "same"])
+    prefix = ids[0][:8]  # the date: both runs
+    r = ml(*cmd, prefix)
+    assert r.returncode == 2, (cmd, r.stdout, r.stderr)
+    assert "matches 2 runs" in r.stderr
+    assert r.stderr.index(ids[1]) < r.stderr.index(ids[0])  # newest first
+    assert len(ml.run_dirs()) == 2
+    # An exact id wins; a unique prefix is accepted.
+    assert ml("show", ids[0]).returncode == 0
+    assert json.loads(ml("show", "--json", ids[1][:-1]).stdout)["id"] == ids[1]
+
+
+def test_rm_removes_named_runs_and_says_what_was_freed(ml):
+    ids = _runs(ml, ["a", "b", "c"])
+    r = ml("rm", ids[0], ids[2])
+    assert r.returncode == 0, r.stderr
+    assert f"removed {ids[0]}" in r.stdout and f"removed {ids[2]}" in r.stdout
+    assert "removed 2 runs" in r.stdout and "freed" in r.stdout
+    assert [d.name for d in ml.run_dirs()] == [ids[1]]
+    r = ml("rm", "no-such-run")
+    assert r.returncode == 2 and "no run matches" in r.stderr
+
+
+def test_rm_and_gc_never_remove_a_running_run(ml):
+    m = ml.marker()
+    old = _runs(ml, ["old"])[0]
+    r = ml("run", "-d", "-n", "1", "--", "sleep", m, timeout=10)
+    live = r.stdout.strip()
+    wait_for(lambda: pids_with_arg(m), 10, "the rank to start")
+    r = ml("rm", live, old)
+    assert r.returncode == 2 and "is running" in r.stderr and f"mltrain stop {live}" in r.stderr
+    assert len(ml.run_dirs()) == 2  # nothing removed when one id is refused
+    r = ml("gc", "--keep", "0")
+    assert r.returncode == 0, r.stderr
+    assert [d.name for d in ml.run_dirs()] == [live]
+    assert f"removed {old}" in r.stdout and "removed 1 run," in r.stdout
+    ml("stop", live, timeout=15)
+
+
+def test_gc_keep_older_than_and_dry_run(ml):
+    ids = _runs(ml, ["r1", "r2", "r3", "r4"])
+    r = ml("gc")
+    assert r.returncode == 2 and "--older-than" in r.stderr
+    r = ml("gc", "--older-than", "1h")
+    assert r.returncode == 0 and "removed 0 runs" in r.stdout and len(ml.run_dirs()) == 4
+    r = ml("gc", "--keep", "1", "--dry-run")
+    assert r.returncode == 0 and r.stdout.count("would remove 20") == 3 and len(ml.run_dirs()) == 4
+    time.sleep(1.1)
+    r = ml("gc", "--keep", "2", "--older-than", "1s")
+    assert r.returncode == 0, r.stderr
+    assert sorted(d.name for d in ml.run_dirs()) == sorted(ids[2:])
+    assert ml("ls").stdout.splitlines()[1].split()[0] == ids[3]  # ls: newest first
+
+
+# --- 15. one JSON schema ---------------------------------------------------------------------------
+
+RUN_FIELDS = {"schema", "id", "name", "status", "exit_code", "launcher_pid", "launcher_start", "started_at",
+              "ended_at", "duration_s", "spec_file", "workdir", "git_commit", "argv", "master_addr",
+              "master_port", "restarts", "max_restarts", "detached", "hosts", "ranks", "failure", "spec"}
+RANK_FIELDS = {"rank", "host", "node_rank", "local_rank", "pid", "exit_code", "signal", "host_lost", "env"}
+
+
+def _check_run(doc, ended=True):
+    assert set(doc) == RUN_FIELDS, set(doc) ^ RUN_FIELDS
+    assert doc["schema"] == 1 and isinstance(doc["id"], str)
+    host_names = {h["name"] for h in doc["hosts"]}
+    for k in doc["ranks"]:
+        assert set(k) == RANK_FIELDS
+        assert k["host"] in host_names  # a name, not an index
+        for f in ("pid", "exit_code", "signal"):
+            assert k[f] is None or (isinstance(k[f], int) and k[f] > (0 if f != "exit_code" else -1)), k
+    if ended:
+        assert isinstance(doc["exit_code"], int) and isinstance(doc["duration_s"], (int, float))
+    assert doc["git_commit"] is None or doc["git_commit"]  # unknown is null, never ""
+    assert doc["spec_file"] is None or doc["spec_file"]
+    for v in doc.values():
+        assert v != -1 and v != ""
+
+
+def test_every_json_output_follows_the_documented_schema(ml):
+    r = ml("run", "--json", "-n", "2", "--", "sh", "-c", '[ "$RANK" = 1 ] && exit 3; true')
+    run_doc = json.loads(r.stdout[r.stdout.index("{"):])
+    _check_run(run_doc)
+    assert run_doc["failure"]["rank"] == 1 and run_doc["ranks"][0]["signal"] is None
+    assert run_doc["failure"]["reason"] == "rank_exit" and run_doc["ranks"][1]["host_lost"] is False
+    _check_run(json.loads(ml("show", "--json").stdout))
+    ls = json.loads(ml("ls", "--json").stdout)
+    assert set(ls) == {"schema", "runs"} and ls["schema"] == 1
+    for x in ls["runs"]:
+        assert set(x) == RUN_FIELDS - {"schema", "spec"}
+    for args in (["run", "--dry-run", "--json", "-n", "2", "--", "true"], ["validate", "--json", "-n", "2", "--", "true"]):
+        p = json.loads(ml(*args).stdout)
+        assert p["schema"] == 1 and "id" in p and "run_id" not in p, args
+        assert isinstance(p["world_size"], int) and isinstance(p["master_port"], int)
+        assert all(isinstance(k["host"], str) for k in p["ranks"])
+        assert all(h["user"] is None and h["port"] is None for h in p["hosts"])
+    k = json.loads(ml("knobs", "--json", env={"MLTRAIN_TOKEN": "abc"}).stdout)
+    assert k["schema"] == 1
+    assert {x["name"]: x["value"] for x in k["knobs"]}["MLTRAIN_TOKEN"] == "<secret>"
+    d = json.loads(ml("doctor", "--json", timeout=60).stdout)
+    assert d["schema"] == 1
+    for h in d["hosts"]:
+        assert isinstance(h["facts"]["gpus"], int), h  # a number, not "0"
+        assert h["problem"] is None and h["stage"] is None
+    b = ml("bench", "-b", "4K", "-e", "4K", "--iters", "1", "--warmup", "0", "--json", timeout=60)
+    for line in b.stdout.splitlines():
+        x = json.loads(line)
+        assert x["schema"] == 1 and x["wrong"] is None
