@@ -17,7 +17,7 @@
 namespace mltrain::agent {
 
 inline constexpr uint32_t kMagic = 0x41544c4d;  // "MLTA"
-inline constexpr uint32_t kVersion = 2;  // 2: stdin forwarding, fixed master port, doctor interpreter
+inline constexpr uint32_t kVersion = 2;         // 2: stdin forwarding, fixed master port, doctor interpreter
 inline constexpr uint32_t kAllRanks = 0xffffffffu;
 inline constexpr uint32_t kMaxPayload = 64u << 20;  // a bigger frame means a corrupt stream
 inline constexpr size_t kHeaderSize = 12;

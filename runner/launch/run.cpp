@@ -11,8 +11,8 @@
 #include <set>
 
 #include "runner/common/error.h"
-#include "runner/common/status.h"
 #include "runner/common/secret.h"
+#include "runner/common/status.h"
 #include "runner/common/text.h"
 #include "runner/launch/detail/launch_detail.h"
 #include "runner/launch/launch.h"
