@@ -1,4 +1,6 @@
 // `mltrain logs`, `ls`, `show`, `stop`, `rm`, `gc`: views of run records and their cleanup.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
@@ -12,7 +14,7 @@ namespace mltrain::cli {
 void register_logs(CLI::App& app, Global& g, std::function<int()>& handler) {
   static struct {
     std::string id, ranks, grep;
-    bool follow = false, no_prefix = false;
+    bool follow = false, no_prefix = false, by_rank = false;
     int tail = -1;
   } f;
   auto* c = app.add_subcommand("logs", "Print a run's logs (the latest run by default)");
@@ -22,9 +24,14 @@ void register_logs(CLI::App& app, Global& g, std::function<int()>& handler) {
   c->add_option("-g,--grep", f.grep, "Only lines matching this regular expression");
   c->add_option("-t,--tail", f.tail, "Only the last N lines of each rank")->check(CLI::NonNegativeNumber);
   c->add_flag("--no-prefix", f.no_prefix, "Print lines without the [rank] prefix");
+  c->add_flag("--by-rank", f.by_rank,
+              "Each rank's lines together, rank by rank (default: merged as they arrived)");
   c->footer(
+      "Lines carry the prefix the live console showed ([h1:0] on a multi-host run) and come merged\n"
+      "in the order they arrived, as the console showed them.\n"
       "Examples:\n  mltrain logs                 the latest run, every rank\n"
-      "  mltrain logs -f 20261129     follow a run\n  mltrain logs --rank 0,3 --grep loss --tail 20");
+      "  mltrain logs -f 20261129     follow a run\n  mltrain logs --rank 0,3 --grep loss --tail 20\n"
+      "Exit code: 0; with -f, the run's own exit code once it ends (docs/exit-codes.md).");
   c->callback([&] {
     handler = [&] {
       records::LogsOptions o;
@@ -33,6 +40,8 @@ void register_logs(CLI::App& app, Global& g, std::function<int()>& handler) {
       o.grep = f.grep;
       o.tail = f.tail;
       o.prefix = !f.no_prefix;
+      o.by_rank = f.by_rank;
+      o.terminal = ::isatty(1) == 1;
       o.color = use_color(g, 1);
       if (!f.ranks.empty()) {
         auto list = text::parse_int_list(f.ranks);

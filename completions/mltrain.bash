@@ -166,7 +166,7 @@ _mltrain() {
             "") flags="-h --help --version $global_opts" ;;
             run) flags="$job_opts --ranks --no-prefix --timestamps --dry-run --json -d --detach --stdin --stdin-rank -h --help $global_opts" ;;
             validate) flags="$job_opts --json -h --help $global_opts" ;;
-            logs) flags="-f --follow -r --rank -g --grep -t --tail --no-prefix -h --help $global_opts" ;;
+            logs) flags="-f --follow -r --rank -g --grep -t --tail --no-prefix --by-rank -h --help $global_opts" ;;
             ls | show | knobs) flags="--json -h --help $global_opts" ;;
             stop | completions) flags="-h --help $global_opts" ;;
             *) flags="-h --help" ;;

@@ -147,6 +147,7 @@ complete -c mltrain -n '__mltrain_using logs' -s r -l rank -x -d 'Only these ran
 complete -c mltrain -n '__mltrain_using logs' -s g -l grep -x -d 'Only lines matching this regular expression'
 complete -c mltrain -n '__mltrain_using logs' -s t -l tail -x -d 'Only the last N lines of each rank'
 complete -c mltrain -n '__mltrain_using logs' -l no-prefix -d 'Print lines without the [rank] prefix'
+complete -c mltrain -n '__mltrain_using logs' -l by-rank -d 'Each rank'\''s lines together, rank by rank'
 complete -c mltrain -n '__mltrain_using ls show knobs' -l json -d 'Print as JSON'
 
 # completions.

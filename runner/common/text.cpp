@@ -161,4 +161,54 @@ std::string shell_quote(std::string_view s) {
   return out;
 }
 
+std::string escape_console(std::string_view b) {
+  std::string out;
+  out.reserve(b.size());
+  auto hex = [&](unsigned char c) {
+    char x[8];
+    std::snprintf(x, sizeof x, "\\x%02x", unsigned(c));
+    out += x;
+  };
+  for (size_t i = 0; i < b.size();) {
+    auto c = static_cast<unsigned char>(b[i]);
+    if (c == 0x1b) {  // colour (SGR) codes pass: ESC [ digits and ';' m
+      size_t j = i + 1;
+      if (j < b.size() && b[j] == '[') {
+        ++j;
+        while (j < b.size() && ((b[j] >= '0' && b[j] <= '9') || b[j] == ';')) ++j;
+        if (j < b.size() && b[j] == 'm') {
+          out.append(b.substr(i, j + 1 - i));
+          i = j + 1;
+          continue;
+        }
+      }
+      hex(c), ++i;
+    } else if ((c < 0x20 && c != '\t') || c == 0x7f) {
+      hex(c), ++i;
+    } else if (c < 0x80) {
+      out += char(c), ++i;
+    } else {
+      size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+      bool ok = len > 0 && i + len <= b.size();
+      for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(b[i + k]) & 0xc0) == 0x80;
+      if (ok) {
+        out.append(b.substr(i, len));
+        i += len;
+      } else {
+        hex(c), ++i;
+      }
+    }
+  }
+  return out;
+}
+
+size_t complete_utf8(std::string_view s) {
+  size_t i = s.size();
+  for (int back = 0; back < 3 && i > 0 && (static_cast<unsigned char>(s[i - 1]) & 0xc0) == 0x80; ++back) --i;
+  if (i == 0) return s.size();
+  auto c = static_cast<unsigned char>(s[i - 1]);
+  size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+  return len > 0 && s.size() - (i - 1) < len ? i - 1 : s.size();
+}
+
 }  // namespace mltrain::text

@@ -36,4 +36,10 @@ std::optional<std::vector<int>> parse_int_list(std::string_view s);
 // Quotes `s` for a POSIX shell, only when needed (for display in --dry-run output).
 std::string shell_quote(std::string_view s);
 
+// `bytes` as a terminal should show a rank's output: control bytes but tab and SGR colour codes,
+// and invalid UTF-8, as \xNN (the live console and `mltrain logs` alike).
+std::string escape_console(std::string_view bytes);
+// How many bytes of `s` end before an incomplete UTF-8 sequence at its end.
+size_t complete_utf8(std::string_view s);
+
 }  // namespace mltrain::text

@@ -78,6 +78,7 @@ RunRecord from_json(const json& j) {
   r.restarts = get(j, "restarts", 0);
   r.max_restarts = get(j, "max_restarts", 0);
   r.detached = get(j, "detached", false);
+  r.log_prefix = get<std::string>(j, "log_prefix", "[{rank}]");
   for (const auto& h : get(j, "hosts", json::array()))
     r.hosts.push_back(
         {get<std::string>(h, "name", ""), get<std::string>(h, "address", ""), get(h, "node_rank", 0)});
@@ -149,6 +150,7 @@ json to_json_value(const RunRecord& r) {
          {"restarts", r.restarts},
          {"max_restarts", r.max_restarts},
          {"detached", r.detached},
+         {"log_prefix", r.log_prefix},
          {"hosts", hosts},
          {"ranks", ranks},
          {"failure", r.failure ? failure_json(*r.failure) : json(nullptr)},
@@ -398,6 +400,27 @@ std::string now_iso8601() {
   char out[48];
   std::snprintf(out, sizeof out, "%s.%03lldZ", buf, static_cast<long long>(ms));
   return out;
+}
+
+std::string order_path_in(const std::string& dir) { return dir + "/output.order"; }
+
+std::string prefix_template(const std::string& tmpl, bool multi_host) {
+  if (tmpl != "auto") return tmpl;
+  return multi_host ? "[{host}:{rank}]" : "[{rank}]";
+}
+
+std::string render_prefix(const std::string& tmpl, int rank, int local_rank, int node,
+                          const std::string& host) {
+  std::string s = tmpl;
+  auto replace_all = [&s](std::string_view what, const std::string& with) {
+    for (size_t pos = 0; (pos = s.find(what, pos)) != std::string::npos; pos += with.size())
+      s.replace(pos, what.size(), with);
+  };
+  replace_all("{rank}", std::to_string(rank));
+  replace_all("{local_rank}", std::to_string(local_rank));
+  replace_all("{node}", std::to_string(node));
+  replace_all("{host}", host);
+  return s;
 }
 
 }  // namespace mltrain::records

@@ -1,8 +1,9 @@
 // Run records: one folder per run under runs/ of the state home (runner/common/state_home.h):
-// run.json, rank-N.log, console.log.
+// run.json, rank-N.log, output.order (the order rank output arrived in), console.log.
 // `logs`, `ls`, `show` and `stop` read these; nothing else is a database.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -60,7 +61,27 @@ struct RunRecord {
   int restarts = 0, max_restarts = 0;
   bool detached = false;
   std::optional<Failure> failure;
+  // The live console's line prefix template ("[{host}:{rank}]", "[{rank}]", "" for none), so
+  // `logs` prefixes lines the same way. Records written before it: "[{rank}]".
+  std::string log_prefix = "[{rank}]";
 };
+
+// The run's output.order file: one entry per arrival of a rank's output at the launcher, in
+// arrival order, written after the bytes it covers. `logs` merges the rank files by it.
+struct OrderEntry {
+  uint32_t rank;
+  uint32_t reserved;
+  uint64_t end;  // rank-N.log holds this many bytes once this arrival is in it
+};
+static_assert(sizeof(OrderEntry) == 16);
+std::string order_path_in(const std::string& run_dir);
+
+// The console's prefix template for a rank's lines: "auto" is [{host}:{rank}] for a multi-host
+// job, else [{rank}]; "" is none; anything else is the user's template.
+std::string prefix_template(const std::string& tmpl, bool multi_host);
+// The template with {rank} {local_rank} {node} {host} filled in.
+std::string render_prefix(const std::string& tmpl, int rank, int local_rank, int node,
+                          const std::string& host);
 
 // Where run folders live; created on first use.
 std::string runs_dir();

@@ -25,47 +25,139 @@ namespace {
 struct Follower {
   int rank = 0;
   std::string path;
+  int fd = -1;
   off_t offset = 0;
   std::string partial;
   std::string prefix;
 };
 
-// Reads new bytes of a rank file and prints whole lines; returns whether anything was read.
-bool pump(Follower& f, const std::optional<std::regex>& re, bool final) {
-  int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
+struct LineFilter {
+  std::optional<std::regex> re;
+  bool terminal = false;  // stdout is a terminal: show what one shows of \r progress, escape the rest
+};
+
+// A line as printed: raw bytes into a pipe or file; on a terminal the final state of a \r
+// progress line, with control bytes escaped, as the live console shows it.
+std::string shown(std::string_view line, const LineFilter& lf) {
+  if (!lf.terminal) return std::string(line);
+  while (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  if (size_t cr = line.rfind('\r'); cr != std::string_view::npos) line.remove_prefix(cr + 1);
+  return text::escape_console(line);
+}
+
+// Takes bytes of a rank file; appends its complete lines (and with `final` the rest) to `out`.
+void take(Follower& f, std::string_view bytes, const LineFilter& lf, bool final, std::string& out) {
+  f.partial.append(bytes);
+  size_t start = 0, nl;
+  auto line = [&](std::string_view l) {
+    if (lf.re && !std::regex_search(l.begin(), l.end(), *lf.re)) return;
+    out += f.prefix;
+    out += shown(l, lf);
+    out += '\n';
+  };
+  while ((nl = f.partial.find('\n', start)) != std::string::npos) {
+    line(std::string_view(f.partial).substr(start, nl - start));
+    start = nl + 1;
+  }
+  f.partial.erase(0, start);
+  if (final && !f.partial.empty()) {
+    line(f.partial);
+    f.partial.clear();
+  }
+}
+
+void write_out(std::string& out) {
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  out.clear();
+}
+
+// Reads the rank file from its offset up to `end` (EOF when unbounded); returns whether anything
+// was read.
+bool pump(Follower& f, const LineFilter& lf, bool final, uint64_t end = UINT64_MAX) {
+  if (f.fd < 0) f.fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
   bool any = false;
-  char buf[65536];
   std::string out;
-  while (true) {
-    ssize_t n = ::pread(fd, buf, sizeof buf, f.offset);
+  char buf[65536];
+  while (f.fd >= 0 && uint64_t(f.offset) < end) {
+    size_t want = size_t(std::min<uint64_t>(sizeof buf, end - uint64_t(f.offset)));
+    ssize_t n = ::pread(f.fd, buf, want, f.offset);
     if (n <= 0) break;
     any = true;
     f.offset += n;
-    f.partial.append(buf, size_t(n));
+    take(f, std::string_view(buf, size_t(n)), lf, false, out);
+    if (out.size() > (1 << 20)) write_out(out);
+  }
+  if (final) take(f, {}, lf, true, out);
+  write_out(out);
+  return any;
+}
+
+// The run's output.order, read entry by entry as it grows.
+struct OrderReader {
+  int fd = -1;
+  off_t offset = 0;
+  std::vector<OrderEntry> next(const std::string& path) {
+    if (fd < 0) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    std::vector<OrderEntry> got;
+    if (fd < 0) return got;
+    OrderEntry buf[4096];
+    while (true) {
+      ssize_t n = ::pread(fd, buf, sizeof buf, offset);
+      if (n <= 0) break;
+      size_t whole = size_t(n) / sizeof(OrderEntry);  // a torn entry is read again next time
+      got.insert(got.end(), buf, buf + whole);
+      offset += off_t(whole * sizeof(OrderEntry));
+      if (whole < std::size(buf)) break;
+    }
+    return got;
+  }
+  ~OrderReader() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// Prints what the entries order, each rank's lines as their bytes arrived; returns whether
+// anything was printed.
+bool pump_ordered(std::vector<Follower>& fs, const std::vector<int>& by_rank,
+                  const std::vector<OrderEntry>& es, const LineFilter& lf) {
+  bool any = false;
+  for (const auto& e : es) {
+    if (e.rank >= by_rank.size() || by_rank[e.rank] < 0) continue;
+    Follower& f = fs[size_t(by_rank[e.rank])];
+    if (e.end > uint64_t(f.offset)) any |= pump(f, lf, false, e.end);
+  }
+  return any;
+}
+
+// Where to start so that only the last `n` lines matching `re` are printed.
+off_t grep_tail_offset(const std::string& path, int n, const std::regex& re) {
+  std::deque<off_t> starts;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  std::string partial;
+  off_t partial_at = 0, pos = 0;
+  char buf[65536];
+  ssize_t got;
+  auto line = [&](std::string_view l, off_t at) {
+    if (!std::regex_search(l.begin(), l.end(), re)) return;
+    starts.push_back(at);
+    if (starts.size() > size_t(n)) starts.pop_front();
+  };
+  while ((got = ::read(fd, buf, sizeof buf)) > 0) {
+    partial.append(buf, size_t(got));
+    pos += got;
     size_t start = 0, nl;
-    while ((nl = f.partial.find('\n', start)) != std::string::npos) {
-      std::string_view line(f.partial.data() + start, nl - start);
-      if (!re || std::regex_search(line.begin(), line.end(), *re)) {
-        out += f.prefix;
-        out.append(line);
-        out += '\n';
-      }
+    while ((nl = partial.find('\n', start)) != std::string::npos) {
+      line(std::string_view(partial).substr(start, nl - start), partial_at + off_t(start));
       start = nl + 1;
     }
-    f.partial.erase(0, start);
-    if (out.size() > (1 << 20)) {
-      std::fwrite(out.data(), 1, out.size(), stdout);
-      out.clear();
-    }
+    partial.erase(0, start);
+    partial_at += off_t(start);
   }
   ::close(fd);
-  if (final && !f.partial.empty()) {
-    if (!re || std::regex_search(f.partial, *re)) out += f.prefix + f.partial + "\n";
-    f.partial.clear();
-  }
-  std::fwrite(out.data(), 1, out.size(), stdout);
-  return any;
+  if (!partial.empty()) line(partial, partial_at);
+  if (n == 0) return pos;
+  return starts.size() == size_t(n) ? starts.front() : 0;
 }
 
 // Where to start so that only the last `n` lines are printed.
@@ -124,27 +216,15 @@ std::string duration_of(const RunRecord& r) {
 int print_logs(const LogsOptions& o) {
   std::string id = resolve(o.id);
   RunRecord rec = load(id);
-  std::optional<std::regex> re;
+  LineFilter lf;
+  lf.terminal = o.terminal;
   if (!o.grep.empty()) {
     try {
-      re.emplace(o.grep, std::regex::ECMAScript);
+      lf.re.emplace(o.grep, std::regex::ECMAScript);
     } catch (const std::regex_error& e) {
       throw Error("--grep '" + o.grep + "' is not a valid regular expression: " + e.what(),
                   "escape special characters");
     }
-  }
-  std::vector<Follower> fs;
-  for (const auto& k : rec.ranks) {
-    if (o.ranks && !o.ranks->count(k.rank)) continue;
-    Follower f;
-    f.rank = k.rank;
-    f.path = run_dir(id) + "/rank-" + std::to_string(k.rank) + ".log";
-    if (o.prefix) {
-      std::string p = "[" + std::to_string(k.rank) + "]";
-      f.prefix = o.color ? std::string(rank_color(k.rank)) + p + kColorReset + " " : p + " ";
-    }
-    if (o.tail >= 0 && !re) f.offset = tail_offset(f.path, o.tail);
-    fs.push_back(std::move(f));
   }
   if (o.ranks)
     for (int r : *o.ranks)
@@ -152,67 +232,68 @@ int print_logs(const LogsOptions& o) {
         throw Error("run " + id + " has no rank " + std::to_string(r) + " (it has " +
                         std::to_string(rec.ranks.size()) + " ranks)",
                     "pick ranks from 0 to " + std::to_string(rec.ranks.size() - 1));
-  if (o.tail >= 0 && re) {
-    // The last N matching lines: filter the whole file, keep a window of N.
-    for (auto& f : fs) {
-      std::string collected;
-      std::deque<std::string> last;
-      int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd >= 0) {
-        char buf[65536];
-        ssize_t n;
-        std::string partial;
-        auto take = [&](std::string_view line) {
-          if (!std::regex_search(line.begin(), line.end(), *re)) return;
-          last.emplace_back(line);
-          if (last.size() > size_t(o.tail)) last.pop_front();
-        };
-        while ((n = ::read(fd, buf, sizeof buf)) > 0) {
-          f.offset += n;
-          partial.append(buf, size_t(n));
-          size_t start = 0, nl;
-          while ((nl = partial.find('\n', start)) != std::string::npos) {
-            take(std::string_view(partial).substr(start, nl - start));
-            start = nl + 1;
-          }
-          partial.erase(0, start);
-        }
-        ::close(fd);
-        if (o.follow)
-          f.partial = partial;
-        else if (!partial.empty())
-          take(partial);
-      }
-      for (const auto& l : last) collected += f.prefix + l + "\n";
-      std::fwrite(collected.data(), 1, collected.size(), stdout);
-    }
-  } else {
-    for (auto& f : fs) pump(f, re, !o.follow);
+  std::vector<Follower> fs;
+  std::vector<int> by_rank;  // rank -> index into fs, -1 when not shown
+  for (const auto& k : rec.ranks) {
+    if (size_t(k.rank) >= by_rank.size()) by_rank.resize(size_t(k.rank) + 1, -1);
+    if (o.ranks && !o.ranks->count(k.rank)) continue;
+    Follower f;
+    f.rank = k.rank;
+    f.path = run_dir(id) + "/rank-" + std::to_string(k.rank) + ".log";
+    const std::string host = size_t(k.host) < rec.hosts.size() ? rec.hosts[size_t(k.host)].name : "";
+    const int node = size_t(k.host) < rec.hosts.size() ? rec.hosts[size_t(k.host)].node_rank : 0;
+    std::string p = o.prefix ? render_prefix(rec.log_prefix, k.rank, k.local_rank, node, host) : "";
+    if (!p.empty()) f.prefix = o.color ? std::string(rank_color(k.rank)) + p + kColorReset + " " : p + " ";
+    if (o.tail >= 0)
+      f.offset = lf.re ? grep_tail_offset(f.path, o.tail, *lf.re) : tail_offset(f.path, o.tail);
+    by_rank[size_t(k.rank)] = int(fs.size());
+    fs.push_back(std::move(f));
   }
+  struct Closer {
+    std::vector<Follower>& fs;
+    ~Closer() {
+      for (auto& f : fs)
+        if (f.fd >= 0) ::close(f.fd);
+    }
+  } closer{fs};
+
+  // Merged in the order the output arrived (as the live console showed it), unless asked for
+  // rank by rank or the run predates output.order.
+  const std::string order_path = order_path_in(run_dir(id));
+  const bool merged = !o.by_rank && (::access(order_path.c_str(), F_OK) == 0 || rec.status == "running");
+  OrderReader order;
+  auto pump_all = [&](bool final) {
+    bool any = merged && pump_ordered(fs, by_rank, order.next(order_path), lf);
+    // By rank, or what the order file does not cover yet (the last bytes of a launcher that died).
+    if (!merged || final)
+      for (auto& f : fs) any |= pump(f, lf, final);
+    std::fflush(stdout);
+    return any;
+  };
   // mltrain's own error (a run that failed before or beside its ranks), after their output.
-  auto print_launcher_error = [&] { std::fputs(launcher_error(id).c_str(), stdout); };
-  if (!o.follow) print_launcher_error();
-  std::fflush(stdout);
-  if (!o.follow) return 0;
+  auto print_launcher_error = [&] {
+    std::fputs(launcher_error(id).c_str(), stdout);
+    std::fflush(stdout);
+  };
+  if (!o.follow) {
+    pump_all(true);
+    print_launcher_error();
+    return 0;
+  }
 
   // Follow until the launcher has written the final record (or died without doing so).
   while (true) {
-    bool any = false;
-    for (auto& f : fs) any |= pump(f, re, false);
-    std::fflush(stdout);
-    if (!any) {
-      RunRecord now = load(id);
-      if (now.status != "running") {
-        for (auto& f : fs) pump(f, re, true);
-        print_launcher_error();
-        std::fflush(stdout);
-        if (now.status == "lost")
-          std::fprintf(stderr, "mltrain: the launcher of run %s is gone without recording an end\n",
-                       id.c_str());
-        return now.exit_code > 0 ? now.exit_code : 0;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    if (pump_all(false)) continue;
+    RunRecord now = load(id);
+    if (now.status != "running") {
+      pump_all(true);
+      print_launcher_error();
+      if (now.status == "lost")
+        std::fprintf(stderr, "mltrain: the launcher of run %s is gone without recording an end\n",
+                     id.c_str());
+      return now.exit_code > 0 ? now.exit_code : 0;
     }
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
   }
 }
 

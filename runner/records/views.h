@@ -15,10 +15,13 @@ struct LogsOptions {
   int tail = -1;     // last N lines per rank; -1 = all
   bool color = false;
   bool prefix = true;
+  bool by_rank = false;   // each rank's lines together, rank by rank, instead of merged by arrival
+  bool terminal = false;  // stdout is a terminal: escape control bytes, show \r progress's final state
 };
 
-// Prints the run's rank logs, each line prefixed "[rank] "; with follow, keeps printing new lines
-// until the run ends. Returns the process exit code.
+// Prints the run's rank logs with the live console's prefix ("[h1:0] "), merged in the order
+// they arrived (or rank by rank); with follow, keeps printing new lines until the run ends.
+// Returns the process exit code: 0, or with follow the run's own exit code.
 int print_logs(const LogsOptions& o);
 void print_list(bool json);
 void print_show(const std::string& id, bool json);

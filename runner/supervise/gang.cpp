@@ -105,6 +105,7 @@ int Gang::run() {
   for (const auto& r : plan_.ranks)
     infos.push_back(
         {r.rank, r.local_rank, plan_.hosts[size_t(r.host)].node_rank, plan_.hosts[size_t(r.host)].host.name});
+  rec_.log_prefix = records::prefix_template(opts_.console.prefix, plan_.multi_host);
   out_ = std::make_unique<Output>(infos, plan_.multi_host, records::run_dir(rec_.id), opts_.console,
                                   opts_.console_fd, 2);
   ranks_.assign(plan_.ranks.size(), RankState{});

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/ioctl.h>
 #include <sys/select.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -14,17 +15,14 @@
 
 #include "runner/common/color.h"
 #include "runner/common/log.h"
+#include "runner/common/text.h"
+#include "runner/records/records.h"
 
 namespace mltrain::supervise {
 
 namespace {
 constexpr size_t kFileFlushAt = 256 * 1024;
 constexpr size_t kConsoleFlushAt = 1 << 20;
-
-void replace_all(std::string& s, std::string_view what, const std::string& with) {
-  for (size_t pos = 0; (pos = s.find(what, pos)) != std::string::npos; pos += with.size())
-    s.replace(pos, what.size(), with);
-}
 
 std::string timestamp() {
   timeval tv{};
@@ -39,69 +37,17 @@ std::string timestamp() {
 }  // namespace
 
 std::string render_prefix(const std::string& tmpl, const RankInfo& r, bool multi_host) {
-  if (tmpl.empty()) return {};
-  std::string s = tmpl == "auto" ? (multi_host ? "[{host}:{rank}]" : "[{rank}]") : tmpl;
-  replace_all(s, "{rank}", std::to_string(r.rank));
-  replace_all(s, "{local_rank}", std::to_string(r.local_rank));
-  replace_all(s, "{node}", std::to_string(r.node));
-  replace_all(s, "{host}", r.host);
-  return s;
-}
-
-std::string escape_console(std::string_view b) {
-  std::string out;
-  out.reserve(b.size());
-  auto hex = [&](unsigned char c) {
-    char x[8];
-    std::snprintf(x, sizeof x, "\\x%02x", unsigned(c));
-    out += x;
-  };
-  for (size_t i = 0; i < b.size();) {
-    auto c = static_cast<unsigned char>(b[i]);
-    if (c == 0x1b) {  // colour (SGR) codes pass: ESC [ digits and ';' m
-      size_t j = i + 1;
-      if (j < b.size() && b[j] == '[') {
-        ++j;
-        while (j < b.size() && ((b[j] >= '0' && b[j] <= '9') || b[j] == ';')) ++j;
-        if (j < b.size() && b[j] == 'm') {
-          out.append(b.substr(i, j + 1 - i));
-          i = j + 1;
-          continue;
-        }
-      }
-      hex(c), ++i;
-    } else if ((c < 0x20 && c != '\t') || c == 0x7f) {
-      hex(c), ++i;
-    } else if (c < 0x80) {
-      out += char(c), ++i;
-    } else {
-      size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
-      bool ok = len > 0 && i + len <= b.size();
-      for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(b[i + k]) & 0xc0) == 0x80;
-      if (ok) {
-        out.append(b.substr(i, len));
-        i += len;
-      } else {
-        hex(c), ++i;
-      }
-    }
-  }
-  return out;
-}
-
-size_t complete_utf8(std::string_view s) {
-  size_t i = s.size();
-  for (int back = 0; back < 3 && i > 0 && (static_cast<unsigned char>(s[i - 1]) & 0xc0) == 0x80; ++back) --i;
-  if (i == 0) return s.size();
-  auto c = static_cast<unsigned char>(s[i - 1]);
-  size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
-  return len > 0 && s.size() - (i - 1) < len ? i - 1 : s.size();
+  return records::render_prefix(records::prefix_template(tmpl, multi_host), r.rank, r.local_rank, r.node,
+                                r.host);
 }
 
 Output::Output(std::vector<RankInfo> ranks, bool multi_host, const std::string& run_dir, ConsoleOptions opts,
                int out_fd, int err_fd)
     : run_dir_(run_dir), opts_(std::move(opts)), out_fd_(out_fd), err_fd_(err_fd) {
   tty_ = !opts_.quiet && ::isatty(out_fd_) == 1;
+  const std::string order = records::order_path_in(run_dir);
+  order_fd_ = ::open(order.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (order_fd_ < 0) log::warn("output", "cannot open " + order + ": " + std::strerror(errno));
   ranks_.resize(ranks.size());
   for (size_t i = 0; i < ranks.size(); ++i) {
     Rank& r = ranks_[i];
@@ -109,6 +55,8 @@ Output::Output(std::vector<RankInfo> ranks, bool multi_host, const std::string& 
     std::string path = log_path(r.info.rank);
     r.fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (r.fd < 0) log::warn("output", "cannot open " + path + ": " + std::strerror(errno));
+    struct stat st {};
+    if (r.fd >= 0 && ::fstat(r.fd, &st) == 0) r.file_end = uint64_t(st.st_size);
     std::string p = render_prefix(opts_.prefix, r.info, multi_host);
     if (!p.empty()) {
       r.prefix = opts_.color ? std::string(rank_color(int(i))) + p + kColorReset + " " : p + " ";
@@ -125,6 +73,20 @@ Output::~Output() {
   before_message();
   for (auto& r : ranks_)
     if (r.fd >= 0) ::close(r.fd);
+  if (order_fd_ >= 0) ::close(order_fd_);
+}
+
+void Output::to_file(Rank& r, std::string_view bytes) {
+  if (bytes.empty()) return;
+  r.file_buf.append(bytes);
+  r.file_end += bytes.size();
+  // One entry per arrival, the same rank's consecutive arrivals in one (records::OrderEntry).
+  constexpr size_t kEntry = sizeof(records::OrderEntry);
+  if (order_buf_.size() >= kEntry && order_last_rank_ == r.info.rank)
+    order_buf_.resize(order_buf_.size() - kEntry);
+  records::OrderEntry e{uint32_t(r.info.rank), 0, r.file_end};
+  order_buf_.append(reinterpret_cast<const char*>(&e), kEntry);
+  order_last_rank_ = r.info.rank;
 }
 
 std::string Output::log_path(int rank) const { return run_dir_ + "/rank-" + std::to_string(rank) + ".log"; }
@@ -142,18 +104,18 @@ void Output::close_fragment() {
 void Output::end_line(Rank& r, int s) {
   Stream& st = r.streams[s];
   std::string_view seg = st.seg, vis = !st.seg.empty() ? st.seg : std::string_view(st.last);
-  std::string shown_text = escape_console(vis);
+  std::string shown_text = text::escape_console(vis);
   if (r.tail.size() == kTailLines) r.tail.pop_front();
   r.tail.push_back(shown_text.substr(0, 4096));
   if (r.shown) {
     if (st.cr) status_changed_ = true;
     bool continues = !st.cr && st.shown > 0 && open_rank_ == r.info.rank && open_stream_ == s;
     if (continues) {
-      console(s) += escape_console(seg.substr(st.shown)) + "\n";
+      console(s) += text::escape_console(seg.substr(st.shown)) + "\n";
       open_rank_ = -1;
     } else if (st.cr || st.shown == 0 || st.shown < seg.size()) {
       close_fragment();
-      console(s) += line_start(r) + (st.cr ? shown_text : escape_console(seg.substr(st.shown))) + "\n";
+      console(s) += line_start(r) + (st.cr ? shown_text : text::escape_console(seg.substr(st.shown))) + "\n";
     }
     std::string& out = console(s);
     if (out.size() >= kConsoleFlushAt) write_all(s == 1 ? err_fd_ : out_fd_, out);
@@ -174,7 +136,7 @@ void Output::show_fragment(Rank& r, int s) {
     close_fragment();
     console(s) += line_start(r);
   }
-  console(s) += escape_console(std::string_view(st.seg).substr(st.shown, end - st.shown));
+  console(s) += text::escape_console(std::string_view(st.seg).substr(st.shown, end - st.shown));
   st.shown = end;
   open_rank_ = r.info.rank;
   open_stream_ = s;
@@ -215,11 +177,11 @@ void Output::data(int rank, int stream, std::string_view bytes) {
   size_t nl = bytes.rfind('\n');
   if (nl == std::string_view::npos) {
     partial.append(bytes);
-    if (partial.size() >= kMaxLine) r.file_buf += partial, partial.clear();
+    if (partial.size() >= kMaxLine) to_file(r, partial), partial.clear();
   } else {
-    r.file_buf += partial;
+    to_file(r, partial);
     partial.clear();
-    r.file_buf.append(bytes.substr(0, nl + 1));
+    to_file(r, bytes.substr(0, nl + 1));
     partial.append(bytes.substr(nl + 1));
   }
   if (r.file_buf.size() >= kFileFlushAt) write_all(r.fd, r.file_buf);
@@ -232,14 +194,14 @@ void Output::finish(int rank) {
   // No newline came: the file keeps the bytes as they were, the console ends the line.
   for (int s = 0; s < 2; ++s) {
     if (r.streams[s].pending()) end_line(r, s);
-    r.file_buf += r.streams[s].file;
+    to_file(r, r.streams[s].file);
     r.streams[s].file.clear();
   }
 }
 
 void Output::mark_all(const std::string& line) {
   for (auto& r : ranks_) {
-    r.file_buf += line + "\n";
+    to_file(r, line + "\n");
   }
 }
 
@@ -256,7 +218,7 @@ std::string Output::status_area() const {
   for (const auto& r : ranks_)
     for (const auto& st : r.streams)
       if (r.shown && st.cr && st.pending())
-        lines.push_back(r.prefix + escape_console(!st.seg.empty() ? st.seg : st.last));
+        lines.push_back(r.prefix + text::escape_console(!st.seg.empty() ? st.seg : st.last));
   size_t room = size_t(std::max(1, rows - 2));
   if (lines.size() > room) {
     size_t more = lines.size() - (room - 1);
@@ -348,7 +310,7 @@ void Output::flush() {
       if (st.cr && !tty_ && st.changed && now - st.printed >= kProgressEvery) {
         // Not a terminal: a progress line's latest state, now and then, as a line of its own.
         close_fragment();
-        console(s) += line_start(r) + escape_console(!st.seg.empty() ? st.seg : st.last) + "\n";
+        console(s) += line_start(r) + text::escape_console(!st.seg.empty() ? st.seg : st.last) + "\n";
         st.printed = now;
         st.changed = false;
       }
@@ -374,6 +336,8 @@ void Output::flush() {
   }
   for (auto& r : ranks_)
     if (!r.file_buf.empty()) write_all(r.fd, r.file_buf);
+  // After the rank files: an entry never points past the bytes it orders.
+  if (!order_buf_.empty()) write_all(order_fd_, order_buf_);
 }
 
 std::vector<std::string> Output::tail(int rank) const {

@@ -13,12 +13,15 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <deque>
 #include <optional>
 #include <set>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "runner/common/text.h"
 
 namespace mltrain::supervise {
 
@@ -92,7 +95,8 @@ class Output {
     std::string file_buf;
     Stream streams[2];
     std::deque<std::string> tail;
-    std::string prefix;  // rendered, with colour codes
+    std::string prefix;     // rendered, with colour codes
+    uint64_t file_end = 0;  // rank-N.log's size once file_buf is written
     bool shown = true;
   };
   void feed(Rank& r, int s, std::string_view bytes);
@@ -103,6 +107,9 @@ class Output {
   std::string line_start(const Rank& r) const;
   std::string status_area() const;
   void write_all(int fd, std::string& buf);
+  // Bytes for the rank's file; notes their arrival in the run's order file (`mltrain logs`
+  // merges the rank files in that order).
+  void to_file(Rank& r, std::string_view bytes);
 
   std::vector<Rank> ranks_;
   std::string run_dir_;
@@ -115,13 +122,13 @@ class Output {
   Time last_draw_{};
   // The (rank, stream) whose partial line is open on the console (cursor after it), or -1.
   int open_rank_ = -1, open_stream_ = 0;
+  int order_fd_ = -1;
+  std::string order_buf_;
+  int order_last_rank_ = -1;
 };
 
-// `bytes` as the console shows them: control bytes but tab and SGR colour codes, and invalid
-// UTF-8, as \xNN.
-std::string escape_console(std::string_view bytes);
-// How many bytes of `s` end before an incomplete UTF-8 sequence at its end.
-size_t complete_utf8(std::string_view s);
+using text::complete_utf8;
+using text::escape_console;
 
 // Renders a prefix template for a rank ("[{rank}]" -> "[3]").
 std::string render_prefix(const std::string& tmpl, const RankInfo& r, bool multi_host);

@@ -208,3 +208,34 @@ def wait_for(pred, timeout: float, what: str, step: float = 0.05):
             return v
         time.sleep(step)
     pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+def run_on_pty(ml, args, env=None, timeout=15):
+    """Runs mltrain with stdout and stderr on a pseudo-terminal; returns (rc, bytes printed)."""
+    import pty
+    import select
+    master, slave = pty.openpty()
+    p = subprocess.Popen([ml.bin, *map(str, args)], stdin=subprocess.DEVNULL, stdout=slave,
+                         stderr=slave, env=ml._env(env), cwd=str(ml.dir))
+    os.close(slave)
+    out = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r, _, _ = select.select([master], [], [], 0.1)
+        if r:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the other side is closed
+                break
+            if not chunk:
+                break
+            out += chunk
+        elif p.poll() is not None:
+            break
+    os.close(master)
+    try:
+        rc = p.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        pytest.fail(f"mltrain on a pty did not finish: {out[-500:]!r}")
+    return rc, out

@@ -4,6 +4,8 @@ import re
 
 import pytest
 
+from conftest import run_on_pty
+
 ANSI = re.compile(r"\x1b\[")
 VERBS = ["run", "validate", "logs", "ls", "show", "stop", "completions", "knobs"]
 RANK_ENV = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
@@ -427,48 +429,14 @@ prefix = "{node}/{rank}@{host}:{local_rank}|"
     assert ml("run", spec2).stdout == "hi\n"
 
 
-def _run_on_pty(ml, args, env=None, timeout=15):
-    """Runs mltrain with stdout and stderr on a pseudo-terminal; returns (rc, bytes printed)."""
-    import os as _os
-    import pty
-    import select
-    import subprocess
-    import time as _time
-    master, slave = pty.openpty()
-    p = subprocess.Popen([ml.bin, *map(str, args)], stdin=subprocess.DEVNULL, stdout=slave,
-                         stderr=slave, env=ml._env(env), cwd=str(ml.dir))
-    _os.close(slave)
-    out = b""
-    deadline = _time.monotonic() + timeout
-    while _time.monotonic() < deadline:
-        r, _, _ = select.select([master], [], [], 0.1)
-        if r:
-            try:
-                chunk = _os.read(master, 65536)
-            except OSError:  # EIO: the other side is closed
-                break
-            if not chunk:
-                break
-            out += chunk
-        elif p.poll() is not None:
-            break
-    _os.close(master)
-    try:
-        rc = p.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        pytest.fail(f"mltrain on a pty did not finish: {out[-500:]!r}")
-    return rc, out
-
-
 def test_color_on_a_tty_and_no_color(ml):
-    rc, out = _run_on_pty(ml, ["run", "-n", "2", "--", "echo", "hi"])
+    rc, out = run_on_pty(ml, ["run", "-n", "2", "--", "echo", "hi"])
     assert rc == 0
     assert b"\x1b[" in out, out  # auto: colour on a terminal
-    rc, out = _run_on_pty(ml, ["run", "-n", "2", "--", "echo", "hi"], env={"NO_COLOR": "1"})
+    rc, out = run_on_pty(ml, ["run", "-n", "2", "--", "echo", "hi"], env={"NO_COLOR": "1"})
     assert rc == 0 and b"hi" in out
     assert b"\x1b[" not in out, out
-    rc, out = _run_on_pty(ml, ["--color", "never", "run", "-n", "2", "--", "echo", "hi"])
+    rc, out = run_on_pty(ml, ["--color", "never", "run", "-n", "2", "--", "echo", "hi"])
     assert b"\x1b[" not in out, out
 
 

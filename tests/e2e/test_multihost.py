@@ -65,8 +65,12 @@ def test_placement_and_rank_env(mh, layout):
     rec = mh.show()
     assert [x["name"] for x in rec["hosts"]] == [h for h, _ in layout]
     assert rec["master_addr"] == master
-    assert [(r["rank"], rec["hosts"][r["host"]]["name"], r["local_rank"]) for r in rec["ranks"]] \
+    assert [(r["rank"], r["host"], r["local_rank"]) for r in rec["ranks"]] \
         == [(i, h, lr) for i, (h, _, lr, _) in enumerate(expect)]
+    # `logs` prefixes as the live console did: [host:rank] on a multi-host run.
+    logs = mh.ml("logs").stdout.splitlines()
+    for rank, (h, *_rest) in enumerate(expect):
+        assert sum(l.startswith(f"[{h}:{rank}] MH {rank} ") for l in logs) == 1, (rank, h, logs)
 
 
 def test_user_set_socket_ifname_is_kept(mh):
@@ -408,7 +412,9 @@ def test_doctor_json(mh, cluster):
     p = mh.ml("doctor", "--ssh-config", cluster.ssh_config, "--hostfile", cluster.hostfile,
               "--json", timeout=90)
     assert p.returncode == 0, p.stderr
-    rep = json.loads(p.stdout)
+    doc = json.loads(p.stdout)
+    assert doc["schema"] == 1
+    rep = doc["hosts"]
     assert [e["host"] for e in rep] == list(HOSTS)
     for e in rep:
         assert e["ok"] is True, e
@@ -420,7 +426,7 @@ def test_doctor_json(mh, cluster):
         p = mh.ml("doctor", "--ssh-config", cluster.ssh_config, "--hostfile", cluster.hostfile,
                   "--json", timeout=90)
         assert p.returncode == 255, p.stderr
-        rep = {e["host"]: e for e in json.loads(p.stdout)}
+        rep = {e["host"]: e for e in json.loads(p.stdout)["hosts"]}
         assert rep["h3"]["ok"] is False and rep["h3"]["stage"] == "connect", rep["h3"]
         assert "h3" in rep["h3"]["problem"]
         assert all(rep[h]["ok"] for h in ("h1", "h2", "h4")), rep

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from conftest import communicate, wait_for, wait_gone
+from conftest import communicate, run_on_pty, wait_for, wait_gone
 
 ID_RE = re.compile(r"^\d{8}-\d{6}-[A-Za-z0-9_.-]+-[0-9a-f]{4}$")
 
@@ -162,6 +162,54 @@ def test_logs_grep_then_tail(ml):
     _three_runs(ml)
     r = ml("logs", "--rank", "0", "--grep", "loss", "--tail", "2")
     assert r.stdout.splitlines() == ["[0] loss 0.4", "[0] loss 0.5"]
+
+
+# Each rank waits until the launcher has written the other's line to its rank file, so the order
+# the output reached the launcher is fixed by the ranks themselves: 0, 1, 0, 1.
+PINGPONG = r"""
+d=$(dirname "$TORCHELASTIC_ERROR_FILE")
+other=$((1 - RANK))
+wait_for() { until grep -qx "$1" "$d/rank-$2.log" 2>/dev/null; do sleep 0.02; done; }
+if [ "$RANK" = 0 ]; then
+  echo "ping 1"; wait_for "pong 1" 1; echo "ping 2"
+else
+  wait_for "ping 1" 0; echo "pong 1"; wait_for "ping 2" 0; printf 'pong \033]0;x\007 2\n'
+fi
+"""
+
+
+def test_logs_merge_ranks_in_the_order_they_arrived(ml):
+    r = ml("run", "-n", "2", "--", "sh", "-c", PINGPONG, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert [ln for ln in r.stdout.splitlines() if "ing" in ln or "ong" in ln][:3] == \
+        ["[0] ping 1", "[1] pong 1", "[0] ping 2"]
+    merged = ml("logs").stdout.splitlines()
+    assert merged == ["[0] ping 1", "[1] pong 1", "[0] ping 2", "[1] pong \x1b]0;x\x07 2"]  # raw into a pipe
+    assert ml("logs", "--by-rank").stdout.splitlines() == merged[0::2] + merged[1::2]
+    assert ml("logs", "--tail", "1").stdout.splitlines() == merged[2:]  # the last line of each rank
+    assert ml("logs", "--grep", "2$", "--no-prefix").stdout.splitlines() == ["ping 2", "pong \x1b]0;x\x07 2"]
+    assert ml("logs", "-f").stdout.splitlines() == merged
+    # On a terminal: escaped control bytes (no raw OSC to retitle it), colour prefixes.
+    rc, out = run_on_pty(ml, ["--color", "never", "logs"])
+    assert rc == 0 and out.splitlines()[-1] == rb"[1] pong \x1b]0;x\x07 2", out
+
+
+def test_logs_prefix_is_the_consoles(ml):
+    spec = ml.write("job.toml", '[run]\ncommand = "echo hi"\n[cluster]\nnprocs = 2\n'
+                                '[logs]\nprefix = "<{node}.{local_rank}/{rank}>"\n')
+    r = ml("run", spec)
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.splitlines()[:2]) == ["<0.0/0> hi", "<0.1/1> hi"]
+    assert sorted(ml("logs").stdout.splitlines()) == ["<0.0/0> hi", "<0.1/1> hi"]
+    assert json.loads(ml("show", "--json").stdout)["log_prefix"] == "<{node}.{local_rank}/{rank}>"
+
+
+def test_logs_follow_exits_with_the_runs_code(ml):
+    run_id = ml("run", "-d", "-n", "2", "--", "sh", "-c", 'sleep 0.3; exit $((RANK + 3))',
+                timeout=10).stdout.strip()
+    f = ml("logs", "-f", run_id, timeout=30)
+    assert f.returncode == _record(ml, run_id)["exit_code"] in (3, 4), f.stderr
+    assert ml("logs", run_id).returncode == 0
 
 
 def test_rank_logs_hold_every_line(ml):

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "runner/records/records.h"
 #include "runner/supervise/output.h"
 
 namespace fs = std::filesystem;
@@ -171,4 +172,43 @@ TEST_CASE("output: escape_console and complete_utf8") {
   CHECK(complete_utf8("ab\xe2\x9c") == 2);
   CHECK(complete_utf8("ab\xe2\x9c\x93") == 5);
   CHECK(complete_utf8("ab") == 2);
+}
+
+TEST_CASE("output: output.order lists arrivals of whole lines in order, a rank's consecutive ones as one") {
+  Fixture fx;
+  {
+    Output o(fx.ranks(2), false, fx.dir.string(), ConsoleOptions{}, fx.out[1], fx.err[1]);
+    o.data(0, 1, "a\n");
+    o.data(0, 2, "b\n");  // rank 0 again: the same entry grows
+    o.data(1, 1, "par");  // no newline yet: nothing for the file, no entry
+    o.data(1, 1, "tial\n");
+    o.data(0, 1, "c\n");
+    o.flush();
+    o.data(1, 1, "end");  // never ended: the file gets it when the rank finishes
+  }
+  std::ifstream in(fx.dir / "output.order", std::ios::binary);
+  std::vector<mltrain::records::OrderEntry> got;
+  mltrain::records::OrderEntry e{};
+  while (in.read(reinterpret_cast<char*>(&e), sizeof e)) got.push_back(e);
+  REQUIRE(got.size() == 4);
+  CHECK((got[0].rank == 0 && got[0].end == 4));   // "a\nb\n"
+  CHECK((got[1].rank == 1 && got[1].end == 8));   // "partial\n"
+  CHECK((got[2].rank == 0 && got[2].end == 6));   // + "c\n"
+  CHECK((got[3].rank == 1 && got[3].end == 11));  // + "end"
+  CHECK(fx.file(0) == "a\nb\nc\n");
+  CHECK(fx.file(1) == "partial\nend");
+}
+
+TEST_CASE("output: a reopened run continues output.order at each file's size") {
+  Fixture fx;
+  for (int round = 0; round < 2; ++round) {
+    Output o(fx.ranks(1), false, fx.dir.string(), ConsoleOptions{}, fx.out[1], fx.err[1]);
+    o.data(0, 1, "xy\n");
+  }
+  std::ifstream in(fx.dir / "output.order", std::ios::binary);
+  mltrain::records::OrderEntry e[3]{};
+  in.read(reinterpret_cast<char*>(e), sizeof e);
+  CHECK(in.gcount() == 2 * sizeof(mltrain::records::OrderEntry));
+  CHECK(e[0].end == 3);
+  CHECK(e[1].end == 6);
 }
