@@ -64,7 +64,7 @@ def test_stdin_reaches_a_remote_rank(mh):
 
 
 def test_stdin_to_rank_0_remote(mh):
-    r = mh.run("-H", "h2", "-n", "2", "--stdin", "--workdir", "/tmp", "--",
+    r = mh.run("-H", "h2:2", "-n", "2", "--stdin", "--workdir", "/tmp", "--",
                "sh", "-c", "read x; echo got $x", input="hi\n")
     assert r.returncode == 0, r.stderr
     assert "got hi" in r.stdout, r.stdout
