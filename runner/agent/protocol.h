@@ -244,9 +244,10 @@ struct Output {  // id = rank; the frame's flags carry the stream; the payload i
 struct Exited {  // id = rank
   static constexpr Type kType = Type::exited;
   bool operator==(const Exited&) const = default;
-  int32_t status = 0;  // as waitpid gives it
-  void put(Writer& w) const { w.i32(status); }
-  void get(Reader& r) { status = r.i32(); }
+  int32_t status = 0;      // as waitpid gives it
+  std::string error_file;  // what a failed rank wrote to its TORCHELASTIC_ERROR_FILE (capped), or ""
+  void put(Writer& w) const { w.i32(status).str(error_file); }
+  void get(Reader& r) { status = r.i32(), error_file = r.str(); }
 };
 struct Pong {
   static constexpr Type kType = Type::pong;

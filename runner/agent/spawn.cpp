@@ -74,6 +74,32 @@ void Agent::on(uint32_t id, const msg::StdinClose&) {
   write_rank_stdin(it->second);
 }
 
+namespace {
+
+constexpr size_t kMaxErrorFile = 64 << 10;
+
+// What a rank wrote to its TORCHELASTIC_ERROR_FILE (torch's @record), for the launcher's failure
+// summary, wherever the rank ran. A file mltrain placed in /tmp for a remote rank is removed once
+// read; one in the run's folder stays with the run.
+std::string take_error_file(const std::string& path, bool failed) {
+  if (path.empty()) return {};
+  std::string got;
+  if (failed) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      char buf[4096];
+      ssize_t n;
+      while (got.size() < kMaxErrorFile && (n = ::read(fd, buf, sizeof buf)) > 0) got.append(buf, size_t(n));
+      ::close(fd);
+      if (got.size() > kMaxErrorFile) got.resize(kMaxErrorFile);
+    }
+  }
+  if (path.rfind("/tmp/mltrain-", 0) == 0) ::unlink(path.c_str());
+  return got;
+}
+
+}  // namespace
+
 // Forwards everything already in the pipes, so a rank's output always precedes its exit frame.
 void Agent::drain_rank(Rank& r) {
   for (int which = 0; which < 2; ++which) {
@@ -106,7 +132,7 @@ void Agent::reap() {
       r.stdin_fd = -1;
       r.stdin_buf.clear();
       drain_rank(r);
-      send(msg::Exited{status}, r.id);
+      send(msg::Exited{status, take_error_file(r.error_file, status != 0)}, r.id);
     }
   }
 }
@@ -235,6 +261,8 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
   r.fds[0] = out[0];
   r.fds[1] = err[0];
   r.stdin_fd = in[1];
+  if (auto e = merged.find("TORCHELASTIC_ERROR_FILE"); e != merged.end())
+    r.error_file = e->second.substr(e->second.find('=') + 1);
   ranks_[id] = r;
   send(msg::Started{pid}, id);
 }

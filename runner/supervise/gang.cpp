@@ -350,6 +350,7 @@ void Gang::on(size_t i, uint32_t id, msg::Exited& m) {
   auto& r = ranks_[id];
   r.exited = true;
   r.status = m.status;
+  r.error_file = std::move(m.error_file);
   out_->finish(int(id));
   int code = exit_code_of(r.status);
   rec_.ranks[id].exit_code = WIFEXITED(r.status) ? WEXITSTATUS(r.status) : code;

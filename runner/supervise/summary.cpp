@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <sstream>
 
 #include "runner/common/error.h"
@@ -19,12 +18,7 @@ namespace {
 // The message torch's @record wrote to TORCHELASTIC_ERROR_FILE: {"message": {"message": "...",
 // "extraInfo": {...}}} (or an older {"message": "..."}); "" when there is none. A small reader of
 // the one string, rather than a JSON library in the supervisor.
-std::string error_file_message(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return {};
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string j = ss.str();
+std::string error_file_message(const std::string& j) {
   for (size_t at = j.find("\"message\""); at != std::string::npos; at = j.find("\"message\"", at + 1)) {
     size_t i = j.find_first_not_of(" \t\r\n", at + 9);
     if (i == std::string::npos || j[i] != ':') continue;
@@ -144,11 +138,12 @@ void Gang::print_summary(int code) {
                      out_->log_path(f.rank).c_str());
         for (const auto& l : f.tail) std::fprintf(stderr, "    %s\n", l.c_str());
       }
-      if (size_t(f.rank) < plan_.ranks.size())
+      if (size_t(f.rank) < plan_.ranks.size() && size_t(f.rank) < ranks_.size())
         for (const auto& [k, v] : plan_.ranks[size_t(f.rank)].env)
           if (k == "TORCHELASTIC_ERROR_FILE")
-            if (std::string m = error_file_message(v); !m.empty()) {
-              std::fprintf(stderr, "mltrain: rank %d's error file (%s):\n", f.rank, v.c_str());
+            if (std::string m = error_file_message(ranks_[size_t(f.rank)].error_file); !m.empty()) {
+              std::fprintf(stderr, "mltrain: rank %d's error file (%s on %s):\n", f.rank, v.c_str(),
+                           f.host.c_str());
               std::istringstream lines(m);
               for (std::string l; std::getline(lines, l);) std::fprintf(stderr, "    %s\n", l.c_str());
             }

@@ -222,7 +222,7 @@ if os.environ["RANK"] == "1":
 """)
     r = ml("run", "-n", "2", "--", "/usr/bin/python3", "rec.py")
     assert r.returncode == 3, r.stderr
-    assert re.search(r"rank 1's error file \(.*rank-1\.error\.json\):\n    ValueError: lr must be positive",
+    assert re.search(r"rank 1's error file \(.*rank-1\.error\.json on localhost\):\n    ValueError: lr must be positive",
                      r.stderr), r.stderr
 
 

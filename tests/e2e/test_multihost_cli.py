@@ -64,3 +64,14 @@ def test_changed_host_key_hint_names_the_known_hosts_file(mh, cluster):
         assert f"ssh-keygen -f {kh} -R {cluster.ip('h3')}" in p.stderr, p.stderr
     finally:
         cluster.trust("h3")
+
+
+def test_failure_summary_shows_a_remote_ranks_error_file(mh):
+    # torch's @record writes TORCHELASTIC_ERROR_FILE on the rank's own host; its agent sends it back.
+    sh = ('[ "$RANK" = 1 ] || exit 0; '
+          'printf \'{"message": {"message": "ValueError: lr must be positive", "extraInfo": {}}}\' '
+          '> "$TORCHELASTIC_ERROR_FILE"; exit 3')
+    p = mh.run("-H", "h1:1,h2:1", "--workdir", "/tmp", "--", "sh", "-c", sh)
+    assert p.returncode == 3, p.stderr
+    assert re.search(r"rank 1's error file \(/tmp/mltrain-\S+-rank-1\.error\.json on h2\):\n"
+                     r"    ValueError: lr must be positive", p.stderr), p.stderr

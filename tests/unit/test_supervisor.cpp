@@ -141,7 +141,7 @@ class FakeAgent {
   void end(uint32_t id, Running& run, int status) {
     if (run.done) return;
     run.done = true;
-    send(proto::msg::Exited{status}, id);
+    send(proto::msg::Exited{status, ""}, id);
   }
   void loop() {
     proto::Decoder d;

@@ -32,6 +32,7 @@ struct Rank {
   std::string stdin_buf;       // bytes from Stdin frames not yet taken by the rank
   bool stdin_closing = false;  // StdinClose came: close once stdin_buf is written
   bool stdin_dropped = false;  // input beyond kStdinBacklog was dropped (said once)
+  std::string error_file;      // its TORCHELASTIC_ERROR_FILE, read when it fails
   bool reaped = false;
 };
 

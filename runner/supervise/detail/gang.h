@@ -63,6 +63,7 @@ struct RankState {
   bool exited = false;
   int status = 0;
   Clock::time_point started_at{};
+  std::string error_file;  // what it wrote to TORCHELASTIC_ERROR_FILE when it failed (from its agent)
 };
 
 // What the connection threads hand back. Shared with them, so a gang that ends while a host is
