@@ -1,6 +1,7 @@
 // launch::run: the run record, the git commit, detaching (after preflight), the transports, then
 // the supervisor.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -117,21 +118,42 @@ void become_background_launcher(const std::string& run_id) {
 
 // The forking command's side: waits until the detached launcher reports, then returns (started)
 // or throws the launcher's error with its exit code (the record says the same).
+volatile sig_atomic_t g_waiting_signal = 0;
+void note_signal(int sig) { g_waiting_signal = sig; }
+
 void await_background_start(int report_fd, pid_t child, const JobRequest& req, RunResult& result) {
+  // Ctrl-C (or SIGTERM, SIGHUP) while waiting is meant for the run: the launcher is in its own
+  // session, so pass the signal on; it ends the run before any rank starts and reports how.
+  struct sigaction sa {
+  }, old[3];
+  sa.sa_handler = note_signal;
+  sigemptyset(&sa.sa_mask);
+  const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+  for (int i = 0; i < 3; ++i) ::sigaction(sigs[i], &sa, &old[i]);
+  int forwarded = 0;
   std::string got;
   char buf[4096];
   while (true) {
     ssize_t n = ::read(report_fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EINTR) {
+      if (int sig = g_waiting_signal; sig != 0) {
+        g_waiting_signal = 0;
+        ::kill(child, sig);
+        forwarded = sig;
+      }
+      continue;
+    }
     if (n <= 0) break;
     got.append(buf, size_t(n));
     if (got == "R") break;
   }
   ::close(report_fd);
-  if (got == "R") return;
   int status = 0;
-  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
-  }
+  if (got != "R")
+    while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+    }
+  for (int i = 0; i < 3; ++i) ::sigaction(sigs[i], &old[i], nullptr);
+  if (got == "R") return;
   int code = exit_code_of(status);
   std::string message, hint;
   if (!got.empty() && got[0] == 'E') {
@@ -139,7 +161,10 @@ void await_background_start(int report_fd, pid_t child, const JobRequest& req, R
     if (parts.size() >= 2) message = parts[1];
     if (parts.size() >= 3) hint = parts[2];
   }
-  if (message.empty()) {
+  if (message.empty() && forwarded) {
+    message = "run " + result.run_id + ": stopped by " + signal_name(forwarded) + " before it started";
+    hint = "no rank was started";
+  } else if (message.empty()) {
     message = "run " + result.run_id + ": the background launcher ended (" + describe_status(status) +
               ") before the run started";
     hint = "see mltrain logs " + result.run_id;

@@ -210,6 +210,25 @@ def test_signal_while_a_host_connects_starts_nothing_anywhere(mh, cluster, sig, 
         cluster.heal("h2")
 
 
+def test_ctrl_c_while_a_detached_run_waits_for_preflight(mh, cluster):
+    """`run -d` waits for preflight; Ctrl-C there reaches the background launcher: nothing starts."""
+    cluster.cut("h2")
+    try:
+        p = mh.popen("-d", "-H", "h1:2,h2:2", "--workdir", "/tmp", "--", "sh", "-c",
+                     f'touch {mh.shared}/r$RANK')
+        time.sleep(1.0)  # h2's connection hangs on the cut link
+        p.send_signal(signal.SIGINT)
+        _, err = communicate(p, 10)
+        assert p.returncode == 130, err
+        assert "stopped by SIGINT before it started" in err, err
+        rec = mh.show()
+        assert rec["status"] == "interrupted" and rec["exit_code"] == 130, rec
+    finally:
+        cluster.heal("h2")
+    time.sleep(0.5)
+    assert mh.touched() == [], f"ranks ran: {mh.touched()}"
+
+
 # --- 6. host keys: unknown and changed -----------------------------------------------------------
 
 def _touch_cmd(mh):
