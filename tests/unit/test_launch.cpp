@@ -9,26 +9,14 @@
 
 #include "runner/common/error.h"
 #include "runner/launch/launch.h"
+#include "temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace mltrain;
 
-namespace {
+using mltrain::testing::TempDir;
 
-// Each test case gets its own folder, so files never leak between cases.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/mltrain-launch-XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string write(const std::string& name, const std::string& text) const {
-    fs::path p = path / name;
-    std::ofstream(p) << text;
-    return p.string();
-  }
-};
+namespace {
 
 const char* kSpec = R"(name = "t"
 [run]

@@ -9,28 +9,12 @@
 #include "profiles/profiles.h"
 #include "runner/common/error.h"
 #include "runner/spec/spec.h"
+#include "temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace mltrain;
 
-namespace {
-
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/mltrain-profiles-XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string write(const std::string& rel, const std::string& text) const {
-    fs::path p = fs::path(path) / rel;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p) << text;
-    return p.string();
-  }
-  std::string path;
-};
-
-}  // namespace
+using mltrain::testing::TempDir;
 
 TEST_CASE("profiles: built-in profiles load by name") {
   for (const char* name : {"local", "cpu-cluster", "nccl-ethernet"}) {
@@ -59,7 +43,7 @@ TEST_CASE("profiles: a user profile by path, and by name from the config dir") {
   CHECK_FALSE(profiles::find("team/missing.toml", d.path).has_value());
 
   d.write("config/mltrain/profiles/local.toml", "[run]\nmax_restarts = 9\n");
-  ::setenv("XDG_CONFIG_HOME", (d.path + "/config").c_str(), 1);
+  ::setenv("XDG_CONFIG_HOME", (d.path / "config").c_str(), 1);
   auto user = profiles::find("local", d.path);  // the user's wins over the built-in
   auto all = profiles::available();
   ::unsetenv("XDG_CONFIG_HOME");

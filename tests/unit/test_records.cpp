@@ -13,34 +13,19 @@
 #include "runner/common/secret.h"
 #include "runner/records/cleanup.h"
 #include "runner/records/records.h"
+#include "temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace mltrain;
 
-namespace {
-
-// Points MLTRAIN_HOME at a fresh folder for one test case.
-struct TempHome {
-  TempHome() {
-    char tmpl[] = "/tmp/mltrain-records-XXXXXX";
-    path = ::mkdtemp(tmpl);
-    ::setenv("MLTRAIN_HOME", path.c_str(), 1);
-  }
-  ~TempHome() {
-    ::unsetenv("MLTRAIN_HOME");
-    fs::remove_all(path);
-  }
-  std::string path;
-};
-
-}  // namespace
+using mltrain::testing::TempHome;
 
 TEST_CASE("records: save and load round trip") {
   TempHome home;
   records::RunRecord r;
   r.id = records::create_run("hello");
   CHECK(fs::is_directory(records::run_dir(r.id)));
-  CHECK(records::run_dir(r.id).rfind(home.path, 0) == 0);
+  CHECK(records::run_dir(r.id).rfind(home.str(), 0) == 0);
   r.name = "hello";
   r.status = "failed";
   r.exit_code = 3;

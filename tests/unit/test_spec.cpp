@@ -10,27 +10,14 @@
 
 #include "runner/common/error.h"
 #include "runner/spec/spec.h"
+#include "temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace mltrain;
 
-namespace {
+using mltrain::testing::TempDir;
 
-// Each test case gets its own folder, so files never leak between cases.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/mltrain-spec-XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string write(const std::string& name, const std::string& text) const {
-    fs::path p = path / name;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p) << text;
-    return p.string();
-  }
-};
+namespace {
 
 std::string error_of(const std::string& text, const TempDir* dir = nullptr) {
   TempDir own;

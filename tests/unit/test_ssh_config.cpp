@@ -10,27 +10,16 @@
 
 #include "runner/transport/ssh_bootstrap.h"
 #include "runner/transport/ssh_config.h"
+#include "temp_dir.h"
 
 using namespace mltrain::transport;
 namespace fs = std::filesystem;
 
+using mltrain::testing::TempDir;
+
 namespace {
 
 SshConfig parse(const std::string& text) { return SshConfig::parse(text, "/home/u"); }
-
-// A fresh folder for one test case, removed at its end.
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/mltrain-ssh-XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  void write(const std::string& rel, const std::string& text) const {
-    fs::create_directories((fs::path(path) / rel).parent_path());
-    std::ofstream(fs::path(path) / rel) << text;
-  }
-  std::string path;
-};
 
 }  // namespace
 
@@ -120,7 +109,7 @@ TEST_CASE("ssh config: Include, relative to ~/.ssh, with globs, in a block") {
       "Host h9\n  Include only-h9.conf\n"
       "Host loop\n  Include deep.conf\n"
       "Host *\n  Include " +
-          home.path + "/abs.conf\n  Port 22\n",
+          home.str() + "/abs.conf\n  Port 22\n",
       home.path);
   CHECK(c.value("gpu1", "user") == "trainer");
   CHECK(c.value("cpu1", "user") == "everyone");
@@ -135,8 +124,8 @@ TEST_CASE("ssh config: Include, relative to ~/.ssh, with globs, in a block") {
 TEST_CASE("ssh config: load reads a file, a missing one is empty") {
   TempDir home;
   home.write("cfg", "Host h1\n  HostName 10.0.0.1\n");
-  CHECK(SshConfig::load(home.path + "/cfg", home.path).value("h1", "hostname") == "10.0.0.1");
-  CHECK(SshConfig::load(home.path + "/none", home.path).value("h1", "hostname") == "");
+  CHECK(SshConfig::load(home.str() + "/cfg", home.str()).value("h1", "hostname") == "10.0.0.1");
+  CHECK(SshConfig::load(home.str() + "/none", home.str()).value("h1", "hostname") == "");
 }
 
 TEST_CASE("ssh config: ~ expansion and ProxyJump as a ProxyCommand") {
@@ -156,19 +145,19 @@ TEST_CASE("ssh bootstrap: the script uploads a missing or damaged agent, then ru
   std::string agent = "#!/bin/sh\necho agent-ran\n";
   std::string hash;
   {
-    std::ofstream(home.path + "/agent") << agent;
-    FILE* p = ::popen(("sha256sum < " + home.path + "/agent").c_str(), "r");
+    std::ofstream(home.str() + "/agent") << agent;
+    FILE* p = ::popen(("sha256sum < " + home.str() + "/agent").c_str(), "r");
     REQUIRE(p);
     char buf[128] = {};
     REQUIRE(std::fgets(buf, sizeof buf, p));
     ::pclose(p);
     hash = std::string(buf).substr(0, 64);
   }
-  std::string script_file = home.path + "/script.sh";
+  std::string script_file = home.str() + "/script.sh";
   auto run = [&](const std::string& arch, bool send_agent) {
     std::ofstream(script_file) << agent_bootstrap_script(hash, agent.size(), arch);
-    std::string cmd = "HOME=" + home.path + " sh " + script_file + " < " +
-                      (send_agent ? home.path + "/agent" : std::string("/dev/null"));
+    std::string cmd = "HOME=" + home.str() + " sh " + script_file + " < " +
+                      (send_agent ? home.str() + "/agent" : std::string("/dev/null"));
     FILE* p = ::popen(cmd.c_str(), "r");
     std::string out;
     char buf[256];
@@ -185,7 +174,7 @@ TEST_CASE("ssh bootstrap: the script uploads a missing or damaged agent, then ru
     arch = buf;
     arch.pop_back();
   }
-  std::string cached = home.path + "/.cache/mltrain/mltrain-agent-" + hash.substr(0, 16);
+  std::string cached = home.str() + "/.cache/mltrain/mltrain-agent-" + hash.substr(0, 16);
   CHECK(agent_remote_path(hash) == "\"$HOME/.cache/mltrain/mltrain-agent-" + hash.substr(0, 16) + "\"");
   CHECK(run(arch, true) == "MLTRAIN-AGENT-MISSING\nMLTRAIN-AGENT-OK\nagent-ran\n");
   CHECK(fs::exists(cached));
