@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "hostfile/hostfile.h"
+#include "runner/common/text.h"
 
 namespace mltrain::hostfile::detail {
 namespace {
@@ -12,23 +13,7 @@ constexpr std::size_t max_quoted_chars = 120;
 
 }  // namespace
 
-std::string escaped(std::string_view s) {
-  std::string out;
-  for (char ch : s.substr(0, max_quoted_chars)) {
-    auto c = static_cast<unsigned char>(ch);
-    if (c == '\t') {
-      out += "\\t";
-    } else if (c < 0x20 || c >= 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    } else {
-      out += ch;
-    }
-  }
-  if (s.size() > max_quoted_chars) out += "...";
-  return out;
-}
+std::string escaped(std::string_view s) { return text::excerpt(s, max_quoted_chars); }
 
 std::string quoted(std::string_view s) { return "'" + escaped(s) + "'"; }
 

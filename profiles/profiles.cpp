@@ -21,12 +21,24 @@ std::string user_dir() {
   return {};
 }
 
+// At most kMaxProfileBytes + 1 bytes: enough to tell a profile that is too large.
 std::optional<std::string> read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return std::nullopt;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  std::string text;
+  char buf[65536];
+  while (text.size() <= kMaxProfileBytes && in.read(buf, sizeof buf).gcount() > 0)
+    text.append(buf, size_t(in.gcount()));
+  return text;
+}
+
+Profile make(const std::string& name, const std::string& path, std::string text) {
+  Profile p{name, path, std::move(text)};
+  if (p.text.size() > kMaxProfileBytes) {
+    p.text.resize(kMaxProfileBytes);
+    p.too_large = true;
+  }
+  return p;
 }
 
 bool ends_with(std::string_view s, std::string_view suffix) {
@@ -39,11 +51,11 @@ std::optional<Profile> find(const std::string& name, const std::string& base_dir
     std::string path = (name[0] == '/' || base_dir.empty()) ? name : base_dir + "/" + name;
     auto text = read_file(path);
     if (!text) return std::nullopt;
-    return Profile{name, path, *text};
+    return make(name, path, std::move(*text));
   }
   if (auto dir = user_dir(); !dir.empty()) {
     std::string path = dir + "/" + name + ".toml";
-    if (auto text = read_file(path)) return Profile{name, path, *text};
+    if (auto text = read_file(path)) return make(name, path, std::move(*text));
   }
   for (int i = 0; i < detail::kEmbeddedCount; ++i)
     if (detail::kEmbedded[i].first == name + ".toml")

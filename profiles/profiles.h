@@ -8,10 +8,14 @@
 
 namespace mltrain::profiles {
 
+// A profile is a small TOML file; past this it is not read further (a path like /dev/zero).
+inline constexpr size_t kMaxProfileBytes = size_t{16} << 20;
+
 struct Profile {
   std::string name;
-  std::string origin;  // a file path, or "built-in:NAME"
-  std::string text;    // TOML
+  std::string origin;      // a file path, or "built-in:NAME"
+  std::string text;        // TOML
+  bool too_large = false;  // the file is larger than kMaxProfileBytes: `text` is cut there
 };
 
 // Finds NAME: a path (contains '/' or ends in .toml, relative to `base_dir`), else

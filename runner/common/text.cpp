@@ -211,4 +211,22 @@ size_t complete_utf8(std::string_view s) {
   return len > 0 && s.size() - (i - 1) < len ? i - 1 : s.size();
 }
 
+std::string excerpt(std::string_view s, size_t max) {
+  std::string out;
+  for (char ch : s.substr(0, max)) {
+    auto c = static_cast<unsigned char>(ch);
+    if (c == '\t') {
+      out += "\\t";
+    } else if (c < 0x20 || c >= 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", unsigned(c));
+      out += buf;
+    } else {
+      out += ch;
+    }
+  }
+  if (s.size() > max) out += "...";
+  return out;
+}
+
 }  // namespace mltrain::text

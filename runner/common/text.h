@@ -36,6 +36,10 @@ std::optional<std::vector<int>> parse_int_list(std::string_view s);
 // Quotes `s` for a POSIX shell, only when needed (for display in --dry-run output).
 std::string shell_quote(std::string_view s);
 
+// `s` for a one-line message: at most `max` bytes, tab as \t, other control bytes and non-ASCII as
+// \xNN, "..." when cut (hostfile and spec errors quote user text this way).
+std::string excerpt(std::string_view s, size_t max = 120);
+
 // `bytes` as a terminal should show a rank's output: control bytes but tab and SGR colour codes,
 // and invalid UTF-8, as \xNN (the live console and `mltrain logs` alike).
 std::string escape_console(std::string_view bytes);

@@ -141,6 +141,10 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
   p.name = s.name;
   p.token = in.token;
   auto hosts = resolve_hosts(s, in.environ);
+  if (hosts.size() > size_t(spec::kMaxHosts))
+    throw Error("the job lists " + std::to_string(hosts.size()) + " hosts; mltrain runs on at most " +
+                    std::to_string(spec::kMaxHosts),
+                "narrow the host list (--include, a shorter hostfile or node-list pattern)");
 
   // How many ranks each host runs. One rule, mpirun's: a host has the slots written for it (a host
   // written without a count has 1); more ranks than slots is an error unless oversubscribing.
@@ -154,7 +158,7 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
     for (const auto& h : hosts) counts.push_back(hostfile::slot_count(h));
   }
   if (n > 0) {
-    int total = 0;
+    long long total = 0;
     for (int c : counts) total += c;
     if (n > total && implicit_local && s.cluster.procs_per_host == 0) {
       counts[0] = n;
@@ -178,6 +182,12 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
       left -= c;
     }
   }
+  long long ranks_total = 0;
+  for (int c : counts) ranks_total += c;
+  if (ranks_total > spec::kMaxRanks)
+    throw Error("the job would start " + std::to_string(ranks_total) + " ranks; mltrain runs at most " +
+                    std::to_string(spec::kMaxRanks),
+                "lower -n or the slot counts");
 
   for (size_t i = 0; i < hosts.size(); ++i) {
     if (counts[i] == 0) continue;

@@ -13,6 +13,10 @@ namespace mltrain::spec {
 
 using Duration = std::chrono::milliseconds;
 
+// The most ranks and hosts one job may have (a clear error past them, not minutes of planning).
+inline constexpr int kMaxRanks = 16384;
+inline constexpr int kMaxHosts = 4096;
+
 struct RunSection {
   std::optional<std::string> command;                    // run by /bin/sh -c
   std::vector<std::string> argv;                         // or run directly

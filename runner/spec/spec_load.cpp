@@ -17,6 +17,9 @@
 namespace mltrain::spec {
 namespace {
 
+// A job spec is a small TOML file; past this it is not read further (a path like /dev/zero).
+constexpr size_t kMaxSpecBytes = size_t{16} << 20;
+
 namespace fs = std::filesystem;
 
 // Variables mltrain sets for every rank; a spec's env may not set them (DESIGN.md, Contracts).
@@ -102,7 +105,7 @@ Duration get_duration(const toml::node& n, const std::string& key) {
   }
   if (auto s = n.as_string()) {
     if (auto d = text::parse_duration(s->get())) return *d;
-    fail(n.source(), "'" + key + "' has a malformed duration '" + s->get() + "'",
+    fail(n.source(), "'" + key + "' has a malformed duration '" + text::excerpt(s->get()) + "'",
          "write a duration like \"90s\", \"15m\", \"2h\" or \"1h30m\"");
   }
   fail(n.source(), "'" + key + "' must be a duration like \"90s\" or a number of seconds, not " + type_of(n));
@@ -175,8 +178,9 @@ void visit(const toml::table& table, const std::string& section,
     std::string k(key.str());
     auto it = handlers.find(k);
     if (it == handlers.end()) {
-      std::string what =
-          section.empty() ? "unknown key '" + k + "'" : "unknown key '" + k + "' in [" + section + "]";
+      const std::string shown = text::excerpt(k);
+      std::string what = section.empty() ? "unknown key '" + shown + "'"
+                                         : "unknown key '" + shown + "' in [" + section + "]";
       fail(key.source(), what + text::did_you_mean(k, known), "see docs/spec.md for every key");
     }
     if (g_origins) (*g_origins)[section.empty() ? k : section + "." + k] = where(node.source());
@@ -425,9 +429,16 @@ toml::table parse_text(const std::string& text, const std::string& path) {
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot read job spec: " + std::strerror(errno), "check the path");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  std::string text;
+  char buf[65536];
+  while (in.read(buf, sizeof buf).gcount() > 0) {
+    text.append(buf, size_t(in.gcount()));
+    if (text.size() > kMaxSpecBytes)
+      throw Error(path + ": cannot read job spec: larger than " + std::to_string(kMaxSpecBytes >> 20) +
+                      " MiB (is it really a job spec?)",
+                  "check the path");
+  }
+  return text;
 }
 
 void apply_profile(JobSpec& s, const std::string& base_dir, const std::string& origin_of_name) {
@@ -438,6 +449,10 @@ void apply_profile(JobSpec& s, const std::string& base_dir, const std::string& o
         origin_of_name + ": unknown profile '" + s.profile + "'" + text::did_you_mean(s.profile, names),
         "available profiles: " + text::join(names, ", ") + "; or give a path to a .toml file");
   }
+  if (p->too_large)
+    throw Error(origin_of_name + ": profile " + p->origin + " is larger than " +
+                    std::to_string(profiles::kMaxProfileBytes >> 20) + " MiB (is it really a profile?)",
+                "give the path of a profile's .toml file");
   toml::table t = parse_text(p->text, p->origin);
   std::string dir =
       p->origin.rfind("built-in:", 0) == 0 ? base_dir : fs::path(p->origin).parent_path().string();
@@ -500,6 +515,20 @@ void check(const JobSpec& s) {
     throw Error(s.origin("cluster.include", file) + ": include and exclude (" +
                     s.origin("cluster.exclude", file) + ") cannot both be set",
                 "keep one of them");
+  // Bounds: past these a value is a typo or an attack, and some would overflow a clock.
+  auto at_most = [&](Duration d, Duration max, const char* key, const char* what) {
+    if (d > max)
+      throw Error(s.origin(key, file) + ": " + what + " " + text::format_duration(d) +
+                      " is longer than the " + text::format_duration(max) + " mltrain supports",
+                  "give a shorter duration");
+  };
+  at_most(s.run.timeout, std::chrono::hours(24 * 365), "run.timeout", "[run] timeout");
+  at_most(s.run.grace_period, std::chrono::hours(24), "run.grace_period", "[run] grace_period");
+  at_most(s.ssh.connect_timeout, std::chrono::hours(1), "ssh.connect_timeout", "[ssh] connect_timeout");
+  if (s.cluster.nprocs > kMaxRanks || s.cluster.procs_per_host > kMaxRanks)
+    throw Error(s.origin(s.cluster.nprocs > kMaxRanks ? "cluster.nprocs" : "cluster.procs_per_host", file) +
+                    ": more than " + std::to_string(kMaxRanks) + " ranks; mltrain runs at most that many",
+                "lower nprocs / procs_per_host");
   if (s.gpus.per_proc > 0 && s.gpus.procs_per_gpu > 0)
     throw Error(s.origin("gpus.per_proc", file) + ": [gpus] per_proc and procs_per_gpu cannot both be set",
                 "per_proc gives each rank N GPUs; procs_per_gpu shares one GPU among N ranks");

@@ -62,3 +62,10 @@ TEST_CASE("text: shell quoting for display") {
   CHECK(shell_quote("it's") == "'it'\\''s'");
   CHECK(shell_quote("") == "''");
 }
+
+TEST_CASE("text: excerpt keeps a message one short line") {
+  CHECK(excerpt("abc") == "abc");
+  CHECK(excerpt("a\tb\nc\x7f") == "a\\tb\\x0ac\\x7f");
+  CHECK(excerpt(std::string(1000, 'k'), 5) == "kkkkk...");
+  CHECK(excerpt("\xc3\xa9") == "\\xc3\\xa9");
+}
