@@ -31,7 +31,7 @@ void make_private_dirs(const std::string& path, bool make_private) {
     if (::mkdir(cur.c_str(), 0700) == 0) {
       ::chmod(cur.c_str(), 0700);  // the umask may have taken the owner's bits
     } else if (errno != EEXIST) {
-      throw_sys("mkdir", cur, "set MLTRAIN_HOME to a writable folder");
+      throw_sys("mkdir", cur, "set MLTRAIN_HOME to a writable folder", exit_code::state);
     } else if (make_private && slash == path.size()) {
       struct stat st {};
       if (::stat(cur.c_str(), &st) == 0 && (st.st_mode & 077) != 0 && st.st_uid == ::getuid())

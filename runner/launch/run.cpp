@@ -206,6 +206,14 @@ RunResult run(const JobRequest& req) {
   result.run_id = p.run_id;
   records::RunRecord& rec = result.record;
   rec = new_record(s, p);
+  // The record must be writable before anything starts: a full or read-only state folder is a
+  // clean error here (not a cut record later), and leaves no empty run folder behind.
+  if (!records::save(rec)) {
+    std::error_code ec;
+    std::filesystem::remove_all(records::run_dir(rec.id), ec);
+    throw Error("cannot write the run's record in " + records::runs_dir(),
+                "free some space there, or set MLTRAIN_HOME to a writable folder", exit_code::state);
+  }
   supervise::Options o = supervise_options(s, req);
 
   if (req.detach) {
@@ -247,7 +255,7 @@ RunResult run(const JobRequest& req) {
     };
     rec.launcher_pid = ::getpid();
     rec.launcher_start = records::process_start_time(rec.launcher_pid);
-    records::save(rec);
+    (void)records::save(rec);  // it warns; the gang saves again and reports a record it cannot keep
     int code = exit_code::internal;
     try {
       code = supervise::run_job(p, rec, o, detail::lasting_transports(s).for_host());
@@ -266,7 +274,7 @@ RunResult run(const JobRequest& req) {
   }
   rec.launcher_pid = ::getpid();
   rec.launcher_start = records::process_start_time(rec.launcher_pid);
-  records::save(rec);
+  (void)records::save(rec);  // as above
 
   try {
     result.exit_code = supervise::run_job(p, rec, o, detail::lasting_transports(s).for_host());

@@ -45,7 +45,7 @@ void end_with_launcher_error(const std::string& id, int exit_code, const std::st
     r.exit_code = exit_code;
     r.ended_at = now_iso8601();
     if (!r.failure) r.failure = Failure{-1, "", exit_code, 0, message, {}, "launcher"};
-    save(r);
+    (void)save(r);  // it warns; the error text above is kept either way
   } catch (const std::exception&) {
     // Best effort, as above: the record stays "running" and `ls` shows it lost once we exit.
   }

@@ -182,7 +182,7 @@ std::string create_run(const std::string& name) {
     }
     if (errno != EEXIST)
       throw Error("cannot create " + run_dir(id) + ": " + std::strerror(errno),
-                  "set MLTRAIN_HOME to a writable folder", exit_code::internal);
+                  "set MLTRAIN_HOME to a writable folder", exit_code::state);
   }
   throw Error("cannot find a free run id in " + runs_dir(), {}, exit_code::internal);
 }
@@ -207,36 +207,48 @@ void fill_from_plan(RunRecord& r, const plan::Plan& p) {
   r.master_port = p.master_port;
 }
 
-void save(const RunRecord& r) {
+bool save(const RunRecord& r) {
   std::string dir = run_dir(r.id);
   std::string tmp = dir + "/.run.json.tmp";
   // Env values are bytes; a record shows invalid UTF-8 as U+FFFD rather than failing the run.
   std::string data = to_json_value(r).dump(2, ' ', false, json::error_handler_t::replace) + "\n";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) {
-    log::warn("records", "cannot write " + tmp + ": " + std::strerror(errno));
-    return;
+    log::warn("records",
+              "cannot write " + tmp + ": " + std::strerror(errno) + "; run.json keeps its last state");
+    return false;
   }
   ::fchmod(fd, 0600);
-  // A record that cannot be written is a warning, never the end of the run; a short one is not
-  // renamed over the last good one.
+  // A record that cannot be written whole is a warning, never the end of the run: only a record
+  // fully written and on disk (fsync) replaces the last good one.
+  auto failed = [&](const char* call) {
+    log::warn("records", sys_error_text(call, tmp) + "; run.json keeps its last state");
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return false;
+  };
   size_t off = 0;
   while (off < data.size()) {
     ssize_t n = ::write(fd, data.data() + off, data.size() - off);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      log::warn("records", sys_error_text("write", tmp));
-      ::close(fd);
-      return;
+      if (n == 0) errno = ENOSPC;
+      return failed("write");
     }
     off += size_t(n);
   }
+  if (::fsync(fd) != 0) return failed("fsync");
   if (::close(fd) != 0) {
-    log::warn("records", sys_error_text("close", tmp));
-    return;
+    log::warn("records", sys_error_text("close", tmp) + "; run.json keeps its last state");
+    ::unlink(tmp.c_str());
+    return false;
   }
-  if (::rename(tmp.c_str(), (dir + "/run.json").c_str()) != 0)
+  if (::rename(tmp.c_str(), (dir + "/run.json").c_str()) != 0) {
     log::warn("records", sys_error_text("rename", tmp + " to run.json"));
+    ::unlink(tmp.c_str());
+    return false;
+  }
+  return true;
 }
 
 RunRecord load(const std::string& id) {

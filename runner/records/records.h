@@ -94,7 +94,9 @@ std::string create_run(const std::string& name);
 void fill_from_plan(RunRecord& r, const plan::Plan& p);
 
 // Writes run.json atomically (write then rename).
-void save(const RunRecord& r);
+// Writes run.json atomically (a temporary file, fsync, rename). On failure (a full disk) it warns,
+// keeps the last good run.json and returns false.
+[[nodiscard]] bool save(const RunRecord& r);
 // Reads one run; throws mltrain::Error naming the file on a missing or corrupt record.
 RunRecord load(const std::string& id);
 // Every run, oldest first; unreadable folders are skipped with a warning.

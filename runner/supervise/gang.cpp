@@ -81,7 +81,7 @@ void Gang::enter(Phase p) {
       break;
     case Phase::running:
       rec_.restarts = restart_;
-      records::save(rec_);
+      if (!records::save(rec_)) record_unsaved_ = true;
       spawn_all();
       if (restart_ == 0 && opts_.on_running) opts_.on_running();
       if (!next_ping_) next_ping_ = clock_.now() + opts_.heartbeat_interval;

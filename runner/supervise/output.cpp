@@ -184,7 +184,7 @@ void Output::data(int rank, int stream, std::string_view bytes) {
     to_file(r, bytes.substr(0, nl + 1));
     partial.append(bytes.substr(nl + 1));
   }
-  if (r.file_buf.size() >= kFileFlushAt) write_all(r.fd, r.file_buf);
+  if (r.file_buf.size() >= kFileFlushAt) write_file(r);
   feed(r, stream == 2 ? 1 : 0, bytes);
 }
 
@@ -279,7 +279,29 @@ void Output::before_message() {
   }
 }
 
-void Output::write_all(int fd, std::string& buf) {
+void Output::write_file(Rank& r) {
+  const size_t size = r.file_buf.size();
+  const size_t written = write_all(r.fd, r.file_buf);
+  if (written == size) return;
+  // A full disk (or a file gone): the log is cut. Said once, counted, and reported at the end.
+  const int e = errno;
+  if (r.file_error.empty()) {
+    r.file_error = log_path(r.info.rank) + ": " + (r.fd < 0 ? std::string("not open") : std::strerror(e));
+    before_message();
+    log::warn("output", "cannot write " + r.file_error + "; the rank's log is cut from here");
+  }
+  r.file_lost += size - written;
+}
+
+std::vector<std::string> Output::cut_logs() const {
+  std::vector<std::string> out;
+  for (const auto& r : ranks_)
+    if (!r.file_error.empty())
+      out.push_back(r.file_error + " (" + std::to_string(r.file_lost) + " bytes not written)");
+  return out;
+}
+
+size_t Output::write_all(int fd, std::string& buf) {
   size_t off = 0;
   while (fd >= 0 && off < buf.size()) {
     ssize_t n = ::write(fd, buf.data() + off, buf.size() - off);
@@ -294,10 +316,14 @@ void Output::write_all(int fd, std::string& buf) {
       ::select(fd + 1, nullptr, &w, nullptr, nullptr);
       continue;
     } else {
-      break;  // the console or file is gone: keep running, drop this copy
+      if (n == 0) errno = ENOSPC;
+      break;  // the console or file is gone (or the disk full): keep running, drop this copy
     }
   }
+  const int e = errno;
   buf.clear();
+  errno = e;
+  return off;
 }
 
 void Output::flush() {
@@ -335,7 +361,7 @@ void Output::flush() {
     write_all(err_fd_, err_buf_);
   }
   for (auto& r : ranks_)
-    if (!r.file_buf.empty()) write_all(r.fd, r.file_buf);
+    if (!r.file_buf.empty()) write_file(r);
   // After the rank files: an entry never points past the bytes it orders.
   if (!order_buf_.empty()) write_all(order_fd_, order_buf_);
 }

@@ -74,6 +74,8 @@ class Output {
   // The last lines a rank wrote (for the failure summary).
   std::vector<std::string> tail(int rank) const;
   std::string log_path(int rank) const;
+  // The rank logs that are cut (a full disk): "PATH: ERROR (N bytes not written)" each.
+  std::vector<std::string> cut_logs() const;
 
  private:
   using Time = std::chrono::steady_clock::time_point;
@@ -95,8 +97,10 @@ class Output {
     std::string file_buf;
     Stream streams[2];
     std::deque<std::string> tail;
-    std::string prefix;     // rendered, with colour codes
-    uint64_t file_end = 0;  // rank-N.log's size once file_buf is written
+    std::string prefix;      // rendered, with colour codes
+    uint64_t file_end = 0;   // rank-N.log's size once file_buf is written
+    std::string file_error;  // the first failed write of rank-N.log ("" while it is complete)
+    uint64_t file_lost = 0;  // bytes that never reached it
     bool shown = true;
   };
   void feed(Rank& r, int s, std::string_view bytes);
@@ -106,7 +110,9 @@ class Output {
   std::string& console(int s) { return s == 1 ? err_buf_ : out_buf_; }
   std::string line_start(const Rank& r) const;
   std::string status_area() const;
-  void write_all(int fd, std::string& buf);
+  // Writes what it can; returns how many bytes were written (errno says why when short).
+  size_t write_all(int fd, std::string& buf);
+  void write_file(Rank& r);
   // Bytes for the rank's file; notes their arrival in the run's order file (`mltrain logs`
   // merges the rank files in that order).
   void to_file(Rank& r, std::string_view bytes);

@@ -63,7 +63,7 @@ int Gang::finish() {
     rec_.failure = records::Failure{-1, "", code, 0, preflight_error_, {}, "preflight"};
     rec_.ended_at = records::now_iso8601();
     rec_.duration_s = std::chrono::duration<double>(clock_.now() - job_start_).count();
-    records::save(rec_);
+    if (!records::save(rec_)) record_unsaved_ = true;
     if (opts_.json_summary) {
       std::fprintf(stdout, "%s\n", records::to_json(rec_, true).c_str());
       std::fflush(stdout);
@@ -105,8 +105,22 @@ int Gang::finish() {
   rec_.exit_code = code;
   rec_.ended_at = records::now_iso8601();
   rec_.duration_s = std::chrono::duration<double>(clock_.now() - job_start_).count();
-  records::save(rec_);
+  if (!records::save(rec_)) record_unsaved_ = true;
   print_summary(code);
+  // The job's outcome stands, but what it left behind is incomplete: say so loudly, and a job that
+  // succeeded exits 74 so a script does not trust logs or a record that are cut.
+  std::vector<std::string> cut = out_ ? out_->cut_logs() : std::vector<std::string>{};
+  if (!cut.empty() || record_unsaved_) {
+    for (const auto& c : cut) std::fprintf(stderr, "mltrain: warning: rank log cut: %s\n", c.c_str());
+    if (record_unsaved_)
+      std::fprintf(stderr,
+                   "mltrain: warning: run.json of %s could not be written in full; it keeps an older state\n",
+                   rec_.id.c_str());
+    std::fprintf(stderr,
+                 "mltrain: warning: free space in %s (MLTRAIN_HOME); the run's records are incomplete%s\n",
+                 records::runs_dir().c_str(), code == 0 ? " (exit code 74)" : "");
+    if (code == 0) code = exit_code::state;
+  }
   return code;
 }
 

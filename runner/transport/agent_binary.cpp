@@ -1,5 +1,7 @@
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -23,12 +25,44 @@ std::string_view agent_bytes() {
 
 std::string_view agent_hash() { return mltrain_agent_blob_hash; }
 
+namespace {
+
+// The agent in an anonymous memory file, for a state folder on a noexec (or read-only) mount:
+// "/proc/self/fd/N" execs it in the child (the kernel opens it before closing the fd on exec).
+std::string memfd_agent() {
+  static std::string path = [] {
+    int fd = ::memfd_create("mltrain-agent", MFD_CLOEXEC);
+    if (fd < 0) return std::string();
+    auto bytes = agent_bytes();
+    for (size_t off = 0; off < bytes.size();) {
+      ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        ::close(fd);
+        return std::string();
+      }
+      off += size_t(n);
+    }
+    return "/proc/self/fd/" + std::to_string(fd);  // kept open for the launcher's life
+  }();
+  return path;
+}
+
+bool noexec(const std::string& dir) {
+  struct statvfs st {};
+  return ::statvfs(dir.c_str(), &st) == 0 && (st.f_flag & (ST_NOEXEC | ST_RDONLY)) != 0;
+}
+
+}  // namespace
+
 std::string local_agent_path() {
   std::string dir = state_home();
   std::string agents = dir + "/agent";
   make_private_dirs(dir, /*make_private=*/true);
   make_private_dirs(agents);
   std::string path = agents + "/mltrain-agent-" + std::string(agent_hash().substr(0, 16));
+  if (noexec(agents))
+    if (std::string m = memfd_agent(); !m.empty()) return m;
   if (::access(path.c_str(), X_OK) == 0) return path;
 
   // Write to a private name, then rename: concurrent launchers never see a half-written agent.

@@ -42,7 +42,7 @@ TEST_CASE("records: save and load round trip") {
   r.max_restarts = 2;
   r.failure =
       records::Failure{1, "h2", 3, 0, "rank 1 exited with code 3", {"Traceback", "boom"}, "rank_exit"};
-  records::save(r);
+  CHECK(records::save(r));
 
   auto back = records::load(r.id);
   CHECK(back.id == r.id);
@@ -71,7 +71,7 @@ TEST_CASE("records: listing and id lookup") {
     records::RunRecord r;
     r.id = records::create_run(name);
     r.name = name;
-    records::save(r);
+    CHECK(records::save(r));
     ids.push_back(r.id);
   }
   auto runs = records::list();
@@ -166,7 +166,7 @@ TEST_CASE("records: the state home, runs/ and run folders are private, run.json 
   std::string id = records::create_run("priv");
   records::RunRecord r;
   r.id = id;
-  records::save(r);
+  CHECK(records::save(r));
   ::umask(old);
   auto mode = [](const std::string& p) {
     struct stat st {};

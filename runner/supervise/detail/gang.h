@@ -176,6 +176,7 @@ class Gang {
   bool doctor_ = false;
   int doctor_port_ = 0;
   std::string preflight_error_;
+  bool record_unsaved_ = false;  // a records::save failed (a full disk): run.json is behind
   Clock::time_point job_start_{};
   std::optional<Clock::time_point> job_deadline_;
   std::optional<Clock::time_point> escalate_at_;    // after an interrupt: TERM at this time
