@@ -130,7 +130,10 @@ Communicator::Impl::Impl(const Options& o) : opt(o) {
   const Deadline dl = deadline();
   if (opt.rank == 0 && opt.host_store) {
     try {
-      server = std::make_unique<StoreServer>(split_host_port(opt.store_addr).second, opt.token);
+      // A store at a loopback address serves ranks on this host only: it listens there alone.
+      const auto [store_host, store_port] = split_host_port(opt.store_addr);
+      const bool loopback = store_host == "localhost" || store_host.rfind("127.", 0) == 0;
+      server = std::make_unique<StoreServer>(store_port, opt.token, loopback);
     } catch (const Error& e) {
       throw Error(e.kind(), "mltrain-comm: " + me() + ": cannot host the store at " + opt.store_addr +
                                 " (MLTRAIN_STORE_ADDR): " + e.what());

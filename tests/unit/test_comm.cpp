@@ -18,6 +18,7 @@
 #include "mltrain/comm.h"
 #include "mltrain/comm.hpp"
 #include "rendezvous/store.h"
+#include "rendezvous/store_wire.h"
 
 using namespace mltrain::comm;
 using namespace std::chrono_literals;
@@ -335,6 +336,33 @@ TEST_CASE("store: adding to a value that is not an integer drops that client, no
   detail::StoreClient b(addr, "tok", 1, dl());
   CHECK(*b.get("k", dl()) == "not a number");
   CHECK(b.add("n", 4, dl()) == 4);
+}
+
+TEST_CASE("store: a wrong token learns nothing, not even the wire version") {
+  detail::StoreServer server(0, "tok");
+  detail::Fd fd = detail::connect_tcp("127.0.0.1", server.port(), detail::Clock::now() + 5s, "store");
+  std::string hello;
+  detail::wire::Hello{detail::wire::kStoreMagic, 999, 3, 5}.put_to(hello);
+  hello += "wrong";
+  detail::send_all(fd.get(), hello.data(), hello.size(), detail::Clock::now() + 5s, "store");
+  char head[detail::wire::HelloReply::kSize];
+  detail::recv_all(fd.get(), head, sizeof head, detail::Clock::now() + 5s, "store");
+  const auto reply = detail::wire::HelloReply::from(head);
+  CHECK(reply.status == detail::wire::kBadToken);
+  CHECK(reply.version == 0);
+}
+
+TEST_CASE("store: idle strangers past the caps do not keep a rank out") {
+  detail::StoreServer server(0, "tok");
+  const int port = server.port();
+  std::vector<detail::Fd> strangers;  // more than the per-peer and total caps, all silent
+  for (size_t i = 0; i < detail::StoreServer::kMaxUnproven + 40; ++i)
+    strangers.push_back(detail::connect_tcp("127.0.0.1", port, detail::Clock::now() + 5s, "store"));
+  const auto t0 = detail::Clock::now();
+  detail::StoreClient a("127.0.0.1:" + std::to_string(port), "tok", 0, detail::Clock::now() + 10s);
+  a.set("k", "v", detail::Clock::now() + 5s);
+  CHECK(*a.get("k", detail::Clock::now() + 5s) == "v");
+  CHECK(detail::Clock::now() - t0 < detail::StoreServer::kHelloWithin);  // not after the strangers time out
 }
 
 TEST_CASE("collectives: every op x dtype x count, world 1..8, shared memory") {

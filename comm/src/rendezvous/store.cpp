@@ -5,10 +5,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <thread>
 #include <vector>
 
 #include "mltrain/comm.hpp"
@@ -25,13 +28,21 @@ struct Conn {
   std::string in;
   bool hello_done = false;
   int rank = -1;
-  std::string name;
+  std::string name;  // the peer's address
+  Clock::time_point hello_by{};
 };
+
+// Compares without an early exit, so the time taken tells nothing about the token.
+bool same_token(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (std::size_t i = 0; i < a.size(); ++i) diff |= std::uint8_t(a[i] ^ (i < b.size() ? b[i] : 0));
+  return diff == 0;
+}
 
 }  // namespace
 
-StoreServer::StoreServer(int port, std::string token) : token_(std::move(token)) {
-  auto [fd, bound] = listen_tcp(port);
+StoreServer::StoreServer(int port, std::string token, bool loopback_only) : token_(std::move(token)) {
+  auto [fd, bound] = listen_tcp(port, 1024, loopback_only);
   listen_ = std::move(fd);
   port_ = bound;
   int pipe_fds[2];
@@ -74,6 +85,18 @@ void StoreServer::serve() {
     waiters.erase(it);
   };
 
+  // Connections that have not proven the token yet, by peer address; and when accept() last failed
+  // for lack of descriptors (then the listener rests a moment instead of spinning).
+  std::map<std::string, std::size_t> unproven_by_peer;
+  std::size_t unproven = 0;
+  Clock::time_point accept_rest_until{};
+  bool said_fds = false, said_flood = false;
+  auto forget_unproven = [&](Conn& c) {
+    if (c.hello_done || c.hello_by == Clock::time_point{}) return;
+    --unproven;
+    if (--unproven_by_peer[c.name] == 0) unproven_by_peer.erase(c.name);
+    c.hello_by = {};
+  };
   // Handles every complete frame in c.in; returns false when the connection must close.
   auto handle = [&](Conn& c) -> bool {
     while (true) {
@@ -93,18 +116,21 @@ void StoreServer::serve() {
         c.rank = hello.rank;
         const std::string token = in.substr(Hello::kSize, hello.token_len);
         in.erase(0, Hello::kSize + hello.token_len);
+        // The token first: a stranger learns nothing, not even the wire version.
         std::string msg;
         Status status = kOk;
-        if (version != kStoreVersion) {
+        if (!same_token(token, token_)) {
+          status = kBadToken;
+          msg = "wrong MLTRAIN_TOKEN";
+        } else if (version != kStoreVersion) {
           status = kBadVersion;
           msg = "store speaks wire version " + std::to_string(kStoreVersion) + ", client " +
                 std::to_string(version);
-        } else if (token != token_) {
-          status = kBadToken;
-          msg = "wrong MLTRAIN_TOKEN";
         }
         std::string out;
-        HelloReply{kStoreMagic, kStoreVersion, status, static_cast<std::uint32_t>(msg.size())}.put_to(out);
+        HelloReply{kStoreMagic, std::uint16_t(status == kBadToken ? 0 : kStoreVersion), status,
+                   static_cast<std::uint32_t>(msg.size())}
+            .put_to(out);
         out += msg;
         reply(c, out);
         if (status != kOk) {
@@ -112,6 +138,7 @@ void StoreServer::serve() {
                        c.name.c_str(), c.rank, msg.c_str());
           return false;
         }
+        forget_unproven(c);
         c.hello_done = true;
         continue;
       }
@@ -168,34 +195,69 @@ void StoreServer::serve() {
     }
   };
 
+  auto accept_all = [&] {
+    // A bounded batch: the loop then drops what was pushed out and serves the ranks in between.
+    for (int batch = 0; batch < 64; ++batch) {
+      Fd fd(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+      if (!fd) {
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          // Out of descriptors: make room by dropping the oldest stranger, else rest a moment.
+          if (!said_fds)
+            std::fprintf(stderr, "mltrain-comm store: accept(): %s; dropping unproven connections\n",
+                         std::strerror(errno));
+          said_fds = true;
+          auto oldest =
+              std::find_if(conns.begin(), conns.end(), [](const auto& c) { return c->fd && !c->hello_done; });
+          if (oldest != conns.end()) {
+            forget_unproven(**oldest);
+            (*oldest)->fd.reset();
+          } else {
+            accept_rest_until = Clock::now() + std::chrono::milliseconds(50);
+          }
+        }
+        return;  // EAGAIN (nothing more), or anything else: never fatal, poll again
+      }
+      set_nodelay(fd.get());
+      auto c = std::make_unique<Conn>();
+      c->name = peer_name(fd.get());
+      // Past a cap, the oldest stranger (from this peer, else any) makes room: a rank's hello comes
+      // at once, so it proves itself long before strangers arriving after it can push it out (and
+      // a rank that is pushed out connects again).
+      const bool peer_full = unproven_by_peer[c->name] >= kMaxUnprovenPerPeer;
+      if (peer_full || unproven >= kMaxUnproven) {
+        if (!said_flood)
+          std::fprintf(stderr,
+                       "mltrain-comm store: too many connections that have not proven the token (from %s); "
+                       "dropping the oldest\n",
+                       c->name.c_str());
+        said_flood = true;
+        for (auto& old : conns)
+          if (old->fd && !old->hello_done && old->hello_by != Clock::time_point{} &&
+              (!peer_full || old->name == c->name)) {
+            forget_unproven(*old);
+            old->fd.reset();
+            break;
+          }
+      }
+      ++unproven_by_peer[c->name], ++unproven;
+      c->hello_by = Clock::now() + kHelloWithin;
+      c->fd = std::move(fd);
+      conns.push_back(std::move(c));
+    }
+  };
+
   std::vector<pollfd> fds;
   while (true) {
-    fds.clear();
-    fds.push_back({wake_read_.get(), POLLIN, 0});
-    fds.push_back({listen_.get(), POLLIN, 0});
-    for (auto& c : conns) fds.push_back({c->fd.get(), POLLIN, 0});
-    if (::poll(fds.data(), fds.size(), -1) < 0) continue;
-    if (fds[0].revents != 0) break;
-    if (fds[1].revents != 0) {
-      while (true) {
-        Fd fd = accept_tcp(listen_.get(), Clock::now());
-        if (!fd) break;
-        auto c = std::make_unique<Conn>();
-        c->name = peer_name(fd.get());
-        c->fd = std::move(fd);
-        conns.push_back(std::move(c));
-      }
-    }
-    for (std::size_t i = 2; i < fds.size(); ++i) {
-      if (fds[i].revents == 0) continue;
-      Conn& c = *conns[i - 2];
-      char buf[65536];
-      const ssize_t k = ::recv(c.fd.get(), buf, sizeof buf, 0);
-      if (k > 0) {
-        c.in.append(buf, static_cast<std::size_t>(k));
-        if (!handle(c)) c.fd.reset();
-      } else if (k == 0 || (errno != EAGAIN && errno != EINTR)) {
-        c.fd.reset();
+    const auto now = Clock::now();
+    // Strangers that did not prove the token in time are dropped.
+    Clock::time_point next = Clock::time_point::max();
+    for (auto& c : conns) {
+      if (!c->fd || c->hello_done || c->hello_by == Clock::time_point{}) continue;
+      if (c->hello_by <= now) {
+        forget_unproven(*c);
+        c->fd.reset();
+      } else {
+        next = std::min(next, c->hello_by);
       }
     }
     for (auto it = conns.begin(); it != conns.end();) {
@@ -205,6 +267,32 @@ void StoreServer::serve() {
       }
       for (auto& [key, list] : waiters) std::erase(list, it->get());
       it = conns.erase(it);
+    }
+    const bool resting = now < accept_rest_until;
+    if (resting) next = std::min(next, accept_rest_until);
+    fds.clear();
+    fds.push_back({wake_read_.get(), POLLIN, 0});
+    fds.push_back({resting ? -1 : listen_.get(), POLLIN, 0});
+    for (auto& c : conns) fds.push_back({c->fd.get(), POLLIN, 0});
+    const int timeout_ms = next == Clock::time_point::max()
+                               ? -1
+                               : int(std::chrono::ceil<std::chrono::milliseconds>(next - now).count());
+    if (::poll(fds.data(), fds.size(), timeout_ms) < 0) continue;
+    if (fds[0].revents != 0) break;
+    if (fds[1].revents != 0) accept_all();
+    for (std::size_t i = 2; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      Conn& c = *conns[i - 2];
+      char buf[65536];
+      const ssize_t k = ::recv(c.fd.get(), buf, sizeof buf, 0);
+      if (k > 0) {
+        c.in.append(buf, static_cast<std::size_t>(k));
+        if (handle(c)) continue;
+      } else if (k < 0 && (errno == EAGAIN || errno == EINTR)) {
+        continue;
+      }
+      forget_unproven(c);
+      c.fd.reset();
     }
   }
 }
@@ -217,14 +305,25 @@ StoreClient::StoreClient(std::string addr, std::string token, int rank, Deadline
 void StoreClient::ensure_connected(Deadline deadline) {
   if (fd_) return;
   const auto [host, port] = split_host_port(addr_);
-  Fd fd = connect_tcp(host, port, deadline, "store at " + addr_);
+  const std::string what = "store at " + addr_;
   std::string hello;
   Hello{kStoreMagic, kStoreVersion, rank_, static_cast<std::uint32_t>(token_.size())}.put_to(hello);
   hello += token_;
-  const std::string what = "store at " + addr_;
-  send_all(fd.get(), hello.data(), hello.size(), deadline, what);
   char head[HelloReply::kSize];
-  recv_all(fd.get(), head, sizeof head, deadline, what + " (hello)");
+  Fd fd;
+  // A store under a flood of strangers may drop a connection before reading its hello: connect
+  // again until the deadline. A refusal (below) is final.
+  for (int attempt = 0;; ++attempt) {
+    fd = connect_tcp(host, port, deadline, what);
+    try {
+      send_all(fd.get(), hello.data(), hello.size(), deadline, what);
+      recv_all(fd.get(), head, sizeof head, deadline, what + " (hello)");
+      break;
+    } catch (const Error&) {
+      if (Clock::now() >= deadline) throw;
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(10 << std::min(attempt, 5), 200)));
+    }
+  }
   const HelloReply answer = HelloReply::from(head);
   const auto status = answer.status;
   if (answer.magic != kStoreMagic)

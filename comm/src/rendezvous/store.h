@@ -2,6 +2,7 @@
 // with a hello (magic, version, rank, MLTRAIN_TOKEN); a wrong token is refused and logged.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -14,8 +15,14 @@ namespace mltrain::comm::detail {
 
 class StoreServer {
  public:
-  // Listens on all interfaces at port (0 picks a free one) and serves from a thread.
-  StoreServer(int port, std::string token);
+  // Listens at port (0 picks a free one) on all interfaces, or on loopback alone for a job whose
+  // ranks all run on this host, and serves from a thread. A connection that has not proven the
+  // token within kHelloWithin is dropped; at most kMaxUnproven such connections in all, and
+  // kMaxUnprovenPerPeer from one address, are held: strangers cannot exhaust the store.
+  StoreServer(int port, std::string token, bool loopback_only = false);
+  static constexpr std::chrono::seconds kHelloWithin{5};
+  static constexpr std::size_t kMaxUnproven = 256;
+  static constexpr std::size_t kMaxUnprovenPerPeer = 32;
   ~StoreServer();
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;

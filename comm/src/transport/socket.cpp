@@ -67,7 +67,7 @@ void set_nodelay(int fd) {
             "fd " + std::to_string(fd));
 }
 
-std::pair<Fd, int> listen_tcp(int port, int backlog) {
+std::pair<Fd, int> listen_tcp(int port, int backlog, bool loopback_only) {
   Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd) throw Error(Error::Kind::internal, "socket(): " + errno_text(errno));
   int one = 1;
@@ -75,7 +75,7 @@ std::pair<Fd, int> listen_tcp(int port, int backlog) {
             "listening on port " + std::to_string(port));
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  sa.sin_addr.s_addr = htonl(loopback_only ? INADDR_LOOPBACK : INADDR_ANY);
   sa.sin_port = htons(static_cast<std::uint16_t>(port));
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0)
     throw Error(Error::Kind::usage,

@@ -35,7 +35,8 @@ class Fd {
 std::pair<std::string, int> split_host_port(const std::string& addr);
 
 // Listening socket on all interfaces; port 0 picks one. Returns the fd and the bound port.
-std::pair<Fd, int> listen_tcp(int port, int backlog = 128);
+// Listens on port (0 picks a free one) on every interface, or on 127.0.0.1 alone.
+std::pair<Fd, int> listen_tcp(int port, int backlog = 128, bool loopback_only = false);
 // Connects, retrying refused connections until the deadline (the listener may start later).
 Fd connect_tcp(const std::string& host, int port, Deadline deadline, const std::string& what);
 // Accepts one connection, waiting until the deadline; returns an empty Fd on timeout.
