@@ -1,6 +1,8 @@
 // Communicator: joins the job through the store, connects links on first use (shm to ranks on
 // the same machine, TCP otherwise), runs collectives, and turns failures into one message that
 // names the rank that failed first.
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,6 +16,7 @@
 #include <thread>
 
 #include "algorithms/collectives.h"
+#include "core/sys_check.h"
 #include "mltrain/comm.hpp"
 #include "rendezvous/store.h"
 #include "transport/shm_link.h"
@@ -88,6 +91,12 @@ struct Communicator::Impl {
   std::vector<PeerInfo> peers;
   std::map<int, std::unique_ptr<Link>> links;
   std::map<int, Fd> accepted;  // connections from lower ranks not claimed yet
+  struct PendingLink {         // accepted, its hello not complete yet
+    Fd fd;
+    std::string from, got;
+    Clock::time_point by;
+  };
+  std::vector<PendingLink> pending;
   std::vector<std::byte> scratch;
   std::uint64_t seq = 0;
   bool broken = false;
@@ -218,33 +227,78 @@ Fd Communicator::Impl::accept_from(int peer) {
     accepted.erase(it);
     return fd;
   }
+  // Every connection proves itself with its hello concurrently, each within kLinkHelloWithin: a
+  // stranger that connects and sends nothing is dropped without delaying the peers (or being
+  // mistaken for one of them). At most kMaxPending wait at once; the oldest makes room.
+  constexpr auto kLinkHelloWithin = std::chrono::seconds(5);
+  constexpr std::size_t kMaxPending = 64;
   const Deadline dl = deadline();
+  auto drop = [&](std::size_t i, const std::string& why) {
+    std::fprintf(stderr, "mltrain-comm %s: dropped connection from %s: %s\n", me().c_str(),
+                 pending[i].from.c_str(), why.c_str());
+    pending.erase(pending.begin() + std::ptrdiff_t(i));
+  };
   while (true) {
-    Fd fd = accept_tcp(listener.get(), dl);
-    if (!fd)
+    const auto now = Clock::now();
+    if (now >= dl)
       throw Error(
           Error::Kind::timeout,
           label(peer) + " did not connect within " + std::to_string(opt.timeout.count() / 1000) + " s", peer,
           peers[static_cast<std::size_t>(peer)].host);
-    LinkHello hello;
-    const std::string from = peer_name(fd.get());
-    try {
-      recv_all(fd.get(), &hello, sizeof hello, std::min(dl, Clock::now() + std::chrono::seconds(10)),
-               "connection from " + from);
-    } catch (const Error& e) {
-      std::fprintf(stderr, "mltrain-comm %s: dropped %s\n", me().c_str(), e.what());
-      continue;
+    Clock::time_point wake = dl;
+    for (std::size_t i = pending.size(); i-- > 0;) {
+      if (pending[i].by <= now)
+        drop(i, "no hello within " + std::to_string(kLinkHelloWithin.count()) + " s");
+      else
+        wake = std::min(wake, pending[i].by);
     }
-    if (hello.magic != kLinkMagic || hello.version != kLinkVersion || hello.session != session ||
-        hello.to_rank != opt.rank || hello.from_rank < 0 || hello.from_rank >= opt.world_size) {
-      std::fprintf(stderr, "mltrain-comm %s: refused connection from %s: %s\n", me().c_str(), from.c_str(),
-                   hello.magic != kLinkMagic || hello.version != kLinkVersion
-                       ? "bad magic or wire version"
-                       : "not from this job (session or rank mismatch)");
-      continue;
+    std::vector<pollfd> fds{{listener.get(), POLLIN, 0}};
+    for (const auto& p : pending) fds.push_back({p.fd.get(), POLLIN, 0});
+    const int ms =
+        int(std::max<std::int64_t>(1, std::chrono::ceil<std::chrono::milliseconds>(wake - now).count()));
+    if (::poll(fds.data(), fds.size(), ms) < 0 && errno != EINTR)
+      throw_sys("poll", "accepting links on fd " + std::to_string(listener.get()));
+    for (std::size_t i = fds.size(); i-- > 1;) {  // backwards: drop() shifts what follows
+      if (fds[i].revents == 0) continue;
+      PendingLink& p = pending[i - 1];
+      char buf[sizeof(LinkHello)];
+      const ssize_t k = ::recv(p.fd.get(), buf, sizeof(LinkHello) - p.got.size(), 0);
+      if (k < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+      if (k <= 0) {
+        drop(i - 1, k == 0 ? "closed before its hello" : std::string(std::strerror(errno)));
+        continue;
+      }
+      p.got.append(buf, std::size_t(k));
+      if (p.got.size() < sizeof(LinkHello)) continue;
+      LinkHello hello;
+      std::memcpy(&hello, p.got.data(), sizeof hello);
+      if (hello.magic != kLinkMagic || hello.version != kLinkVersion || hello.session != session ||
+          hello.to_rank != opt.rank || hello.from_rank < 0 || hello.from_rank >= opt.world_size) {
+        drop(i - 1, hello.magic != kLinkMagic || hello.version != kLinkVersion
+                        ? "bad magic or wire version"
+                        : "not from this job (session or rank mismatch)");
+        continue;
+      }
+      Fd fd = std::move(p.fd);
+      pending.erase(pending.begin() + std::ptrdiff_t(i - 1));
+      if (hello.from_rank == peer) return fd;  // the rest stay pending for the next call
+      accepted[hello.from_rank] = std::move(fd);
     }
-    if (hello.from_rank == peer) return fd;
-    accepted[hello.from_rank] = std::move(fd);
+    if (fds[0].revents != 0) {
+      for (int batch = 0; batch < 64; ++batch) {
+        Fd fd(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+        if (!fd) {
+          // Out of descriptors (a flood): the oldest waiting connection makes room. Never fatal.
+          if ((errno == EMFILE || errno == ENFILE) && !pending.empty())
+            drop(0, "out of descriptors: " + std::string(std::strerror(errno)));
+          break;
+        }
+        set_nodelay(fd.get());
+        if (pending.size() >= kMaxPending) drop(0, "too many connections waiting for their hello");
+        std::string from = peer_name(fd.get());
+        pending.push_back({std::move(fd), std::move(from), {}, Clock::now() + kLinkHelloWithin});
+      }
+    }
   }
 }
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import communicate, wait_for
+from conftest import communicate, live_pids_with, wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="floods as another user: needs root")
 
@@ -102,3 +102,67 @@ def test_idle_connection_flood_does_not_stall_or_kill_the_job(ml, tmp_path):
         for f in (go, done):
             if os.path.exists(f):
                 os.unlink(f)
+
+
+def _listening_ports(pid):
+    """TCP ports process `pid` listens on (its socket inodes matched in /proc/net/tcp)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    with open(f"/proc/{pid}/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # LISTEN
+                ports.add(int(cols[1].split(":")[1], 16))
+    return ports
+
+
+def test_idle_strangers_on_link_ports_delay_nobody_and_are_not_blamed(ml):
+    """Strangers connect to every rank's link port and send nothing: the job starts at once,
+    and no healthy rank is named for it (before: 10 s per stranger, then `rank 1 sent nothing`)."""
+    go = f"/tmp/mltrain-links-go-{os.getpid()}"
+    worker = (f'[ "$RANK" = 3 ] && until [ -e {go} ]; do sleep 0.05; done; '
+              f'exec {ml.bin} __bench-worker -b 64K -e 64K --iters 50 --warmup 0 --check')
+    marker = ml.marker()
+    job = ml.popen("run", "-n", "4", "--env", "MLTRAIN_COMM_TRANSPORT=tcp", "--env", "MLTRAIN_COMM_TIMEOUT=20s",
+                   "--env", f"MARK={marker}", "--", "sh", "-c", worker)
+    strangers = []
+    try:
+        def pids():  # ranks 0-2 by the marker in their environment, once each runs the benchmark
+            found = {}
+            for pid in live_pids_with("environ", f"MARK={marker}".encode()):
+                try:
+                    env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+                    cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+                except OSError:
+                    continue
+                rank = next((e[5:].decode() for e in env if e.startswith(b"RANK=")), None)
+                if b"__bench-worker" in cmd and rank in ("0", "1", "2"):
+                    found[int(rank)] = pid
+            return [found[r] for r in range(3)] if len(found) == 3 else None
+        wait_for(lambda: pids() is not None, 20, "ranks 0-2 to start")
+        ranks = pids()
+        # Ranks 0-2 are in init, each listening for its links (rank 3 has not started).
+        wait_for(lambda: all(len(_listening_ports(p)) >= 1 for p in ranks), 20, "link listeners")
+        for p in ranks:
+            for port in _listening_ports(p):
+                for _ in range(8):
+                    strangers.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        t0 = time.monotonic()
+        open(go, "w").close()
+        out, err = communicate(job, 120)
+        took = time.monotonic() - t0
+        assert job.returncode == 0, err[-3000:]
+        assert took < 8, f"the job took {took:.1f}s after every rank was there"
+        assert "sent nothing" not in err and "did not connect" not in err, err[-2000:]
+    finally:
+        for s in strangers:
+            s.close()
+        if os.path.exists(go):
+            os.unlink(go)
