@@ -89,11 +89,12 @@ void Agent::signal_groups(int sig, uint32_t id) {
   }
 }
 
-// As a child subreaper we inherit ranks' orphaned descendants; kill those too (they may have
-// left their process group with setsid).
-void Agent::kill_orphans() {
+namespace {
+
+// The children of `pid` (every thread's), from /proc/PID/task/TID/children.
+void children_of(pid_t pid, std::vector<pid_t>& out) {
   char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/task", int(::getpid()));
+  std::snprintf(path, sizeof path, "/proc/%d/task", int(pid));
   DIR* d = ::opendir(path);
   if (!d) return;
   while (dirent* e = ::readdir(d)) {
@@ -102,11 +103,32 @@ void Agent::kill_orphans() {
     std::snprintf(cpath, sizeof cpath, "%s/%s/children", path, e->d_name);
     FILE* f = std::fopen(cpath, "r");
     if (!f) continue;
-    int pid;
-    while (std::fscanf(f, "%d", &pid) == 1) ::kill(pid, SIGKILL);
+    int child;
+    while (std::fscanf(f, "%d", &child) == 1) out.push_back(pid_t(child));
     std::fclose(f);
   }
   ::closedir(d);
+}
+
+}  // namespace
+
+// Everything below the agent dies: every descendant (not only the ranks' groups: a descendant may
+// have left its group with setsid, re-fork while it dies, or make itself a subreaper), killed and
+// reaped sweep after sweep until a sweep finds none. As a child subreaper the agent inherits
+// whatever is orphaned on the way, so the next sweep sees it.
+void Agent::kill_orphans() {
+  const pid_t self = ::getpid();
+  for (int sweep = 0; sweep < 1000; ++sweep) {
+    std::vector<pid_t> tree;
+    children_of(self, tree);
+    tree.erase(std::remove(tree.begin(), tree.end(), warden_), tree.end());
+    for (size_t i = 0; i < tree.size() && tree.size() < 100000; ++i) children_of(tree[i], tree);
+    if (tree.empty()) return;
+    for (pid_t p : tree) ::kill(p, SIGKILL);
+    reap();  // our own children, ranks among them, and the orphans handed to us
+    if (sweep > 0) ::usleep(1000);
+  }
+  log_err("%s", "processes below the agent keep appearing after 1000 sweeps; some may survive");
 }
 
 void Agent::start_terminate(int64_t grace_ms) {

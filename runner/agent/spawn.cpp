@@ -1,6 +1,7 @@
 // Starting ranks, forwarding their output and reporting their exits.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -183,6 +184,15 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
     close_all();
     return;
   }
+  if (warden_fd_ == -1) {  // once, before the first rank; -2: it could not start (said once)
+    auto run_id = merged.find("MLTRAIN_RUN_ID");
+    if (run_id != merged.end() && (warden_fd_ = start_warden(run_id->second, warden_)) < 0) {
+      log_err("cannot start the warden (%s); if this agent is killed, its ranks' descendants may survive",
+              std::strerror(errno));
+      warden_fd_ = -2;
+    }
+  }
+  const pid_t agent_pid = ::getpid();
   pid_t pid = ::fork();
   if (pid < 0) {
     send(msg::SpawnFailed{std::string("fork: ") + std::strerror(errno)}, id);
@@ -194,6 +204,10 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
     // launcher's forwarded stdin) as stdin.
     // A step that fails is reported like a failed exec: through the status pipe, exit 127.
     const char* failed = nullptr;
+    // The rank dies with its agent, even one killed with SIGKILL (its descendants: the sweep in
+    // kill_orphans while the agent lives). Checked after: the agent may have died before it.
+    (void)::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != agent_pid) ::_exit(127);
     sigset_t none;
     sigemptyset(&none);
     int input = in[0];

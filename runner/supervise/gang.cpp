@@ -303,7 +303,7 @@ void Gang::read_host(size_t i) {
         host_lost(i, "corrupt stream from the agent (a frame longer than the protocol allows)");
       if (size_t(n) < sizeof buf) break;
     } else if (n == 0) {
-      host_lost(i, "the agent's connection closed unexpectedly");
+      host_lost(i, "the agent died or its connection closed; the ranks there die with it");
       break;
     } else {
       if (errno != EAGAIN && errno != EINTR)

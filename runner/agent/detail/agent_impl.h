@@ -23,6 +23,10 @@ inline constexpr size_t kStdinBacklog = 64u << 20;    // a rank's unread forward
 int64_t now_ms();
 bool set_nonblocking(int fd);  // false with errno set when fcntl fails
 void log_err(const char* fmt, const char* arg);
+// Forks the warden (warden.cpp), which kills this user's processes whose environment holds
+// `marker` once the agent is gone. Returns the end of its pipe the agent keeps open (-1 on failure)
+// and sets `warden` to its pid.
+int start_warden(const std::string& marker, pid_t& warden);
 
 struct Rank {
   uint32_t id = 0;
@@ -87,6 +91,8 @@ class Agent {
   int64_t kill_deadline_ms_ = -1;  // when TERMed groups get KILL
   bool exiting_ = false;           // launcher gone or shutdown: leave once every rank is gone
   int64_t exit_deadline_ms_ = -1;
+  int warden_fd_ = -1;  // held open for the warden's sake, never written (-2: no warden)
+  pid_t warden_ = -1;
 };
 
 }  // namespace mltrain::agent::detail

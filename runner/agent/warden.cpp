@@ -1,0 +1,124 @@
+// The warden: what kills a job's processes on a host when its agent is killed outright.
+//
+// While the agent lives, its own sweep (Agent::kill_orphans) kills everything below it: as a child
+// subreaper it inherits every orphan of its ranks. A SIGKILLed agent sweeps nothing; its ranks'
+// leaders die with it (PR_SET_PDEATHSIG), but their descendants are handed to init. So before the
+// first rank starts, the agent forks a warden: a process outside every rank's tree, holding only
+// the read end of a pipe whose write end only the agent holds. When the agent is gone, however it
+// went, the read returns 0, and the warden kills every process of this user that carries the job's
+// run id in its environment (every rank does, and every descendant that kept its environment),
+// sweep after sweep until none is found. After an ordinary end that finds nothing.
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "runner/agent/detail/agent_impl.h"
+
+namespace mltrain::agent::detail {
+
+namespace {
+
+// True when /proc/PID/environ holds `marker` as one whole NUL-terminated entry.
+bool environ_has(const char* pid, const std::string& marker) {
+  char path[300];
+  std::snprintf(path, sizeof path, "/proc/%s/environ", pid);
+  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  // Entries may straddle reads: keep the unfinished tail of the last one.
+  std::string entry;
+  char buf[16 * 1024];
+  bool found = false;
+  ssize_t n;
+  while (!found && (n = ::read(fd, buf, sizeof buf)) > 0) {
+    for (ssize_t i = 0; i < n; ++i) {
+      if (buf[i] != '\0') {
+        if (entry.size() <= marker.size()) entry.push_back(buf[i]);
+        continue;
+      }
+      if (entry == marker) {
+        found = true;
+        break;
+      }
+      entry.clear();
+    }
+  }
+  ::close(fd);
+  return found;
+}
+
+// Kills this user's processes that carry `marker`; returns how many it found.
+int sweep(const std::string& marker) {
+  DIR* d = ::opendir("/proc");
+  if (!d) return 0;
+  const uid_t uid = ::getuid();
+  const pid_t self = ::getpid();
+  int found = 0;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    if (std::atoi(e->d_name) == self) continue;
+    struct stat st;
+    char path[300];
+    std::snprintf(path, sizeof path, "/proc/%s", e->d_name);
+    if (::stat(path, &st) != 0 || st.st_uid != uid) continue;
+    if (!environ_has(e->d_name, marker)) continue;
+    ++found;
+    ::kill(pid_t(std::atoi(e->d_name)), SIGKILL);
+  }
+  ::closedir(d);
+  return found;
+}
+
+}  // namespace
+
+int start_warden(const std::string& marker, pid_t& warden) {
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) return -1;
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(p[0]);
+    ::close(p[1]);
+    return -1;
+  }
+  if (pid > 0) {
+    ::close(p[0]);
+    warden = pid;
+    return p[1];  // the agent keeps it, and never writes to it
+  }
+  // The warden. Nothing of the agent's stream may stay open here, or a remote agent's SSH channel
+  // would not close when the agent dies; no terminal signal may reach it.
+  (void)::setsid();
+  for (int s = 1; s < 65; ++s) ::signal(s, SIG_DFL);
+  ::signal(SIGINT, SIG_IGN);
+  ::signal(SIGHUP, SIG_IGN);
+  ::signal(SIGPIPE, SIG_IGN);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  for (int fd = 0; fd < 3; ++fd)
+    if (null >= 0) ::dup2(null, fd);
+  const int keep = p[0];
+  if (DIR* fds = ::opendir("/proc/self/fd")) {
+    int dfd = ::dirfd(fds);
+    while (dirent* e = ::readdir(fds)) {
+      int fd = std::atoi(e->d_name);
+      if (e->d_name[0] != '.' && fd > 2 && fd != keep && fd != dfd) ::close(fd);
+    }
+    ::closedir(fds);
+  }
+  char c;
+  while (::read(keep, &c, 1) != 0) {
+    if (errno != EINTR) break;
+  }
+  // A descendant may fork while it is being killed: sweep until one finds nothing.
+  for (int round = 0; round < 2000 && sweep(marker) > 0; ++round) ::usleep(round < 10 ? 1000 : 10000);
+  ::_exit(0);
+}
+
+}  // namespace mltrain::agent::detail

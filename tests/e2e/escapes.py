@@ -1,0 +1,85 @@
+"""The escape scenarios shared by test_escapes.py (localhost) and test_multihost_escapes.py (a test
+host): a 4-rank job of escapers.py ranks (a double-forked daemon, a re-forker, a 200-process setsid
+tree, a subreaper), ended one of six ways, must leave no process carrying its marker."""
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from conftest import communicate, pids_with_arg, wait_for, wait_gone
+
+ESCAPERS = Path(__file__).resolve().parent / "escapers.py"
+ENDINGS = ["normal", "rank-fails", "stop", "ctrl-c", "launcher-sigkill", "agent-sigkill"]
+
+
+def _agents_above(pids):
+    """The mltrain-agent processes among the ancestors of `pids`."""
+    agents = set()
+    for pid in pids:
+        p = pid
+        for _ in range(64):
+            try:
+                with open(f"/proc/{p}/stat") as f:
+                    head, tail = f.read().rsplit(")", 1)
+            except OSError:
+                break
+            if head.split("(", 1)[1].startswith("mltrain-agent"):
+                agents.add(p)
+            ppid = int(tail.split()[1])
+            if ppid <= 1:
+                break
+            p = ppid
+    return sorted(agents)
+
+
+def run_ending(ml, ending: str, ready_dir: Path, run_args=(), popen=None, run=None):
+    """Runs the job, ends it as `ending` says and returns (launcher exit code, stderr, marker)
+    once the launcher is gone. `popen`/`run` start `mltrain run ARGS` (default: ml's own)."""
+    popen = popen or (lambda *a: ml.popen("run", *a, text=True))
+    run = run or (lambda *a: ml("run", *a, timeout=60))
+    for f in ready_dir.glob("ready-*"):
+        f.unlink()
+    m = ml.marker()
+    end = {"normal": "normal", "rank-fails": "fail"}.get(ending, "hold")
+    args = [*run_args, "-n", "4", "--grace-period", "1s", "--",
+            "/usr/bin/python3", str(ESCAPERS), m, end, str(ready_dir)]
+    if end != "hold":
+        r = run(*args)
+        return r.returncode, r.stderr, m
+    p = popen(*args)
+    try:
+        wait_for(lambda: len(list(ready_dir.glob("ready-*"))) == 4, 30, "all 4 ranks ready")
+        if ending == "stop":
+            run_id = json.loads(ml("show", "--json", "latest").stdout)["id"]
+            s = ml("stop", run_id, timeout=30)
+            assert s.returncode == 0, s.stderr
+        elif ending == "ctrl-c":
+            p.send_signal(signal.SIGINT)
+        elif ending == "launcher-sigkill":
+            p.kill()
+        elif ending == "agent-sigkill":
+            ranks = [x for x in pids_with_arg(m) if x != p.pid]
+            agents = _agents_above(ranks)
+            assert len(agents) == 1, f"expected one mltrain-agent above the ranks: {agents}"
+            os.kill(agents[0], signal.SIGKILL)
+        _, err = communicate(p, 60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+    return p.returncode, err, m
+
+
+def check_ending(ml, ending: str, ready_dir: Path, **kw):
+    rc, err, m = run_ending(ml, ending, ready_dir, **kw)
+    expect = {"normal": 0, "rank-fails": 1, "ctrl-c": 130, "launcher-sigkill": -9,
+              "agent-sigkill": 255}
+    if ending in expect:
+        assert rc == expect[ending], f"{ending}: exit {rc}; stderr {err[-3000:]}"
+    if ending == "agent-sigkill":
+        assert "the agent died or its connection closed; the ranks there die with it" in err, err
+    left = wait_gone(m, 10)
+    assert not left, (f"{ending}: {len(left)} processes of the job alive 10 s after the launcher "
+                      f"ended: {[open(f'/proc/{x}/cmdline').read() for x in left[:5] if os.path.exists(f'/proc/{x}')]}")
