@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -83,6 +84,7 @@ struct Communicator::Impl {
   std::unique_ptr<StoreClient> store;
   std::uint64_t session = 0;
   std::string session_hex;
+  std::string shm_base;  // "/mltrain-<run id>-<session>": the start of every shared memory name
   Fd listener;
   int listen_port = 0;
   std::unique_ptr<ShmMapping> bell_map;
@@ -154,17 +156,23 @@ Communicator::Impl::Impl(const Options& o) : opt(o) {
     session = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^
               static_cast<std::uint64_t>(Clock::now().time_since_epoch().count());
     session_hex = hex64(session);
+    // Shared memory names carry the run id when there is one (rank 0's, so all agree).
+    std::string run;
+    for (char c : opt.run_id.substr(0, 100))
+      run += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ? c : '_';
+    shm_base = "/mltrain-" + (run.empty() ? "" : run + "-") + session_hex;
+    store->set("shm_base", shm_base, dl);
     store->set("session", session_hex, dl);
   } else {
     session_hex = store->wait("session", dl);
     session = std::stoull(session_hex, nullptr, 16);
+    shm_base = store->wait("shm_base", dl);
   }
   auto [fd, port] = listen_tcp(0);
   listener = std::move(fd);
   listen_port = port;
   if (opt.transport != Transport::tcp) {
-    bell_map = std::make_unique<ShmMapping>("/mltrain-" + session_hex + "-bell-" + std::to_string(opt.rank),
-                                            4096, true);
+    bell_map = std::make_unique<ShmMapping>(shm_base + "-bell-" + std::to_string(opt.rank), 4096, true);
     bell = new (bell_map->data()) Bell{};
   }
   store->set("rank/" + std::to_string(opt.rank),
@@ -311,7 +319,7 @@ Link* Communicator::Impl::link(int peer) {
   if (wants_shm(peer)) {
     const int a = std::min(r, peer), b = std::max(r, peer);
     const std::string pair = std::to_string(a) + "-" + std::to_string(b);
-    const std::string name = "/mltrain-" + session_hex + "-" + pair;
+    const std::string name = shm_base + "-" + pair;
     const std::size_t bytes = ShmLink::segment_bytes(opt.shm_bytes);
     std::unique_ptr<ShmMapping> segment;
     if (r == a) {
@@ -324,8 +332,7 @@ Link* Communicator::Impl::link(int peer) {
       segment->unlink();  // both ends mapped: nothing left behind if a process dies
       ShmLink::check_segment(segment->data(), opt.shm_bytes, label(peer));
     }
-    auto peer_bell = std::make_unique<ShmMapping>("/mltrain-" + session_hex + "-bell-" + std::to_string(peer),
-                                                  4096, false);
+    auto peer_bell = std::make_unique<ShmMapping>(shm_base + "-bell-" + std::to_string(peer), 4096, false);
     made = std::make_unique<ShmLink>(std::move(segment), r == a ? 0 : 1, bell, std::move(peer_bell), pi.pid,
                                      peer, pi.host);
   } else {

@@ -98,6 +98,14 @@ const Knob kKnobs[] = {
      comm,
      {},
      "(empty)"},
+    {"MLTRAIN_RUN_ID",
+     Kind::string,
+     "",
+     "the job's run id (the launcher sets it); names the job's /dev/shm segments, so its agent "
+     "removes them when the job ends",
+     comm,
+     {},
+     "(empty)"},
     {"MLTRAIN_COMM_TIMEOUT", Kind::duration, "300s",
      "how long any call may go without progress before it fails naming the peer (bare number: "
      "seconds)",

@@ -7,7 +7,8 @@
 // the read end of a pipe whose write end only the agent holds. When the agent is gone, however it
 // went, the read returns 0, and the warden kills every process of this user that carries the job's
 // run id in its environment (every rank does, and every descendant that kept its environment),
-// sweep after sweep until none is found. After an ordinary end that finds nothing.
+// sweep after sweep until none is found (after an ordinary end it finds nothing), then removes the
+// job's shared memory segments from /dev/shm.
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -74,6 +75,30 @@ int sweep(const std::string& marker) {
   return found;
 }
 
+// Removes this user's /dev/shm entries of the job: the comm library names its segments
+// /mltrain-<run id>-… (run id with characters other than [A-Za-z0-9._-] as '_', at most 100), and
+// a killed rank leaves the ones its peers had not mapped yet.
+void remove_shm(const std::string& run_id) {
+  std::string prefix = "mltrain-";
+  for (char c : run_id.substr(0, 100))
+    prefix += (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+                      c == '_' || c == '.'
+                  ? c
+                  : '_';
+  prefix += '-';
+  DIR* d = ::opendir("/dev/shm");
+  if (!d) return;
+  const uid_t uid = ::getuid();
+  while (dirent* e = ::readdir(d)) {
+    if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) != 0) continue;
+    struct stat st;
+    if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && st.st_uid == uid &&
+        S_ISREG(st.st_mode))
+      (void)::unlinkat(::dirfd(d), e->d_name, 0);
+  }
+  ::closedir(d);
+}
+
 }  // namespace
 
 int start_warden(const std::string& marker, pid_t& warden) {
@@ -118,6 +143,7 @@ int start_warden(const std::string& marker, pid_t& warden) {
   }
   // A descendant may fork while it is being killed: sweep until one finds nothing.
   for (int round = 0; round < 2000 && sweep(marker) > 0; ++round) ::usleep(round < 10 ? 1000 : 10000);
+  remove_shm(marker.substr(marker.find('=') + 1));
   ::_exit(0);
 }
 

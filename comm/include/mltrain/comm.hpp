@@ -68,6 +68,9 @@ struct Options {
   // Set: ranks must also have equal `host` to share memory (splits one machine for tests).
   bool host_splits_shm = false;
   bool debug_links = false;  // MLTRAIN_COMM_DEBUG: say on stderr which transport each link uses
+  // MLTRAIN_RUN_ID: shared memory is named /mltrain-<run_id>-…, so the launcher's agent can remove
+  // what killed ranks leave in /dev/shm.
+  std::string run_id;
 
   static Options from_env();
 };
