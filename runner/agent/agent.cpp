@@ -140,6 +140,7 @@ void Agent::start_terminate(int64_t grace_ms) {
 
 void Agent::handle_frame(Frame&& f) {
   last_heard_ms_ = now_ms();
+  paused_ = false;  // any frame: the launcher runs again
   if (!greeted_ && f.type != Type::hello) {
     log_err("protocol error: expected hello, got %s", type_name(f.type));
     teardown_and_exit_soon("protocol error");
@@ -184,6 +185,10 @@ void Agent::on(uint32_t id, const msg::Signal& m) {
 void Agent::on(uint32_t, const msg::Terminate& m) { start_terminate(int64_t(m.grace_ms)); }
 
 void Agent::on(uint32_t id, const msg::Ping& m) { send(msg::Pong{m.seq}, id); }
+
+// Ranks keep running while the launcher is stopped; their output waits (the outbox, then their
+// pipes). A launcher killed meanwhile closes the stream, which ends the job as ever.
+void Agent::on(uint32_t, const msg::Pause&) { paused_ = true; }
 
 void Agent::on(uint32_t, const msg::Shutdown&) {
   exiting_ = true;
@@ -230,8 +235,11 @@ int Agent::run() {
       kill_orphans();
       kill_deadline_ms_ = -1;
     }
-    if (heartbeat_timeout_ms_ > 0 && !exiting_ && now - last_heard_ms_ > heartbeat_timeout_ms_)
+    if (heartbeat_timeout_ms_ > 0 && !exiting_ && !paused_ && now - last_heard_ms_ > heartbeat_timeout_ms_) {
+      // Said first, so a launcher that was only stopped learns why its ranks end when it resumes.
+      send(msg::LauncherSilent{uint32_t(now - last_heard_ms_)});
       teardown_and_exit_soon("no heartbeat from the launcher");
+    }
     if (exiting_ && (!any_alive() || (exit_deadline_ms_ >= 0 && now >= exit_deadline_ms_))) {
       signal_groups(SIGKILL, kAllRanks);
       kill_orphans();

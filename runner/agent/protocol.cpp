@@ -128,6 +128,10 @@ const char* type_name(Type t) {
       return "stdin";
     case Type::stdin_close:
       return "stdin_close";
+    case Type::pause:
+      return "pause";
+    case Type::launcher_silent:
+      return "launcher_silent";
     case Type::hello_ack:
       return "hello_ack";
     case Type::started:
@@ -199,6 +203,12 @@ std::optional<Message> decode(Frame&& f, std::string& error) {
       break;
     case Type::stdin_close:
       m = read_as<msg::StdinClose>(r);
+      break;
+    case Type::pause:
+      m = read_as<msg::Pause>(r);
+      break;
+    case Type::launcher_silent:
+      m = read_as<msg::LauncherSilent>(r);
       break;
     case Type::hello_ack:
       m = read_as<msg::HelloAck>(r);

@@ -17,7 +17,8 @@
 namespace mltrain::agent {
 
 inline constexpr uint32_t kMagic = 0x41544c4d;  // "MLTA"
-inline constexpr uint32_t kVersion = 2;         // 2: stdin forwarding, fixed master port, doctor interpreter
+inline constexpr uint32_t kVersion =
+    3;  // 2: stdin forwarding, fixed master port, doctor interpreter; 3: pause
 inline constexpr uint32_t kAllRanks = 0xffffffffu;
 inline constexpr uint32_t kMaxPayload = 64u << 20;  // a bigger frame means a corrupt stream
 inline constexpr size_t kHeaderSize = 12;
@@ -34,6 +35,7 @@ enum class Type : uint16_t {
   probe = 8,
   stdin_data = 9,
   stdin_close = 10,
+  pause = 11,
   // agent -> launcher
   hello_ack = 101,
   started = 102,
@@ -45,6 +47,7 @@ enum class Type : uint16_t {
   bye = 108,
   prepared = 109,
   probed = 110,
+  launcher_silent = 111,
 };
 
 struct Frame {
@@ -207,6 +210,13 @@ struct Probe {  // doctor
   void get(Reader& r) { port = r.u32(), python = r.str(), path = r.str(); }
 };
 
+struct Pause {  // the launcher is about to be stopped (Ctrl-Z): expect no heartbeat until its next frame
+  static constexpr Type kType = Type::pause;
+  bool operator==(const Pause&) const = default;
+  void put(Writer&) const {}
+  void get(Reader&) {}
+};
+
 // agent -> launcher
 struct HelloAck {
   static constexpr Type kType = Type::hello_ack;
@@ -263,6 +273,13 @@ struct AgentError {  // something the agent could not do
   void put(Writer& w) const { w.str(message); }
   void get(Reader& r) { message = r.str(); }
 };
+struct LauncherSilent {  // no frame from the launcher for silent_ms: the agent stops its ranks now
+  static constexpr Type kType = Type::launcher_silent;
+  bool operator==(const LauncherSilent&) const = default;
+  uint32_t silent_ms = 0;
+  void put(Writer& w) const { w.u32(silent_ms); }
+  void get(Reader& r) { silent_ms = r.u32(); }
+};
 struct Bye {  // the agent is exiting after shutdown
   static constexpr Type kType = Type::bye;
   bool operator==(const Bye&) const = default;
@@ -294,10 +311,10 @@ struct Probed {
 
 }  // namespace msg
 
-using Message =
-    std::variant<msg::Hello, msg::Spawn, msg::Signal, msg::Terminate, msg::Ping, msg::Shutdown, msg::Prepare,
-                 msg::Probe, msg::Stdin, msg::StdinClose, msg::HelloAck, msg::Started, msg::SpawnFailed,
-                 msg::Output, msg::Exited, msg::Pong, msg::AgentError, msg::Bye, msg::Prepared, msg::Probed>;
+using Message = std::variant<msg::Hello, msg::Spawn, msg::Signal, msg::Terminate, msg::Ping, msg::Shutdown,
+                             msg::Prepare, msg::Probe, msg::Stdin, msg::StdinClose, msg::Pause, msg::HelloAck,
+                             msg::Started, msg::SpawnFailed, msg::Output, msg::Exited, msg::Pong,
+                             msg::AgentError, msg::LauncherSilent, msg::Bye, msg::Prepared, msg::Probed>;
 
 // Appends message `m` as one frame with `id` (a rank, kAllRanks, or 0).
 template <class M>

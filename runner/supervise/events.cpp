@@ -38,12 +38,21 @@ class ProcessSignals final : public SignalSource {
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
-    for (int s : {SIGINT, SIGTERM, SIGHUP})
+    for (int s : {SIGINT, SIGTERM, SIGHUP, SIGTSTP})
       if (::sigaction(s, &sa, nullptr) != 0)
         throw Error(std::string("sigaction: ") + std::strerror(errno), {}, exit_code::internal);
     ::signal(SIGPIPE, SIG_IGN);
   }
   int fd() const override { return g_signal_pipe[0]; }
+  void stop_self() override {
+    struct sigaction dfl {
+    }, ours{};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    ::sigaction(SIGTSTP, &dfl, &ours);
+    ::raise(SIGTSTP);  // stops here until SIGCONT
+    ::sigaction(SIGTSTP, &ours, nullptr);
+  }
   std::vector<int> take() override {
     std::vector<int> sigs;
     unsigned char buf[64];

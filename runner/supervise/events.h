@@ -24,12 +24,15 @@ class SignalSource {
   virtual int fd() const = 0;
   // The signals that arrived since the last call, in order.
   virtual std::vector<int> take() = 0;
+  // SIGTSTP came and the launcher is ready to stop: stop this process as the default action
+  // would, until SIGCONT. Fakes do nothing.
+  virtual void stop_self() {}
 };
 
 // std::chrono::steady_clock.
 Clock& steady_clock();
 
-// SIGINT, SIGTERM and SIGHUP of this process through a self-pipe (handlers installed on first
+// SIGINT, SIGTERM, SIGHUP and SIGTSTP of this process through a self-pipe (handlers installed on first
 // use; SIGPIPE is ignored from then on).
 SignalSource& process_signals();
 

@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "runner/common/error.h"
 #include "runner/common/log.h"
@@ -117,7 +119,13 @@ void Gang::loop() {
   hosts_.resize(plan_.hosts.size());
   for (size_t i = 0; i < hosts_.size(); ++i) hosts_[i].plan = &plan_.hosts[i];
   enter(Phase::connecting);
+  auto last_turn = std::chrono::steady_clock::now();
   while (phase_ != Phase::done) {
+    // The loop turns at least once a second; a longer gap in real time means this process was
+    // stopped (kill -STOP, a debugger): the hosts' silence meanwhile was ours, not theirs.
+    auto real = std::chrono::steady_clock::now();
+    if (real - last_turn > std::chrono::seconds(3)) heard_from_all();
+    last_turn = real;
     auto now = clock_.now();
     on_timers(now);
     if (phase_ == Phase::done) break;
@@ -231,11 +239,21 @@ void Gang::wait(Clock::time_point until) {
     fds.back().fd = opts_.stdin_fd;
   constexpr size_t kFixed = 4;
   std::vector<std::pair<size_t, bool>> owner;  // host, is_write
+  // A console that drains slowly: take no rank output until it catches up (agents then stop
+  // reading their ranks' pipes, and the ranks wait). Heartbeats go on: pings are still sent, and an
+  // agent whose bytes wait unread is alive.
+  const bool backlogged = out_ && out_->console_backlog() > Output::kConsoleBacklog;
+  if (out_) out_->hold(backlogged);
   for (size_t i = 0; i < hosts_.size(); ++i) {
     Host& h = hosts_[i];
     if (!h.open()) continue;
-    fds.push_back({h.link->read_fd(), POLLIN, 0});
-    owner.emplace_back(i, false);
+    if (backlogged) {
+      int unread = 0;
+      if (::ioctl(h.link->read_fd(), FIONREAD, &unread) == 0 && unread > 0) h.last_heard = clock_.now();
+    } else {
+      fds.push_back({h.link->read_fd(), POLLIN, 0});
+      owner.emplace_back(i, false);
+    }
     if (!h.outbox.empty()) {
       fds.push_back({h.link->write_fd(), POLLOUT, 0});
       owner.emplace_back(i, true);
@@ -244,7 +262,7 @@ void Gang::wait(Clock::time_point until) {
   if (out_) out_->flush();
   auto ms = std::chrono::duration_cast<milliseconds>(until - clock_.now()).count();
   // A fake clock wakes the loop through its descriptor; a real one only needs the timeout.
-  int timeout = int(std::clamp<long long>(ms, 0, 1000));
+  int timeout = int(std::clamp<long long>(ms, 0, backlogged ? 20 : 1000));
   if (out_) timeout = std::min(timeout, int(out_->due_in().count()));  // a partial line, a progress redraw
   int rc = ::poll(fds.data(), fds.size(), timeout);
   if (rc < 0 && errno != EINTR)
@@ -377,6 +395,16 @@ void Gang::on(size_t i, uint32_t, msg::AgentError& m) {
   std::fprintf(stderr, "mltrain: %s: agent: %s\n", hosts_[i].link->describe().c_str(), m.message.c_str());
 }
 
+void Gang::on(size_t i, uint32_t, msg::LauncherSilent& m) {
+  // Its ranks are being stopped now: the host, not their exit statuses, is the first failure.
+  const std::string why =
+      hosts_[i].link->describe() + ": heard nothing from mltrain for " +
+      text::format_duration(milliseconds(m.silent_ms)) +
+      " and stopped its ranks (was mltrain stopped, with kill -STOP or a debugger, or the network cut off?)";
+  if (phase_ == Phase::running || phase_ == Phase::stopping)
+    fail_first(-1, hosts_[i].plan->host.name, exit_code::host_failure, 0, why, "launcher_silent");
+}
+
 void Gang::on(size_t i, uint32_t, msg::Bye&) { hosts_[i].state = HostState::closed; }
 
 void Gang::spawn_all() {
@@ -457,7 +485,38 @@ void Gang::host_lost(size_t i, const std::string& why) {
   h.link->kill();
 }
 
+void Gang::heard_from_all() {
+  const auto now = clock_.now();
+  for (auto& h : hosts_) h.last_heard = now;
+  if (stop_deadline_ && *stop_deadline_ < now + milliseconds(5000)) stop_deadline_ = now + milliseconds(5000);
+}
+
+// Ctrl-Z: the agents are told first (they would take the silence for a lost launcher), then this
+// process stops as the shell asked. The ranks keep running; their output waits for `fg`.
+void Gang::pause() {
+  for (auto& h : hosts_)
+    if (h.state != HostState::connecting) send_to(h, msg::Pause{});
+  const auto until = std::chrono::steady_clock::now() + milliseconds(500);
+  for (size_t i = 0; i < hosts_.size(); ++i)
+    while (hosts_[i].open() && !hosts_[i].outbox.empty() && std::chrono::steady_clock::now() < until) {
+      pollfd p{hosts_[i].link->write_fd(), POLLOUT, 0};
+      ::poll(&p, 1, 50);
+      write_host(i);
+    }
+  if (out_) out_->flush(), out_->before_message();
+  std::fprintf(stderr, "\nmltrain: paused; the ranks keep running (fg resumes)\n");
+  std::fflush(stderr);
+  std::this_thread::sleep_for(milliseconds(100));  // an SSH link's pump forwards the Pause
+  signals_.stop_self();
+  heard_from_all();
+  for (auto& h : hosts_) send_to(h, msg::Ping{});  // any frame ends an agent's pause
+}
+
 void Gang::on_signal(int sig) {
+  if (sig == SIGTSTP) {
+    pause();
+    return;
+  }
   if (before_running()) {
     // Nothing has started: stop here, at once, without waiting for slow hosts.
     ending_ = sig == SIGINT ? Ending::interrupted : Ending::stopped;

@@ -1,6 +1,7 @@
 #include "runner/supervise/output.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/select.h>
 #include <sys/stat.h>
@@ -36,6 +37,69 @@ std::string timestamp() {
 }
 }  // namespace
 
+ConsoleWriter::ConsoleWriter() : thread_([this] { run(); }) {}
+
+ConsoleWriter::~ConsoleWriter() {
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    stop_ = true;
+  }
+  more_.notify_one();
+  thread_.join();
+}
+
+void ConsoleWriter::put(int fd, std::string& bytes) {
+  if (bytes.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    backlog_ += bytes.size();
+    if (!queue_.empty() && queue_.back().first == fd && queue_.back().second.size() < (1u << 20))
+      queue_.back().second.append(bytes);
+    else
+      queue_.emplace_back(fd, std::move(bytes));
+  }
+  bytes.clear();
+  more_.notify_one();
+}
+
+bool ConsoleWriter::wait_written(std::chrono::milliseconds max) {
+  std::unique_lock<std::mutex> lock(m_);
+  return written_.wait_for(lock, max, [this] { return backlog_ == 0; });
+}
+
+size_t ConsoleWriter::backlog() const {
+  std::lock_guard<std::mutex> lock(m_);
+  return backlog_;
+}
+
+void ConsoleWriter::run() {
+  std::unique_lock<std::mutex> lock(m_);
+  while (true) {
+    more_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping, and everything is written
+    auto [fd, bytes] = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    size_t off = 0;
+    while (off < bytes.size()) {
+      ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
+      if (n > 0) {
+        off += size_t(n);
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else if (n < 0 && errno == EAGAIN) {
+        pollfd p{fd, POLLOUT, 0};
+        ::poll(&p, 1, 100);
+      } else {
+        break;  // the console is gone: drop this copy (the rank files have everything)
+      }
+    }
+    lock.lock();
+    backlog_ -= bytes.size();
+    if (backlog_ == 0) written_.notify_all();
+  }
+}
+
 std::string render_prefix(const std::string& tmpl, const RankInfo& r, bool multi_host) {
   return records::render_prefix(records::prefix_template(tmpl, multi_host), r.rank, r.local_rank, r.node,
                                 r.host);
@@ -45,6 +109,7 @@ Output::Output(std::vector<RankInfo> ranks, bool multi_host, const std::string& 
                int out_fd, int err_fd)
     : run_dir_(run_dir), opts_(std::move(opts)), out_fd_(out_fd), err_fd_(err_fd) {
   tty_ = !opts_.quiet && ::isatty(out_fd_) == 1;
+  writer_ = std::make_unique<ConsoleWriter>();
   const std::string order = records::order_path_in(run_dir);
   order_fd_ = ::open(order.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (order_fd_ < 0) log::warn("output", "cannot open " + order + ": " + std::strerror(errno));
@@ -71,6 +136,7 @@ Output::~Output() {
   }
   flush();
   before_message();
+  writer_.reset();  // everything on the console before the launcher goes on
   for (auto& r : ranks_)
     if (r.fd >= 0) ::close(r.fd);
   if (order_fd_ >= 0) ::close(order_fd_);
@@ -118,7 +184,7 @@ void Output::end_line(Rank& r, int s) {
       console(s) += line_start(r) + (st.cr ? shown_text : text::escape_console(seg.substr(st.shown))) + "\n";
     }
     std::string& out = console(s);
-    if (out.size() >= kConsoleFlushAt) write_all(s == 1 ? err_fd_ : out_fd_, out);
+    if (out.size() >= kConsoleFlushAt) to_console(s == 1 ? err_fd_ : out_fd_, out);
   }
   std::string file = std::move(st.file);
   st = Stream{};
@@ -259,7 +325,7 @@ std::chrono::milliseconds Output::due_in() const {
   for (const auto& r : ranks_) {
     if (!r.shown) continue;
     for (const auto& st : r.streams) {
-      if (!st.cr && st.seg.size() > st.shown) take(st.since + kPartialDelay);
+      if (!held_ && !st.cr && st.seg.size() > st.shown) take(st.since + kPartialDelay);
       if (st.cr && !tty_ && st.changed) take(st.printed + kProgressEvery);
     }
   }
@@ -269,14 +335,33 @@ std::chrono::milliseconds Output::due_in() const {
 
 void Output::before_message() {
   close_fragment();
-  write_all(out_fd_, out_buf_);
-  write_all(err_fd_, err_buf_);
+  to_console(out_fd_, out_buf_);
+  to_console(err_fd_, err_buf_);
   if (drawn_ > 0) {
     std::string erase = "\x1b[" + std::to_string(drawn_) + "F\x1b[J";
-    write_all(out_fd_, erase);
+    to_console(out_fd_, erase);
     drawn_ = 0;
     status_changed_ = true;
   }
+  // The caller prints on stderr next: after what is queued, unless the console is stuck.
+  if (writer_) writer_->wait_written(std::chrono::milliseconds(2000));
+}
+
+void Output::hold(bool on) {
+  if (held_ == on) return;
+  held_ = on;
+  if (on) return;
+  const auto now = std::chrono::steady_clock::now();
+  for (auto& r : ranks_)
+    for (auto& st : r.streams)
+      if (st.seg.size() > st.shown) st.since = now;
+}
+
+void Output::to_console(int fd, std::string& buf) {
+  if (fd < 0 || !writer_)
+    buf.clear();
+  else
+    writer_->put(fd, buf);
 }
 
 void Output::write_file(Rank& r) {
@@ -332,7 +417,8 @@ void Output::flush() {
     if (!r.shown) continue;
     for (int s = 0; s < 2; ++s) {
       Stream& st = r.streams[s];
-      if (!st.cr && st.seg.size() > st.shown && now - st.since >= kPartialDelay) show_fragment(r, s);
+      if (!held_ && !st.cr && st.seg.size() > st.shown && now - st.since >= kPartialDelay)
+        show_fragment(r, s);
       if (st.cr && !tty_ && st.changed && now - st.printed >= kProgressEvery) {
         // Not a terminal: a progress line's latest state, now and then, as a line of its own.
         close_fragment();
@@ -350,16 +436,18 @@ void Output::flush() {
     std::string erase = drawn_ > 0 ? "\x1b[" + std::to_string(drawn_) + "F\x1b[J" : "";
     std::string area = open_rank_ < 0 ? status_area() : std::string();
     out_buf_.insert(0, erase);
-    write_all(out_fd_, out_buf_);
-    write_all(err_fd_, err_buf_);
+    to_console(out_fd_, out_buf_);
+    to_console(err_fd_, err_buf_);
     drawn_ = int(std::count(area.begin(), area.end(), '\n'));
-    write_all(out_fd_, area);
+    to_console(out_fd_, area);
     if (open_rank_ < 0) status_changed_ = false;
     last_draw_ = now;
   } else {
-    write_all(out_fd_, out_buf_);
-    write_all(err_fd_, err_buf_);
+    to_console(out_fd_, out_buf_);
+    to_console(err_fd_, err_buf_);
   }
+  // A console that keeps up sees it now; a slow one does not hold the loop.
+  if (writer_) writer_->wait_written(std::chrono::milliseconds(20));
   for (auto& r : ranks_)
     if (!r.file_buf.empty()) write_file(r);
   // After the rank files: an entry never points past the bytes it orders.

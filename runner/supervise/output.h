@@ -13,12 +13,16 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "runner/common/text.h"
@@ -31,6 +35,30 @@ struct ConsoleOptions {
   std::string prefix = "auto";         // "auto", "" or a template with {rank} {host} {local_rank} {node}
   std::optional<std::set<int>> ranks;  // console filter; files get everything
   bool quiet = false;                  // no rank output on the console at all (--detach)
+};
+
+// Writes to the console on a thread of its own, in the order given, so a console that drains
+// slowly (a pipe into a paused pager, `| (sleep 30; cat)`) never blocks the launcher's loop: the
+// loop keeps answering heartbeats and stops taking rank output while backlog() is high.
+class ConsoleWriter {
+ public:
+  ConsoleWriter();
+  ~ConsoleWriter();  // writes everything still queued first
+  ConsoleWriter(const ConsoleWriter&) = delete;
+  ConsoleWriter& operator=(const ConsoleWriter&) = delete;
+  void put(int fd, std::string& bytes);  // takes the bytes (leaves `bytes` empty)
+  // Waits until everything queued so far is written, at most `max`; true when it was.
+  bool wait_written(std::chrono::milliseconds max);
+  size_t backlog() const;
+
+ private:
+  void run();
+  mutable std::mutex m_;
+  std::condition_variable more_, written_;
+  std::deque<std::pair<int, std::string>> queue_;
+  size_t backlog_ = 0;  // queued plus being written
+  bool stop_ = false;
+  std::thread thread_;
 };
 
 struct RankInfo {
@@ -76,6 +104,13 @@ class Output {
   std::string log_path(int rank) const;
   // The rank logs that are cut (a full disk): "PATH: ERROR (N bytes not written)" each.
   std::vector<std::string> cut_logs() const;
+  // Console bytes not yet written (the console drains slowly); the loop stops taking rank output
+  // above kConsoleBacklog.
+  size_t console_backlog() const { return writer_ ? writer_->backlog() : 0; }
+  // The loop stopped (true) or went back to (false) taking rank output. A partial line does not
+  // age while held: what completes it may be waiting unread.
+  void hold(bool on);
+  static constexpr size_t kConsoleBacklog = 8u << 20;
 
  private:
   using Time = std::chrono::steady_clock::time_point;
@@ -112,6 +147,7 @@ class Output {
   std::string status_area() const;
   // Writes what it can; returns how many bytes were written (errno says why when short).
   size_t write_all(int fd, std::string& buf);
+  void to_console(int fd, std::string& buf);  // queues for the console writer; leaves buf empty
   void write_file(Rank& r);
   // Bytes for the rank's file; notes their arrival in the run's order file (`mltrain logs`
   // merges the rank files in that order).
@@ -131,6 +167,8 @@ class Output {
   int order_fd_ = -1;
   std::string order_buf_;
   int order_last_rank_ = -1;
+  bool held_ = false;
+  std::unique_ptr<ConsoleWriter> writer_;  // last: it is gone (everything written) before the rest
 };
 
 using text::complete_utf8;

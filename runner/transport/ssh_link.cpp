@@ -130,12 +130,17 @@ class SshLink : public AgentLink {
     return true;
   }
 
+  // Moves bytes both ways. Agent -> supervisor bytes wait in `in` while the supervisor does not
+  // take them (its console is slow) and the channel is not read meanwhile, so SSH's flow control
+  // holds the agent back; supervisor -> agent bytes (heartbeats among them) keep flowing.
   void pump(const std::string& leftover) {
     ssh_session s = session_.get();
-    if (!leftover.empty() && !write_sock(leftover.data(), leftover.size())) stop_ = true;
+    std::string in = leftover;
+    size_t in_pos = 0;
     std::vector<char> buf(256 * 1024);
     while (!stop_) {
-      pollfd fds[2] = {{theirs_, POLLIN, 0}, {ssh_get_fd(s), POLLIN, 0}};
+      const bool holding = in_pos < in.size();
+      pollfd fds[2] = {{theirs_, short(POLLIN | (holding ? POLLOUT : 0)), 0}, {ssh_get_fd(s), POLLIN, 0}};
       ::poll(fds, 2, 50);
       if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
         ssize_t n = ::read(theirs_, buf.data(), buf.size());
@@ -146,15 +151,34 @@ class SshLink : public AgentLink {
           break;
         }
       }
+      if (holding) {
+        ssize_t w = ::send(theirs_, in.data() + in_pos, in.size() - in_pos, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) {
+          in_pos += size_t(w);
+          if (in_pos == in.size()) in.clear(), in_pos = 0;
+        } else if (w < 0 && errno != EAGAIN && errno != EINTR) {
+          break;
+        }
+      }
       bool progress = true;
       while (progress && !stop_) {
         progress = false;
-        int n = ssh_channel_read_nonblocking(channel_, buf.data(), uint32_t(buf.size()), 0);
-        if (n > 0) {
-          progress = true;
-          if (!write_sock(buf.data(), size_t(n))) stop_ = true;
-        } else if (n == SSH_ERROR) {
-          stop_ = true;
+        if (in_pos == in.size()) {
+          int n = ssh_channel_read_nonblocking(channel_, buf.data(), uint32_t(buf.size()), 0);
+          if (n > 0) {
+            progress = true;
+            in.assign(buf.data(), size_t(n));
+            in_pos = 0;
+            ssize_t w = ::send(theirs_, in.data(), in.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (w > 0) in_pos = size_t(w);
+            if (in_pos == in.size())
+              in.clear(), in_pos = 0;
+            else
+              progress = false;  // the supervisor is behind: hold the rest
+            if (w < 0 && errno != EAGAIN && errno != EINTR) stop_ = true;
+          } else if (n == SSH_ERROR) {
+            stop_ = true;
+          }
         }
         int e = ssh_channel_read_nonblocking(channel_, buf.data(), uint32_t(buf.size()), 1);
         if (e > 0) {
@@ -164,7 +188,15 @@ class SshLink : public AgentLink {
           std::fprintf(stderr, "mltrain: %s: %s\n", name_.c_str(), text.c_str());
         }
       }
-      if (ssh_channel_is_eof(channel_) || ssh_channel_is_closed(channel_) || !ssh_is_connected(s)) break;
+      // At the end of the channel, what is held still goes to the supervisor.
+      if (ssh_channel_is_eof(channel_) || ssh_channel_is_closed(channel_) || !ssh_is_connected(s)) {
+        if (in_pos < in.size() && !write_sock(in.data() + in_pos, in.size() - in_pos)) break;
+        int n;
+        while (!stop_ &&
+               (n = ssh_channel_read_nonblocking(channel_, buf.data(), uint32_t(buf.size()), 0)) > 0)
+          if (!write_sock(buf.data(), size_t(n))) break;
+        break;
+      }
     }
     ::shutdown(theirs_, SHUT_RDWR);
     ::close(theirs_);

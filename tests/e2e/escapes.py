@@ -42,6 +42,14 @@ def run_ending(ml, ending: str, ready_dir: Path, run_args=(), popen=None, run=No
     for f in ready_dir.glob("ready-*"):
         f.unlink()
     m = ml.marker()
+    try:
+        return _run(ml, ending, ready_dir, run_args, popen, run, m)
+    except BaseException:
+        kill_everything_with(m)
+        raise
+
+
+def _run(ml, ending, ready_dir, run_args, popen, run, m):
     end = {"normal": "normal", "rank-fails": "fail"}.get(ending, "hold")
     args = [*run_args, "-n", "4", "--grace-period", "1s", "--",
             "/usr/bin/python3", str(ESCAPERS), m, end, str(ready_dir)]
@@ -72,8 +80,34 @@ def run_ending(ml, ending: str, ready_dir: Path, run_args=(), popen=None, run=No
     return p.returncode, err, m
 
 
+def kill_everything_with(marker: str):
+    """Kills what a failed run left (a re-forker changes pid all the time: by process group,
+    round after round, until none is found)."""
+    for _ in range(100):
+        left = pids_with_arg(marker)
+        if not left:
+            return
+        for pid in left:
+            try:
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+            except OSError:
+                pass
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.02)
+
+
 def check_ending(ml, ending: str, ready_dir: Path, **kw):
     rc, err, m = run_ending(ml, ending, ready_dir, **kw)
+    try:
+        _check(ending, rc, err, m)
+    finally:
+        kill_everything_with(m)
+
+
+def _check(ending, rc, err, m):
     expect = {"normal": 0, "rank-fails": 1, "ctrl-c": 130, "launcher-sigkill": -9,
               "agent-sigkill": 255}
     if ending in expect:

@@ -109,6 +109,8 @@ std::vector<std::string> one_of_each() {
   add(msg::Probe{29500, "/opt/venv/bin/python", "/opt/venv/bin:/usr/bin"}, 0);
   add(msg::Stdin{std::string("c\n\0", 3)}, 0);
   add(msg::StdinClose{}, 0);
+  add(msg::Pause{}, 0);
+  add(msg::LauncherSilent{10000}, 0);
   add(msg::HelloAck{kMagic, kVersion, 4242, "h1", "x86_64"}, 0);
   add(msg::Started{777}, 5);
   add(msg::SpawnFailed{"exec: No such file or directory"}, 5);
@@ -135,6 +137,8 @@ TEST_CASE("protocol: every message round-trips through its struct") {
   round_trip(msg::Probe{29500, "/opt/venv/bin/python", "/opt/venv/bin:/usr/bin"}, 0);
   round_trip(msg::Stdin{std::string("c\n\0", 3)}, 0);
   round_trip(msg::StdinClose{}, 0);
+  round_trip(msg::Pause{}, 0);
+  round_trip(msg::LauncherSilent{10000}, 0);
   round_trip(msg::HelloAck{kMagic, kVersion, 4242, "h1", "x86_64"}, 0);
   round_trip(msg::Started{777}, 5);
   round_trip(msg::SpawnFailed{"exec: No such file or directory"}, 5);

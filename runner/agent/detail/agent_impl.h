@@ -56,6 +56,7 @@ class Agent {
   void on(uint32_t id, const msg::Terminate& m);
   void on(uint32_t id, const msg::Ping& m);
   void on(uint32_t id, const msg::Shutdown& m);
+  void on(uint32_t id, const msg::Pause& m);
   template <class M>
   void on(uint32_t id, const M& m);  // an agent->launcher message: unexpected here
   template <class M>
@@ -88,6 +89,7 @@ class Agent {
   int64_t grace_ms_ = 5000;
   int64_t heartbeat_timeout_ms_ = 0;  // 0: no heartbeat check
   int64_t last_heard_ms_ = 0;
+  bool paused_ = false;            // the launcher said it is being stopped: no heartbeat until its next frame
   int64_t kill_deadline_ms_ = -1;  // when TERMed groups get KILL
   bool exiting_ = false;           // launcher gone or shutdown: leave once every rank is gone
   int64_t exit_deadline_ms_ = -1;

@@ -129,6 +129,7 @@ class Gang {
   void on(size_t i, uint32_t id, agent::msg::Exited& m);
   void on(size_t i, uint32_t id, agent::msg::Pong& m);
   void on(size_t i, uint32_t id, agent::msg::AgentError& m);
+  void on(size_t i, uint32_t id, agent::msg::LauncherSilent& m);
   void on(size_t i, uint32_t id, agent::msg::Bye& m);
   void on(size_t i, uint32_t id, agent::msg::Probed& m);
   template <class M>
@@ -142,6 +143,8 @@ class Gang {
                   const char* reason);
   void host_lost(size_t i, const std::string& why);
   void on_signal(int sig);
+  void pause();           // SIGTSTP
+  void heard_from_all();  // this process was stopped: start every host's heartbeat window again
   void all_ranks_ended();
   int ranks_running() const;
 

@@ -1,0 +1,95 @@
+"""A remote job outlives a slow console and a paused launcher (heartbeats never wait on the
+console), and a launcher stopped too long is reported as such, not as a rank's SIGTERM.
+
+A one-host cluster of its own; the heartbeat timeout is 10 s (docs/architecture.md)."""
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from cluster import Cluster, available
+from conftest import communicate
+from multihost_fixtures import mh, shared_root  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ok, why = available()
+    if not ok:
+        pytest.skip(why)
+    c = Cluster.up(n=1)
+    try:
+        yield c
+    finally:
+        c.down()
+
+
+def _state(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+# 2 ranks x 100,000 lines of 64 bytes: 12.8 MB, past the launcher's console backlog (8 MiB), so the
+# ranks are held back while the console is behind.
+LINES = 100_000
+CHATTY = ("i=0; while [ $i -lt %d ]; do echo \"$RANK line $i ......................................"
+          "...........\"; i=$((i+1)); done; echo \"$RANK done\"" % LINES)
+
+
+@pytest.mark.slow
+def test_slow_console_does_not_kill_a_remote_job(mh):
+    p = mh.popen("-H", "h1:2", "--workdir", "/tmp", "--", "sh", "-c", CHATTY)
+    err = []
+    t = threading.Thread(target=lambda: err.append(p.stderr.read()), daemon=True)
+    t.start()
+    time.sleep(25)  # nobody reads the console: `mltrain run ... | (sleep 25; cat)`
+    assert p.poll() is None, f"mltrain ended while its console was not read: exit {p.returncode}"
+    out = p.stdout.read()
+    p.wait(60)
+    t.join(10)
+    assert p.returncode == 0, err
+    for r in (0, 1):
+        got = [l for l in out.splitlines() if l.startswith(f"[h1:{r}] {r} line ")]
+        assert len(got) == LINES, (r, len(got), err)
+        assert f"[h1:{r}] {r} done" in out
+
+
+TICKER = 'i=0; while [ $i -lt 40 ]; do echo "$RANK tick $i"; i=$((i+1)); sleep 0.5; done'
+
+
+@pytest.mark.slow
+def test_ctrl_z_pauses_the_launcher_and_fg_resumes_it(mh):
+    p = mh.popen("-H", "h1:2", "--workdir", "/tmp", "--", "sh", "-c", TICKER)
+    time.sleep(3)
+    p.send_signal(signal.SIGTSTP)  # what Ctrl-Z sends the foreground job
+    deadline = time.monotonic() + 5
+    while _state(p.pid) != "T" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _state(p.pid) == "T", "mltrain did not stop on SIGTSTP"
+    time.sleep(14)  # longer than the agents' heartbeat timeout
+    p.send_signal(signal.SIGCONT)  # fg
+    out, err = communicate(p, 60)
+    assert p.returncode == 0, err
+    assert "paused; the ranks keep running" in err, err
+    for r in (0, 1):
+        assert f"[h1:{r}] {r} tick 39" in out, out[-2000:]
+
+
+@pytest.mark.slow
+def test_launcher_stopped_too_long_is_named_not_a_rank(mh):
+    p = mh.popen("-H", "h1:2", "--workdir", "/tmp", "--", "sh", "-c", TICKER)
+    time.sleep(3)
+    os.kill(p.pid, signal.SIGSTOP)  # cannot be caught: the agents hear nothing
+    time.sleep(14)
+    os.kill(p.pid, signal.SIGCONT)
+    out, err = communicate(p, 60)
+    assert p.returncode == 255, err
+    assert "heard nothing from mltrain for" in err and "stopped its ranks" in err, err
+    assert "rank 0 failed" not in err and "SIGTERM" not in err, err
+    rec = mh.show()
+    assert rec["failure"]["reason"] == "launcher_silent", rec["failure"]
+    assert rec["failure"]["rank"] in (-1, None), rec["failure"]
