@@ -74,6 +74,7 @@ class Login:
         self.uid, self.gid = pw.pw_uid, pw.pw_gid
         self.written = []
         self.saved = {}
+        shutil.rmtree(self.home / ".cache" / "mltrain", ignore_errors=True)
 
     def shell(self, shell):
         set_shell(shell)
@@ -96,10 +97,8 @@ class Login:
         for rel, data in self.saved.items():
             (self.home / rel).write_bytes(data)
         shutil.rmtree(self.home / ".config" / "fish", ignore_errors=True)
-        cache = self.home / ".cache" / "mltrain"
-        if cache.exists():
-            os.chown(cache, self.uid, self.gid)
-            cache.chmod(0o755)
+        # A damaged agent left behind must not be the next test's (or another binary's) start.
+        shutil.rmtree(self.home / ".cache" / "mltrain", ignore_errors=True)
 
 
 @pytest.fixture
