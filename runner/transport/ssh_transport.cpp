@@ -10,6 +10,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstdlib>
+#include <vector>
 
 #include "runner/common/error.h"
 #include "runner/common/log.h"
@@ -204,14 +205,14 @@ class SshTransport : public Transport {
                 exit_code::host_failure);
   }
 
-  // Runs the agent over one exec channel, through the bootstrap script (ssh_bootstrap.h), which
-  // uploads it first when the host lacks it.
+  // Runs the agent over one exec channel, through the bootstrap command (ssh_bootstrap.h), which
+  // uploads it first when the host lacks it or cannot verify its copy.
   std::unique_ptr<AgentLink> start_agent(Session s, const std::string& name) {
     ssh_session ss = s.get();
     auto bytes = agent_bytes();
     std::string size = std::to_string(bytes.size());
     std::string hash(agent_hash());
-    std::string cmd = agent_bootstrap_script(hash, bytes.size(), kAgentArch);
+    std::string cmd = agent_start_command(hash, bytes.size(), kAgentArch);
     ssh_channel ch = ssh_channel_new(ss);
     if (!ch || ssh_channel_open_session(ch) != SSH_OK ||
         ssh_channel_request_exec(ch, cmd.c_str()) != SSH_OK) {
@@ -239,47 +240,117 @@ class SshTransport : public Transport {
       // The marker after the upload may already be buffered behind the first one.
       std::string pending = rest;
       read_marker(ss, ch, name, line, rest, pending);
-      log::info("transport", name + ": agent uploaded (" + size + " bytes)");
+      if (line == kMarkerAgentOk) log::info("transport", name + ": agent uploaded (" + size + " bytes)");
     }
     if (line == kMarkerAgentOk) return detail::make_ssh_link(std::move(s), ch, name, rest);
     if (line.rfind(kMarkerArch, 0) == 0)
       return fail("the host's architecture is " + line.substr(std::string(kMarkerArch).size()) +
                       "; this mltrain carries an agent for " + kAgentArch,
                   "run mltrain built for that architecture");
-    if (line == kMarkerUploadFailed)
-      return fail("cannot write the agent to ~/.cache/mltrain",
-                  "check free space and permissions in the remote home");
-    return fail("the agent did not start (got '" + line + "')",
-                "check that the host has a POSIX sh and glibc");
+    if (line == kMarkerUploadFailed) {
+      std::string why = text::trim(stderr_until_end(ch));
+      return fail("cannot write the agent to ~/.cache/mltrain/" + agent_file_name(hash) +
+                      (why.empty() ? std::string() : ": " + text::excerpt(why, 400)),
+                  "check free space and permissions of ~/.cache/mltrain in the remote home");
+    }
+    if (line == kMarkerNoExec)
+      return fail("the agent was written to ~/.cache/mltrain/" + agent_file_name(hash) +
+                      " but cannot be executed there",
+                  "check that the remote home is not on a noexec mount");
+    return fail(
+        "the agent did not start: the remote shell sent '" + text::excerpt(line) + "' after the upload",
+        "report this as a bug, with the host's login shell");
   }
 
+  // What the script said on stderr before it ended (mkdir's or mv's reason), waiting at most 2 s.
+  static std::string stderr_until_end(ssh_channel ch) {
+    std::string err;
+    char buf[4096];
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (err.size() < 4096 && std::chrono::steady_clock::now() < deadline) {
+      int n = ssh_channel_read_timeout(ch, buf, sizeof buf, 1, 200);
+      if (n > 0)
+        err.append(buf, size_t(n));
+      else if (n == SSH_ERROR || ssh_channel_is_eof(ch))
+        break;
+    }
+    return err;
+  }
+
+  static std::string agent_file_name(const std::string& hash) {
+    return "mltrain-agent-" + hash.substr(0, 16);
+  }
+
+  // Reads what the bootstrap command prints up to its next marker line; what the login shell's
+  // startup files print first is skipped (MarkerScanner). `rest` is what follows the marker.
   void read_marker(ssh_session ss, ssh_channel ch, const std::string& name, std::string& line,
                    std::string& rest, const std::string& buffered = {}) {
-    auto deadline = std::chrono::steady_clock::now() + o_.connect_timeout + std::chrono::seconds(5);
-    std::string got = buffered, err;
+    auto wait = o_.connect_timeout + std::chrono::seconds(5);
+    auto deadline = std::chrono::steady_clock::now() + wait;
+    MarkerScanner scan;
+    std::string err;
     char buf[4096];
-    while (std::chrono::steady_clock::now() < deadline) {
-      auto nl0 = got.find('\n');
-      if (nl0 != std::string::npos) {
-        line = got.substr(0, nl0);
-        rest = got.substr(nl0 + 1);
-        return;
+    bool ended = false;
+    if (!scan.feed(buffered)) {
+      while (std::chrono::steady_clock::now() < deadline) {
+        int n = ssh_channel_read_timeout(ch, buf, sizeof buf, 0, 200);
+        if (n > 0 && scan.feed(std::string_view(buf, size_t(n)))) break;
+        int e = ssh_channel_read_nonblocking(ch, buf, sizeof buf, 1);
+        if (e > 0 && err.size() < MarkerScanner::kMaxSkipped) err.append(buf, size_t(e));
+        if (n == SSH_ERROR || ssh_channel_is_eof(ch)) {
+          ended = true;
+          break;
+        }
       }
-      int n = ssh_channel_read_timeout(ch, buf, sizeof buf, 0, 200);
-      if (n > 0) got.append(buf, size_t(n));
-      int e = ssh_channel_read_nonblocking(ch, buf, sizeof buf, 1);
-      if (e > 0) err.append(buf, size_t(e));
-      auto nl = got.find('\n');
-      if (nl != std::string::npos) {
-        line = got.substr(0, nl);
-        rest = got.substr(nl + 1);
-        return;
-      }
-      if (n == SSH_ERROR || ssh_channel_is_eof(ch)) break;
     }
-    throw Error(name + ": no answer from the remote shell" + (err.empty() ? std::string() : ": " + err) +
-                    (ssh_get_error(ss)[0] ? std::string(" (") + ssh_get_error(ss) + ")" : std::string()),
-                "check that the host has a POSIX sh", exit_code::host_failure);
+    // At the end, what libssh still holds may hold the marker (a short script's last line).
+    if (ended && !scan.found()) {
+      int n;
+      while (!scan.found() && (n = ssh_channel_read_nonblocking(ch, buf, sizeof buf, 0)) > 0)
+        scan.feed(std::string_view(buf, size_t(n)));
+      while (err.size() < MarkerScanner::kMaxSkipped &&
+             (n = ssh_channel_read_nonblocking(ch, buf, sizeof buf, 1)) > 0)
+        err.append(buf, size_t(n));
+    }
+    if (scan.found()) {
+      line = scan.marker();
+      rest = scan.rest();
+      return;
+    }
+    no_marker_error(ss, name, scan, err, ended, wait);
+  }
+
+  // No marker came: say what the host printed instead, and where that comes from.
+  [[noreturn]] static void no_marker_error(ssh_session ss, const std::string& name, const MarkerScanner& scan,
+                                           const std::string& err, bool ended,
+                                           std::chrono::milliseconds wait) {
+    // Lines joined with " | ": excerpt() would show each newline as \x0a.
+    auto one_line = [](const std::string& s) {
+      std::vector<std::string> lines;
+      for (auto& l : text::split(s, '\n'))
+        if (!text::trim(l).empty()) lines.push_back(text::trim(l));
+      return text::join(lines, " | ");
+    };
+    std::string out = one_line(scan.skipped()), why = one_line(err);
+    std::string what = name + ": the agent did not start: the remote shell ";
+    if (out.empty() && why.empty())
+      what += ended ? "ended without a word" : "said nothing within " + text::format_duration(wait);
+    else if (out.empty())
+      what += "said on stderr: " + text::excerpt(why, 400);
+    else
+      what += "printed this instead: " + text::excerpt(out, 400) +
+              (why.empty() ? std::string() : "; on stderr: " + text::excerpt(why, 400));
+    if (ssh_get_error(ss)[0]) what += std::string(" (") + ssh_get_error(ss) + ")";
+    std::string hint;
+    if (why.find("/bin/sh") != std::string::npos &&
+        (why.find("not found") != std::string::npos || why.find("No such file") != std::string::npos))
+      hint = "the host has no /bin/sh, which mltrain needs to start its agent";
+    else
+      hint =
+          "check the login shell of the remote user and its startup files (~/.bashrc, ~/.zshenv, "
+          "~/.config/fish/config.fish): with ssh " +
+          name + " 'exec /bin/sh -c \"echo ok\"' they must print nothing but ok";
+    throw Error(what, hint, exit_code::host_failure);
   }
 
   SshOptions o_;

@@ -111,11 +111,12 @@ class Cluster:
 
     # -- lifecycle -------------------------------------------------------------------------------
     @classmethod
-    def up(cls, n=4, max_sessions=None, state_dir=DEFAULT_DIR, timeout=120, hostnames=None):
+    def up(cls, n=4, max_sessions=None, state_dir=DEFAULT_DIR, timeout=120, hostnames=None, user=None):
         """Tear down any previous cluster and bring up n hosts h1..hn (tests/cluster/up.sh).
 
         max_sessions: {"h2": 2} (or {2: 2}) sets sshd MaxSessions on those hosts (default 10).
         hostnames: {"h1": "twin", "h2": "twin"} gives hosts their own `hostname` (default hK).
+        user: the login user (default mltest); created with /bin/sh as its shell when missing.
         Every host has its own /dev/shm, as separate machines do.
         """
         args = [str(SCRIPTS / "up.sh"), "-n", str(n), "-d", str(state_dir)]
@@ -123,6 +124,8 @@ class Cluster:
             args += ["--max-sessions", f"h{_index(h)}={int(m)}"]
         for h, name in (hostnames or {}).items():
             args += ["--hostname", f"h{_index(h)}={name}"]
+        if user:
+            args += ["--user", user]
         _run(args, timeout=timeout)
         c = cls(state_dir)
         if len(c.hosts) != n:

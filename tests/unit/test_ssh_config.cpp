@@ -6,7 +6,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "runner/transport/ssh_bootstrap.h"
 #include "runner/transport/ssh_config.h"
@@ -16,6 +19,7 @@ using namespace mltrain::transport;
 namespace fs = std::filesystem;
 
 using mltrain::testing::TempDir;
+using namespace std::string_view_literals;
 
 namespace {
 
@@ -140,46 +144,186 @@ TEST_CASE("ssh config: ~ expansion and ProxyJump as a ProxyCommand") {
   CHECK(proxy_command_for_jump("/c/cfg", "a,b,c") == "ssh -F '/c/cfg' -W '[%h]:%p' -J a,b c");
 }
 
-TEST_CASE("ssh bootstrap: the script uploads a missing or damaged agent, then runs it") {
-  TempDir home;
+namespace {
+
+std::string run_shell(const std::string& cmd) {
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p);
+  std::string out;
+  char buf[256];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  ::pclose(p);
+  return out;
+}
+
+std::string first_line(const std::string& cmd) {
+  std::string out = run_shell(cmd);
+  return out.substr(0, out.find('\n'));
+}
+
+bool executable(const std::string& p) { return ::access(p.c_str(), X_OK) == 0; }
+
+// A fake agent (a script) and its hash, the host's arch, and the bootstrap command run through a
+// login shell with HOME in a temp folder, as sshd would.
+struct Bootstrap {
+  TempDir home{"bootstrap"};
   std::string agent = "#!/bin/sh\necho agent-ran\n";
-  std::string hash;
-  {
-    std::ofstream(home.str() + "/agent") << agent;
-    FILE* p = ::popen(("sha256sum < " + home.str() + "/agent").c_str(), "r");
-    REQUIRE(p);
-    char buf[128] = {};
-    REQUIRE(std::fgets(buf, sizeof buf, p));
-    ::pclose(p);
-    hash = std::string(buf).substr(0, 64);
+  std::string hash, arch, cached;
+
+  Bootstrap() {
+    std::string file = home.write("agent", agent);
+    hash = first_line("sha256sum < " + file).substr(0, 64);
+    arch = first_line("uname -m");
+    cached = home.str() + "/.cache/mltrain/mltrain-agent-" + hash.substr(0, 16);
   }
-  std::string script_file = home.str() + "/script.sh";
-  auto run = [&](const std::string& arch, bool send_agent) {
-    std::ofstream(script_file) << agent_bootstrap_script(hash, agent.size(), arch);
-    std::string cmd = "HOME=" + home.str() + " sh " + script_file + " < " +
-                      (send_agent ? home.str() + "/agent" : std::string("/dev/null"));
-    FILE* p = ::popen(cmd.c_str(), "r");
-    std::string out;
-    char buf[256];
-    while (std::fgets(buf, sizeof buf, p)) out += buf;
-    ::pclose(p);
-    return out;
+  // Runs the start command with `shell -c`, the agent on stdin when `send_agent`; PATH as given.
+  std::string run(const std::string& shell, bool send_agent, const std::string& for_arch = {},
+                  const std::string& path = {}) {
+    std::string cmd = agent_start_command(hash, agent.size(), for_arch.empty() ? arch : for_arch);
+    std::string file = home.write("command", cmd);
+    return run_shell("HOME=" + home.str() + (path.empty() ? "" : " PATH=" + path) + " " + shell +
+                     " -c \"$(cat " + file + ")\" < " + (send_agent ? home.str() + "/agent" : "/dev/null") +
+                     " 2>&1");
+  }
+  // Overwrites the cached agent with as many other bytes: a size check cannot tell.
+  void damage_same_size() {
+    std::string bad = agent;
+    bad[bad.size() - 3] = 'X';
+    std::ofstream(cached, std::ios::trunc) << bad;
+  }
+};
+
+const std::string kUploaded = "\nMLTRAIN-AGENT-MISSING\nMLTRAIN-AGENT-OK\nagent-ran\n";
+const std::string kCached = "\nMLTRAIN-AGENT-OK\nagent-ran\n";
+
+}  // namespace
+
+TEST_CASE("ssh bootstrap: the script uploads a missing or damaged agent, then runs it") {
+  Bootstrap b;
+  CHECK(agent_remote_path(b.hash) == "\"$HOME/.cache/mltrain/mltrain-agent-" + b.hash.substr(0, 16) + "\"");
+  CHECK(b.run("/bin/sh", true) == kUploaded);
+  CHECK(fs::exists(b.cached));
+  CHECK(b.run("/bin/sh", false) == kCached);  // cached: nothing read
+  std::ofstream(b.cached, std::ios::app) << "# damaged\n";
+  CHECK(b.run("/bin/sh", true) == kUploaded);
+  b.damage_same_size();
+  CHECK(b.run("/bin/sh", true) == kUploaded);
+  CHECK(b.run("/bin/sh", false, "sparc64") == "\nMLTRAIN-ARCH " + b.arch + "\n");
+}
+
+TEST_CASE("ssh bootstrap: every common login shell runs the command as sh would") {
+  std::string script = agent_bootstrap_script(std::string(64, 'a'), 1234, "x86_64");
+  // What csh and fish read differently from sh inside single quotes.
+  CHECK(script.find_first_of("'\\!\n") == std::string::npos);
+  CHECK(agent_start_command(std::string(64, 'a'), 1234, "x86_64") == "exec /bin/sh -c '" + script + "'");
+  for (const char* shell :
+       {"/bin/sh", "/bin/bash", "/bin/dash", "/usr/bin/zsh", "/usr/bin/fish", "/bin/tcsh"}) {
+    if (!executable(shell)) continue;  // scripts/setup.sh --test-deps installs them
+    CAPTURE(shell);
+    Bootstrap b;
+    CHECK(b.run(shell, true) == kUploaded);
+    CHECK(b.run(shell, false) == kCached);
+    CHECK(b.run(shell, false, "sparc64") == "\nMLTRAIN-ARCH " + b.arch + "\n");
+  }
+}
+
+TEST_CASE("ssh bootstrap: single quoting") {
+  CHECK(single_quote("") == "''");
+  CHECK(single_quote("a b $HOME") == "'a b $HOME'");
+  CHECK(single_quote("it's") == "'it'\\''s'");
+  for (const char* shell : {"/bin/sh", "/bin/bash", "/usr/bin/zsh", "/usr/bin/fish", "/bin/tcsh"}) {
+    if (!executable(shell)) continue;
+    CAPTURE(shell);
+    std::string cmd =
+        "exec /bin/sh -c " + single_quote("printf '%s|' \"$0\" 'it''s' $((1+2)) \"a  b\"") + " x0";
+    TempDir d;
+    std::string file = d.write("cmd", cmd);
+    CHECK(run_shell(std::string(shell) + " -c \"$(cat " + file + ")\"") == "x0|its|3|a  b|");
+  }
+}
+
+TEST_CASE("ssh bootstrap: without sha256sum, another tool verifies the cached agent, or it is uploaded") {
+  // PATH holds what the script needs and at most one digest tool.
+  TempDir bin{"bin"};
+  auto link_tools = [&](const std::string& dir, std::vector<std::string> tools) {
+    fs::create_directories(dir);
+    for (const char* t : {"uname", "head", "chmod", "mv", "mkdir", "rm", "cat"}) tools.push_back(t);
+    for (auto& t : tools) {
+      std::string where = first_line("PATH=/usr/bin:/bin command -v " + t);
+      if (!where.empty()) fs::create_symlink(where, dir + "/" + t);
+    }
   };
-  std::string arch;
-  {
-    FILE* p = ::popen("uname -m", "r");
-    char buf[64] = {};
-    REQUIRE(std::fgets(buf, sizeof buf, p));
-    ::pclose(p);
-    arch = buf;
-    arch.pop_back();
+  struct Tool {
+    std::string name;
+    std::vector<std::string> links;
+  };
+  for (const Tool& tool : {Tool{"shasum", {"shasum", "perl"}}, Tool{"openssl", {"openssl"}},
+                           Tool{"python3", {"python3"}}, Tool{"none", {}}}) {
+    CAPTURE(tool.name);
+    if (!tool.links.empty() && first_line("PATH=/usr/bin:/bin command -v " + tool.links[0]).empty()) continue;
+    std::string dir = bin.str() + "/" + tool.name;
+    link_tools(dir, tool.links);
+    Bootstrap b;
+    CHECK(b.run("/bin/sh", true, {}, dir) == kUploaded);
+    // A host with no digest tool cannot trust its copy: it takes the agent every time.
+    CHECK(b.run("/bin/sh", tool.name == "none", {}, dir) == (tool.name == "none" ? kUploaded : kCached));
+    b.damage_same_size();
+    CHECK(b.run("/bin/sh", true, {}, dir) == kUploaded);
+    std::ifstream in(b.cached);
+    CHECK(std::string(std::istreambuf_iterator<char>(in), {}) == b.agent);
   }
-  std::string cached = home.str() + "/.cache/mltrain/mltrain-agent-" + hash.substr(0, 16);
-  CHECK(agent_remote_path(hash) == "\"$HOME/.cache/mltrain/mltrain-agent-" + hash.substr(0, 16) + "\"");
-  CHECK(run(arch, true) == "MLTRAIN-AGENT-MISSING\nMLTRAIN-AGENT-OK\nagent-ran\n");
-  CHECK(fs::exists(cached));
-  CHECK(run(arch, false) == "MLTRAIN-AGENT-OK\nagent-ran\n");  // cached: nothing read
-  std::ofstream(cached, std::ios::app) << "# damaged\n";
-  CHECK(run(arch, true) == "MLTRAIN-AGENT-MISSING\nMLTRAIN-AGENT-OK\nagent-ran\n");
-  CHECK(run("sparc64", false) == "MLTRAIN-ARCH " + arch + "\n");
+}
+
+TEST_CASE("ssh bootstrap: a cache folder it cannot make says so") {
+  Bootstrap b;
+  b.home.write(".cache", "a file where the folder should be");
+  std::string out = b.run("/bin/sh", true);
+  CHECK(out.rfind("\nMLTRAIN-AGENT-MISSING\n", 0) == 0);
+  CHECK(out.find("Not a directory") != std::string::npos);  // mkdir's reason, on stderr
+  CHECK(out.substr(out.size() - 22) == "MLTRAIN-UPLOAD-FAILED\n");
+}
+
+TEST_CASE("ssh bootstrap: the marker scanner skips banners and keeps the agent's stream exact") {
+  SUBCASE("banner lines, and one without its newline, before the marker") {
+    MarkerScanner s;
+    CHECK_FALSE(s.feed("Welcome to the cluster!\nno newline here"));
+    CHECK(s.skipped() == "Welcome to the cluster!\nno newline here");
+    CHECK(s.feed("\nMLTRAIN-AGENT-OK\n\x01\x02\nbinary\0rest"sv));
+    CHECK(s.marker() == kMarkerAgentOk);
+    CHECK(s.rest() == "\x01\x02\nbinary\0rest"sv);
+    CHECK(s.skipped() == "Welcome to the cluster!\nno newline here\n");
+    CHECK(s.feed("more"));
+    CHECK(s.rest() == "\x01\x02\nbinary\0restmore"sv);
+  }
+  SUBCASE("fed a byte at a time") {
+    MarkerScanner s;
+    std::string in = "banner\nMLTRAIN-ARCH aarch64\ntail";
+    size_t i = 0;
+    while (i < in.size() && !s.feed(in.substr(i, 1))) ++i;
+    CHECK(s.marker() == "MLTRAIN-ARCH aarch64");
+    CHECK(i == in.find("tail") - 1);
+  }
+  SUBCASE("a marker inside a line, or a line that only begins like one, is not a marker") {
+    MarkerScanner s;
+    CHECK_FALSE(s.feed("say MLTRAIN-AGENT-OK\nMLTRAIN-AGENT-OKAY\nMLTRAIN-AGENT-MISSING \n"));
+    CHECK(s.feed("MLTRAIN-AGENT-MISSING\n"));
+    CHECK(s.marker() == kMarkerAgentMissing);
+    CHECK(s.rest().empty());
+  }
+  SUBCASE("a huge banner line is dropped, even where it ends like a marker") {
+    MarkerScanner s;
+    CHECK_FALSE(s.feed(std::string(1000, 'x')));
+    CHECK_FALSE(s.feed("MLTRAIN-AGENT-OK\n"));
+    CHECK(s.feed("MLTRAIN-UPLOAD-FAILED\n"));
+    CHECK(s.marker() == kMarkerUploadFailed);
+  }
+  SUBCASE("what it skipped is kept up to 64 KiB") {
+    MarkerScanner s;
+    for (int i = 0; i < 2000; ++i) CHECK_FALSE(s.feed(std::string(99, 'b') + "\n"));
+    CHECK(s.skipped().size() == MarkerScanner::kMaxSkipped);
+    CHECK_FALSE(s.skipped_all());
+    CHECK(s.feed("MLTRAIN-AGENT-OK\n"));
+  }
+  CHECK(is_bootstrap_marker(kMarkerNoExec));
+  CHECK_FALSE(is_bootstrap_marker(""));
 }
