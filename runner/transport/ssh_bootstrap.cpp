@@ -1,5 +1,7 @@
 #include "runner/transport/ssh_bootstrap.h"
 
+#include "runner/common/text.h"
+
 namespace mltrain::transport {
 
 std::string agent_remote_path(const std::string& hash) {
@@ -28,19 +30,10 @@ std::string agent_bootstrap_script(const std::string& hash, size_t size_bytes, c
          "echo MLTRAIN-AGENT-OK; exec \"$a\"";
 }
 
-std::string single_quote(std::string_view s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'')
-      out += "'\\''";
-    else
-      out += c;
-  }
-  return out + "'";
-}
-
 std::string agent_start_command(const std::string& hash, size_t size, const std::string& arch) {
-  return "exec /bin/sh -c " + single_quote(agent_bootstrap_script(hash, size, arch));
+  // text::shell_quote's single quotes ('\'' for a quote) read alike in sh, bash, zsh, fish and csh
+  // as long as the script holds no backslash, newline or `!` (it holds none).
+  return "exec /bin/sh -c " + text::shell_quote(agent_bootstrap_script(hash, size, arch));
 }
 
 bool is_bootstrap_marker(std::string_view line) {

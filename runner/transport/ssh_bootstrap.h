@@ -31,10 +31,6 @@ std::string agent_remote_path(const std::string& hash);
 // One line with no single quote, backslash or `!`, so that csh and fish quote it as sh does.
 std::string agent_bootstrap_script(const std::string& hash, size_t size, const std::string& arch);
 
-// `s` as one single-quoted word: ' becomes '\'' (read alike by sh, bash, zsh, fish and csh as
-// long as `s` holds no backslash, newline or `!`).
-std::string single_quote(std::string_view s);
-
 // The exec request sent to sshd: `exec /bin/sh -c '<agent_bootstrap_script>'`.
 std::string agent_start_command(const std::string& hash, size_t size, const std::string& arch);
 

@@ -33,6 +33,7 @@ def sleeper():
 
 
 def daemon():
+    """The classic double fork: a setsid child starts a setsid grandchild and exits."""
     if os.fork() == 0:
         os.setsid()
         ignore_term()
@@ -68,14 +69,7 @@ def tree():
 def subreaper():
     if ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
         sys.exit("prctl(PR_SET_CHILD_SUBREAPER) failed")
-    if os.fork() == 0:
-        os.setsid()
-        ignore_term()
-        if os.fork() == 0:
-            os.setsid()
-            sleeper()
-        os._exit(0)
-    os.wait()
+    daemon()  # the grandchild, orphaned, is handed to this rank
 
 
 [daemon, reforker, tree, subreaper][RANK % 4]()

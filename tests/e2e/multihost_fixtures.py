@@ -27,16 +27,26 @@ from conftest import communicate, pids_with_arg, wait_for
 MAX_SESSIONS = {"h2": 2}
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    ok, why = available()
-    if not ok:
-        pytest.skip(why)
-    c = Cluster.up(n=4, max_sessions=MAX_SESSIONS)
-    try:
-        yield c
-    finally:
-        c.down()
+def module_cluster(before_down=None, **up):
+    """A module-scoped `cluster` fixture: Cluster.up(**up) for the module, down at its end
+    (`before_down()` first); the module is skipped where no cluster can be brought up.
+    In a test module: `cluster = module_cluster(n=1)`."""
+    @pytest.fixture(scope="module", name="cluster")
+    def fixture():
+        ok, why = available()
+        if not ok:
+            pytest.skip(why)
+        c = Cluster.up(**up)
+        try:
+            yield c
+        finally:
+            if before_down:
+                before_down()
+            c.down()
+    return fixture
+
+
+cluster = module_cluster(n=4, max_sessions=MAX_SESSIONS)
 
 
 @pytest.fixture(scope="module")

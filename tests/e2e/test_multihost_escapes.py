@@ -2,21 +2,11 @@
 and endings as test_escapes.py, 5 runs of each. A one-host cluster of its own."""
 import pytest
 
-from cluster import Cluster, available
 from escapes import ENDINGS, check_ending
-from multihost_fixtures import mh, shared_root  # noqa: F401
+from multihost_fixtures import mh, module_cluster, shared_root  # noqa: F401
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    ok, why = available()
-    if not ok:
-        pytest.skip(why)
-    c = Cluster.up(n=1)
-    try:
-        yield c
-    finally:
-        c.down()
+cluster = module_cluster(n=1)
 
 
 @pytest.mark.slow

@@ -11,21 +11,11 @@ import time
 
 import pytest
 
-from cluster import Cluster, available
 from conftest import communicate
-from multihost_fixtures import mh, shared_root  # noqa: F401
+from multihost_fixtures import mh, module_cluster, shared_root  # noqa: F401
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    ok, why = available()
-    if not ok:
-        pytest.skip(why)
-    c = Cluster.up(n=1)
-    try:
-        yield c
-    finally:
-        c.down()
+cluster = module_cluster(n=1)
 
 
 def _state(pid):

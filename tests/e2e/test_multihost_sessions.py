@@ -6,20 +6,10 @@ import os
 
 import pytest
 
-from cluster import Cluster, available
-from multihost_fixtures import cached_agent_path, mh, shared_root  # noqa: F401
+from multihost_fixtures import cached_agent_path, mh, module_cluster, shared_root  # noqa: F401
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    ok, why = available()
-    if not ok:
-        pytest.skip(why)
-    c = Cluster.up(n=2, max_sessions={"h2": 1})
-    try:
-        yield c
-    finally:
-        c.down()
+cluster = module_cluster(n=2, max_sessions={"h2": 1})
 
 
 def test_cached_agent_runs_with_max_sessions_1(mh, cluster):

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import Cluster, available
-from multihost_fixtures import cached_agent_path, mh, shared_root  # noqa: F401
+from multihost_fixtures import cached_agent_path, mh, module_cluster, shared_root  # noqa: F401
 
 USER = "mltshell"
 BANNER = "Welcome to the login banner of this host"
@@ -29,17 +28,7 @@ def set_shell(shell):
     subprocess.run(["usermod", "-s", shell, USER], check=True, timeout=30, capture_output=True)
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    ok, why = available()
-    if not ok:
-        pytest.skip(why)
-    c = Cluster.up(n=2, user=USER)
-    try:
-        yield c
-    finally:
-        set_shell("/bin/sh")
-        c.down()
+cluster = module_cluster(n=2, user=USER, before_down=lambda: set_shell("/bin/sh"))
 
 
 @pytest.fixture(scope="module")

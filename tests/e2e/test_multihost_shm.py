@@ -9,20 +9,10 @@ import shutil
 
 import pytest
 
-from cluster import Cluster, available
-from multihost_fixtures import MultiHost, shared_root  # noqa: F401 (fixture)
+from multihost_fixtures import MultiHost, module_cluster, shared_root  # noqa: F401 (fixture)
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    ok, why = available()
-    if not ok:
-        pytest.skip(why)
-    c = Cluster.up(n=2, hostnames={"h1": "twin", "h2": "twin"})
-    try:
-        yield c
-    finally:
-        c.down()
+cluster = module_cluster(n=2, hostnames={"h1": "twin", "h2": "twin"})
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "runner/common/text.h"
 #include "runner/transport/ssh_bootstrap.h"
 #include "runner/transport/ssh_config.h"
 #include "temp_dir.h"
@@ -227,15 +228,15 @@ TEST_CASE("ssh bootstrap: every common login shell runs the command as sh would"
   }
 }
 
-TEST_CASE("ssh bootstrap: single quoting") {
-  CHECK(single_quote("") == "''");
-  CHECK(single_quote("a b $HOME") == "'a b $HOME'");
-  CHECK(single_quote("it's") == "'it'\\''s'");
+TEST_CASE("ssh bootstrap: the start command's quoting reads alike in every shell") {
+  CHECK(mltrain::text::shell_quote("") == "''");
+  CHECK(mltrain::text::shell_quote("a b $HOME") == "'a b $HOME'");
+  CHECK(mltrain::text::shell_quote("it's") == "'it'\\''s'");
   for (const char* shell : {"/bin/sh", "/bin/bash", "/usr/bin/zsh", "/usr/bin/fish", "/bin/tcsh"}) {
     if (!executable(shell)) continue;
     CAPTURE(shell);
-    std::string cmd =
-        "exec /bin/sh -c " + single_quote("printf '%s|' \"$0\" 'it''s' $((1+2)) \"a  b\"") + " x0";
+    std::string cmd = "exec /bin/sh -c " +
+                      mltrain::text::shell_quote("printf '%s|' \"$0\" 'it''s' $((1+2)) \"a  b\"") + " x0";
     TempDir d;
     std::string file = d.write("cmd", cmd);
     CHECK(run_shell(std::string(shell) + " -c \"$(cat " + file + ")\"") == "x0|its|3|a  b|");
