@@ -6,7 +6,7 @@ Rank RANK plays one pattern (RANK mod 4); every process it leaves carries MARKER
 (Python forks keep the rank's argv; the rest are `sleep MARKER`), and every one ignores SIGTERM,
 SIGHUP and SIGINT:
   0 daemon     a setsid child starts a setsid grandchild and exits (the classic double fork)
-  1 reforker   a child forks and exits, over and over, so its pid keeps changing
+  1 reforker   a child forks and exits every 20 ms, so its pid keeps changing
   2 tree       200 setsid descendants in a tree (10 children with 19 children each)
   3 subreaper  the rank makes itself a child subreaper; its setsid grandchild is handed to it
 Then it touches DIR/ready-RANK and ends as END says: "normal" exits 0 half a second later, "fail"
@@ -49,7 +49,7 @@ def reforker():
         os.setsid()
         ignore_term()
         while True:
-            time.sleep(0.002)
+            time.sleep(0.02)  # alive long enough between forks for a /proc scan to see it
             if os.fork() != 0:
                 os._exit(0)
 

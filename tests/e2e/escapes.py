@@ -8,30 +8,11 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import communicate, pids_with_arg, wait_for, wait_gone
+from conftest import communicate, pids_with_arg, wait_for
+from multihost_fixtures import agent_ancestors
 
 ESCAPERS = Path(__file__).resolve().parent / "escapers.py"
 ENDINGS = ["normal", "rank-fails", "stop", "ctrl-c", "launcher-sigkill", "agent-sigkill"]
-
-
-def _agents_above(pids):
-    """The mltrain-agent processes among the ancestors of `pids`."""
-    agents = set()
-    for pid in pids:
-        p = pid
-        for _ in range(64):
-            try:
-                with open(f"/proc/{p}/stat") as f:
-                    head, tail = f.read().rsplit(")", 1)
-            except OSError:
-                break
-            if head.split("(", 1)[1].startswith("mltrain-agent"):
-                agents.add(p)
-            ppid = int(tail.split()[1])
-            if ppid <= 1:
-                break
-            p = ppid
-    return sorted(agents)
 
 
 def run_ending(ml, ending: str, ready_dir: Path, run_args=(), popen=None, run=None):
@@ -69,7 +50,7 @@ def _run(ml, ending, ready_dir, run_args, popen, run, m):
             p.kill()
         elif ending == "agent-sigkill":
             ranks = [x for x in pids_with_arg(m) if x != p.pid]
-            agents = _agents_above(ranks)
+            agents = agent_ancestors(ranks)
             assert len(agents) == 1, f"expected one mltrain-agent above the ranks: {agents}"
             os.kill(agents[0], signal.SIGKILL)
         _, err = communicate(p, 60)
@@ -99,6 +80,33 @@ def kill_everything_with(marker: str):
         time.sleep(0.02)
 
 
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "(gone)"
+
+
+def gone_for_good(marker: str, within_s: float, quiet_s: float = 1.0):
+    """Waits until no process carries `marker` for quiet_s on end (a re-forker is missed by a
+    scan now and then: its pid changes while /proc is read); returns what is left at within_s."""
+    deadline = time.monotonic() + within_s
+    quiet_since, seen = None, []
+    while True:
+        left = pids_with_arg(marker)
+        now = time.monotonic()
+        if left:
+            quiet_since, seen = None, left
+        elif quiet_since is None:
+            quiet_since = now
+        if quiet_since is not None and now - quiet_since >= quiet_s:
+            return []
+        if now >= deadline:
+            return seen  # seen less than quiet_s ago
+        time.sleep(0.02)
+
+
 def check_ending(ml, ending: str, ready_dir: Path, **kw):
     rc, err, m = run_ending(ml, ending, ready_dir, **kw)
     try:
@@ -114,6 +122,6 @@ def _check(ending, rc, err, m):
         assert rc == expect[ending], f"{ending}: exit {rc}; stderr {err[-3000:]}"
     if ending == "agent-sigkill":
         assert "the agent died or its connection closed; the ranks there die with it" in err, err
-    left = wait_gone(m, 10)
+    left = gone_for_good(m, 10)
     assert not left, (f"{ending}: {len(left)} processes of the job alive 10 s after the launcher "
-                      f"ended: {[open(f'/proc/{x}/cmdline').read() for x in left[:5] if os.path.exists(f'/proc/{x}')]}")
+                      f"ended: {[_cmdline(x) for x in left[:5]]}")
