@@ -53,7 +53,10 @@ TICKER = 'i=0; while [ $i -lt 40 ]; do echo "$RANK tick $i"; i=$((i+1)); sleep 0
 
 @pytest.mark.slow
 def test_ctrl_z_pauses_the_launcher_and_fg_resumes_it(mh):
-    p = mh.popen("-H", "h1:2", "--workdir", "/tmp", "--", "sh", "-c", TICKER)
+    # A job of its own, as a shell with job control starts it. In an orphaned process group (the
+    # test's own may be one under CI) the kernel discards a stop signal's default action, and
+    # continues the group's stopped members, with SIGHUP, whenever a process of it exits.
+    p = mh.popen("-H", "h1:2", "--workdir", "/tmp", "--", "sh", "-c", TICKER, process_group=0)
     time.sleep(3)
     p.send_signal(signal.SIGTSTP)  # what Ctrl-Z sends the foreground job
     deadline = time.monotonic() + 5
@@ -71,7 +74,7 @@ def test_ctrl_z_pauses_the_launcher_and_fg_resumes_it(mh):
 
 @pytest.mark.slow
 def test_launcher_stopped_too_long_is_named_not_a_rank(mh):
-    p = mh.popen("-H", "h1:2", "--workdir", "/tmp", "--", "sh", "-c", TICKER)
+    p = mh.popen("-H", "h1:2", "--workdir", "/tmp", "--", "sh", "-c", TICKER, process_group=0)
     time.sleep(3)
     os.kill(p.pid, signal.SIGSTOP)  # cannot be caught: the agents hear nothing
     time.sleep(14)
