@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/ioctl.h>
-#include <sys/select.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -35,6 +34,27 @@ std::string timestamp() {
                 int(tv.tv_usec / 1000));
   return buf;
 }
+// Writes all of `bytes` to `fd` (waiting while it would block); returns how many were written,
+// fewer only when the file or console is gone or the disk full (errno says which).
+size_t write_fully(int fd, std::string_view bytes) {
+  size_t off = 0;
+  while (fd >= 0 && off < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
+    if (n > 0) {
+      off += size_t(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && errno == EAGAIN) {
+      pollfd p{fd, POLLOUT, 0};
+      ::poll(&p, 1, -1);
+    } else {
+      if (n == 0) errno = ENOSPC;
+      break;
+    }
+  }
+  return off;
+}
+
 }  // namespace
 
 ConsoleWriter::ConsoleWriter() : thread_([this] { run(); }) {}
@@ -80,20 +100,7 @@ void ConsoleWriter::run() {
     auto [fd, bytes] = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
-    size_t off = 0;
-    while (off < bytes.size()) {
-      ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
-      if (n > 0) {
-        off += size_t(n);
-      } else if (n < 0 && errno == EINTR) {
-        continue;
-      } else if (n < 0 && errno == EAGAIN) {
-        pollfd p{fd, POLLOUT, 0};
-        ::poll(&p, 1, 100);
-      } else {
-        break;  // the console is gone: drop this copy (the rank files have everything)
-      }
-    }
+    write_fully(fd, bytes);  // short only when the console is gone: the rank files have everything
     lock.lock();
     backlog_ -= bytes.size();
     if (backlog_ == 0) written_.notify_all();
@@ -387,24 +394,7 @@ std::vector<std::string> Output::cut_logs() const {
 }
 
 size_t Output::write_all(int fd, std::string& buf) {
-  size_t off = 0;
-  while (fd >= 0 && off < buf.size()) {
-    ssize_t n = ::write(fd, buf.data() + off, buf.size() - off);
-    if (n > 0) {
-      off += size_t(n);
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else if (n < 0 && errno == EAGAIN) {
-      fd_set w;
-      FD_ZERO(&w);
-      FD_SET(fd, &w);
-      ::select(fd + 1, nullptr, &w, nullptr, nullptr);
-      continue;
-    } else {
-      if (n == 0) errno = ENOSPC;
-      break;  // the console or file is gone (or the disk full): keep running, drop this copy
-    }
-  }
+  const size_t off = write_fully(fd, buf);
   const int e = errno;
   buf.clear();
   errno = e;
