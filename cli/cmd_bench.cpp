@@ -1,31 +1,15 @@
 // `mltrain bench`: runs the comm library's nccl-tests style benchmark as a job of mltrain itself
 // (one rank per process, rank 0 prints the table), launched in process through launch::run.
-// `mltrain __bench-worker` is the rank side.
-#include <unistd.h>
-
+// The ranks run the benchmark from the comm runtime the agent unpacked on each host
+// ($MLTRAIN_RUNTIME/bin/mltrain-comm-bench, linked to the delivered libmltrain-comm): nothing of
+// mltrain needs to be installed on the hosts.
 #include <CLI/CLI.hpp>
-#include <climits>
 
 #include "cli/commands.h"
 #include "cli/job_flags.h"
-#include "mltrain/bench.hpp"
-#include "runner/common/error.h"
 #include "runner/launch/launch.h"
 
 namespace mltrain::cli {
-
-namespace {
-
-std::string self_exe() {
-  char buf[PATH_MAX];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) throw Error("cannot find the mltrain executable (/proc/self/exe)", {}, exit_code::internal);
-  return std::string(buf, size_t(n));
-}
-
-}  // namespace
-
-int bench_worker_main(int argc, char** argv) { return comm::bench_main(argc, argv); }
 
 void register_bench(CLI::App& app, Global& g, std::function<int()>& handler) {
   static struct {
@@ -59,28 +43,40 @@ void register_bench(CLI::App& app, Global& g, std::function<int()>& handler) {
       "algbw*2(n-1)/n.");
   c->callback([&] {
     handler = [&]() -> int {
-      // The benchmark is a job like any other, launched in this process: every rank runs mltrain
-      // itself as the bench worker.
+      // The benchmark is a job like any other, launched in this process.
       launch::JobRequest req;
       if (!f.job.empty()) req.specs = {f.job};
       auto& o = req.overrides;
       o = f.hosts;
       if (f.job.empty() && !o.nprocs && o.hostfile.empty() && !o.hosts) o.nprocs = 2;
-      // The ranks run mltrain itself, not the user's code: any directory every host has will do.
+      // The ranks run the delivered benchmark, not the user's code: any directory every host has will do.
       o.name = "bench";
       o.workdir = "/";
       o.ranks = "0";
       o.no_prefix = true;
-      std::vector<std::string> cmd = {self_exe(), "__bench-worker",
-                                      "--op",     f.op,
-                                      "--redop",  f.redop,
-                                      "--dtype",  f.dtype,
-                                      "-b",       f.min_bytes,
-                                      "-e",       f.max_bytes,
-                                      "-f",       f.factor,
-                                      "--iters",  std::to_string(f.iters),
-                                      "--warmup", std::to_string(f.warmup),
-                                      "--stat",   f.stat};
+      std::vector<std::string> cmd = {"/bin/sh",
+                                      "-c",
+                                      "exec \"${MLTRAIN_RUNTIME:?the agent could not unpack the mltrain "
+                                      "runtime on this host}/bin/mltrain-comm-bench\" \"$@\"",
+                                      "mltrain-bench",
+                                      "--op",
+                                      f.op,
+                                      "--redop",
+                                      f.redop,
+                                      "--dtype",
+                                      f.dtype,
+                                      "-b",
+                                      f.min_bytes,
+                                      "-e",
+                                      f.max_bytes,
+                                      "-f",
+                                      f.factor,
+                                      "--iters",
+                                      std::to_string(f.iters),
+                                      "--warmup",
+                                      std::to_string(f.warmup),
+                                      "--stat",
+                                      f.stat};
       if (f.check) cmd.push_back("--check");
       if (f.json) cmd.push_back("--json");
       req.command = std::move(cmd);

@@ -36,9 +36,6 @@ void register_doctor(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_bench(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_knobs(CLI::App& app, Global& g, std::function<int()>& handler);
 
-// The rank side of `mltrain bench` (argv[0] is "__bench-worker").
-int bench_worker_main(int argc, char** argv);
-
 // Whether console output should be coloured (flag, NO_COLOR, TTY).
 bool use_color(const Global& g, int fd);
 

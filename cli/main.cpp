@@ -127,9 +127,6 @@ int main(int argc, char** argv) {
   for (int fd = 0; fd < 3; ++fd)
     if (::fcntl(fd, F_GETFD) < 0 && ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY) < 0) return 255;
   try {
-    // Ranks of `mltrain bench` are mltrain itself; they speak the benchmark's own flags.
-    if (argc >= 2 && std::strcmp(argv[1], "__bench-worker") == 0)
-      return cli::bench_worker_main(argc - 1, argv + 1);
     return cli::run_main(argc, argv);
   } catch (const Error& e) {
     std::fflush(stdout);

@@ -140,8 +140,11 @@ struct Spawn {  // id = rank
   std::string cwd;
   std::vector<std::string> argv, env;  // env: "K=V", set over the agent's own environment
   uint32_t stdin_pipe = 0;             // 1: the rank's stdin is a pipe fed by Stdin frames, else /dev/null
-  void put(Writer& w) const { w.str(cwd).strings(argv).strings(env).u32(stdin_pipe); }
-  void get(Reader& r) { cwd = r.str(), argv = r.strings(), env = r.strings(), stdin_pipe = r.u32(); }
+  uint32_t python_path = 1;            // 1: the runtime's Python package goes first on PYTHONPATH
+  void put(Writer& w) const { w.str(cwd).strings(argv).strings(env).u32(stdin_pipe).u32(python_path); }
+  void get(Reader& r) {
+    cwd = r.str(), argv = r.strings(), env = r.strings(), stdin_pipe = r.u32(), python_path = r.u32();
+  }
 };
 struct Stdin {  // id = rank; bytes for the stdin of a rank spawned with stdin_pipe
   static constexpr Type kType = Type::stdin_data;

@@ -138,6 +138,40 @@ void Agent::reap() {
   }
 }
 
+// The comm runtime for every rank: MLTRAIN_RUNTIME, MLTRAIN_COMM_LIB (the library by absolute
+// path: no LD_LIBRARY_PATH), the Python package first on PYTHONPATH unless the spec opted out.
+// What the job's own env sets (the Spawn's env) wins over the runtime's.
+void Agent::add_runtime_env(std::map<std::string, std::string>& merged, const msg::Spawn& m) {
+  if (!runtime_tried_) {
+    runtime_tried_ = true;
+    std::string why;
+    runtime_dir_ = unpack_runtime(why);
+    if (runtime_dir_.empty())
+      send(msg::AgentError{
+          "cannot unpack the mltrain runtime (" + why +
+          "): `import mltrain` and `mltrain bench` will not work on this host; free some space "
+          "in the agent's folder or set HOME"});
+  }
+  if (runtime_dir_.empty()) return;
+  auto set_by_job = [&](const std::string& key) {
+    for (const auto& kv : m.env)
+      if (kv.compare(0, key.size() + 1, key + "=") == 0) return true;
+    return false;
+  };
+  auto set = [&](const std::string& key, const std::string& value) {
+    if (!set_by_job(key)) merged[key] = key + "=" + value;
+  };
+  set("MLTRAIN_RUNTIME", runtime_dir_);
+  set("MLTRAIN_COMM_LIB", runtime_dir_ + "/lib/libmltrain-comm.so.0");
+  if (m.python_path) {
+    std::string py = runtime_dir_ + "/python";
+    auto it = merged.find("PYTHONPATH");
+    if (it != merged.end() && it->second.size() > sizeof "PYTHONPATH")
+      py += ":" + it->second.substr(sizeof "PYTHONPATH");
+    merged["PYTHONPATH"] = "PYTHONPATH=" + py;
+  }
+}
+
 void Agent::on(uint32_t id, msg::Spawn& m) {
   std::string& cwd = m.cwd;
   std::vector<std::string>& argv = m.argv;
@@ -162,6 +196,7 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
     auto eq = kv.find('=');
     if (eq != std::string::npos) merged[kv.substr(0, eq)] = kv;
   }
+  add_runtime_env(merged, m);
   std::vector<char*> envp, args;
   for (auto& [k, kv] : merged) envp.push_back(kv.data());
   envp.push_back(nullptr);

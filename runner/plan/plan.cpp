@@ -224,6 +224,7 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
   // Program and working directory.
   p.argv = s.run.command ? std::vector<std::string>{"/bin/sh", "-c", *s.run.command} : s.run.argv;
   p.workdir = s.run.workdir.empty() ? in.cwd : s.run.workdir;
+  p.python_path = s.run.python_path;
 
   // Rendezvous addresses. All-local jobs use loopback; the SSH transport replaces master_addr
   // with an address of rank 0's host that the other hosts reach.

@@ -37,6 +37,7 @@ struct Plan {
   std::vector<RankPlan> ranks;
   std::vector<std::string> argv;  // the program each rank runs
   std::string workdir;
+  bool python_path = true;  // [run] python_path: the delivered Python package first on PYTHONPATH
   std::string master_addr;
   int master_port = 0;
   std::string store_addr;

@@ -26,6 +26,7 @@ struct RunSection {
   int max_restarts = 0;
   Duration timeout{0};  // 0: none
   Duration grace_period{std::chrono::seconds(5)};
+  bool python_path = true;  // the delivered `mltrain` Python package first on the ranks' PYTHONPATH
 };
 
 struct ClusterSection {

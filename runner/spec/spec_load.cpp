@@ -277,6 +277,8 @@ void apply(const toml::table& root, JobSpec& s, const std::string& base_dir, boo
                        {"timeout", [&](const toml::node& v) { s.run.timeout = get_duration(v, "timeout"); }},
                        {"grace_period",
                         [&](const toml::node& v) { s.run.grace_period = get_duration(v, "grace_period"); }},
+                       {"python_path",
+                        [&](const toml::node& v) { s.run.python_path = get_bool(v, "python_path"); }},
                    });
            }},
           {"cluster",
@@ -561,6 +563,7 @@ std::string to_toml(const JobSpec& s) {
   run.insert("max_restarts", s.run.max_restarts);
   run.insert("timeout", text::format_duration(s.run.timeout));
   run.insert("grace_period", text::format_duration(s.run.grace_period));
+  run.insert("python_path", s.run.python_path);
   root.insert("run", run);
   toml::table cluster;
   toml::array hosts;

@@ -415,6 +415,7 @@ void Gang::spawn_all() {
     m.argv = plan_.argv;
     for (const auto& [k, v] : r.env) m.env.push_back(k + "=" + v);
     m.stdin_pipe = r.rank == opts_.stdin_rank;
+    m.python_path = plan_.python_path;
     send_to(hosts_[size_t(r.host)], m, uint32_t(r.rank));
     // A restarted rank finds the launcher's stdin already at its end.
     if (m.stdin_pipe && stdin_eof_) send_to(hosts_[size_t(r.host)], msg::StdinClose{}, uint32_t(r.rank));

@@ -27,6 +27,9 @@ void log_err(const char* fmt, const char* arg);
 // `marker` once the agent is gone. Returns the end of its pipe the agent keeps open (-1 on failure)
 // and sets `warden` to its pid.
 int start_warden(const std::string& marker, pid_t& warden);
+// Unpacks (or repairs) the comm runtime the agent carries (runtime.cpp) and returns its folder:
+// lib/libmltrain-comm.so.0, bin/mltrain-comm-bench, python/mltrain/. "" with `why` on failure.
+std::string unpack_runtime(std::string& why);
 
 struct Rank {
   uint32_t id = 0;
@@ -48,6 +51,7 @@ class Agent {
   void handle_frame(Frame&& f);
   void on(uint32_t id, const msg::Hello& m);
   void on(uint32_t id, msg::Spawn& m);
+  void add_runtime_env(std::map<std::string, std::string>& merged, const msg::Spawn& m);
   void on(uint32_t id, const msg::Prepare& m);
   void on(uint32_t id, const msg::Probe& m);
   void on(uint32_t id, msg::Stdin& m);
@@ -95,6 +99,8 @@ class Agent {
   int64_t exit_deadline_ms_ = -1;
   int warden_fd_ = -1;  // held open for the warden's sake, never written (-2: no warden)
   pid_t warden_ = -1;
+  bool runtime_tried_ = false;
+  std::string runtime_dir_;  // the unpacked comm runtime ("" when it could not be unpacked)
 };
 
 }  // namespace mltrain::agent::detail

@@ -1,0 +1,397 @@
+"""mltrain: the collectives of libmltrain-comm for Python workers started by `mltrain run`.
+
+    import mltrain
+    mltrain.init()                       # joins the job from the rank environment
+    x = numpy.ones(1 << 20, numpy.float32)
+    mltrain.allreduce(x)                 # in place: x is now the sum over every rank
+    h = mltrain.allreduce_async(y, "avg")
+    ...                                  # compute while it runs
+    h.wait()
+
+Arrays are numpy arrays or CPU torch tensors, C-contiguous; results land in them in place, with
+no copy. Every rank makes the same calls in the same order (collectives). A failure raises
+CommError with the library's message, which names the rank and host that did not answer; after
+one, the communicator is broken and every later call raises too. Pure Python over the C API
+(comm/include/mltrain/comm.h): hosts need no compiler. docs/python.md has the whole story.
+"""
+import atexit
+import os
+import queue
+import threading
+
+from . import _capi
+
+__all__ = [
+    "CommError", "Communicator", "Handle", "init", "is_initialized", "shutdown", "rank", "size",
+    "local_rank", "local_size", "allreduce", "allreduce_async", "broadcast", "broadcast_async",
+    "allgather", "allgather_async", "reduce_scatter", "reduce_scatter_async", "barrier",
+    "library_path",
+]
+
+OPS = {"sum": _capi.SUM, "prod": _capi.PROD, "min": _capi.MIN, "max": _capi.MAX, "avg": _capi.AVG}
+
+
+class CommError(RuntimeError):
+    """A collective failed. str() is the library's message (it names the rank and host that did
+    not answer); `code` is the C status name: usage, store, timeout, peer, mismatch or internal."""
+
+    def __init__(self, message, code="internal"):
+        super().__init__(message)
+        self.code = code
+
+
+def library_path():
+    """The libmltrain-comm this process loads (see mltrain._capi)."""
+    return _capi.library_path()
+
+
+# --- arrays ---------------------------------------------------------------------------------------
+
+_NUMPY_DTYPES = {"float32": _capi.F32, "float64": _capi.F64, "float16": _capi.F16,
+                 "bfloat16": _capi.BF16, "int32": _capi.I32, "int64": _capi.I64, "uint8": _capi.U8}
+_TORCH_DTYPES = {"torch.float32": _capi.F32, "torch.float64": _capi.F64, "torch.float16": _capi.F16,
+                 "torch.bfloat16": _capi.BF16, "torch.int32": _capi.I32, "torch.int64": _capi.I64,
+                 "torch.uint8": _capi.U8}
+
+
+def _is_torch(x):
+    return type(x).__module__.startswith("torch")
+
+
+def _view(x, what, writable):
+    """(address, element count, C dtype) of a contiguous numpy array or CPU torch tensor."""
+    if _is_torch(x):
+        if x.device.type != "cpu":
+            raise ValueError(f"{what}: a {x.device.type} tensor; this build of mltrain reduces CPU "
+                             "tensors only (move it with .cpu())")
+        dtype = _TORCH_DTYPES.get(str(x.dtype))
+        if dtype is None:
+            raise TypeError(f"{what}: dtype {x.dtype} is not supported; use one of "
+                            + ", ".join(_TORCH_DTYPES))
+        if not x.is_contiguous():
+            raise ValueError(f"{what}: the tensor is not contiguous; pass x.contiguous() and use "
+                             "the result")
+        return x.data_ptr(), x.numel(), dtype
+    if type(x).__module__ == "numpy" and hasattr(x, "__array_interface__"):
+        dtype = _NUMPY_DTYPES.get(x.dtype.name)
+        if dtype is None:
+            raise TypeError(f"{what}: dtype {x.dtype} is not supported; use one of "
+                            + ", ".join(k for k in _NUMPY_DTYPES if k != "bfloat16"))
+        if not x.flags.c_contiguous:
+            raise ValueError(f"{what}: the array is not C-contiguous; pass "
+                             "numpy.ascontiguousarray(x) and use the result")
+        if writable and not x.flags.writeable:
+            raise ValueError(f"{what}: the array is read-only and the result lands in it")
+        return x.__array_interface__["data"][0], x.size, dtype
+    raise TypeError(f"{what}: expected a numpy array or a torch tensor, not {type(x).__name__}")
+
+
+def _empty_like(x, shape):
+    if _is_torch(x):
+        import torch
+        return torch.empty(shape, dtype=x.dtype, device=x.device)
+    import numpy
+    return numpy.empty(shape, dtype=x.dtype)
+
+
+def _op_code(op):
+    if isinstance(op, int) and op in OPS.values():
+        return op
+    code = OPS.get(str(op).lower())
+    if code is None:
+        raise ValueError(f"op {op!r}: use one of {', '.join(OPS)}")
+    return code
+
+
+# --- handles and the communicator -----------------------------------------------------------------
+
+class Handle:
+    """An operation started by an *_async call. wait() returns its result (the output array) or
+    raises its CommError. The arrays stay referenced until it is done."""
+
+    def __init__(self, fn, result):
+        self._fn = fn
+        self._result = result
+        self._error = None
+        self._done = threading.Event()
+        self._callbacks = []
+        self._cb_lock = threading.Lock()
+
+    def _run(self):
+        try:
+            self._fn()
+        except BaseException as e:  # noqa: B902 - delivered to wait()
+            self._error = e
+        self._fn = None
+        with self._cb_lock:
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            cb(self)
+
+    def done(self):
+        return self._done.is_set()
+
+    def wait(self, timeout=None):
+        if not self._done.wait(timeout):
+            raise TimeoutError("the operation is still running")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def exception(self):
+        self._done.wait()
+        return self._error
+
+    def add_done_callback(self, cb):
+        """cb(handle) runs once the operation is done: on the communicator's thread, or at once
+        when it already is."""
+        with self._cb_lock:
+            if not self._done.is_set():
+                self._callbacks.append(cb)
+                return
+        cb(self)
+
+
+class Communicator:
+    """One rank's membership in the job: rank, size, local_rank, local_size and the collectives.
+    Made by init() (or Communicator() for one of your own) from the rank environment that
+    `mltrain run` (or torchrun) sets. Not for use from several threads at once."""
+
+    def __init__(self):
+        self._lib = _capi.load()
+        import ctypes
+        ptr = ctypes.c_void_p()
+        self._call(self._lib.mltrain_comm_init_from_env, ctypes.byref(ptr))
+        self._ptr = ptr
+        self.rank = self._lib.mltrain_comm_rank(ptr)
+        self.size = self._lib.mltrain_comm_size(ptr)
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        self._queue = None
+        self._worker = None
+        self._last = None  # the latest async operation, for ordering with blocking calls
+
+    def _call(self, fn, *args):
+        rc = fn(*args)
+        if rc != 0:
+            msg = self._lib.mltrain_comm_last_error()
+            raise CommError(msg.decode(errors="replace") if msg else f"error {rc}",
+                            _capi.STATUS_NAMES.get(rc, "internal"))
+
+    def _ptr_or_raise(self):
+        if self._ptr is None:
+            raise CommError("the communicator is closed", "usage")
+        return self._ptr
+
+    # Blocking calls run on the caller's thread once every earlier async call has finished, so
+    # every rank sees the same order. ctypes drops the GIL inside the C call.
+    def _blocking(self, fn):
+        if self._last is not None and not self._last.done():
+            self._last._done.wait()
+        fn()
+
+    def _async(self, fn, result):
+        if self._worker is None:
+            self._queue = queue.SimpleQueue()
+            self._worker = threading.Thread(target=self._serve, name="mltrain-comm", daemon=True)
+            self._worker.start()
+        h = Handle(fn, result)
+        self._last = h
+        self._queue.put(h)
+        return h
+
+    def _serve(self):
+        while True:
+            h = self._queue.get()
+            if h is None:
+                return
+            h._run()
+
+    def _allreduce_fn(self, x, op):
+        addr, n, dt = _view(x, "allreduce", True)
+        code = _op_code(op)
+        p = self._ptr_or_raise()
+        return lambda: self._call(self._lib.mltrain_comm_allreduce, p, addr, addr, n, dt, code)
+
+    def _broadcast_fn(self, x, root):
+        addr, n, dt = _view(x, "broadcast", True)
+        if not 0 <= root < self.size:
+            raise ValueError(f"broadcast: root {root} is not a rank (size {self.size})")
+        p = self._ptr_or_raise()
+        return lambda: self._call(self._lib.mltrain_comm_broadcast, p, addr, n, dt, root)
+
+    def _allgather_fn(self, x, out):
+        addr, n, dt = _view(x, "allgather input", False)
+        if out is None:
+            out = _empty_like(x, (self.size * x.shape[0],) + tuple(x.shape[1:]) if x.ndim else (self.size,))
+        oaddr, on, odt = _view(out, "allgather output", True)
+        if odt != dt or on != n * self.size:
+            raise ValueError(f"allgather: the output needs {n * self.size} elements of the input's "
+                             f"dtype, it has {on}")
+        p = self._ptr_or_raise()
+        return (lambda: self._call(self._lib.mltrain_comm_allgather, p, addr, oaddr, n, dt)), out
+
+    def _reduce_scatter_fn(self, x, op, out):
+        addr, n, dt = _view(x, "reduce_scatter input", False)
+        if n % self.size:
+            raise ValueError(f"reduce_scatter: {n} elements do not split into {self.size} equal "
+                             "blocks; pad the input to a multiple of the job size")
+        rn = n // self.size
+        if out is None:
+            shape = ((x.shape[0] // self.size,) + tuple(x.shape[1:])
+                     if x.ndim and x.shape[0] % self.size == 0 else (rn,))
+            out = _empty_like(x, shape)
+        oaddr, on, odt = _view(out, "reduce_scatter output", True)
+        if odt != dt or on != rn:
+            raise ValueError(f"reduce_scatter: the output needs {rn} elements of the input's "
+                             f"dtype, it has {on}")
+        code = _op_code(op)
+        p = self._ptr_or_raise()
+        return (lambda: self._call(self._lib.mltrain_comm_reduce_scatter, p, addr, oaddr, rn, dt, code)), out
+
+    def allreduce(self, x, op="sum"):
+        """Reduces x over every rank, in place (op: sum, prod, min, max, avg). Returns x."""
+        self._blocking(self._allreduce_fn(x, op))
+        return x
+
+    def allreduce_async(self, x, op="sum"):
+        return self._async(self._allreduce_fn(x, op), x)
+
+    def broadcast(self, x, root=0):
+        """Copies root's x into x on every rank, in place. Returns x."""
+        self._blocking(self._broadcast_fn(x, root))
+        return x
+
+    def broadcast_async(self, x, root=0):
+        return self._async(self._broadcast_fn(x, root), x)
+
+    def allgather(self, x, out=None):
+        """Concatenates every rank's x along the first axis (rank order). Returns the output: `out`
+        (size * x.size elements) or a new array."""
+        fn, out = self._allgather_fn(x, out)
+        self._blocking(fn)
+        return out
+
+    def allgather_async(self, x, out=None):
+        fn, out = self._allgather_fn(x, out)
+        return self._async(fn, out)
+
+    def reduce_scatter(self, x, op="sum", out=None):
+        """Reduces x over every rank and returns this rank's block of the result (x.size / size
+        elements; block i goes to rank i): `out` or a new array."""
+        fn, out = self._reduce_scatter_fn(x, op, out)
+        self._blocking(fn)
+        return out
+
+    def reduce_scatter_async(self, x, op="sum", out=None):
+        fn, out = self._reduce_scatter_fn(x, op, out)
+        return self._async(fn, out)
+
+    def barrier(self):
+        p = self._ptr_or_raise()
+        self._blocking(lambda: self._call(self._lib.mltrain_comm_barrier, p))
+
+    def barrier_async(self):
+        p = self._ptr_or_raise()
+        return self._async(lambda: self._call(self._lib.mltrain_comm_barrier, p), None)
+
+    def close(self):
+        """Waits for the async operations in flight, then leaves the job. Idempotent."""
+        if self._ptr is None:
+            return
+        if self._worker is not None:
+            self._queue.put(None)
+            self._worker.join()
+            self._worker = None
+        self._lib.mltrain_comm_destroy(self._ptr)
+        self._ptr = None
+
+
+# --- the process's communicator -------------------------------------------------------------------
+
+_default = None
+_default_lock = threading.Lock()
+
+
+def init():
+    """Joins the job from the rank environment (RANK, WORLD_SIZE, MLTRAIN_STORE or MASTER_ADDR /
+    MASTER_PORT, MLTRAIN_TOKEN: what `mltrain run` sets). Collective; idempotent. Returns the
+    process's Communicator."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Communicator()
+            atexit.register(shutdown)
+        return _default
+
+
+def is_initialized():
+    return _default is not None
+
+
+def shutdown():
+    """Leaves the job (after the async operations in flight). init() may join again."""
+    global _default
+    with _default_lock:
+        if _default is not None:
+            _default.close()
+            _default = None
+
+
+def _comm():
+    if _default is None:
+        raise ValueError("mltrain is not initialized: call mltrain.init() first")
+    return _default
+
+
+def rank():
+    return _comm().rank
+
+
+def size():
+    return _comm().size
+
+
+def local_rank():
+    return _comm().local_rank
+
+
+def local_size():
+    return _comm().local_size
+
+
+def allreduce(x, op="sum"):
+    return _comm().allreduce(x, op)
+
+
+def allreduce_async(x, op="sum"):
+    return _comm().allreduce_async(x, op)
+
+
+def broadcast(x, root=0):
+    return _comm().broadcast(x, root)
+
+
+def broadcast_async(x, root=0):
+    return _comm().broadcast_async(x, root)
+
+
+def allgather(x, out=None):
+    return _comm().allgather(x, out)
+
+
+def allgather_async(x, out=None):
+    return _comm().allgather_async(x, out)
+
+
+def reduce_scatter(x, op="sum", out=None):
+    return _comm().reduce_scatter(x, op, out)
+
+
+def reduce_scatter_async(x, op="sum", out=None):
+    return _comm().reduce_scatter_async(x, op, out)
+
+
+def barrier():
+    return _comm().barrier()

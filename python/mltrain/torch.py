@@ -1,0 +1,184 @@
+"""PyTorch on mltrain's collectives.
+
+A stock DDP script moves its gradient traffic to mltrain with one line after wrapping the model:
+
+    ddp = DistributedDataParallel(model)                            # gloo, as before
+    ddp.register_comm_hook(None, mltrain.torch.allreduce_hook)      # gradients: mltrain
+
+(None: the process's communicator, joined on first use; or pass mltrain.init()). For scripts
+without DDP, Horovod style:
+
+    mltrain.init()
+    mltrain.torch.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = mltrain.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+
+fixed_point_hook reduces gradients as 64-bit fixed-point integers: the sum is exact, so the
+result does not depend on the order of reduction (ring, halving-doubling, host layout, backend).
+"""
+import torch
+
+import mltrain as _ml
+
+__all__ = ["allreduce_hook", "fixed_point_hook", "FixedPoint", "broadcast_parameters",
+           "DistributedOptimizer"]
+
+
+def _comm_of(state):
+    if state is None:
+        return _ml.init()
+    if isinstance(state, _ml.Communicator):
+        return state
+    comm = getattr(state, "comm", None)
+    return comm if comm is not None else _ml.init()
+
+
+def _future_of(handle, finish):
+    """A torch Future completed on the communicator's thread with finish() or the error."""
+    fut = torch.futures.Future()
+
+    def done(h):
+        err = h.exception()
+        if err is not None:
+            fut.set_exception(err)
+            return
+        try:
+            fut.set_result(finish())
+        except BaseException as e:  # noqa: B902 - handed to the waiting backward pass
+            fut.set_exception(e)
+
+    handle.add_done_callback(done)
+    return fut
+
+
+def allreduce_hook(state, bucket):
+    """DDP communication hook: the bucket's gradients averaged over every rank, as DDP's own
+    allreduce does it (divide by the world size, then sum), through mltrain. Asynchronous: the
+    backward pass keeps computing while the bucket travels."""
+    comm = _comm_of(state)
+    t = bucket.buffer()
+    t.div_(comm.size)
+    return _future_of(comm.allreduce_async(t, "sum"), lambda: t)
+
+
+class FixedPoint:
+    """State of fixed_point_hook: gradients are rounded to multiples of 2**-frac_bits and summed
+    as int64, exactly. |gradient| * world size must stay below 2**(63 - frac_bits)
+    (2**31 / size with the default 32 bits); larger values raise instead of wrapping."""
+
+    def __init__(self, frac_bits=32, comm=None):
+        if not 0 <= frac_bits <= 52:
+            raise ValueError("frac_bits must be within 0..52")
+        self.frac_bits = frac_bits
+        self.comm = comm
+
+
+def to_fixed(t, frac_bits, size):
+    """The int64 fixed-point form of gradient tensor t (checked against overflow of the sum)."""
+    scaled = t.double() * float(2 ** frac_bits)
+    limit = float(2 ** 62) / size
+    if scaled.numel() and scaled.abs().max().item() >= limit:
+        raise OverflowError(f"a gradient of magnitude {scaled.abs().max().item() / 2 ** frac_bits:.3g} "
+                            f"overflows {frac_bits}-bit fixed point over {size} ranks; "
+                            "lower FixedPoint(frac_bits=...)")
+    return scaled.round().long()
+
+
+def from_fixed(q, frac_bits, size, dtype):
+    """The average from a summed fixed-point tensor, in the gradient dtype."""
+    return (q.double() * (1.0 / float(2 ** frac_bits)) / size).to(dtype)
+
+
+def fixed_point_hook(state, bucket):
+    """DDP communication hook: averages the bucket exactly (see FixedPoint); the same result,
+    bit for bit, on every rank and whatever the reduction order. state: a FixedPoint or None."""
+    state = state if isinstance(state, FixedPoint) else FixedPoint(comm=_comm_of(state))
+    comm = _comm_of(state.comm)
+    t = bucket.buffer()
+    q = to_fixed(t, state.frac_bits, comm.size)
+
+    def finish():
+        t.copy_(from_fixed(q, state.frac_bits, comm.size, t.dtype))
+        return t
+
+    return _future_of(comm.allreduce_async(q, "sum"), finish)
+
+
+def broadcast_parameters(params, root_rank=0, comm=None):
+    """Copies root_rank's tensors into every rank's, in place: a state_dict, named_parameters(),
+    or an iterable of tensors (same order on every rank)."""
+    comm = _comm_of(comm)
+    items = params.items() if hasattr(params, "items") else params
+    handles = []
+    with torch.no_grad():
+        for item in items:
+            t = item[1] if isinstance(item, tuple) else item
+            if not torch.is_tensor(t):
+                continue
+            handles.append(comm.broadcast_async(t.data if t.requires_grad else t, root_rank))
+        for h in handles:
+            h.wait()
+
+
+class _Sync:
+    """The allreduce of an optimizer's gradients, in buckets of about bucket_bytes (one dtype
+    each), every bucket in flight at once."""
+
+    def __init__(self, comm, bucket_bytes):
+        self.comm = comm
+        self.bucket_bytes = bucket_bytes
+
+    def params(self, optimizer):
+        return [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+
+    def run(self, optimizer):
+        params = self.params(optimizer)
+        for p in params:
+            if p.grad is None:  # every rank must reduce the same tensors
+                p.grad = torch.zeros_like(p)
+        buckets, cur, cur_bytes = [], [], 0
+        for p in params:
+            nbytes = p.grad.numel() * p.grad.element_size()
+            if cur and (cur_bytes + nbytes > self.bucket_bytes or cur[0].grad.dtype != p.grad.dtype):
+                buckets.append(cur)
+                cur, cur_bytes = [], 0
+            cur.append(p)
+            cur_bytes += nbytes
+        if cur:
+            buckets.append(cur)
+        flights = []
+        for b in buckets:
+            flat = torch.cat([p.grad.reshape(-1) for p in b]) if len(b) > 1 else b[0].grad.reshape(-1).contiguous()
+            flights.append((b, flat, self.comm.allreduce_async(flat, "sum")))
+        for b, flat, h in flights:
+            h.wait()
+            flat.div_(self.comm.size)
+            off = 0
+            for p in b:
+                n = p.grad.numel()
+                p.grad.copy_(flat[off:off + n].view_as(p.grad))
+                off += n
+
+
+def DistributedOptimizer(optimizer, comm=None, bucket_bytes=25 << 20):
+    """Horovod-style: the optimizer, whose step() first averages the gradients over every rank.
+    The returned object is an instance of the optimizer's own class (LR schedulers and
+    state_dict work), sharing its state; synchronize() does the averaging alone."""
+    sync = _Sync(_comm_of(comm), bucket_bytes)
+    base = optimizer.__class__
+
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        sync.run(self)
+        base.step(self, None)
+        return loss
+
+    def synchronize(self):
+        sync.run(self)
+
+    cls = type("Distributed" + base.__name__, (base,), {"step": step, "synchronize": synchronize})
+    dist_opt = cls.__new__(cls)
+    dist_opt.__dict__ = optimizer.__dict__
+    return dist_opt
