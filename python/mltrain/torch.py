@@ -33,21 +33,19 @@ def _comm_of(state):
 
 
 def _future_of(handle, finish):
-    """A torch Future completed on the communicator's thread with finish() or the error."""
+    """A torch Future of finish()'s value once the handle is done, or of the handle's error: raised
+    inside a then() callback, which is how torch hands a Python error to the waiting backward pass
+    with its message intact."""
     fut = torch.futures.Future()
+    handle.add_done_callback(lambda h: fut.set_result(None))
 
-    def done(h):
-        err = h.exception()
+    def result(_):
+        err = handle.exception()
         if err is not None:
-            fut.set_exception(err)
-            return
-        try:
-            fut.set_result(finish())
-        except BaseException as e:  # noqa: B902 - handed to the waiting backward pass
-            fut.set_exception(e)
+            raise err
+        return finish()
 
-    handle.add_done_callback(done)
-    return fut
+    return fut.then(result)
 
 
 def allreduce_hook(state, bucket):

@@ -1,7 +1,7 @@
 """A rank killed mid-allreduce: every other rank gets an error naming it within the timeout, and
 mltrain reports it.
 
-The ranks run the comm benchmark (`mltrain __bench-worker`, a long 64 MiB f32 allreduce loop) and
+The ranks run the comm benchmark (the one the agent delivers, a long 64 MiB f32 allreduce loop) and
 ignore SIGTERM, so mltrain's teardown (TERM, then KILL after --grace-period 10s) cannot end them
 before they fail on their own: with MLTRAIN_COMM_TIMEOUT=5s they must exit with the comm error
 (exit code 1, not a signal), naming rank 1, well within the grace period. Rank 1 SIGKILLs itself
@@ -13,7 +13,6 @@ the test cluster is available, across 3 hosts of it (TCP: `rank 1 (h2) closed th
 import json
 import os
 import re
-import shutil
 import time
 
 import pytest
@@ -38,7 +37,7 @@ WORKER = ('trap "" TERM; '
           '    do sleep 0.1; i=$((i+1)); done; sleep 3; '
           '  else sleep "$DELAY"; fi; '
           '  date +%s.%N > "$D/killed"; kill -9 $$ ) & fi; '
-          'exec "$BIN" __bench-worker -b 64M -e 64M --iters 100000 --warmup 0')
+          'exec "$MLTRAIN_RUNTIME/bin/mltrain-comm-bench" -b 64M -e 64M --iters 100000 --warmup 0')
 
 
 def _run_env_pids(run_id):
@@ -95,7 +94,7 @@ def test_killed_rank_named_by_all_local(ml, tmp_path):
     t0 = time.monotonic()
     r = ml("run", "-n", "3", "--grace-period", f"{GRACE_S}s",
            "--env", f"MLTRAIN_COMM_TIMEOUT={COMM_TIMEOUT_S}s",
-           "--env", f"D={d}", "--env", f"RUNS={ml.runs_dir}", "--env", f"BIN={ml.bin}",
+           "--env", f"D={d}", "--env", f"RUNS={ml.runs_dir}",
            "--", "sh", "-c", WORKER, timeout=120)
     elapsed = time.monotonic() - t0
     rec = json.loads(ml("show", "--json").stdout)
@@ -123,16 +122,12 @@ except Exception:  # pragma: no cover - the helper is part of the repo; be safe 
 
 @pytest.mark.skipif(cluster is None, reason="tests/e2e/multihost_fixtures.py not importable")
 def test_killed_rank_named_by_all_cluster(mh, cluster, tmp_path):
-    # The cluster user must be able to run the binary and write the kill time: both in mh.shared.
-    binary = mh.shared / "mltrain"
-    shutil.copy2(mh.ml.bin, binary)
-    binary.chmod(0o755)
+    # The cluster user must be able to write the kill time: in mh.shared.
     hostfile = mh.ml.write("hostfile", "h1 slots=1\nh2 slots=1\nh3 slots=1\n")
     t0 = time.monotonic()
     r = mh.run("--hostfile", hostfile, "--workdir", "/tmp", "--grace-period", f"{GRACE_S}s",
                "--env", f"MLTRAIN_COMM_TIMEOUT={COMM_TIMEOUT_S}s",
                "--env", f"D={mh.shared}", "--env", "RUNS=", "--env", "DELAY=4",
-               "--env", f"BIN={binary}",
                "--", "sh", "-c", WORKER, timeout=120)
     elapsed = time.monotonic() - t0
     rec = mh.show()

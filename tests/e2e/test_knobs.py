@@ -53,8 +53,9 @@ def test_json_has_each_knob_once_with_its_current_value(ml):
 
 
 def _bench_worker(ml, timeout_value):
-    return ml("__bench-worker", "-b", "4K", "-e", "4K", "--iters", "2", "--warmup", "0",
-              env={"RANK": "0", "WORLD_SIZE": "1", "MLTRAIN_COMM_TIMEOUT": timeout_value})
+    # The benchmark the agent delivered, in a one-rank job.
+    return ml("run", "-n", "1", "--env", f"MLTRAIN_COMM_TIMEOUT={timeout_value}", "--", "sh", "-c",
+              'exec "$MLTRAIN_RUNTIME/bin/mltrain-comm-bench" -b 4K -e 4K --iters 2 --warmup 0')
 
 
 def test_comm_reads_durations_with_units(ml):

@@ -5,7 +5,6 @@ has its own /dev/shm. The comm library must choose shared memory by what can sha
 and /dev/shm), not by name: ranks on one host use shm, ranks on the twins TCP.
 """
 import re
-import shutil
 
 import pytest
 
@@ -26,11 +25,9 @@ def mh(ml, cluster, shared_root, request):  # noqa: F811
 def test_twins_by_name_talk_tcp_and_ranks_on_one_host_shm(mh, cluster):
     assert cluster.run("h1", ["hostname"]).stdout.strip() == "twin"
     assert cluster.run("h2", ["hostname"]).stdout.strip() == "twin"
-    binary = mh.shared / "mltrain"
-    shutil.copy2(mh.ml.bin, binary)
-    binary.chmod(0o755)
     r = mh.run("-H", "h1:2,h2:2", "-n", "4", "--workdir", "/tmp", "--env", "MLTRAIN_COMM_DEBUG=1",
-               "--env", "MLTRAIN_COMM_TIMEOUT=30s", "--", str(binary), "__bench-worker",
+               "--env", "MLTRAIN_COMM_TIMEOUT=30s",
+               "--", "sh", "-c", 'exec "$MLTRAIN_RUNTIME/bin/mltrain-comm-bench" "$@"', "bench",
                "-b", "4K", "-e", "64K", "--iters", "5", "--warmup", "1", timeout=120)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]

@@ -12,7 +12,7 @@ from conftest import communicate, wait_for
 
 # Rank 1 kills itself (its process: the benchmark replaced the shell) when $D/kill appears.
 WORKER = ('if [ "$RANK" = 1 ]; then ( while [ ! -e "$D/kill" ]; do sleep 0.05; done; kill -9 $$ ) & fi; '
-          'exec "$BIN" __bench-worker -b 4M -e 4M --iters 1000000 --warmup 0')
+          'exec "$MLTRAIN_RUNTIME/bin/mltrain-comm-bench" -b 4M -e 4M --iters 1000000 --warmup 0')
 
 
 def _ours():
@@ -25,7 +25,7 @@ def test_no_shared_memory_left(ml, tmp_path, ending):
     d = tmp_path / "d"
     d.mkdir()
     p = ml.popen("run", "-n", "4", "--grace-period", "1s", "--env", "MLTRAIN_COMM_TIMEOUT=5s",
-                 "--env", f"D={d}", "--env", f"BIN={ml.bin}", "--", "sh", "-c", WORKER, text=True)
+                 "--env", f"D={d}", "--", "sh", "-c", WORKER, text=True)
     try:
         # Inside the timed loop: every rank has joined and mapped its ring neighbours' memory.
         def in_loop():

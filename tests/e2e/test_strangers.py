@@ -2,7 +2,7 @@
 
 Another local user (nobody), who cannot know the job's MLTRAIN_TOKEN, holds 20,000 idle
 connections to the store that rank 0 hosts while ranks 1-3 are still to join: the job must
-still start and finish with correct results (`__bench-worker --check`)."""
+still start and finish with correct results (the delivered benchmark with `--check`)."""
 import os
 import resource
 import socket
@@ -72,7 +72,7 @@ def test_idle_connection_flood_does_not_stall_or_kill_the_job(ml, tmp_path):
     done = f"/tmp/mltrain-flood-done-{os.getpid()}"
     # Ranks at the common default of 1,024 descriptors: without bounds the store runs out.
     worker = (f'ulimit -n 1024; [ "$RANK" = 0 ] || until [ -e {go} ]; do sleep 0.05; done; '
-              f'exec {ml.bin} __bench-worker -b 64K -e 64K --iters 200 --warmup 0 --check')
+              'exec "$MLTRAIN_RUNTIME/bin/mltrain-comm-bench" -b 64K -e 64K --iters 200 --warmup 0 --check')
     job = ml.popen("run", "-n", "4", "--env", "MLTRAIN_COMM_TIMEOUT=60s", "--", "sh", "-c", worker)
     floods = []
     try:
@@ -128,7 +128,7 @@ def test_idle_strangers_on_link_ports_delay_nobody_and_are_not_blamed(ml):
     and no healthy rank is named for it (before: 10 s per stranger, then `rank 1 sent nothing`)."""
     go = f"/tmp/mltrain-links-go-{os.getpid()}"
     worker = (f'[ "$RANK" = 3 ] && until [ -e {go} ]; do sleep 0.05; done; '
-              f'exec {ml.bin} __bench-worker -b 64K -e 64K --iters 50 --warmup 0 --check')
+              'exec "$MLTRAIN_RUNTIME/bin/mltrain-comm-bench" -b 64K -e 64K --iters 50 --warmup 0 --check')
     marker = ml.marker()
     job = ml.popen("run", "-n", "4", "--env", "MLTRAIN_COMM_TRANSPORT=tcp", "--env", "MLTRAIN_COMM_TIMEOUT=20s",
                    "--env", f"MARK={marker}", "--", "sh", "-c", worker)
@@ -143,7 +143,7 @@ def test_idle_strangers_on_link_ports_delay_nobody_and_are_not_blamed(ml):
                 except OSError:
                     continue
                 rank = next((e[5:].decode() for e in env if e.startswith(b"RANK=")), None)
-                if b"__bench-worker" in cmd and rank in ("0", "1", "2"):
+                if b"/bin/mltrain-comm-bench" in cmd and rank in ("0", "1", "2"):
                     found[int(rank)] = pid
             return [found[r] for r in range(3)] if len(found) == 3 else None
         wait_for(lambda: pids() is not None, 20, "ranks 0-2 to start")

@@ -1,0 +1,98 @@
+"""A rank of the DDP tests: a small MLP trained with DistributedDataParallel (gloo process group)
+whose gradients travel through --mode:
+  gloo        DDP's own allreduce (gloo)
+  hook        mltrain.torch.allreduce_hook
+  fixed       mltrain.torch.fixed_point_hook
+  gloo-fixed  the same fixed-point reduction through gloo (torch.distributed.all_reduce on int64)
+  optimizer   no DDP: mltrain.torch.broadcast_parameters + DistributedOptimizer
+Writes its final weights (float32 bytes) to $OUT/weights-<mode>-<rank>.bin. With --kill-at K,
+rank 1 SIGKILLs itself in step K between forward and backward; the others report what the
+backward pass raised ("RAISED <type>: <message>") and exit 3.
+"""
+import argparse
+import os
+import signal
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import mltrain
+import mltrain.torch as mt
+
+
+def gloo_fixed_hook(state, bucket):
+    t = bucket.buffer()
+    q = mt.to_fixed(t, 32, dist.get_world_size())
+    fut = dist.all_reduce(q, async_op=True).get_future()
+
+    def finish(f):
+        t.copy_(mt.from_fixed(f.value()[0], 32, dist.get_world_size(), t.dtype))
+        return t
+    return fut.then(finish)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", required=True)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--kill-at", type=int, default=-1)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    if args.kill_at >= 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # fail by themselves, not by teardown
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.Tanh(), torch.nn.Linear(128, 64),
+                                torch.nn.Tanh(), torch.nn.Linear(64, 1))
+    if args.mode == "optimizer":
+        if rank != 0:  # other weights than rank 0's: the broadcast must bring rank 0's
+            torch.manual_seed(100 + rank)
+            with torch.no_grad():
+                for p in model.parameters():
+                    torch.nn.init.normal_(p, std=0.1)
+        mltrain.init()
+        mt.broadcast_parameters(model.state_dict(), root_rank=0)
+        net = model
+        opt = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+        assert isinstance(opt, torch.optim.SGD)
+    else:
+        net = DDP(model, bucket_cap_mb=0.01)  # several buckets, several hooks per step
+        if args.mode == "hook":
+            net.register_comm_hook(None, mt.allreduce_hook)
+        elif args.mode == "fixed":
+            net.register_comm_hook(mt.FixedPoint(32), mt.fixed_point_hook)
+        elif args.mode == "gloo-fixed":
+            net.register_comm_hook(None, gloo_fixed_hook)
+        elif args.mode != "gloo":
+            sys.exit(f"unknown mode {args.mode}")
+        opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+
+    g = torch.Generator().manual_seed(1000 + rank)
+    w_true = torch.linspace(-1, 1, 32)
+    for step in range(args.steps):
+        x = torch.randn(16, 32, generator=g)
+        y = torch.sin(x @ w_true).unsqueeze(1)
+        loss = torch.nn.functional.mse_loss(net(x), y)
+        opt.zero_grad()
+        if step == args.kill_at and rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            loss.backward()
+            opt.step()
+        except Exception as e:  # noqa: BLE001 - what a training script would see
+            print(f"RAISED {type(e).__name__}: {e}", flush=True)
+            sys.exit(3)
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).to(torch.float32)
+    with open(os.path.join(os.environ["OUT"], f"weights-{args.mode}-{rank}.bin"), "wb") as f:
+        f.write(flat.numpy().tobytes())
+    print(f"DDP-DONE {args.mode} rank {rank} loss {loss.item():.6f}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
