@@ -263,6 +263,10 @@ std::string describe_plan(const plan::Plan& p) {
   for (const auto& a : p.argv) argv.push_back(text::shell_quote(a));
   out += "command: " + text::join(argv, " ") + "\nworkdir: " + p.workdir + "\nmaster:  " + p.master_addr +
          ":" + std::to_string(p.master_port) + "   store: " + p.store_addr + "\n";
+  // What the agent adds to each rank's environment on its host (runner/agent/spawn.cpp).
+  out += std::string("runtime: the agent sets MLTRAIN_RUNTIME and MLTRAIN_COMM_LIB") +
+         (p.python_path ? " and puts the mltrain package first on PYTHONPATH\n"
+                        : "; PYTHONPATH left alone ([run] python_path = false)\n");
   for (const auto& h : p.hosts) {
     out += "\nhost " + h.host.name + " (node " + std::to_string(h.node_rank) + (h.local ? ", local" : "") +
            "): ranks";

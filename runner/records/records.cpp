@@ -365,6 +365,7 @@ std::string plan_to_json(const plan::Plan& p) {
          {"name", p.name},
          {"argv", p.argv},
          {"workdir", p.workdir},
+         {"python_path", p.python_path},
          {"master_addr", p.master_addr},
          {"master_port", p.master_port},
          {"store_addr", p.store_addr},
