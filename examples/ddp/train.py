@@ -4,6 +4,10 @@
     mltrain run examples/ddp.toml
     mltrain run -n 4 -- /usr/bin/python3 examples/ddp/train.py --steps 50
 
+With --mltrain-hook the gradients travel through mltrain's collectives instead of gloo: the one
+line marked below (examples/ddp_mltrain.toml runs it). The `mltrain` package needs no install:
+the agent of `mltrain run` puts it on every rank's PYTHONPATH.
+
 At the end every rank prints a digest of its weights; DDP keeps them identical on every rank.
 """
 import argparse
@@ -19,6 +23,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--mltrain-hook", action="store_true", help="gradients through mltrain, not gloo")
     args = p.parse_args()
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -30,6 +35,9 @@ def main():
     torch.manual_seed(0)  # same initial weights everywhere (DDP also broadcasts rank 0's)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).to(device)
     ddp = DDP(model, device_ids=[local_rank] if backend == "nccl" else None)
+    if args.mltrain_hook:
+        import mltrain.torch
+        ddp.register_comm_hook(None, mltrain.torch.allreduce_hook)  # <- the one line
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr)
 
     # Each rank sees its own shard of a synthetic regression problem.

@@ -49,13 +49,12 @@ def _future_of(handle, finish):
 
 
 def allreduce_hook(state, bucket):
-    """DDP communication hook: the bucket's gradients averaged over every rank, as DDP's own
-    allreduce does it (divide by the world size, then sum), through mltrain. Asynchronous: the
-    backward pass keeps computing while the bucket travels."""
+    """DDP communication hook: the bucket's gradients averaged over every rank through mltrain
+    (op avg: summed, divided once in the library's last pass over the data, no pass of its own).
+    Asynchronous: the backward pass keeps computing while the bucket travels."""
     comm = _comm_of(state)
     t = bucket.buffer()
-    t.div_(comm.size)
-    return _future_of(comm.allreduce_async(t, "sum"), lambda: t)
+    return _future_of(comm.allreduce_async(t, "avg"), lambda: t)
 
 
 class FixedPoint:

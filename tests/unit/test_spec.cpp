@@ -50,6 +50,7 @@ forward_env = ["NCCL_*"]
 max_restarts = 2
 timeout = "1h30m"
 grace_period = "10s"
+python_path = false
 [cluster]
 hosts = ["a:2", "b:2"]
 procs_per_host = 2
@@ -84,6 +85,7 @@ timestamps = true
   CHECK(s.run.max_restarts == 2);
   CHECK(s.run.timeout == std::chrono::minutes(90));
   CHECK(s.run.grace_period == std::chrono::seconds(10));
+  CHECK(!s.run.python_path);
   CHECK(s.cluster.hosts == std::vector<std::string>{"a:2", "b:2"});
   CHECK(s.cluster.procs_per_host == 2);
   CHECK(s.comm.mode == "ps");
@@ -102,6 +104,7 @@ TEST_CASE("spec: defaults and the name from the file") {
   CHECK(s.name == "my-job");
   CHECK(s.run.command == "true");
   CHECK(s.run.grace_period == std::chrono::seconds(5));
+  CHECK(s.run.python_path);
   CHECK(s.comm.master_port == 0);
   CHECK(s.logs.prefix == "auto");
 }

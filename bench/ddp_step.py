@@ -1,0 +1,96 @@
+#!/usr/bin/python3
+"""bench/ddp_step.py: DDP training steps per second with gloo versus the mltrain hook.
+
+The same stock DDP job (bench/ddp_step_worker.py: 8 x Linear(2048, 2048), batch 8, SGD; 134 MB of
+gradients a step) runs with DDP's own gloo allreduce and with
+`ddp.register_comm_hook(None, mltrain.torch.allreduce_hook)`, ROUNDS times each, interleaved, the
+order rotated every round. Each run reports the median step time over STEPS steps (after
+WARMUP) and the median of the same step under ddp.no_sync() (compute alone); the table shows the
+median over rounds, steps/s, the share of the step spent in communication the step could not
+hide ((step - compute) / step), and the ratio mltrain/gloo in every round so the spread shows.
+
+    bench/ddp_step.py                          # 4 ranks on this host
+    bench/ddp_step.py --cluster                # 4 ranks, one on each test-cluster host
+    ROUNDS=3 STEPS=6 bench/ddp_step.py
+
+--cluster needs root and the test cluster (tests/cluster/up.sh -n 4; brought up when it is not);
+its ranks run as the cluster's login user from a copy of the worker in a world-readable folder.
+Never fails on speed; exits 1 when a run fails.
+"""
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = os.environ.get("MLTRAIN_BIN", str(ROOT / "build" / "mltrain"))
+ROUNDS = int(os.environ.get("ROUNDS", "5"))
+STEPS = int(os.environ.get("STEPS", "10"))
+WARMUP = int(os.environ.get("WARMUP", "2"))
+CLUSTER_DIR = os.environ.get("MLTRAIN_CLUSTER_DIR", "/tmp/mltrain-cluster")
+
+
+def run_one(comm, where, work, home):
+    worker = work / "ddp_step_worker.py"
+    cmd = [BIN, "run", "--name", f"ddp-step-{comm}", "--env", "OMP_NUM_THREADS=1", "--env", "OPENBLAS_NUM_THREADS=1"]
+    if where == "cluster":
+        hostfile = work / "hostfile"
+        cmd += ["--hostfile", str(hostfile), "--ssh-config", f"{CLUSTER_DIR}/ssh_config", "--workdir", "/tmp"]
+    else:
+        cmd += ["-n", "4"]
+    cmd += ["--", "/usr/bin/python3", str(worker), "--comm", comm, "--steps", str(STEPS),
+            "--warmup", str(WARMUP)]
+    env = dict(os.environ, MLTRAIN_HOME=str(home))
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    for line in p.stdout.splitlines():
+        if "DDP-STEP " in line:
+            return json.loads(line.split("DDP-STEP ", 1)[1])
+    sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
+    sys.exit(f"ddp_step: the {comm} run failed (exit {p.returncode})")
+
+
+def main():
+    where = "cluster" if "--cluster" in sys.argv[1:] else "local"
+    work = Path(tempfile.mkdtemp(prefix="mltrain-ddp-step-", dir="/tmp"))
+    work.chmod(0o755)
+    home = work / "home"
+    try:
+        shutil.copy2(ROOT / "bench" / "ddp_step_worker.py", work / "ddp_step_worker.py")
+        (work / "ddp_step_worker.py").chmod(0o644)
+        if where == "cluster":
+            if not Path(f"{CLUSTER_DIR}/ssh_config").exists():
+                subprocess.run([str(ROOT / "tests/cluster/up.sh"), "-n", "4"], check=True)
+            (work / "hostfile").write_text("h1 slots=1\nh2 slots=1\nh3 slots=1\nh4 slots=1\n")
+        peers = ["gloo", "mltrain"]
+        runs = {c: [] for c in peers}
+        run_one("mltrain", where, work, home)  # untimed: the agent copy, cold caches
+        for r in range(ROUNDS):
+            order = peers if r % 2 == 0 else peers[::-1]
+            for c in order:
+                runs[c].append(run_one(c, where, work, home))
+                print(f"# round {r + 1}/{ROUNDS} {c}: step {runs[c][-1]['step_s'] * 1e3:.1f} ms", file=sys.stderr)
+        grad_mb = runs["gloo"][0]["grad_bytes"] / 1e6
+        what = "4 ranks, one per test-cluster host" if where == "cluster" else "4 ranks on this host"
+        print(f"DDP steps, {what}: 8 x Linear(2048,2048), batch 8, {grad_mb:.0f} MB of gradients a step; "
+              f"median of {ROUNDS} interleaved rounds x {STEPS} steps")
+        print(f"{'comm':<10}{'step_ms':>10}{'steps/s':>10}{'compute_ms':>12}{'comm_share':>12}")
+        med = {}
+        for c in peers:
+            step = statistics.median(x["step_s"] for x in runs[c])
+            comp = statistics.median(x["compute_s"] for x in runs[c])
+            med[c] = step
+            share = max(0.0, (step - comp) / step)
+            print(f"{c:<10}{step * 1e3:>10.1f}{1 / step:>10.2f}{comp * 1e3:>12.1f}{share * 100:>11.0f}%")
+        per_round = [g["step_s"] / m["step_s"] for g, m in zip(runs["gloo"], runs["mltrain"])]
+        print(f"mltrain = {med['gloo'] / med['mltrain']:.2f} x gloo steps/s "
+              f"(per round: {' '.join(f'{x:.2f}' for x in per_round)})")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
