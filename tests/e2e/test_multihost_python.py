@@ -63,7 +63,7 @@ def test_every_op_and_dtype_on_3_hosts_x_2_ranks(mh, cluster):
     workers = copy_workers(mh)
     r = mh.run("-H", "h1:2,h2:2,h3:2", "--workdir", "/tmp", "--", PY, workers / "ops.py", timeout=300)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    oks = re.findall(r"^\[(\d)\] OPS-OK (\d+) ", r.stdout, re.M)
+    oks = re.findall(r"^\[\w+:(\d)\] OPS-OK (\d+) ", r.stdout, re.M)  # "[h1:0] ..."
     assert sorted(int(o[0]) for o in oks) == list(range(6)), r.stdout[-3000:]
 
 
