@@ -62,8 +62,12 @@ def main():
         shutil.copy2(ROOT / "bench" / "ddp_step_worker.py", work / "ddp_step_worker.py")
         (work / "ddp_step_worker.py").chmod(0o644)
         if where == "cluster":
-            if not Path(f"{CLUSTER_DIR}/ssh_config").exists():
-                subprocess.run([str(ROOT / "tests/cluster/up.sh"), "-n", "4"], check=True)
+            up = Path(f"{CLUSTER_DIR}/ssh_config").exists() and all(
+                subprocess.run(["ip", "netns", "exec", f"mlt-h{k}", "true"], capture_output=True).returncode == 0
+                for k in range(1, 5))
+            if not up:
+                subprocess.run([str(ROOT / "tests/cluster/up.sh"), "-n", "4"], check=True,
+                               stdout=subprocess.DEVNULL)
             (work / "hostfile").write_text("h1 slots=1\nh2 slots=1\nh3 slots=1\nh4 slots=1\n")
         peers = ["gloo", "mltrain"]
         runs = {c: [] for c in peers}

@@ -210,3 +210,19 @@ hosts = ["localhost:2"]
     assert d.returncode == 0 and json.loads(d.stdout)["python_path"] is False, d.stdout[-2000:]
     d = ml("run", "job.toml", "--dry-run", timeout=30)
     assert "PYTHONPATH left alone ([run] python_path = false)" in d.stdout, d.stdout
+
+
+def test_numpy_example(ml):
+    r = ml("run", REPO / "examples/numpy.toml", timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "[0] weights identical on all 4 ranks" in r.stdout, r.stdout[-2000:]
+    err = float(re.search(r"max \|w - true_w\| = ([0-9.]+)", r.stdout)[1])
+    assert err < 0.01, r.stdout[-2000:]
+
+
+@needs_torch
+def test_ddp_example_with_the_hook(ml):
+    r = ml("run", REPO / "examples/ddp_mltrain.toml", timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    digests = set(re.findall(r"final weights sha256 (\w+)", r.stdout))
+    assert len(re.findall(r"final weights sha256", r.stdout)) == 2 and len(digests) == 1, r.stdout[-2000:]
