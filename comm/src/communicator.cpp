@@ -116,6 +116,7 @@ struct Communicator::Impl {
   Fd accept_from(int peer);
   bool wants_shm(int peer) const { return shm_between(opt.rank, peer); }
   bool shm_between(int a, int b) const;  // whether ranks a and b talk through shared memory
+  Context context(Coll coll, DataType dtype, ReduceOp op, int root, std::size_t count);
   template <class Body>
   void collective(Coll coll, DataType dtype, ReduceOp op, int root, std::size_t count, Body&& body);
   [[noreturn]] void fail(Coll coll, const Error& e);
@@ -216,6 +217,17 @@ Communicator::Impl::Impl(const Options& o) : opt(o) {
   // Ring neighbours now, so later failures are about collectives, not setup.
   link((opt.rank + 1) % opt.world_size);
   link((opt.rank + opt.world_size - 1) % opt.world_size);
+  // Every rank leaves init together: a barrier on the ring links, outside the collectives' count
+  // (seq 0). Rank 0's process hosts the store and each rank its shared-memory bell, so a rank that
+  // returned from init and exited at once (a script that stops on a bad argument) would pull them
+  // from under a peer still joining.
+  try {
+    Context ctx = context(Coll::barrier, DataType::u8, ReduceOp::sum, 0, 1);
+    ctx.header.seq = 0;
+    detail::barrier(ctx);
+  } catch (const Error& e) {
+    throw Error(e.kind(), "mltrain-comm: " + me() + ": joining: " + e.what(), e.peer_rank(), e.peer_host());
+  }
 }
 
 Communicator::Impl::~Impl() {
@@ -363,6 +375,27 @@ Link* Communicator::Impl::link(int peer) {
   return raw;
 }
 
+Context Communicator::Impl::context(Coll coll, DataType dtype, ReduceOp op, int root, std::size_t count) {
+  Context ctx;
+  ctx.rank = opt.rank;
+  ctx.size = opt.world_size;
+  ctx.link = [this](int peer) { return link(peer); };
+  ctx.engine.piece = opt.chunk_bytes;
+  ctx.engine.spin_us = opt.spin_us;
+  ctx.engine.bell = bell;
+  ctx.engine.timeout = opt.timeout;
+  ctx.small_bytes = opt.small_bytes;
+  ctx.algo = algo;
+  ctx.scratch = &scratch;
+  ctx.header.coll = static_cast<std::uint8_t>(coll);
+  ctx.header.dtype = static_cast<std::uint8_t>(dtype);
+  ctx.header.redop = static_cast<std::uint8_t>(op);
+  ctx.header.root = root;
+  ctx.header.count = count;
+  ctx.header.seq = seq;
+  return ctx;
+}
+
 template <class Body>
 void Communicator::Impl::collective(Coll coll, DataType dtype, ReduceOp op, int root, std::size_t count,
                                     Body&& body) {
@@ -377,23 +410,7 @@ void Communicator::Impl::collective(Coll coll, DataType dtype, ReduceOp op, int 
       throw Error(Error::Kind::usage, "unknown reduce op " + std::to_string(static_cast<int>(op)));
     if (root < 0 || root >= opt.world_size)
       throw Error(Error::Kind::usage, "root " + std::to_string(root) + " is not a rank");
-    Context ctx;
-    ctx.rank = opt.rank;
-    ctx.size = opt.world_size;
-    ctx.link = [this](int peer) { return link(peer); };
-    ctx.engine.piece = opt.chunk_bytes;
-    ctx.engine.spin_us = opt.spin_us;
-    ctx.engine.bell = bell;
-    ctx.engine.timeout = opt.timeout;
-    ctx.small_bytes = opt.small_bytes;
-    ctx.algo = algo;
-    ctx.scratch = &scratch;
-    ctx.header.coll = static_cast<std::uint8_t>(coll);
-    ctx.header.dtype = static_cast<std::uint8_t>(dtype);
-    ctx.header.redop = static_cast<std::uint8_t>(op);
-    ctx.header.root = root;
-    ctx.header.count = count;
-    ctx.header.seq = seq;
+    Context ctx = context(coll, dtype, op, root, count);
     body(ctx);
   } catch (const Error& e) {
     fail(coll, e);

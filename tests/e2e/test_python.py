@@ -226,3 +226,13 @@ def test_ddp_example_with_the_hook(ml):
     assert r.returncode == 0, r.stderr[-3000:]
     digests = set(re.findall(r"final weights sha256 (\w+)", r.stdout))
     assert len(re.findall(r"final weights sha256", r.stdout)) == 2 and len(digests) == 1, r.stdout[-2000:]
+
+
+def test_ranks_that_exit_right_after_init_do_not_break_the_others(ml):
+    # Rank 0 hosts the store and every rank its shared-memory bell: a rank leaving at once after
+    # init must not pull them from under a peer still joining (init ends with a barrier).
+    script = ml.write("quick.py", "import mltrain; mltrain.init(); print('JOINED', mltrain.rank())\n")
+    for attempt in range(15):
+        r = ml("run", "-n", "4", "--", PY, script, timeout=60)
+        assert r.returncode == 0, f"attempt {attempt}: {(r.stdout + r.stderr)[-3000:]}"
+        assert r.stdout.count("JOINED") == 4, r.stdout
