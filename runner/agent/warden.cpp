@@ -141,8 +141,13 @@ int start_warden(const std::string& marker, pid_t& warden) {
   while (::read(keep, &c, 1) != 0) {
     if (errno != EINTR) break;
   }
-  // A descendant may fork while it is being killed: sweep until one finds nothing.
-  for (int round = 0; round < 2000 && sweep(marker) > 0; ++round) ::usleep(round < 10 ? 1000 : 10000);
+  // A descendant may fork while it is being killed, and pids wrap (pid_max is often 32768): its
+  // child can land behind the scan's cursor in /proc while the parent, exiting, no longer shows its
+  // environment, so one empty sweep proves nothing. Sweep until 5 in a row, 10 ms apart, find none.
+  for (int round = 0, empty = 0; round < 2000 && empty < 5; ++round) {
+    empty = sweep(marker) > 0 ? 0 : empty + 1;
+    ::usleep(empty > 0 || round >= 10 ? 10000 : 1000);
+  }
   remove_shm(marker.substr(marker.find('=') + 1));
   ::_exit(0);
 }
