@@ -15,6 +15,7 @@ one, the communicator is broken and every later call raises too. Pure Python ove
 (comm/include/mltrain/comm.h): hosts need no compiler. docs/python.md has the whole story.
 """
 import atexit
+import ctypes
 import os
 import queue
 import threading
@@ -160,7 +161,6 @@ class Communicator:
 
     def __init__(self):
         self._lib = _capi.load()
-        import ctypes
         ptr = ctypes.c_void_p()
         self._call(self._lib.mltrain_comm_init_from_env, ctypes.byref(ptr))
         self._ptr = ptr

@@ -88,7 +88,8 @@ def from_fixed(q, frac_bits, size, dtype):
 def fixed_point_hook(state, bucket):
     """DDP communication hook: averages the bucket exactly (see FixedPoint); the same result,
     bit for bit, on every rank and whatever the reduction order. state: a FixedPoint or None."""
-    state = state if isinstance(state, FixedPoint) else FixedPoint(comm=_comm_of(state))
+    if not isinstance(state, FixedPoint):
+        state = FixedPoint(comm=state)
     comm = _comm_of(state.comm)
     t = bucket.buffer()
     q = to_fixed(t, state.frac_bits, comm.size)
