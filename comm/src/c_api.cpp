@@ -111,6 +111,19 @@ int mltrain_comm_barrier(mltrain_comm_t* comm) {
   return guarded(comm, [&](auto& c) { c.barrier(); });
 }
 
+int mltrain_comm_backend(const mltrain_comm_t* comm) {
+  if (comm == nullptr || !comm->impl) return -1;
+  return comm->impl->backend() == mltrain::comm::Backend::nccl ? 1 : 0;
+}
+
+const char* mltrain_comm_backend_reason(const mltrain_comm_t* comm) {
+  return comm != nullptr && comm->impl ? comm->impl->backend_reason().c_str() : "";
+}
+
+int mltrain_comm_set_cuda_stream(mltrain_comm_t* comm, void* stream) {
+  return guarded(comm, [&](auto& c) { c.set_cuda_stream(stream); });
+}
+
 const char* mltrain_comm_last_error(void) { return last_error.c_str(); }
 
 }  // extern "C"

@@ -20,6 +20,7 @@
 #include "core/sys_check.h"
 #include "mltrain/comm.hpp"
 #include "rendezvous/store.h"
+#include "transport/nccl.h"
 #include "transport/shm_link.h"
 #include "transport/tcp_link.h"
 
@@ -35,6 +36,7 @@ struct PeerInfo {
   int port = 0;
   int pid = 0;
   std::string memory;  // who can share memory with whom: see memory_identity()
+  GpuVote gpu;         // what it offers the NCCL backend
 };
 
 std::string this_host() {
@@ -104,6 +106,9 @@ struct Communicator::Impl {
   bool broken = false;
   Algo algo = Algo::ring;  // the same on every rank: from options and the hosts of all ranks
   std::string broken_reason;
+  bool gpu_here = false;  // CUDA loaded and a device is visible: buffers may be device memory
+  BackendChoice choice;   // the same on every rank
+  std::unique_ptr<NcclComm> nccl;
 
   explicit Impl(const Options& o);
   ~Impl();
@@ -120,6 +125,10 @@ struct Communicator::Impl {
   template <class Body>
   void collective(Coll coll, DataType dtype, ReduceOp op, int root, std::size_t count, Body&& body);
   [[noreturn]] void fail(Coll coll, const Error& e);
+  void settle_backend(Deadline dl);
+  // Whether a collective's buffers are in device memory (then NCCL carries it); throws a usage
+  // Error for mixed buffers or device buffers on the CPU backend.
+  bool on_device(const void* a, const void* b) const;
 };
 
 Communicator::Impl::Impl(const Options& o) : opt(o) {
@@ -137,9 +146,15 @@ Communicator::Impl::Impl(const Options& o) : opt(o) {
   std::string memory = memory_identity(host);
   if (opt.host_splits_shm) memory += "/name:" + host;
   peers[static_cast<std::size_t>(opt.rank)].memory = memory;
-  if (opt.world_size == 1) return;  // nothing to join
+  GpuVote& vote = peers[static_cast<std::size_t>(opt.rank)].gpu;
+  vote = probe_gpu();
+  gpu_here = vote.gpu;
 
   const Deadline dl = deadline();
+  if (opt.world_size == 1) {  // nothing to join
+    settle_backend(dl);
+    return;
+  }
   if (opt.rank == 0 && opt.host_store) {
     try {
       // A store at a loopback address serves ranks on this host only: it listens there alone.
@@ -178,7 +193,7 @@ Communicator::Impl::Impl(const Options& o) : opt(o) {
   }
   store->set("rank/" + std::to_string(opt.rank),
              host + "\n" + store->local_address() + "\n" + std::to_string(listen_port) + "\n" +
-                 std::to_string(::getpid()) + "\n" + memory,
+                 std::to_string(::getpid()) + "\n" + memory + "\n" + vote.encode(),
              dl);
   for (int p = 0; p < opt.world_size; ++p) {
     if (p == opt.rank) continue;
@@ -201,6 +216,7 @@ Communicator::Impl::Impl(const Options& o) : opt(o) {
     pi.port = std::stoi(lines[2]);
     pi.pid = std::stoi(lines[3]);
     pi.memory = lines.size() > 4 ? lines[4] : "host:" + pi.host;
+    pi.gpu = GpuVote::decode(lines.size() > 5 ? lines[5] : std::string());
   }
   // Over TCP, a connection that carries data both ways at once costs less CPU per byte than two
   // one-way ones, and talking to one peer at a time less than to two (docs/comm.md, "Across
@@ -228,6 +244,48 @@ Communicator::Impl::Impl(const Options& o) : opt(o) {
   } catch (const Error& e) {
     throw Error(e.kind(), "mltrain-comm: " + me() + ": joining: " + e.what(), e.peer_rank(), e.peer_host());
   }
+  settle_backend(dl);
+}
+
+void Communicator::Impl::settle_backend(Deadline dl) {
+  std::vector<GpuVote> votes;
+  std::vector<std::string> hosts, memory;
+  bool any_gpu = false;
+  for (const auto& p : peers) {
+    votes.push_back(p.gpu);
+    hosts.push_back(p.host);
+    memory.push_back(p.memory);
+    any_gpu |= p.gpu.gpu;
+  }
+  choice = choose_backend(opt.backend, votes, hosts, memory);
+  if (choice.refused)
+    throw Error(Error::Kind::usage, "mltrain-comm: " + me() +
+                                        ": MLTRAIN_COMM_BACKEND=nccl ([comm] backend), but " + choice.why +
+                                        "; use backend = \"auto\" to fall back to the CPU backend");
+  // One line, from rank 0, whenever a GPU is in play: which backend device buffers get, and why.
+  if (opt.rank == 0 && (any_gpu || opt.backend == Backend::nccl))
+    std::fprintf(stderr, "mltrain-comm: backend %s: %s\n",
+                 choice.backend == Backend::nccl ? "nccl" : "tcp (CPU)", choice.why.c_str());
+  if (choice.backend != Backend::nccl) return;
+  try {
+    nccl = std::make_unique<NcclComm>(opt.rank, opt.world_size, store.get(), dl, opt.timeout, host);
+  } catch (const Error& e) {
+    throw Error(e.kind(), "mltrain-comm: " + me() + ": NCCL init: " + e.what(), e.peer_rank(), e.peer_host());
+  }
+}
+
+bool Communicator::Impl::on_device(const void* a, const void* b) const {
+  if (!gpu_here) return false;
+  const bool da = is_device_pointer(a);
+  const bool db = b == a ? da : is_device_pointer(b);
+  if (da != db)
+    throw Error(Error::Kind::usage,
+                "one buffer is in device memory and the other in host memory; pass both in "
+                "the same kind of memory");
+  if (da && !nccl)
+    throw Error(Error::Kind::usage,
+                "a buffer in device memory, but this job uses the CPU backend (" + choice.why + ")");
+  return da;
 }
 
 Communicator::Impl::~Impl() {
@@ -495,6 +553,7 @@ void Communicator::Impl::fail(Coll coll, const Error& e) {
       // Store unreachable (rank 0 gone?): the local error below is all we can report.
     }
   }
+  if (nccl) nccl->abort();
   for (auto& [peer, l] : links) l->close();
   std::string msg =
       "mltrain-comm: " + me() + ": " + coll_name(coll) + " #" + std::to_string(seq) + ": " + detail;
@@ -516,6 +575,11 @@ int Communicator::rank() const noexcept { return impl_->opt.rank; }
 int Communicator::size() const noexcept { return impl_->opt.world_size; }
 const std::string& Communicator::host() const noexcept { return impl_->host; }
 Algo Communicator::algo() const noexcept { return impl_->algo; }
+Backend Communicator::backend() const noexcept { return impl_->choice.backend; }
+const std::string& Communicator::backend_reason() const noexcept { return impl_->choice.why; }
+void Communicator::set_cuda_stream(void* stream) noexcept {
+  if (impl_->nccl) impl_->nccl->set_stream(stream);
+}
 
 namespace {
 void require(bool ok, const char* what) {
@@ -526,21 +590,30 @@ void require(bool ok, const char* what) {
 void Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op) {
   impl_->collective(Coll::allreduce, dtype, op, 0, count, [&](Context& ctx) {
     require(count == 0 || (send != nullptr && recv != nullptr), "null buffer");
-    detail::allreduce(ctx, send, recv, count, dtype, op);
+    if (impl_->on_device(send, recv))
+      impl_->nccl->allreduce(send, recv, count, dtype, op);
+    else
+      detail::allreduce(ctx, send, recv, count, dtype, op);
   });
 }
 
 void Communicator::broadcast(void* buf, std::size_t count, DataType dtype, int root) {
   impl_->collective(Coll::broadcast, dtype, ReduceOp::sum, root, count, [&](Context& ctx) {
     require(count == 0 || buf != nullptr, "null buffer");
-    detail::broadcast(ctx, buf, count, dtype, root);
+    if (impl_->on_device(buf, buf))
+      impl_->nccl->broadcast(buf, count, dtype, root);
+    else
+      detail::broadcast(ctx, buf, count, dtype, root);
   });
 }
 
 void Communicator::allgather(const void* send, void* recv, std::size_t count, DataType dtype) {
   impl_->collective(Coll::allgather, dtype, ReduceOp::sum, 0, count, [&](Context& ctx) {
     require(count == 0 || (send != nullptr && recv != nullptr), "null buffer");
-    detail::allgather(ctx, send, recv, count, dtype);
+    if (impl_->on_device(send, recv))
+      impl_->nccl->allgather(send, recv, count, dtype);
+    else
+      detail::allgather(ctx, send, recv, count, dtype);
   });
 }
 
@@ -548,13 +621,20 @@ void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv
                                   ReduceOp op) {
   impl_->collective(Coll::reduce_scatter, dtype, op, 0, recv_count, [&](Context& ctx) {
     require(recv_count == 0 || (send != nullptr && recv != nullptr), "null buffer");
-    detail::reduce_scatter(ctx, send, recv, recv_count, dtype, op);
+    if (impl_->on_device(send, recv))
+      impl_->nccl->reduce_scatter(send, recv, recv_count, dtype, op);
+    else
+      detail::reduce_scatter(ctx, send, recv, recv_count, dtype, op);
   });
 }
 
 void Communicator::barrier() {
-  impl_->collective(Coll::barrier, DataType::u8, ReduceOp::sum, 0, 1,
-                    [&](Context& ctx) { detail::barrier(ctx); });
+  impl_->collective(Coll::barrier, DataType::u8, ReduceOp::sum, 0, 1, [&](Context& ctx) {
+    if (impl_->nccl)
+      impl_->nccl->barrier();
+    else
+      detail::barrier(ctx);
+  });
 }
 
 }  // namespace mltrain::comm

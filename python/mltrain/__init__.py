@@ -59,12 +59,18 @@ def _is_torch(x):
     return type(x).__module__.startswith("torch")
 
 
-def _view(x, what, writable):
-    """(address, element count, C dtype) of a contiguous numpy array or CPU torch tensor."""
+def _view(x, what, writable, comm=None):
+    """(address, element count, C dtype) of a contiguous numpy array or torch tensor; CUDA
+    tensors only when `comm` uses the NCCL backend."""
     if _is_torch(x):
-        if x.device.type != "cpu":
-            raise ValueError(f"{what}: a {x.device.type} tensor; this build of mltrain reduces CPU "
-                             "tensors only (move it with .cpu())")
+        if x.device.type == "cuda":
+            if comm is None or not comm.nccl:
+                why = comm.backend_reason if comm is not None else "no communicator"
+                raise ValueError(f"{what}: a cuda tensor, but this job uses the CPU backend ({why}); "
+                                 "move it with .cpu(), or give every rank its own GPU")
+        elif x.device.type != "cpu":
+            raise ValueError(f"{what}: a {x.device.type} tensor; mltrain reduces CPU tensors, and "
+                             "CUDA tensors with the NCCL backend")
         dtype = _TORCH_DTYPES.get(str(x.dtype))
         if dtype is None:
             raise TypeError(f"{what}: dtype {x.dtype} is not supported; use one of "
@@ -168,6 +174,11 @@ class Communicator:
         self.size = self._lib.mltrain_comm_size(ptr)
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        #: "nccl" when device (CUDA) buffers go through NCCL, else "tcp" (the CPU backend).
+        self.nccl = self._lib.mltrain_comm_backend(ptr) == 1
+        self.backend = "nccl" if self.nccl else "tcp"
+        #: Why that backend, in one line.
+        self.backend_reason = self._lib.mltrain_comm_backend_reason(ptr).decode(errors="replace")
         self._queue = None
         self._worker = None
         self._last = None  # the latest async operation, for ordering with blocking calls
@@ -208,32 +219,48 @@ class Communicator:
                 return
             h._run()
 
+    def _on_stream(self, x, fn):
+        """fn, run on the caller's current CUDA stream when x is a CUDA tensor (NCCL enqueues
+        there, after the work that produced x; the call returns when it is done)."""
+        if not (_is_torch(x) and x.device.type == "cuda"):
+            return fn
+        import torch
+        stream = ctypes.c_void_p(torch.cuda.current_stream(x.device).cuda_stream)
+        p = self._ptr
+
+        def run():
+            self._call(self._lib.mltrain_comm_set_cuda_stream, p, stream)
+            fn()
+        return run
+
     def _allreduce_fn(self, x, op):
-        addr, n, dt = _view(x, "allreduce", True)
+        addr, n, dt = _view(x, "allreduce", True, self)
         code = _op_code(op)
         p = self._ptr_or_raise()
-        return lambda: self._call(self._lib.mltrain_comm_allreduce, p, addr, addr, n, dt, code)
+        return self._on_stream(x, lambda: self._call(self._lib.mltrain_comm_allreduce, p, addr, addr, n, dt,
+                                                     code))
 
     def _broadcast_fn(self, x, root):
-        addr, n, dt = _view(x, "broadcast", True)
+        addr, n, dt = _view(x, "broadcast", True, self)
         if not 0 <= root < self.size:
             raise ValueError(f"broadcast: root {root} is not a rank (size {self.size})")
         p = self._ptr_or_raise()
-        return lambda: self._call(self._lib.mltrain_comm_broadcast, p, addr, n, dt, root)
+        return self._on_stream(x, lambda: self._call(self._lib.mltrain_comm_broadcast, p, addr, n, dt, root))
 
     def _allgather_fn(self, x, out):
-        addr, n, dt = _view(x, "allgather input", False)
+        addr, n, dt = _view(x, "allgather input", False, self)
         if out is None:
             out = _empty_like(x, (self.size * x.shape[0],) + tuple(x.shape[1:]) if x.ndim else (self.size,))
-        oaddr, on, odt = _view(out, "allgather output", True)
+        oaddr, on, odt = _view(out, "allgather output", True, self)
         if odt != dt or on != n * self.size:
             raise ValueError(f"allgather: the output needs {n * self.size} elements of the input's "
                              f"dtype, it has {on}")
         p = self._ptr_or_raise()
-        return (lambda: self._call(self._lib.mltrain_comm_allgather, p, addr, oaddr, n, dt)), out
+        return self._on_stream(x, lambda: self._call(self._lib.mltrain_comm_allgather, p, addr, oaddr, n,
+                                                     dt)), out
 
     def _reduce_scatter_fn(self, x, op, out):
-        addr, n, dt = _view(x, "reduce_scatter input", False)
+        addr, n, dt = _view(x, "reduce_scatter input", False, self)
         if n % self.size:
             raise ValueError(f"reduce_scatter: {n} elements do not split into {self.size} equal "
                              "blocks; pad the input to a multiple of the job size")
@@ -242,13 +269,14 @@ class Communicator:
             shape = ((x.shape[0] // self.size,) + tuple(x.shape[1:])
                      if x.ndim and x.shape[0] % self.size == 0 else (rn,))
             out = _empty_like(x, shape)
-        oaddr, on, odt = _view(out, "reduce_scatter output", True)
+        oaddr, on, odt = _view(out, "reduce_scatter output", True, self)
         if odt != dt or on != rn:
             raise ValueError(f"reduce_scatter: the output needs {rn} elements of the input's "
                              f"dtype, it has {on}")
         code = _op_code(op)
         p = self._ptr_or_raise()
-        return (lambda: self._call(self._lib.mltrain_comm_reduce_scatter, p, addr, oaddr, rn, dt, code)), out
+        return self._on_stream(x, lambda: self._call(self._lib.mltrain_comm_reduce_scatter, p, addr, oaddr,
+                                                     rn, dt, code)), out
 
     def allreduce(self, x, op="sum"):
         """Reduces x over every rank, in place (op: sum, prod, min, max, avg). Returns x."""

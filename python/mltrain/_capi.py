@@ -61,6 +61,9 @@ def load():
             "mltrain_comm_allgather": ([p, p, p, sz, i], i),
             "mltrain_comm_reduce_scatter": ([p, p, p, sz, i, i], i),
             "mltrain_comm_barrier": ([p], i),
+            "mltrain_comm_backend": ([p], i),
+            "mltrain_comm_backend_reason": ([p], ctypes.c_char_p),
+            "mltrain_comm_set_cuda_stream": ([p, p], i),
             "mltrain_comm_last_error": ([], ctypes.c_char_p),
         }
         for name, (args, res) in protos.items():

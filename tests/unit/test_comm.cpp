@@ -19,6 +19,7 @@
 #include "mltrain/comm.hpp"
 #include "rendezvous/store.h"
 #include "rendezvous/store_wire.h"
+#include "transport/nccl.h"
 
 using namespace mltrain::comm;
 using namespace std::chrono_literals;
@@ -580,9 +581,63 @@ TEST_CASE("C API: single-rank job from the environment, and errors as codes") {
   CHECK(mltrain_comm_barrier(comm) == MLTRAIN_COMM_OK);
   CHECK(mltrain_comm_allreduce(comm, x, y, 3, 42, MLTRAIN_SUM) == MLTRAIN_COMM_EUSAGE);
   CHECK(std::string(mltrain_comm_last_error()).find("dtype") != std::string::npos);
+  // No GPU on this machine (the fakes are not selected): the CPU backend, and it says why.
+  CHECK(mltrain_comm_backend(comm) == 0);
+  CHECK(std::string(mltrain_comm_backend_reason(comm)).find("rank 0") == 0);
   mltrain_comm_destroy(comm);
+  CHECK(mltrain_comm_backend(nullptr) == -1);
   CHECK(mltrain_comm_barrier(nullptr) == MLTRAIN_COMM_EUSAGE);
   CHECK(!nccl_status().empty());
+}
+
+TEST_CASE("backend choice: every rank resolves the same backend from every rank's vote") {
+  using detail::GpuVote;
+  auto gpu = [](std::string bus, std::string version = "2.28.9") {
+    GpuVote v;
+    v.gpu = v.nccl = true;
+    v.device = std::move(bus);
+    v.nccl_version = std::move(version);
+    return v;
+  };
+  GpuVote no_nccl;
+  no_nccl.gpu = true;
+  no_nccl.device = "00000000:18:00.0";
+  no_nccl.why = "NCCL not found (libnccl.so.2: cannot open shared object file)";
+  const std::vector<std::string> hosts{"h1", "h1", "h2", "h2"}, memory{"a", "a", "b", "b"};
+  // The vote survives its trip through the store.
+  CHECK(GpuVote::decode(no_nccl.encode()).why == no_nccl.why);
+  CHECK(GpuVote::decode(gpu("x").encode()).nccl);
+  CHECK_FALSE(GpuVote::decode("").nccl);
+
+  std::vector<GpuVote> all{gpu("18"), gpu("19"), gpu("18"), gpu("19")};  // same bus ids, other machine
+  auto c = detail::choose_backend(Backend::automatic, all, hosts, memory);
+  CHECK(c.backend == Backend::nccl);
+  CHECK(c.why == "every rank has its own GPU and NCCL 2.28.9 loads");
+  CHECK(detail::choose_backend(Backend::tcp, all, hosts, memory).backend == Backend::tcp);
+
+  auto missing = all;
+  missing[2] = no_nccl;
+  c = detail::choose_backend(Backend::automatic, missing, hosts, memory);
+  CHECK(c.backend == Backend::tcp);
+  CHECK_FALSE(c.refused);
+  CHECK(c.why == "rank 2 (h2): " + no_nccl.why);
+  c = detail::choose_backend(Backend::nccl, missing, hosts, memory);
+  CHECK(c.refused);
+
+  auto shared = all;
+  shared[1] = gpu("18");  // ranks 0 and 1 on one machine, one GPU
+  c = detail::choose_backend(Backend::automatic, shared, hosts, memory);
+  CHECK(c.backend == Backend::tcp);
+  CHECK(c.why.find("ranks 0 and 1 (h1) share GPU 18") == 0);
+  CHECK(detail::choose_backend(Backend::nccl, shared, hosts, memory).refused);
+
+  auto versions = all;
+  versions[3] = gpu("19", "2.21.5");
+  c = detail::choose_backend(Backend::automatic, versions, hosts, memory);
+  CHECK(c.backend == Backend::tcp);
+  CHECK(c.why.find("NCCL needs the same version on every rank") != std::string::npos);
+  CHECK(detail::nccl_version_text(22809) == "2.28.9");
+  CHECK(detail::nccl_version_text(2804) == "2.8.4");
 }
 
 TEST_CASE("init: a rank that never joins is named; a wrong token is refused") {

@@ -43,6 +43,13 @@ int mltrain_comm_allgather(mltrain_comm_t* comm, const void* send, void* recv, s
 int mltrain_comm_reduce_scatter(mltrain_comm_t* comm, const void* send, void* recv, size_t recv_count,
                                 int dtype, int op);
 int mltrain_comm_barrier(mltrain_comm_t* comm);
+/* The backend device buffers use: 1 NCCL, 0 the CPU backend (which refuses them), -1 for NULL;
+ * why, in one line (valid while comm lives). */
+int mltrain_comm_backend(const mltrain_comm_t* comm);
+const char* mltrain_comm_backend_reason(const mltrain_comm_t* comm);
+/* NCCL backend: the cudaStream_t device collectives are enqueued on (NULL: the legacy default
+ * stream); calls still return when the work is done. */
+int mltrain_comm_set_cuda_stream(mltrain_comm_t* comm, void* stream);
 const char* mltrain_comm_last_error(void);
 
 #ifdef __cplusplus

@@ -1,5 +1,5 @@
-// mltrain::comm — collectives for CPU workers: a token-checked TCP store for rendezvous,
-// shared-memory rings between ranks on one host, TCP between hosts.
+// mltrain::comm — collectives: a token-checked TCP store for rendezvous, shared-memory rings
+// between ranks on one host, TCP between hosts, and NCCL for buffers in GPU memory.
 //
 // Contract: one Communicator per rank; calls are collective (every rank makes the same calls in
 // the same order with the same count/dtype/op/root) and blocking; a Communicator is not
@@ -22,6 +22,11 @@ namespace mltrain::comm {
 enum class DataType : int { f32 = 0, f64 = 1, f16 = 2, bf16 = 3, i32 = 4, i64 = 5, u8 = 6 };
 enum class ReduceOp : int { sum = 0, prod = 1, min = 2, max = 3, avg = 4 };
 enum class Transport : int { automatic = 0, tcp = 1, shm = 2 };
+// Where device (GPU) buffers go. automatic: NCCL when every rank has its own GPU and NCCL loads on
+// every host, else tcp (the CPU backend: shared memory and TCP), which refuses device buffers.
+// nccl: as automatic, but a rank that cannot join NCCL fails init. Host buffers always take the
+// CPU path.
+enum class Backend : int { automatic = 0, tcp = 1, nccl = 2 };
 // Large allreduce on 3+ ranks: ring; bidir (two opposite rings on halves of the buffer, so every
 // connection carries data both ways); hd (recursive halving then doubling: each round one
 // partner, both ways; power-of-two worlds, else ring). automatic: ring on one host; across hosts
@@ -32,6 +37,7 @@ std::size_t size_of(DataType dtype);
 std::string_view name_of(DataType dtype);
 std::string_view name_of(ReduceOp op);
 std::string_view name_of(Algo algo);
+std::string_view name_of(Backend backend);
 std::optional<DataType> parse_dtype(std::string_view text);
 std::optional<ReduceOp> parse_redop(std::string_view text);
 
@@ -64,6 +70,7 @@ struct Options {
   std::size_t small_bytes = 64u << 10;         // below: latency-oriented algorithm
   int spin_us = 50;                            // spin (with yields) before blocking
   Algo algo = Algo::automatic;                 // all ranks must agree (checked on every call)
+  Backend backend = Backend::automatic;        // MLTRAIN_COMM_BACKEND
   std::string host;                            // name in messages; default gethostname()
   // Set: ranks must also have equal `host` to share memory (splits one machine for tests).
   bool host_splits_shm = false;
@@ -89,8 +96,18 @@ class Communicator {
   const std::string& host() const noexcept;
   // The large-allreduce algorithm this job uses (never automatic; the same on every rank).
   Algo algo() const noexcept;
+  // The backend for device buffers (tcp or nccl, never automatic; the same on every rank) and
+  // why, in one line ("every rank has its own GPU and NCCL 2.28.9 loads", "rank 2 (h2): NCCL
+  // not found (...)").
+  Backend backend() const noexcept;
+  const std::string& backend_reason() const noexcept;
+  // NCCL backend: the cudaStream_t device collectives are enqueued on (nullptr, the default: the
+  // legacy default stream, so they follow the device's earlier work). Calls still block until
+  // the work is done. Ignored by the CPU backend.
+  void set_cuda_stream(void* stream) noexcept;
 
-  // recv may equal send (in place). Buffers hold count elements, naturally aligned.
+  // recv may equal send (in place). Buffers hold count elements, naturally aligned. With the NCCL
+  // backend, buffers in device memory go through NCCL (send and recv in the same kind of memory).
   void allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op);
   void allreduce(void* buf, std::size_t count, DataType dtype, ReduceOp op) {
     allreduce(buf, buf, count, dtype, op);
@@ -111,7 +128,8 @@ class Communicator {
   std::unique_ptr<Impl> impl_;
 };
 
-// "NCCL backend: built without NCCL" / "NCCL not found (libnccl.so.2: ...)" / "NCCL 2.x found".
+// What this process can use: "NCCL 2.28.9 on GPU 00000000:18:00.0" / "no NVIDIA driver (...)" /
+// "NCCL not found (...)" / "built without NCCL (...)".
 std::string nccl_status();
 
 }  // namespace mltrain::comm

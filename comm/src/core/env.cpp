@@ -44,6 +44,8 @@ Options read_options() {
            : algo == "bidir" ? Algo::bidir
            : algo == "hd"    ? Algo::hd
                              : Algo::automatic;
+  const std::string backend = knobs::get_choice("MLTRAIN_COMM_BACKEND");
+  o.backend = backend == "tcp" ? Backend::tcp : backend == "nccl" ? Backend::nccl : Backend::automatic;
   o.host = knobs::get_string("MLTRAIN_COMM_HOST");
   o.host_splits_shm = !o.host.empty();
   o.debug_links = knobs::get_flag("MLTRAIN_COMM_DEBUG");

@@ -16,6 +16,9 @@ std::size_t size_of(DataType dtype) { return kDtypeSizes.at(static_cast<std::siz
 std::string_view name_of(DataType dtype) { return kDtypeNames.at(static_cast<std::size_t>(dtype)); }
 std::string_view name_of(ReduceOp op) { return kOpNames.at(static_cast<std::size_t>(op)); }
 std::string_view name_of(Algo algo) { return kAlgoNames.at(static_cast<std::size_t>(algo)); }
+std::string_view name_of(Backend backend) {
+  return backend == Backend::nccl ? "nccl" : backend == Backend::tcp ? "tcp" : "auto";
+}
 
 std::optional<DataType> parse_dtype(std::string_view text) {
   for (std::size_t i = 0; i < kDtypeNames.size(); ++i)

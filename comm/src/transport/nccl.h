@@ -1,0 +1,83 @@
+// The NCCL backend: libcudart and libnccl loaded with dlopen at run time (never linked), so one
+// library serves hosts with and without CUDA. Compiled against the CUDA/NCCL headers when the
+// build finds them; without them every probe says "built without NCCL".
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mltrain/comm.hpp"
+#include "transport/socket.h"
+
+namespace mltrain::comm::detail {
+
+class StoreClient;
+
+// The oldest NCCL the backend accepts: ncclRemoteError and ncclGetLastError (2.13), ncclAvg and
+// ncclBfloat16 (2.10) are all used.
+inline constexpr int kMinNcclVersion = 21300;  // 2.13.0
+std::string nccl_version_text(int code);
+
+// What this process can offer the NCCL backend, published by every rank at init so that every
+// rank resolves the backend the same way.
+struct GpuVote {
+  bool gpu = false;          // a CUDA device is visible to this process
+  bool nccl = false;         // ... and NCCL >= kMinNcclVersion loads: this rank can join an NCCL comm
+  std::string device;        // PCI bus id of the current device (when gpu)
+  std::string nccl_version;  // "2.28.9" (when it loaded)
+  std::string why;           // when !nccl: why not, in a few words a user can act on
+  std::string encode() const;
+  static GpuVote decode(const std::string& line);
+};
+// Loads libcudart and libnccl (once per process) and looks at the current device. Never throws.
+GpuVote probe_gpu();
+
+// The backend every rank resolves from every rank's vote (votes, hosts and memory identities are
+// indexed by rank; ranks with equal memory identity share a machine). refused: `wanted` is nccl
+// and some rank cannot join (why says which and why).
+struct BackendChoice {
+  Backend backend = Backend::tcp;
+  std::string why;
+  bool refused = false;
+};
+BackendChoice choose_backend(Backend wanted, const std::vector<GpuVote>& votes,
+                             const std::vector<std::string>& hosts, const std::vector<std::string>& memory);
+
+// Whether `p` points to device (or managed) memory; false when CUDA never loaded.
+bool is_device_pointer(const void* p);
+
+// One NCCL communicator over every rank of the job, on the device current at construction.
+// Collectives enqueue on the stream set with set_stream (default: the legacy default stream, so
+// they follow the device's earlier work) and return when done. Every wait polls
+// ncclCommGetAsyncError; an error, or no completion within `timeout`, aborts the communicator
+// and throws Error (peer_closed for a remote failure, timeout, internal).
+class NcclComm {
+ public:
+  // Rank 0 makes the unique id and publishes it in the store (null when the world is one rank);
+  // the others wait for it until `deadline`. Throws Error.
+  // `host` names this rank in errors it causes itself.
+  NcclComm(int rank, int size, StoreClient* store, Deadline deadline, std::chrono::milliseconds timeout,
+           const std::string& host);
+  ~NcclComm();
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  void set_stream(void* stream);
+  void allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op);
+  void broadcast(void* buf, std::size_t count, DataType dtype, int root);
+  void allgather(const void* send, void* recv, std::size_t count, DataType dtype);
+  void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType dtype, ReduceOp op);
+  void barrier();
+  // After a failure elsewhere (a CPU link, a peer's report): stop the communicator at once.
+  void abort() noexcept;
+
+  struct State;
+
+ private:
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace mltrain::comm::detail
