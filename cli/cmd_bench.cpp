@@ -14,7 +14,7 @@ namespace mltrain::cli {
 void register_bench(CLI::App& app, Global& g, std::function<int()>& handler) {
   static struct {
     std::string job, op = "allreduce", redop = "sum", dtype = "f32";
-    std::string min_bytes = "4K", max_bytes = "256M", factor = "2", stat = "median";
+    std::string min_bytes = "4K", max_bytes = "256M", factor = "2", stat = "median", backend = "tcp";
     int iters = 20, warmup = 5;
     bool check = false, json = false;
     launch::Overrides hosts;
@@ -33,12 +33,17 @@ void register_bench(CLI::App& app, Global& g, std::function<int()>& handler) {
   c->add_option("--iters", f.iters, "Timed iterations per size")->check(CLI::Range(1, 100000));
   c->add_option("--warmup", f.warmup, "Untimed iterations per size")->check(CLI::Range(0, 100000));
   c->add_option("--stat", f.stat, "Time statistic: median or mean")->check(CLI::IsMember({"median", "mean"}));
+  c->add_option("--backend", f.backend,
+                "tcp: host buffers over shared memory and TCP; nccl: device buffers through NCCL "
+                "(each rank on GPU LOCAL_RANK of those it sees)")
+      ->check(CLI::IsMember({"tcp", "nccl"}));
   c->add_flag("-c,--check", f.check, "Check every result against a reference (#wrong column)");
   c->add_flag("--json", f.json, "One JSON object per size instead of the table");
   c->footer(
       "Examples:\n  mltrain bench -n 4 -b 4K -e 256M -f 4\n  mltrain bench -n 2 --op allgather --dtype bf16 "
       "--check\n"
       "  mltrain bench --hostfile hosts.txt --procs-per-host 2\n"
+      "  mltrain bench -n 8 --backend nccl -b 1M -e 1G -f 4\n"
       "Columns: size, count, type, redop, time (us), algbw, busbw (GB/s), #wrong; allreduce busbw = "
       "algbw*2(n-1)/n.");
   c->callback([&] {
@@ -79,6 +84,10 @@ void register_bench(CLI::App& app, Global& g, std::function<int()>& handler) {
                                       f.stat};
       if (f.check) cmd.push_back("--check");
       if (f.json) cmd.push_back("--json");
+      if (f.backend == "nccl") {
+        cmd.push_back("--device");
+        o.env.push_back("MLTRAIN_COMM_BACKEND=nccl");
+      }
       req.command = std::move(cmd);
       req.color = use_color(g, 1);
       return launch::run(req).exit_code;

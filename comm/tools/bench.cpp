@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "core/env.h"
 #include "core/reduce.h"
 #include "mltrain/comm.hpp"
+#include "transport/nccl.h"
 
 namespace mltrain::comm {
 
@@ -29,6 +31,7 @@ struct Args {
   double factor = 2;
   int iters = 20, warmup = 5;
   bool check = false, json = false, inplace = false, median = false;
+  bool device = false;  // buffers in GPU memory: the NCCL backend carries them
   int root = 0;
 };
 
@@ -36,7 +39,7 @@ const char* kUsage =
     "usage: mltrain-comm-bench [--op allreduce|broadcast|allgather|reduce_scatter]\n"
     "         [--redop sum|prod|min|max|avg] [--dtype f32|f64|f16|bf16|i32|i64|u8]\n"
     "         [-b MIN] [-e MAX] [-f FACTOR] [-n|--iters N] [-w|--warmup N] [-c|--check]\n"
-    "         [--inplace] [--root R] [--stat mean|median] [--json]\n"
+    "         [--inplace] [--root R] [--stat mean|median] [--json] [--device]\n"
     "  Sizes take K/M/G suffixes. Start one process per rank with RANK, WORLD_SIZE,\n"
     "  MLTRAIN_STORE_ADDR, MLTRAIN_TOKEN set (mltrain bench -n N does this).\n";
 
@@ -88,6 +91,8 @@ Args parse(int argc, char** argv) {
       const std::string v = need(i);
       if (v != "mean" && v != "median") throw Error(Error::Kind::usage, "--stat takes mean or median");
       a.median = v == "median";
+    } else if (f == "--device") {
+      a.device = true;
     } else if (f == "--inplace") {
       a.inplace = true;
     } else if (f == "--root") {
@@ -148,8 +153,27 @@ bool close_enough(double got, double want, DataType dt) {
   return std::fabs(got - want) <= tol * std::max(1.0, std::fabs(want));
 }
 
+// Host buffers, and with --device their twins in device memory (results checked on the host).
 struct Buffers {
   std::vector<std::byte> send, recv;
+  std::byte* dsend = nullptr;
+  std::byte* drecv = nullptr;
+  Buffers() = default;
+  Buffers(const Buffers&) = delete;
+  Buffers& operator=(const Buffers&) = delete;
+  ~Buffers() { release(); }
+  void release() {
+    detail::device_free(dsend);
+    detail::device_free(drecv);
+    dsend = drecv = nullptr;
+  }
+  void to_device() {
+    release();
+    dsend = static_cast<std::byte*>(detail::device_alloc(send.size()));
+    drecv = static_cast<std::byte*>(detail::device_alloc(recv.size()));
+    detail::device_copy(dsend, send.data(), send.size());
+    detail::device_copy(drecv, recv.data(), recv.size());
+  }
 };
 
 // Elements: total is what nccl-tests calls count (recv side for allgather, send side for
@@ -159,20 +183,26 @@ std::int64_t run_once_and_check(Communicator& comm, const Args& a, std::size_t t
   const int n = comm.size(), r = comm.rank();
   const std::size_t es = size_of(a.dtype);
   const std::size_t per = total / static_cast<std::size_t>(n);
-  void* recv = b.recv.data();
-  const void* send = a.inplace ? recv : b.send.data();
+  std::byte* const S = a.device ? b.dsend : b.send.data();
+  std::byte* const R = a.device ? b.drecv : b.recv.data();
+  void* recv = R;
+  const void* send = a.inplace ? R : S;
   if (check) {
     std::size_t inputs = total;
-    void* in = a.inplace ? recv : b.send.data();
+    void* in = a.inplace ? b.recv.data() : b.send.data();
     if (a.op == BenchOp::allgather) {
       inputs = per;
       if (a.inplace) in = b.recv.data() + static_cast<std::size_t>(r) * per * es;
-      send = in;
+      send = a.inplace ? R + static_cast<std::size_t>(r) * per * es : S;
     }
     for (std::size_t i = 0; i < inputs; ++i) {
       const std::size_t gi = a.op == BenchOp::allgather ? static_cast<std::size_t>(r) * per + i : i;
       detail::store_from_double(
           in, i, a.dtype, a.op == BenchOp::broadcast ? (r == a.root ? gi % 5 : 99) : input_value(a, r, gi));
+    }
+    if (a.device) {
+      detail::device_copy(b.dsend, b.send.data(), b.send.size());
+      detail::device_copy(b.drecv, b.recv.data(), b.recv.size());
     }
   }
   switch (a.op) {
@@ -180,20 +210,24 @@ std::int64_t run_once_and_check(Communicator& comm, const Args& a, std::size_t t
       comm.allreduce(send, recv, total, a.dtype, a.redop);
       break;
     case BenchOp::broadcast:
-      if (!a.inplace && r == a.root) std::memcpy(recv, b.send.data(), total * es);
+      if (!a.inplace && r == a.root) {
+        if (a.device)
+          detail::device_copy(R, S, total * es);
+        else
+          std::memcpy(recv, b.send.data(), total * es);
+      }
       comm.broadcast(recv, total, a.dtype, a.root);
       break;
     case BenchOp::allgather:
-      comm.allgather(a.inplace ? b.recv.data() + static_cast<std::size_t>(r) * per * es : b.send.data(), recv,
-                     per, a.dtype);
+      comm.allgather(a.inplace ? R + static_cast<std::size_t>(r) * per * es : S, recv, per, a.dtype);
       break;
     case BenchOp::reduce_scatter:
-      comm.reduce_scatter(a.inplace ? b.recv.data() : b.send.data(),
-                          a.inplace ? b.recv.data() + static_cast<std::size_t>(r) * per * es : recv, per,
-                          a.dtype, a.redop);
+      comm.reduce_scatter(a.inplace ? R : S, a.inplace ? R + static_cast<std::size_t>(r) * per * es : recv,
+                          per, a.dtype, a.redop);
       break;
   }
   if (!check) return 0;
+  if (a.device) detail::device_copy(b.recv.data(), b.drecv, b.recv.size());
   std::int64_t wrong = 0;
   const auto* out = b.recv.data();
   switch (a.op) {
@@ -247,14 +281,27 @@ int bench_main(int argc, char** argv) {
     return 2;
   }
   try {
+    // As torchrun-style workers: the device of this local rank is current before init.
+    if (a.device) {
+      const char* local = std::getenv("LOCAL_RANK");
+      try {
+        detail::use_device_of_local_rank(local ? std::atoi(local) : 0);
+      } catch (const Error& e) {
+        throw Error(e.kind(),
+                    std::string("--device (mltrain bench --backend nccl) needs a GPU: ") + e.what());
+      }
+    }
     auto comm = Communicator::init_from_env();
+    if (a.device && comm->backend() != Backend::nccl)
+      throw Error(Error::Kind::usage, "--device needs the NCCL backend, and this job uses the CPU backend: " +
+                                          comm->backend_reason());
     const int n = comm->size(), r = comm->rank();
     const std::size_t es = size_of(a.dtype);
     const bool reduces = a.op == BenchOp::allreduce || a.op == BenchOp::reduce_scatter;
     if (r == 0 && !a.json) {
       std::printf("# mltrain-comm-bench: %s, %d ranks, rank 0 on %s, large allreduce: %s\n",
                   a.op_name.c_str(), n, comm->host().c_str(), name_of(comm->algo()).data());
-      std::printf("# %s\n", nccl_status().c_str());
+      std::printf("# %s; buffers in %s memory\n", nccl_status().c_str(), a.device ? "device" : "host");
       std::printf("# iters %d, warmup %d, %s\n", a.iters, a.warmup, a.inplace ? "in place" : "out of place");
       std::printf("#%12s %12s %6s %6s %11s %8s %8s %7s\n", "size", "count", "type", "redop", "time", "algbw",
                   "busbw", "#wrong");
@@ -281,6 +328,7 @@ int bench_main(int argc, char** argv) {
         total -= total % static_cast<std::size_t>(n);
       b.send.assign(total * es + 64, std::byte{1});
       b.recv.assign(total * es + 64, std::byte{0});
+      if (a.device) b.to_device();
       for (int i = 0; i < a.warmup; ++i) run_once_and_check(*comm, a, total, false, b);
       comm->barrier();
       std::vector<double> times;

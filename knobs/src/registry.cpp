@@ -78,6 +78,8 @@ const Knob kKnobs[] = {
     // The comm library (workers; `mltrain bench` ranks too).
     {"RANK", Kind::integer, "0", "this process's rank", comm},
     {"WORLD_SIZE", Kind::integer, "1", "number of ranks (1 needs no store)", comm},
+    {"LOCAL_RANK", Kind::integer, "0",
+     "this process's rank on its host (mltrain-comm-bench --device uses GPU LOCAL_RANK % visible GPUs)", comm},
     {"MASTER_ADDR", Kind::string, "127.0.0.1",
      "store host when MLTRAIN_STORE_ADDR is unset (the launcher sets both)", comm},
     {"MASTER_PORT", Kind::integer, "29500",

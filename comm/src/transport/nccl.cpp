@@ -114,6 +114,8 @@ struct Api {
   cudaError_t (*Free)(void*) = nullptr;
   cudaError_t (*Memset)(void*, int, size_t) = nullptr;
   cudaError_t (*GetLastError)() = nullptr;
+  cudaError_t (*Memcpy)(void*, const void*, size_t, cudaMemcpyKind) = nullptr;
+  cudaError_t (*SetDevice)(int) = nullptr;
   const char* (*GetErrorString)(cudaError_t) = nullptr;
   // libnccl
   ncclResult_t (*GetVersion)(int*) = nullptr;
@@ -195,6 +197,8 @@ const Api& api() {
       resolve(cuda, "cudaMemset", a.Memset, e);
       resolve(cuda, "cudaGetLastError", a.GetLastError, e);
       resolve(cuda, "cudaGetErrorString", a.GetErrorString, e);
+      resolve(cuda, "cudaMemcpy", a.Memcpy, e);
+      resolve(cuda, "cudaSetDevice", a.SetDevice, e);
       if (!e.empty()) e = "CUDA runtime unusable: " + e;
     }
     void* nccl =
@@ -338,6 +342,41 @@ bool is_device_pointer(const void* p) {
   return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
 }
 
+namespace {
+const Api& cuda_or_throw() {
+  const Api& a = api();
+  if (!a.cuda_ok()) throw Error(Error::Kind::usage, a.cuda_error);
+  return a;
+}
+void cuda_check(const Api& a, cudaError_t r, const std::string& call) {
+  if (r != cudaSuccess) throw Error(Error::Kind::internal, call + ": " + cuda_text(a, r));
+}
+}  // namespace
+
+void* device_alloc(std::size_t bytes) {
+  const Api& a = cuda_or_throw();
+  void* p = nullptr;
+  cuda_check(a, a.Malloc(&p, bytes ? bytes : 1), "cudaMalloc(" + std::to_string(bytes) + ")");
+  return p;
+}
+
+void device_free(void* p) noexcept {
+  if (p && api().cuda_ok()) api().Free(p);
+}
+
+void device_copy(void* dst, const void* src, std::size_t bytes) {
+  const Api& a = cuda_or_throw();
+  cuda_check(a, a.Memcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy");
+}
+
+void use_device_of_local_rank(int local_rank) {
+  const Api& a = cuda_or_throw();
+  int count = 0;
+  cuda_check(a, a.GetDeviceCount(&count), "cudaGetDeviceCount");
+  const int index = count > 0 ? local_rank % count : 0;
+  cuda_check(a, a.SetDevice(index), "cudaSetDevice(" + std::to_string(index) + ")");
+}
+
 struct NcclComm::State {
   const Api& a = api();
   ncclComm_t comm = nullptr;
@@ -350,9 +389,10 @@ struct NcclComm::State {
 
   std::string nccl_text(ncclResult_t r) const {
     std::string s = a.GetErrorString_(r);
-    const char* last = comm ? a.GetLastError_(comm) : a.GetLastError_(nullptr);
-    if (last && *last) s += ": " + std::string(last);
-    return s;
+    const char* last_c = a.GetLastError_(comm);
+    const std::string last = last_c ? last_c : "";
+    if (last.rfind(s, 0) == 0) return last;  // it often repeats the code's text
+    return last.empty() ? s : s + ": " + last;
   }
   void check(ncclResult_t r, const char* call) {
     if (r == ncclSuccess) return;
@@ -477,6 +517,14 @@ GpuVote probe_gpu() {
 }
 
 bool is_device_pointer(const void*) { return false; }
+void* device_alloc(std::size_t) { throw Error(Error::Kind::usage, "built without NCCL: no device memory"); }
+void device_free(void*) noexcept {}
+void device_copy(void*, const void*, std::size_t) {
+  throw Error(Error::Kind::usage, "built without NCCL: no device memory");
+}
+void use_device_of_local_rank(int) {
+  throw Error(Error::Kind::usage, "built without NCCL: no device memory");
+}
 
 struct NcclComm::State {};
 

@@ -49,6 +49,15 @@ BackendChoice choose_backend(Backend wanted, const std::vector<GpuVote>& votes,
 // Whether `p` points to device (or managed) memory; false when CUDA never loaded.
 bool is_device_pointer(const void* p);
 
+// Device memory through the loaded CUDA runtime, for the benchmark's --device mode; each throws
+// Error when CUDA did not load or the call fails. device_copy copies either way
+// (cudaMemcpyDefault). use_device_of_local_rank makes device local_rank % (visible devices)
+// current, before init, as torchrun-style workers do.
+void* device_alloc(std::size_t bytes);
+void device_free(void* p) noexcept;
+void device_copy(void* dst, const void* src, std::size_t bytes);
+void use_device_of_local_rank(int local_rank);
+
 // One NCCL communicator over every rank of the job, on the device current at construction.
 // Collectives enqueue on the stream set with set_stream (default: the legacy default stream, so
 // they follow the device's earlier work) and return when done. Every wait polls
