@@ -2,8 +2,10 @@
 // the same machine, TCP otherwise), runs collectives, and turns failures into one message that
 // names the rank that failed first.
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +21,7 @@
 #include "algorithms/collectives.h"
 #include "core/sys_check.h"
 #include "mltrain/comm.hpp"
+#include "mltrain/comm_stats.h"
 #include "rendezvous/store.h"
 #include "transport/nccl.h"
 #include "transport/shm_link.h"
@@ -71,6 +74,18 @@ std::vector<std::string> split_lines(const std::string& text) {
   }
 }
 
+std::uint64_t monotonic_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return std::uint64_t(ts.tv_sec) * 1000000000u + std::uint64_t(ts.tv_nsec);
+}
+
+// One writer: a relaxed load and store, no read-modify-write (docs: comm_stats.h).
+void stat_set(std::uint64_t& field, std::uint64_t v) { __atomic_store_n(&field, v, __ATOMIC_RELAXED); }
+void stat_add(std::uint64_t& field, std::uint64_t v) {
+  __atomic_store_n(&field, __atomic_load_n(&field, __ATOMIC_RELAXED) + v, __ATOMIC_RELAXED);
+}
+
 std::string hex64(std::uint64_t v) {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
@@ -109,6 +124,8 @@ struct Communicator::Impl {
   bool gpu_here = false;  // CUDA loaded and a device is visible: buffers may be device memory
   BackendChoice choice;   // the same on every rank
   std::unique_ptr<NcclComm> nccl;
+  std::unique_ptr<ShmMapping> stats_map;  // the counters the agent reads (comm_stats.h)
+  mltrain_comm_stats* stats = nullptr;
 
   explicit Impl(const Options& o);
   ~Impl();
@@ -126,6 +143,7 @@ struct Communicator::Impl {
   void collective(Coll coll, DataType dtype, ReduceOp op, int root, std::size_t count, Body&& body);
   [[noreturn]] void fail(Coll coll, const Error& e);
   void settle_backend(Deadline dl);
+  void publish_stats();
   // Whether a collective's buffers are in device memory (then NCCL carries it); throws a usage
   // Error for mixed buffers or device buffers on the CPU backend.
   bool on_device(const void* a, const void* b) const;
@@ -247,6 +265,30 @@ Communicator::Impl::Impl(const Options& o) : opt(o) {
   settle_backend(dl);
 }
 
+void Communicator::Impl::publish_stats() {
+  if (opt.run_id.empty() || !opt.stats) return;
+  std::string run;
+  for (char c : opt.run_id.substr(0, 100))
+    run += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ? c : '_';
+  const std::string name = "/mltrain-" + run + "-stats-" + std::to_string(opt.rank);
+  try {
+    ::shm_unlink(name.c_str());  // a restarted gang's rank replaces the old block
+    stats_map = std::make_unique<ShmMapping>(name, 4096, true);
+  } catch (const Error& e) {
+    if (opt.debug_links)
+      std::fprintf(stderr, "mltrain-comm: %s: no counters for top: %s\n", me().c_str(), e.what());
+    return;
+  }
+  stats = static_cast<mltrain_comm_stats*>(stats_map->data());
+  stats->version = MLTRAIN_COMM_STATS_VERSION;
+  stats->rank = opt.rank;
+  stats->world_size = opt.world_size;
+  stats->pid = static_cast<std::int32_t>(::getpid());
+  stats->backend = choice.backend == Backend::nccl ? 1u : 0u;
+  stat_set(stats->started_ns, monotonic_ns());
+  __atomic_store_n(&stats->magic, MLTRAIN_COMM_STATS_MAGIC, __ATOMIC_RELEASE);
+}
+
 void Communicator::Impl::settle_backend(Deadline dl) {
   std::vector<GpuVote> votes;
   std::vector<std::string> hosts, memory;
@@ -266,12 +308,15 @@ void Communicator::Impl::settle_backend(Deadline dl) {
   if (opt.rank == 0 && (any_gpu || opt.backend == Backend::nccl))
     std::fprintf(stderr, "mltrain-comm: backend %s: %s\n",
                  choice.backend == Backend::nccl ? "nccl" : "tcp (CPU)", choice.why.c_str());
-  if (choice.backend != Backend::nccl) return;
-  try {
-    nccl = std::make_unique<NcclComm>(opt.rank, opt.world_size, store.get(), dl, opt.timeout, host);
-  } catch (const Error& e) {
-    throw Error(e.kind(), "mltrain-comm: " + me() + ": NCCL init: " + e.what(), e.peer_rank(), e.peer_host());
+  if (choice.backend == Backend::nccl) {
+    try {
+      nccl = std::make_unique<NcclComm>(opt.rank, opt.world_size, store.get(), dl, opt.timeout, host);
+    } catch (const Error& e) {
+      throw Error(e.kind(), "mltrain-comm: " + me() + ": NCCL init: " + e.what(), e.peer_rank(),
+                  e.peer_host());
+    }
   }
+  publish_stats();
 }
 
 bool Communicator::Impl::on_device(const void* a, const void* b) const {
@@ -461,6 +506,24 @@ void Communicator::Impl::collective(Coll coll, DataType dtype, ReduceOp op, int 
     throw Error(Error::Kind::usage, "mltrain-comm: " + me() + ": " + coll_name(coll) +
                                         " on a communicator broken by an earlier error: " + broken_reason);
   ++seq;
+  // Time inside the call, for the agent's counters: two clock reads and a few stores per call.
+  struct Account {
+    mltrain_comm_stats* s;
+    std::uint64_t bytes;
+    std::uint64_t t0 = 0;
+    Account(mltrain_comm_stats* st, std::uint64_t b) : s(st), bytes(b) {
+      if (s) stat_set(s->entered_ns, t0 = monotonic_ns());
+    }
+    ~Account() {
+      if (!s) return;
+      const std::uint64_t t1 = monotonic_ns();
+      stat_add(s->comm_ns, t1 - t0);
+      stat_add(s->calls, 1);
+      stat_add(s->bytes, bytes);
+      stat_set(s->last_exit_ns, t1);
+      stat_set(s->entered_ns, 0);
+    }
+  } account(stats, static_cast<unsigned>(dtype) <= 6u ? count * size_of(dtype) : 0);
   try {
     if (static_cast<unsigned>(dtype) > 6u)
       throw Error(Error::Kind::usage, "unknown dtype " + std::to_string(static_cast<int>(dtype)));

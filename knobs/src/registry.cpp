@@ -117,6 +117,8 @@ const Knob kKnobs[] = {
      "auto|tcp|shm"},
     {"MLTRAIN_COMM_DEBUG", Kind::flag, "0",
      "print on stderr which transport (shm or tcp) each link uses, and why", comm},
+    {"MLTRAIN_COMM_STATS", Kind::flag, "1",
+     "keep per-rank time-in-collective counters in /dev/shm for mltrain top (0: off)", comm},
     {"MLTRAIN_COMM_SHM_BYTES", Kind::bytes, "1M",
      "shared-memory ring capacity per direction per pair of ranks", comm},
     {"MLTRAIN_COMM_CHUNK_BYTES", Kind::bytes, "256K", "pipeline piece (TCP links: twice that, at least 512K)",

@@ -2,6 +2,9 @@
 // memory and TCP), like gloo's tests. Reference results are computed here in the same dtype
 // semantics: integers exact (wrapping), floats within n*u*sum|x| (docs/comm.md).
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -17,6 +20,7 @@
 #include "core/reduce.h"
 #include "mltrain/comm.h"
 #include "mltrain/comm.hpp"
+#include "mltrain/comm_stats.h"
 #include "rendezvous/store.h"
 #include "rendezvous/store_wire.h"
 #include "transport/nccl.h"
@@ -697,4 +701,52 @@ TEST_CASE("options: knobs parse from the environment") {
   for (const char* k : {"MLTRAIN_COMM_TIMEOUT", "MLTRAIN_COMM_TRANSPORT", "MLTRAIN_COMM_SHM_BYTES",
                         "MLTRAIN_STORE_ADDR", "MLTRAIN_COMM_ALGO"})
     ::unsetenv(k);
+}
+
+TEST_CASE("stats: each rank's time in collectives is in shared memory; the slow rank spends least") {
+  // Rank 1 computes 20 ms before each allreduce: ranks 0 and 2 wait inside theirs for it.
+  const std::string run = "stats-test-" + std::to_string(::getpid());
+  std::vector<mltrain_comm_stats> seen(3);
+  std::mutex mu;
+  run_ranks(
+      3, Transport::automatic,
+      [&](Communicator& c) {
+        float x[1024] = {};
+        for (int i = 0; i < 8; ++i) {
+          if (c.rank() == 1) std::this_thread::sleep_for(20ms);
+          c.allreduce(x, 1024, DataType::f32, ReduceOp::sum);
+        }
+        c.barrier();
+        // The block is there while the communicator lives, and another process could read it.
+        const std::string name = "/mltrain-" + run + "-stats-" + std::to_string(c.rank());
+        const int fd = ::shm_open(name.c_str(), O_RDONLY, 0);
+        REQUIRE(fd >= 0);
+        void* p = ::mmap(nullptr, sizeof(mltrain_comm_stats), PROT_READ, MAP_SHARED, fd, 0);
+        ::close(fd);
+        REQUIRE(p != MAP_FAILED);
+        {
+          std::lock_guard lock(mu);
+          std::memcpy(&seen[std::size_t(c.rank())], p, sizeof(mltrain_comm_stats));
+        }
+        ::munmap(p, sizeof(mltrain_comm_stats));
+        c.barrier();
+      },
+      20s, [&](Options& o) { o.run_id = run; });
+  for (int r = 0; r < 3; ++r) {
+    const auto& s = seen[std::size_t(r)];
+    CHECK(s.magic == MLTRAIN_COMM_STATS_MAGIC);
+    CHECK(s.version == MLTRAIN_COMM_STATS_VERSION);
+    CHECK(s.rank == r);
+    CHECK(s.world_size == 3);
+    CHECK(s.calls == 9);  // 8 allreduces and the barrier before the read
+    CHECK(s.bytes == 8 * 4096 + 1);
+    CHECK(s.entered_ns == 0);
+    CHECK(s.last_exit_ns >= s.started_ns);
+  }
+  CHECK(seen[0].comm_ns > 100'000'000u);  // waited ~8 x 20 ms for rank 1
+  CHECK(seen[2].comm_ns > 100'000'000u);
+  CHECK(seen[1].comm_ns * 4 < seen[0].comm_ns);
+  CHECK(seen[1].comm_ns * 4 < seen[2].comm_ns);
+  // Gone with the communicators.
+  CHECK(::shm_open(("/mltrain-" + run + "-stats-0").c_str(), O_RDONLY, 0) < 0);
 }

@@ -78,6 +78,8 @@ struct Options {
   // MLTRAIN_RUN_ID: shared memory is named /mltrain-<run_id>-…, so the launcher's agent can remove
   // what killed ranks leave in /dev/shm.
   std::string run_id;
+  // With a run id: keep per-rank counters in /dev/shm for the agent (mltrain/comm_stats.h).
+  bool stats = true;
 
   static Options from_env();
 };
