@@ -589,6 +589,14 @@ void Communicator::Impl::fail(Coll coll, const Error& e) {
           }
         }
       }
+      if (!found && e.kind() == Error::Kind::peer_closed && e.peer_rank() < 0) {
+        // A remote failure with no rank named (NCCL's ncclRemoteError): the rank that failed is
+        // about to publish why; give it a moment rather than claim the first failure ourselves.
+        const auto grace_end =
+            Clock::now() + std::min<std::chrono::milliseconds>(opt.timeout / 2, std::chrono::seconds(1));
+        while (Clock::now() < grace_end && !(found = store->get("abort", dl)))
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
       if (!found) found = store->get("abort", dl);
       if (!found) {
         if (store->add("abort/claims", 1, dl) == 1) {

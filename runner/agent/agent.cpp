@@ -157,6 +157,9 @@ void Agent::handle_frame(Frame&& f) {
     return;
   }
   std::visit([&](auto& message) { on(id, message); }, *m);
+  // Time spent here (a slow GPU probe at prepare) is the agent's own, not the launcher's silence:
+  // frames that came meanwhile wait unread in the pipe.
+  last_heard_ms_ = now_ms();
 }
 
 void Agent::on(uint32_t, const msg::Hello& m) {

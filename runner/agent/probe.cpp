@@ -1,5 +1,4 @@
 // What `mltrain doctor` learns about a host.
-#include <dirent.h>
 #include <dlfcn.h>
 #include <gnu/libc-version.h>
 #include <sys/utsname.h>
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "runner/agent/detail/agent_impl.h"
+#include "runner/agent/gpu_inventory.h"
 #include "runner/agent/preflight.h"
 #include "runner/agent/protocol.h"
 
@@ -52,13 +52,16 @@ void Agent::on(uint32_t id, const msg::Probe& m) {
   facts.push_back(std::string("arch=") + u.machine);
   facts.push_back(std::string("kernel=") + u.release);
   facts.push_back(std::string("glibc=") + gnu_get_libc_version());
-  int gpus = 0;
-  if (DIR* d = ::opendir("/proc/driver/nvidia/gpus")) {
-    while (dirent* e = ::readdir(d))
-      if (e->d_name[0] != '.') ++gpus;
-    ::closedir(d);
+  // GPUs as a run's preflight would find them (the job's NVML library, the ranks' PATH).
+  GpuInventory inv = probe_gpus(nvml_library_for(m.nvml_library), effective_path(m.path, ::getenv("PATH")));
+  facts.push_back("gpus=" + std::to_string(inv.gpus.size()));
+  facts.push_back("gpu_source=" + inv.source);
+  if (!inv.driver_version.empty()) facts.push_back("gpu_driver=" + inv.driver_version);
+  if (!inv.note.empty()) facts.push_back("gpu_note=" + inv.note);
+  if (auto visible = cuda_visible_devices_for(m.has_cuda_visible_devices, m.cuda_visible_devices)) {
+    facts.push_back("cuda_visible_devices=" + *visible);
+    facts.push_back("gpus_usable=" + std::to_string(visible_gpus(inv, visible).size()));
   }
-  facts.push_back("gpus=" + std::to_string(gpus));
   std::string nccl = "not found";
   for (const char* lib :
        {"libnccl.so.2", "/usr/local/cuda/lib64/libnccl.so.2", "/usr/local/cuda/lib/libnccl.so.2"}) {
@@ -94,7 +97,7 @@ void Agent::on(uint32_t id, const msg::Probe& m) {
                           : first_line(quote(python) + " -c 'import torch; print(torch.__version__)'");
   facts.push_back("torch=" + (torch.empty() ? std::string("not found") : torch));
   if (port > 0) facts.push_back(std::string("port_free=") + (tcp_port_free(uint32_t(port)) ? "yes" : "no"));
-  send(msg::Probed{facts}, id);
+  send(msg::Probed{facts, std::move(inv.gpus)}, id);
 }
 
 }  // namespace mltrain::agent::detail

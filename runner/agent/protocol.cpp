@@ -34,6 +34,11 @@ Writer& Writer::strings(const std::vector<std::string>& v) {
   for (const auto& s : v) str(s);
   return *this;
 }
+Writer& Writer::ints(const std::vector<int32_t>& v) {
+  put_u32(buf_, static_cast<uint32_t>(v.size()));
+  for (int32_t i : v) i32(i);
+  return *this;
+}
 
 bool Reader::take(void* out, size_t n) {
   if (failed_ || data_.size() < n) {
@@ -75,6 +80,17 @@ std::vector<std::string> Reader::strings() {
   }
   v.reserve(n);
   for (uint32_t i = 0; i < n && !failed_; ++i) v.push_back(str());
+  return v;
+}
+std::vector<int32_t> Reader::ints() {
+  uint32_t n = u32();
+  std::vector<int32_t> v;
+  if (failed_ || n > data_.size() / 4) {
+    failed_ = true;
+    return v;
+  }
+  v.reserve(n);
+  for (uint32_t i = 0; i < n; ++i) v.push_back(i32());
   return v;
 }
 

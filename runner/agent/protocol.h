@@ -65,6 +65,7 @@ class Writer {
   Writer& u64(uint64_t v);
   Writer& str(std::string_view s);
   Writer& strings(const std::vector<std::string>& v);
+  Writer& ints(const std::vector<int32_t>& v);
   Writer& raw(std::string_view s) {
     buf_.append(s);
     return *this;
@@ -84,6 +85,9 @@ class Reader {
   uint64_t u64();
   std::string str();
   std::vector<std::string> strings();
+  std::vector<int32_t> ints();
+  size_t left() const { return data_.size(); }
+  void fail() { failed_ = true; }
   std::string rest() {  // everything not read yet
     std::string s(data_);
     data_ = {};
@@ -116,6 +120,35 @@ class Decoder {
 };
 
 const char* type_name(Type t);
+
+// One GPU as a host's agent found it (runner/agent/gpu_inventory.h); travels in Prepared and Probed.
+struct Gpu {
+  bool operator==(const Gpu&) const = default;
+  int32_t index = 0;  // NVML's index: PCI bus order, as CUDA numbers GPUs with CUDA_DEVICE_ORDER=PCI_BUS_ID
+  std::string uuid;   // "GPU-..."
+  std::string name;   // "NVIDIA H100 80GB HBM3"
+  uint64_t memory_mib = 0;  // 0: unknown (nvidia-smi -L does not say)
+  int32_t mig = -1;         // MIG mode: -1 unknown, 0 off, 1 on
+  void put(Writer& w) const { w.i32(index).str(uuid).str(name).u64(memory_mib).i32(mig); }
+  void get(Reader& r) {
+    index = r.i32(), uuid = r.str(), name = r.str(), memory_mib = r.u64(), mig = r.i32();
+  }
+};
+inline void put_gpus(Writer& w, const std::vector<Gpu>& gpus) {
+  w.u32(static_cast<uint32_t>(gpus.size()));
+  for (const auto& g : gpus) g.put(w);
+}
+inline std::vector<Gpu> get_gpus(Reader& r) {
+  uint32_t n = r.u32();
+  std::vector<Gpu> gpus;
+  if (n > r.left() / 24) {  // each takes at least 24 bytes: a larger count is a corrupt payload
+    r.fail();
+    return gpus;
+  }
+  gpus.resize(n);
+  for (auto& g : gpus) g.get(r);
+  return gpus;
+}
 
 // One struct per message, each with its payload's encoder (put) and decoder (get); the frame's id
 // (a rank, or kAllRanks) travels beside it. Decoding checks every read in one place (decode()).
@@ -194,12 +227,21 @@ struct Prepare {  // preflight
   std::string workdir, argv0;
   std::string path;         // the ranks' PATH; "" = the agent's own
   uint32_t fixed_port = 0;  // a fixed master_port that must be free here (rank 0's host); 0: none
+  // GPUs: how many usable GPUs this host's ranks need ([gpus]); 0: none asked, nothing is probed.
+  uint32_t gpu_slots_needed = 0;
+  std::string nvml_library;  // the job's MLTRAIN_NVML_LIBRARY; "": the agent's own, else libnvidia-ml.so.1
+  uint32_t has_cuda_visible_devices = 0;  // 1: the job sets CUDA_VISIBLE_DEVICES to this value;
+  std::string cuda_visible_devices;       // 0: the agent's own environment's applies, if any
   void put(Writer& w) const {
     w.str(master_addr).u32(nports).str(workdir).str(argv0).str(path).u32(fixed_port);
+    w.u32(gpu_slots_needed).str(nvml_library).u32(has_cuda_visible_devices).str(cuda_visible_devices);
   }
   void get(Reader& r) {
     master_addr = r.str(), nports = r.u32(), workdir = r.str(), argv0 = r.str(), path = r.str();
     fixed_port = r.u32();
+    if (r.left() == 0) return;  // from a launcher without GPU fields
+    gpu_slots_needed = r.u32(), nvml_library = r.str(), has_cuda_visible_devices = r.u32();
+    cuda_visible_devices = r.str();
   }
 };
 struct Probe {  // doctor
@@ -209,8 +251,23 @@ struct Probe {  // doctor
   // The interpreter the job runs: a python program the spec names (a path or a name looked up in
   // `path`), or "" for python3; `path` is the ranks' PATH ("" = the agent's own).
   std::string python, path;
-  void put(Writer& w) const { w.u32(port).str(python).str(path); }
-  void get(Reader& r) { port = r.u32(), python = r.str(), path = r.str(); }
+  // Where to look for GPUs, as in Prepare.
+  std::string nvml_library;
+  uint32_t has_cuda_visible_devices = 0;
+  std::string cuda_visible_devices;
+  void put(Writer& w) const {
+    w.u32(port)
+        .str(python)
+        .str(path)
+        .str(nvml_library)
+        .u32(has_cuda_visible_devices)
+        .str(cuda_visible_devices);
+  }
+  void get(Reader& r) {
+    port = r.u32(), python = r.str(), path = r.str();
+    if (r.left() == 0) return;
+    nvml_library = r.str(), has_cuda_visible_devices = r.u32(), cuda_visible_devices = r.str();
+  }
 };
 
 struct Pause {  // the launcher is about to be stopped (Ctrl-Z): expect no heartbeat until its next frame
@@ -296,20 +353,43 @@ struct Prepared {
   std::string local_ip;  // this host's address on that route
   std::vector<std::string> ports, problems;
   uint32_t cannot_start = 0;  // 1: the program or the workdir is missing here (exit 127)
+  // GPUs, when Prepare asked for some: every GPU found, the physical indices the ranks may use
+  // (in CUDA_VISIBLE_DEVICES order), how they were found ("nvml", "nvidia-smi" or ""), why none
+  // or what failed, and the CUDA_VISIBLE_DEVICES that restricted them (when one applied).
+  std::vector<Gpu> gpus;
+  std::vector<int32_t> gpu_usable;
+  std::string gpu_source, gpu_note;
+  uint32_t has_cuda_visible_devices = 0;
+  std::string cuda_visible_devices;
   void put(Writer& w) const {
     w.str(ifname).str(local_ip).strings(ports).strings(problems).u32(cannot_start);
+    put_gpus(w, gpus);
+    w.ints(gpu_usable).str(gpu_source).str(gpu_note).u32(has_cuda_visible_devices).str(cuda_visible_devices);
   }
   void get(Reader& r) {
     ifname = r.str(), local_ip = r.str(), ports = r.strings(), problems = r.strings();
     cannot_start = r.u32();
+    if (r.left() == 0) return;  // from an agent without GPU fields
+    gpus = get_gpus(r);
+    gpu_usable = r.ints(), gpu_source = r.str(), gpu_note = r.str(), has_cuda_visible_devices = r.u32();
+    cuda_visible_devices = r.str();
   }
 };
 struct Probed {
   static constexpr Type kType = Type::probed;
   bool operator==(const Probed&) const = default;
-  std::vector<std::string> facts;  // "key=value": arch, glibc, gpus, nccl, python3, torch, time_ms, port_free
-  void put(Writer& w) const { w.strings(facts); }
-  void get(Reader& r) { facts = r.strings(); }
+  // "key=value": arch, kernel, glibc, gpus, gpu_source, gpu_driver, gpu_note, gpus_usable,
+  // cuda_visible_devices, nccl, python, python3, torch, time_ms, port_free
+  std::vector<std::string> facts;
+  std::vector<Gpu> gpus;  // the host's GPUs
+  void put(Writer& w) const {
+    w.strings(facts);
+    put_gpus(w, gpus);
+  }
+  void get(Reader& r) {
+    facts = r.strings();
+    if (r.left() > 0) gpus = get_gpus(r);
+  }
 };
 
 }  // namespace msg

@@ -267,6 +267,13 @@ std::string describe_plan(const plan::Plan& p) {
   out += std::string("runtime: the agent sets MLTRAIN_RUNTIME and MLTRAIN_COMM_LIB") +
          (p.python_path ? " and puts the mltrain package first on PYTHONPATH\n"
                         : "; PYTHONPATH left alone ([run] python_path = false)\n");
+  if (p.gpus_per_proc > 0 || p.procs_per_gpu > 0)
+    out += std::string("gpus:    [gpus] ") +
+           (p.gpus_per_proc > 0 ? "per_proc = " + std::to_string(p.gpus_per_proc)
+                                : "procs_per_gpu = " + std::to_string(p.procs_per_gpu)) +
+           " is checked against each host's GPU inventory at launch (NVML, else nvidia-smi; a\n"
+           "         CUDA_VISIBLE_DEVICES set there limits it); the CUDA_VISIBLE_DEVICES below assume\n"
+           "         every GPU usable, and each rank gets its own among the usable ones\n";
   for (const auto& h : p.hosts) {
     out += "\nhost " + h.host.name + " (node " + std::to_string(h.node_rank) + (h.local ? ", local" : "") +
            "): ranks";

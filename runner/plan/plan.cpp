@@ -251,6 +251,12 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
   p.user_gloo_ifname = user_ifname_gloo;
   p.auto_master_port = s.comm.master_port == 0;
   p.ps_mode = s.comm.mode == "ps";
+  p.gpus_per_proc = s.gpus.per_proc;
+  p.procs_per_gpu = s.gpus.procs_per_gpu;
+  for (const auto& [k, v] : base) {
+    if (k == "CUDA_VISIBLE_DEVICES") p.user_cuda_visible_devices = v;
+    if (k == "MLTRAIN_NVML_LIBRARY") p.nvml_library = v;
+  }
 
   int world = int(p.ranks.size());
   for (auto& r : p.ranks) {
@@ -290,13 +296,16 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
       if (!user_ifname_nccl) put(env, "NCCL_SOCKET_IFNAME", "lo");
       if (!user_ifname_gloo) put(env, "GLOO_SOCKET_IFNAME", "lo");
     }
-    // GPUs: per_proc gives each rank a block of devices; procs_per_gpu shares one device.
-    std::vector<int> devices;
+    // GPUs: per_proc gives each rank a block of slots; procs_per_gpu shares one slot. A slot is
+    // an index into the host's usable GPUs, known at preflight (assign_gpus); until then the env
+    // shows them as if every GPU were usable, as a dry run prints it.
+    r.gpu_slots.clear();
     if (s.gpus.per_proc > 0)
-      for (int g = 0; g < s.gpus.per_proc; ++g) devices.push_back(r.local_rank * s.gpus.per_proc + g);
+      for (int g = 0; g < s.gpus.per_proc; ++g) r.gpu_slots.push_back(r.local_rank * s.gpus.per_proc + g);
     else if (s.gpus.procs_per_gpu > 0)
-      devices.push_back(r.local_rank / s.gpus.procs_per_gpu);
-    if (!devices.empty()) {
+      r.gpu_slots.push_back(r.local_rank / s.gpus.procs_per_gpu);
+    if (!r.gpu_slots.empty()) {
+      std::vector<int> devices = r.gpu_slots;
       if (!hp.gpu_ids.empty())
         for (auto& d : devices) {
           if (size_t(d) >= hp.gpu_ids.size())
@@ -307,6 +316,9 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
           d = hp.gpu_ids[size_t(d)];
         }
       put(env, "CUDA_VISIBLE_DEVICES", join_ints(devices));
+      // So CUDA numbers GPUs as NVML and nvidia-smi do (its default puts the fastest first).
+      if (!has(base, "CUDA_DEVICE_ORDER") && !(hp.local && in.environ.count("CUDA_DEVICE_ORDER")))
+        put(env, "CUDA_DEVICE_ORDER", "PCI_BUS_ID");
     }
     if (s.comm.mode == "ps") {
       int servers = s.comm.num_servers > 0 ? s.comm.num_servers : int(p.hosts.size());
@@ -319,6 +331,11 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
     }
     r.env = std::move(env);
   }
+  for (const auto& r : p.ranks)
+    for (int d : r.gpu_slots) {
+      int& needed = p.hosts[size_t(r.host)].gpu_slots_needed;
+      needed = std::max(needed, d + 1);
+    }
   return p;
 }
 
@@ -344,6 +361,81 @@ void set_interface(Plan& p, int host, const std::string& ifname) {
     if (!p.user_nccl_ifname) put(rank.env, "NCCL_SOCKET_IFNAME", ifname);
     if (!p.user_gloo_ifname) put(rank.env, "GLOO_SOCKET_IFNAME", ifname);
   }
+}
+
+std::string describe_gpus(const std::vector<int>& indices, const std::vector<std::string>& names) {
+  // Runs of GPUs with one name: consecutive indices as a range, others listed.
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < indices.size();) {
+    const std::string name = i < names.size() ? names[i] : std::string();
+    size_t j = i;
+    while (j + 1 < indices.size() && (j + 1 < names.size() ? names[j + 1] : std::string()) == name) ++j;
+    bool consecutive = true;
+    for (size_t k = i + 1; k <= j; ++k) consecutive = consecutive && indices[k] == indices[k - 1] + 1;
+    std::string which;
+    if (j > i + 1 && consecutive) {
+      which = std::to_string(indices[i]) + "-" + std::to_string(indices[j]);
+    } else {
+      std::vector<int> run(indices.begin() + long(i), indices.begin() + long(j) + 1);
+      which = join_ints(run);
+    }
+    parts.push_back("GPU " + which + ": " + (name.empty() ? std::string("unnamed") : name));
+    i = j + 1;
+  }
+  return text::join(parts, "; ");
+}
+
+std::string assign_gpus(Plan& p, int host, const HostGpus& gpus) {
+  const HostPlan& hp = p.hosts[size_t(host)];
+  if (hp.gpu_slots_needed == 0) return {};
+  const std::string& name = hp.host.name;
+  const std::string asked = p.gpus_per_proc > 0 ? "[gpus] per_proc = " + std::to_string(p.gpus_per_proc)
+                                                : "[gpus] procs_per_gpu = " + std::to_string(p.procs_per_gpu);
+  const size_t total = gpus.indices.size();
+  const std::string inventory = describe_gpus(gpus.indices, gpus.names);
+  const std::string restriction =
+      gpus.cuda_visible_devices ? "CUDA_VISIBLE_DEVICES=" + text::shell_quote(*gpus.cuda_visible_devices)
+                                : "";
+  auto plural = [](size_t n, const char* what) {
+    return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
+  };
+  if (total == 0)
+    return name + ": " + asked + " but " + name + " has no GPU (" +
+           (gpus.note.empty() ? std::string("none found") : gpus.note) + ")";
+  if (gpus.usable.empty())
+    return name + ": " + asked + " but no GPU of " + name + " is usable (" + restriction + "; " + name +
+           " has " + std::to_string(total) + ": " + inventory + ")";
+  // What each rank's slots are on this host: explicit ids (include/exclude), else the usable list.
+  std::vector<std::vector<int>> devices;
+  for (int r : hp.ranks) {
+    std::vector<int> d;
+    for (int slot : p.ranks[size_t(r)].gpu_slots) {
+      if (!hp.gpu_ids.empty()) {
+        int id = hp.gpu_ids[size_t(slot)];
+        if (std::find(gpus.usable.begin(), gpus.usable.end(), id) == gpus.usable.end()) {
+          bool exists = std::find(gpus.indices.begin(), gpus.indices.end(), id) != gpus.indices.end();
+          return name + ": the include/exclude slot ids give rank " + std::to_string(r) + " GPU " +
+                 std::to_string(id) + ", which " +
+                 (exists ? restriction + " hides on " + name
+                         : name + " does not have (it has " + std::to_string(total) + ": " + inventory + ")");
+        }
+        d.push_back(id);
+      } else if (size_t(slot) >= gpus.usable.size()) {
+        std::string has = restriction.empty()
+                              ? std::to_string(gpus.usable.size()) + " (" + inventory + ")"
+                              : std::to_string(gpus.usable.size()) + " usable (" + restriction + ") of " +
+                                    std::to_string(total) + " (" + inventory + ")";
+        return name + ": " + asked + " for " + plural(hp.ranks.size(), "rank") + " needs " +
+               plural(size_t(hp.gpu_slots_needed), "GPU") + "; " + name + " has " + has;
+      } else {
+        d.push_back(gpus.usable[size_t(slot)]);
+      }
+    }
+    devices.push_back(std::move(d));
+  }
+  for (size_t i = 0; i < hp.ranks.size(); ++i)
+    put(p.ranks[size_t(hp.ranks[i])].env, "CUDA_VISIBLE_DEVICES", join_ints(devices[i]));
+  return {};
 }
 
 void set_restart_count(Plan& p, int restart_count) {

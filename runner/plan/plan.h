@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +22,8 @@ struct HostPlan {
   int node_rank = 0;
   std::vector<int> ranks;    // global ranks placed here, in local-rank order
   std::vector<int> gpu_ids;  // slot ids used as device ids (hostfile filters), may be empty
+  // How many usable GPUs this host's ranks need ([gpus]); 0: none asked, its agent probes none.
+  int gpu_slots_needed = 0;
 };
 
 struct RankPlan {
@@ -28,6 +31,9 @@ struct RankPlan {
   int host = 0;  // index into Plan::hosts
   int local_rank = 0;
   Env env;  // the variables mltrain sets; the agent sets them over the host's environment
+  // [gpus]: the rank's GPU slots, indices into its host's usable GPUs (or, where the host has
+  // gpu_ids, into those). assign_gpus() turns them into CUDA_VISIBLE_DEVICES at preflight.
+  std::vector<int> gpu_slots;
 };
 
 struct Plan {
@@ -47,6 +53,12 @@ struct Plan {
   bool ps_mode = false;
   bool user_nccl_ifname = false;  // the user chose the interfaces; mltrain leaves them alone
   bool user_gloo_ifname = false;
+  int gpus_per_proc = 0;  // [gpus] per_proc
+  int procs_per_gpu = 0;  // [gpus] procs_per_gpu
+  // The job's own CUDA_VISIBLE_DEVICES ([run.env], --env, forward_env): it restricts every host's
+  // GPUs. nullopt: each host's own environment's applies.
+  std::optional<std::string> user_cuda_visible_devices;
+  std::string nvml_library;  // the job's MLTRAIN_NVML_LIBRARY ("": each agent's own, else the default)
 };
 
 // Where ranks meet, as learnt from rank 0's host at preflight.
@@ -59,6 +71,23 @@ struct Rendezvous {
 void set_rendezvous(Plan& p, const Rendezvous& r);
 // Sets NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME for the ranks of one host, unless the user set them.
 void set_interface(Plan& p, int host, const std::string& ifname);
+
+// What a host's agent found at preflight: its GPUs (physical index and name, in NVML order), those
+// the ranks may use (in CUDA_VISIBLE_DEVICES order), the agent's note (why none), and the
+// CUDA_VISIBLE_DEVICES that restricted them.
+struct HostGpus {
+  std::vector<int> indices;
+  std::vector<std::string> names;
+  std::vector<int> usable;
+  std::string note;
+  std::optional<std::string> cuda_visible_devices;
+};
+// Sets CUDA_VISIBLE_DEVICES of host `host`'s ranks to the physical GPUs of their slots. Returns ""
+// or, when the host cannot give every rank its GPUs, one line naming the host, what [gpus] asked
+// and what the host has (the env is then left as it was).
+std::string assign_gpus(Plan& p, int host, const HostGpus& gpus);
+// "GPU 0-3: NVIDIA H100 80GB HBM3" ("GPU 0,1: A; GPU 2: B" when names differ).
+std::string describe_gpus(const std::vector<int>& indices, const std::vector<std::string>& names);
 
 // Side effects the planner needs, behind a seam so tests can fix them.
 struct Inputs {

@@ -534,6 +534,13 @@ void check(const JobSpec& s) {
   if (s.gpus.per_proc > 0 && s.gpus.procs_per_gpu > 0)
     throw Error(s.origin("gpus.per_proc", file) + ": [gpus] per_proc and procs_per_gpu cannot both be set",
                 "per_proc gives each rank N GPUs; procs_per_gpu shares one GPU among N ranks");
+  if (s.comm.backend == "nccl" && s.gpus.procs_per_gpu > 1)
+    throw Error(
+        s.origin("gpus.procs_per_gpu", file) +
+            ": [gpus] procs_per_gpu = " + std::to_string(s.gpus.procs_per_gpu) +
+            " shares a GPU between ranks, but [comm] backend = \"nccl\" (" + s.origin("comm.backend", file) +
+            ") cannot: NCCL refuses two ranks of one communicator on one GPU (\"Duplicate GPU detected\")",
+        "give each rank its own GPU (procs_per_gpu = 1, or per_proc), or set backend = \"auto\" or \"tcp\"");
   for (const auto& n : s.name)
     if (!(std::isalnum(static_cast<unsigned char>(n)) || n == '-' || n == '_' || n == '.'))
       throw Error(

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runner/common/error.h"
+#include "runner/common/text.h"
 #include "runner/records/records.h"
 #include "runner/supervise/detail/gang.h"
 
@@ -55,7 +56,8 @@ void Gang::on_probe_pong(size_t i) {
   h.probing.probe_sent_wall_ms = wall_ms();
   // torch is checked with the interpreter the job runs: its program when that is a python, else
   // python3, each looked up in the PATH the ranks get.
-  msg::Probe probe{uint32_t(i == 0 ? doctor_port_ : 0), {}, {}};
+  msg::Probe probe;
+  probe.port = uint32_t(i == 0 ? doctor_port_ : 0);
   if (!plan_.argv.empty()) {
     const std::string& prog = plan_.argv[0];
     std::string base = prog.substr(prog.rfind('/') + 1);
@@ -63,6 +65,9 @@ void Gang::on_probe_pong(size_t i) {
   }
   for (const auto& [k, v] : plan_.ranks[0].env)
     if (k == "PATH") probe.path = v;
+  probe.nvml_library = plan_.nvml_library;
+  probe.has_cuda_visible_devices = plan_.user_cuda_visible_devices ? 1 : 0;
+  probe.cuda_visible_devices = plan_.user_cuda_visible_devices.value_or("");
   send_to(h, probe);
 }
 
@@ -97,6 +102,7 @@ std::vector<HostReport> Gang::doctor_reports() const {
       r.facts.erase(t);
     }
     r.rtt_ms = h.probing.rtt_ms;
+    r.gpus = h.probed->gpus;
     r.ok = true;
     if (r.facts.count("port_free") && r.facts["port_free"] == "no") {
       r.ok = false;
@@ -129,8 +135,9 @@ std::string format_doctor(const std::vector<HostReport>& reports, bool json) {
   if (json) {
     // docs/json.md, "doctor": facts typed (counts as numbers, yes/no as booleans, "not found" null).
     using J = nlohmann::ordered_json;
-    auto typed = [](const std::string& v) -> J {
+    auto typed = [](const std::string& k, const std::string& v) -> J {
       if (v.empty() || v == "not found") return nullptr;
+      if (k == "cuda_visible_devices" || k == "gpu_note") return v;  // text, even when all digits
       if (v == "yes" || v == "no") return v == "yes";
       if (v.find_first_not_of("0123456789") == std::string::npos && v.size() < 10) return std::stoi(v);
       return v;
@@ -139,12 +146,20 @@ std::string format_doctor(const std::vector<HostReport>& reports, bool json) {
     for (const auto& r : reports) {
       const bool probed = !r.facts.empty();
       J facts = J::object();
-      for (const auto& [k, v] : r.facts) facts[k] = typed(v);
+      for (const auto& [k, v] : r.facts) facts[k] = typed(k, v);
+      J gpus = J::array();
+      for (const auto& g : r.gpus)
+        gpus.push_back({{"index", g.index},
+                        {"name", g.name},
+                        {"uuid", g.uuid.empty() ? J(nullptr) : J(g.uuid)},
+                        {"memory_mib", g.memory_mib ? J(g.memory_mib) : J(nullptr)},
+                        {"mig", g.mig < 0 ? J(nullptr) : J(g.mig == 1)}});
       a.push_back({{"host", r.host},
                    {"ok", r.ok},
                    {"stage", r.stage.empty() ? J(nullptr) : J(r.stage)},
                    {"problem", r.problem.empty() ? J(nullptr) : J(r.problem)},
                    {"facts", facts},
+                   {"gpus", gpus},
                    {"clock_offset_ms", probed ? J(r.clock_offset_ms) : J(nullptr)},
                    {"rtt_ms", probed ? J(r.rtt_ms) : J(nullptr)}});
     }
@@ -170,6 +185,34 @@ std::string format_doctor(const std::vector<HostReport>& reports, bool json) {
   for (const auto& r : reports)
     if (r.facts.count("python"))
       out += r.host + ": python3 and torch checked with " + r.facts.at("python") + "\n";
+  // Each host's GPUs, one line each, or why it has none.
+  for (const auto& r : reports) {
+    if (!r.facts.count("gpus")) continue;
+    std::string note = fact(r, "gpu_note");
+    if (r.gpus.empty()) {
+      out += r.host + ": no GPU (" + (note == "-" ? std::string("none found") : note) + ")\n";
+      continue;
+    }
+    for (const auto& g : r.gpus) {
+      std::snprintf(line, sizeof line, "%s: GPU %d: %s, %s, MIG %s, %s\n", r.host.c_str(), g.index,
+                    g.name.empty() ? "unnamed" : g.name.c_str(),
+                    g.memory_mib ? (std::to_string(g.memory_mib) + " MiB").c_str() : "memory unknown",
+                    g.mig == 1   ? "on"
+                    : g.mig == 0 ? "off"
+                                 : "unknown",
+                    g.uuid.empty() ? "-" : g.uuid.c_str());
+      out += line;
+    }
+    std::string source = fact(r, "gpu_source");
+    if (source == "nvidia-smi")
+      out += r.host + ": GPUs listed by nvidia-smi -L" + (note == "-" ? std::string() : " (" + note + ")") +
+             "\n";
+    else if (note != "-")
+      out += r.host + ": NVML: " + note + "\n";
+    if (r.facts.count("cuda_visible_devices"))
+      out += r.host + ": CUDA_VISIBLE_DEVICES=" + text::shell_quote(r.facts.at("cuda_visible_devices")) +
+             " leaves " + fact(r, "gpus_usable") + " usable\n";
+  }
   return out;
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "runner/agent/protocol.h"
 #include "runner/plan/plan.h"
 #include "runner/supervise/supervisor.h"
 
@@ -15,7 +16,8 @@ struct HostReport {
   bool ok = false;
   std::string stage;                         // where it failed: connect, host key, auth, agent ("" when ok)
   std::string problem;                       // one line
-  std::map<std::string, std::string> facts;  // arch, glibc, gpus, nccl, python3, torch, port_free
+  std::map<std::string, std::string> facts;  // arch, glibc, gpus, gpu_source, nccl, python3, torch, port_free
+  std::vector<agent::Gpu> gpus;              // the host's GPUs, as its agent found them
   double clock_offset_ms = 0;
   double rtt_ms = 0;
 };

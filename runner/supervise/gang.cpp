@@ -59,6 +59,7 @@ void Gang::enter(Phase p) {
   phase_start_ = clock_.now();
   switch (p) {
     case Phase::connecting:
+      if (!doctor_) next_ping_ = clock_.now() + opts_.heartbeat_interval;
       start_connects();
       break;
     case Phase::preflight:
@@ -145,6 +146,7 @@ std::optional<Clock::time_point> Gang::next_deadline() const {
     case Phase::preflight:
     case Phase::probing:
       take(phase_start_ + opts_.preflight_timeout);
+      if (!doctor_) take(next_ping_);
       break;
     case Phase::running:
     case Phase::stopping:
@@ -180,6 +182,15 @@ void Gang::on_timers(Clock::time_point now) {
                                text::format_duration(
                                    std::chrono::duration_cast<milliseconds>(opts_.preflight_timeout)));
         check_progress();
+        break;
+      }
+      // Agents that answered wait for the slowest host (an SSH login, a GPU probe): a ping keeps
+      // their launcher-silence window open. Not for doctor, whose probe times the pong.
+      if (!doctor_ && next_ping_ && now >= *next_ping_) {
+        for (auto& h : hosts_)
+          if (h.state == HostState::greeted || h.state == HostState::preparing || h.state == HostState::ready)
+            send_to(h, msg::Ping{});
+        next_ping_ = now + opts_.heartbeat_interval;
       }
       break;
     case Phase::running:
@@ -195,10 +206,15 @@ void Gang::on_timers(Clock::time_point now) {
       if (escalate_at_ && now >= *escalate_at_) terminate_all(opts_.grace);
       if (stop_deadline_ && now >= *stop_deadline_) {
         // Agents had their grace and five seconds more: whoever has not reported is unreachable.
+        stop_deadline_.reset();
         for (size_t i = 0; i < hosts_.size(); ++i) {
           bool waiting = false;
           for (int r : hosts_[i].plan->ranks) waiting |= !ranks_[size_t(r)].exited;
-          if (waiting) host_lost(i, "did not report its ranks stopped within the grace period");
+          if (!waiting) continue;
+          if (hosts_[i].open())
+            host_lost(i, "did not report its ranks stopped within the grace period");
+          else
+            ranks_gone(i);  // its link is gone already: nothing more will come
         }
       }
       if (next_ping_ && now >= *next_ping_) {
@@ -405,7 +421,19 @@ void Gang::on(size_t i, uint32_t, msg::LauncherSilent& m) {
     fail_first(-1, hosts_[i].plan->host.name, exit_code::host_failure, 0, why, "launcher_silent");
 }
 
-void Gang::on(size_t i, uint32_t, msg::Bye&) { hosts_[i].state = HostState::closed; }
+void Gang::on(size_t i, uint32_t, msg::Bye&) {
+  // An agent that leaves on its own (after LauncherSilent) may not have reported every rank, or
+  // started them: nothing more will come from it.
+  if ((phase_ == Phase::running || phase_ == Phase::stopping) && hosts_[i].open()) {
+    bool unreported = false;
+    for (int r : hosts_[i].plan->ranks) unreported |= !ranks_[size_t(r)].exited;
+    if (unreported) {
+      host_lost(i, "the agent left before reporting its ranks");
+      return;
+    }
+  }
+  hosts_[i].state = HostState::closed;
+}
 
 void Gang::spawn_all() {
   for (auto& r : ranks_) r = RankState{};
@@ -472,18 +500,25 @@ void Gang::host_lost(size_t i, const std::string& why) {
     return;
   }
   h.state = HostState::lost;
-  // Ranks on a lost host cannot be waited for; count them as gone.
-  for (int r : h.plan->ranks)
+  ranks_gone(i);
+  if (phase_ == Phase::running)
+    fail_first(-1, h.plan->host.name, exit_code::host_failure, 0, h.link->describe() + ": " + why,
+               "host_lost");
+  h.link->kill();
+}
+
+bool Gang::ranks_gone(size_t i) {
+  // Ranks on a lost or closed host cannot be waited for; count them as gone.
+  bool any = false;
+  for (int r : hosts_[i].plan->ranks)
     if (!ranks_[size_t(r)].exited) {
       ranks_[size_t(r)].exited = true;
       ranks_[size_t(r)].status = -1;
       rec_.ranks[size_t(r)].host_lost = true;
       out_->finish(r);
+      any = true;
     }
-  if (phase_ == Phase::running)
-    fail_first(-1, h.plan->host.name, exit_code::host_failure, 0, h.link->describe() + ": " + why,
-               "host_lost");
-  h.link->kill();
+  return any;
 }
 
 void Gang::heard_from_all() {

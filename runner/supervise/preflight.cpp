@@ -153,6 +153,7 @@ void Gang::check_progress() {
     enter(Phase::closing);
   } else if (phase_ == Phase::preflight && all(HostState::ready)) {
     log::info("supervise", "preflight done");
+    settle_gpus();
     std::vector<std::string> lines;
     for (const auto& h : hosts_)
       if (h.state == HostState::failed) {
@@ -193,8 +194,12 @@ void Gang::send_prepare() {
     if (k == "PATH") m.path = v;
   uint32_t nports =
       plan_.multi_host ? (plan_.auto_master_port ? 1u : 0u) + 1u + (plan_.ps_mode ? 1u : 0u) : 0u;
+  m.nvml_library = plan_.nvml_library;
+  m.has_cuda_visible_devices = plan_.user_cuda_visible_devices ? 1 : 0;
+  m.cuda_visible_devices = plan_.user_cuda_visible_devices.value_or("");
   for (size_t i = 0; i < hosts_.size(); ++i)
     if (hosts_[i].state == HostState::greeted) {
+      m.gpu_slots_needed = uint32_t(plan_.hosts[i].gpu_slots_needed);
       m.nports = i == 0 ? nports : 0;
       // A fixed master_port must be free on rank 0's host, or rank 0 fails to listen on it later.
       m.fixed_port = i == 0 && !plan_.auto_master_port ? uint32_t(plan_.master_port) : 0;
@@ -202,6 +207,25 @@ void Gang::send_prepare() {
       send_to(hosts_[i], m);
     }
   check_progress();
+}
+
+void Gang::settle_gpus() {
+  // Each rank's CUDA_VISIBLE_DEVICES from what its host's agent found usable; a host that cannot
+  // give every rank its GPUs fails preflight like any other host problem.
+  for (size_t i = 0; i < hosts_.size(); ++i) {
+    Host& h = hosts_[i];
+    if (h.state != HostState::ready || h.plan->gpu_slots_needed == 0) continue;
+    plan::HostGpus g;
+    for (const auto& gpu : h.prepared.gpus) {
+      g.indices.push_back(gpu.index);
+      g.names.push_back(gpu.name);
+    }
+    g.usable.assign(h.prepared.gpu_usable.begin(), h.prepared.gpu_usable.end());
+    g.note = h.prepared.gpu_note;
+    if (h.prepared.has_cuda_visible_devices) g.cuda_visible_devices = h.prepared.cuda_visible_devices;
+    std::string problem = plan::assign_gpus(plan_, int(i), g);
+    if (!problem.empty()) host_failed(i, problem);
+  }
 }
 
 void Gang::settle_rendezvous() {

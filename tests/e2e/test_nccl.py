@@ -173,9 +173,11 @@ def test_without_a_launcher_the_other_ranks_name_the_rank_whose_nccl_failed(tmp_
     logs = [(tmp_path / f"rank-{r}.log").read_text() for r in range(4)]
     assert "rank 2 (" in logs[2] and "injected async error (fake-gpus.conf)" in logs[2], logs[2]
     for r in (0, 1, 3):
-        assert re.search(rf"rank {r} \(.*\): allreduce #6: NCCL ncclAllReduce: remote process exited or there "
+        assert re.search(rf"rank {r} \(.*\): allreduce #\d+: NCCL ncclAllReduce: remote process exited or there "
                          r"was a network error \(rank 2 ", logs[r]), logs[r]
-        assert re.search(r"first failure: rank 2 \(.*injected async error", logs[r]), logs[r]
+    # Through the store, the first failure and its cause (best effort: rank 0 hosts the store and
+    # may exit before a peer asks).
+    assert re.search(r"first failure: rank 2 \(.*injected async error", logs[0] + logs[1] + logs[3]), logs
 
 
 def test_a_stopped_rank_makes_the_others_abort_nccl_at_the_timeout(tmp_path):

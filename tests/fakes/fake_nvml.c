@@ -5,10 +5,12 @@
  *   memory_mib N       every GPU's memory in MiB (default 81559)
  *   mig 0|1            MIG mode, current and pending (default 0)
  *   driver_version T   nvmlSystemGetDriverVersion (default "580.95.05")
+ *   init_delay_ms N    nvmlInit takes this long (default 0), as on a big or busy machine
  * UUIDs are fake_gpu_uuid(i), as the fake nvidia-smi and the fake CUDA runtime give them.
  * The ABI is NVML's (nvml.h): declared here, since no NVML header is needed to build it. */
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "fake_conf.h"
 
@@ -57,6 +59,12 @@ static nvmlReturn_t copy_out(const char* text, char* out, unsigned length) {
 static int valid(nvmlDevice_t d) { return init_count > 0 && d >= devices && d < devices + gpu_count(); }
 
 nvmlReturn_t nvmlInit_v2(void) {
+  long delay_ms = fake_conf_int(&init_count, "init_delay_ms", 0);
+  if (delay_ms > 0) {
+    struct timespec ts = {delay_ms / 1000, (delay_ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+  }
   if (gpu_count() == 0) return NVML_ERROR_DRIVER_NOT_LOADED;
   for (unsigned i = 0; i < MAX_GPUS; ++i) devices[i].index = i;
   ++init_count;

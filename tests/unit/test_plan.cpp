@@ -198,6 +198,149 @@ TEST_CASE("plan: GPUs per rank, shared GPUs, filtered slots") {
   CHECK(env_of(r.ranks[1])["CUDA_VISIBLE_DEVICES"] == "3");
 }
 
+TEST_CASE("plan: GPU slots per rank, and what each host must have") {
+  auto s = job();
+  s.cluster.hosts = {"h1:4,h2:4"};
+  s.gpus.per_proc = 2;
+  auto p = plan::make_plan(s, inputs());
+  CHECK(p.hosts[0].gpu_slots_needed == 8);
+  CHECK(p.ranks[5].gpu_slots == std::vector<int>{2, 3});
+  CHECK(env_of(p.ranks[5])["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID");
+  CHECK(p.gpus_per_proc == 2);
+
+  auto sh = job();
+  sh.cluster.hosts = {"h1:5"};
+  sh.gpus.procs_per_gpu = 2;
+  auto q = plan::make_plan(sh, inputs());
+  CHECK(q.hosts[0].gpu_slots_needed == 3);  // ranks 0,1 | 2,3 | 4
+  CHECK(q.ranks[4].gpu_slots == std::vector<int>{2});
+
+  auto cpu = job();
+  cpu.cluster.nprocs = 2;
+  cpu.run.env = {{"CUDA_VISIBLE_DEVICES", "1"}, {"MLTRAIN_NVML_LIBRARY", "/opt/nvml.so"}};
+  auto c = plan::make_plan(cpu, inputs());
+  CHECK(c.hosts[0].gpu_slots_needed == 0);                   // no [gpus]: no host is asked
+  CHECK(env_of(c.ranks[1])["CUDA_VISIBLE_DEVICES"] == "1");  // the user's own value, untouched
+  CHECK(env_of(c.ranks[1]).count("CUDA_DEVICE_ORDER") == 0);
+  CHECK(c.user_cuda_visible_devices == "1");
+  CHECK(c.nvml_library == "/opt/nvml.so");
+
+  auto own = job();
+  own.cluster.nprocs = 1;
+  own.gpus.per_proc = 1;
+  own.run.env = {{"CUDA_DEVICE_ORDER", "FASTEST_FIRST"}};
+  CHECK(env_of(plan::make_plan(own, inputs()).ranks[0])["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST");
+}
+
+namespace {
+plan::HostGpus h100s(int n) {
+  plan::HostGpus g;
+  for (int i = 0; i < n; ++i) {
+    g.indices.push_back(i);
+    g.names.push_back("NVIDIA H100 80GB HBM3");
+    g.usable.push_back(i);
+  }
+  return g;
+}
+}  // namespace
+
+TEST_CASE("plan: GPUs assigned from a host's inventory, or a line naming the host") {
+  // 2 hosts x 4 GPUs.
+  auto job_with = [](int per_proc, int procs_per_gpu, int ranks_per_host) {
+    auto s = job();
+    std::string n = std::to_string(ranks_per_host);
+    s.cluster.hosts = {"h1:" + n + ",h2:" + n};
+    s.gpus.per_proc = per_proc;
+    s.gpus.procs_per_gpu = procs_per_gpu;
+    return plan::make_plan(s, inputs());
+  };
+  auto cvd = [](const plan::Plan& p) {
+    std::vector<std::string> v;
+    for (const auto& r : p.ranks) v.push_back(env_of(r)["CUDA_VISIBLE_DEVICES"]);
+    return v;
+  };
+  using V = std::vector<std::string>;
+
+  auto one = job_with(1, 0, 4);
+  CHECK(plan::assign_gpus(one, 0, h100s(4)) == "");
+  CHECK(plan::assign_gpus(one, 1, h100s(4)) == "");
+  CHECK(cvd(one) == V{"0", "1", "2", "3", "0", "1", "2", "3"});
+
+  auto two = job_with(2, 0, 2);
+  CHECK(plan::assign_gpus(two, 0, h100s(4)) == "");
+  CHECK(plan::assign_gpus(two, 1, h100s(4)) == "");
+  CHECK(cvd(two) == V{"0,1", "2,3", "0,1", "2,3"});
+
+  auto shared = job_with(0, 2, 4);
+  CHECK(plan::assign_gpus(shared, 0, h100s(4)) == "");
+  CHECK(plan::assign_gpus(shared, 1, h100s(4)) == "");
+  CHECK(cvd(shared) == V{"0", "0", "1", "1", "0", "0", "1", "1"});
+
+  // Too small: h2 has 2 GPUs.
+  auto small = job_with(2, 0, 4);
+  CHECK(plan::assign_gpus(small, 0, h100s(4)) ==
+        "h1: [gpus] per_proc = 2 for 4 ranks needs 8 GPUs; h1 has 4 (GPU 0-3: NVIDIA H100 80GB HBM3)");
+  CHECK(plan::assign_gpus(small, 1, h100s(2)) ==
+        "h2: [gpus] per_proc = 2 for 4 ranks needs 8 GPUs; h2 has 2 (GPU 0,1: NVIDIA H100 80GB HBM3)");
+  auto sharing_small = job_with(0, 2, 4);
+  CHECK(plan::assign_gpus(sharing_small, 1, h100s(1)) ==
+        "h2: [gpus] procs_per_gpu = 2 for 4 ranks needs 2 GPUs; h2 has 1 (GPU 0: NVIDIA H100 80GB HBM3)");
+
+  // A CUDA_VISIBLE_DEVICES set on the host restricts it, in its order.
+  auto restricted = job_with(1, 0, 2);
+  auto g = h100s(4);
+  g.usable = {3, 1};
+  g.cuda_visible_devices = "3,1";
+  CHECK(plan::assign_gpus(restricted, 1, g) == "");
+  CHECK(cvd(restricted)[2] == "3");
+  CHECK(cvd(restricted)[3] == "1");
+  auto too_restricted = job_with(1, 0, 4);
+  CHECK(plan::assign_gpus(too_restricted, 1, g) ==
+        "h2: [gpus] per_proc = 1 for 4 ranks needs 4 GPUs; h2 has 2 usable (CUDA_VISIBLE_DEVICES=3,1) of 4 "
+        "(GPU 0-3: NVIDIA H100 80GB HBM3)");
+  CHECK(cvd(too_restricted)[4] == "0");  // a failed host keeps the plan's env
+  g.usable.clear();
+  g.cuda_visible_devices = "";
+  CHECK(plan::assign_gpus(too_restricted, 1, g) ==
+        "h2: [gpus] per_proc = 1 but no GPU of h2 is usable (CUDA_VISIBLE_DEVICES=''; h2 has 4: GPU 0-3: "
+        "NVIDIA H100 80GB HBM3)");
+
+  // No GPU at all: the agent's reason.
+  plan::HostGpus none;
+  none.note = "no NVIDIA driver: libnvidia-ml.so.1 not found, nvidia-smi not in PATH";
+  CHECK(
+      plan::assign_gpus(one, 1, none) ==
+      "h2: [gpus] per_proc = 1 but h2 has no GPU (no NVIDIA driver: libnvidia-ml.so.1 not found, nvidia-smi "
+      "not in PATH)");
+}
+
+TEST_CASE("plan: include/exclude slot ids must be among a host's usable GPUs") {
+  auto f = job();
+  f.cluster.hosts = {"a:4"};
+  f.cluster.include = "a:1,3";
+  f.gpus.per_proc = 1;
+  auto p = plan::make_plan(f, inputs());
+  auto g = h100s(4);
+  CHECK(plan::assign_gpus(p, 0, g) == "");
+  CHECK(env_of(p.ranks[1])["CUDA_VISIBLE_DEVICES"] == "3");
+  g.usable = {0, 1};
+  g.cuda_visible_devices = "0,1";
+  CHECK(plan::assign_gpus(p, 0, g) ==
+        "a: the include/exclude slot ids give rank 1 GPU 3, which CUDA_VISIBLE_DEVICES=0,1 hides on a");
+  CHECK(plan::assign_gpus(p, 0, h100s(2)) ==
+        "a: the include/exclude slot ids give rank 1 GPU 3, which a does not have (it has 2: GPU 0,1: NVIDIA "
+        "H100 "
+        "80GB HBM3)");
+}
+
+TEST_CASE("plan: GPUs described by runs of one name") {
+  std::vector<std::string> h(4, "H100");
+  CHECK(plan::describe_gpus({0, 1, 2, 3}, h) == "GPU 0-3: H100");
+  CHECK(plan::describe_gpus({0, 2, 3}, {"H100", "H100", "H100"}) == "GPU 0,2,3: H100");
+  CHECK(plan::describe_gpus({0, 1, 2}, {"A", "A", "B"}) == "GPU 0,1: A; GPU 2: B");
+  CHECK(plan::describe_gpus({}, {}) == "");
+}
+
 TEST_CASE("plan: PS mode variables") {
   auto s = job();
   s.cluster.hosts = {"a:2,b:2"};

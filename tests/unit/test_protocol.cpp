@@ -91,6 +91,16 @@ void round_trip(const M& m, uint32_t id) {
   CHECK(d.buffered() == 0);
 }
 
+const Gpu kH100{3, "GPU-4049c22c-0000-4000-8000-000000000003", "NVIDIA H100 80GB HBM3", 81559, 1};
+const msg::Prepare kPrepare{
+    "10.0.0.1", 3, "/tmp", "train.py", "/usr/bin:/bin", 29500, 8, "/opt/libnvidia-ml.so.1", 1, "1,3"};
+const msg::Probe kProbe{29500, "/opt/venv/bin/python", "/opt/venv/bin:/usr/bin", "/opt/libnvidia-ml.so.1", 1,
+                        ""};
+const msg::Prepared kPrepared{
+    "eth0", "10.0.0.2", {"29500", "29501"}, {"program x not found"}, 1, {kH100, {}}, {3, 0}, "nvml", "",
+    1,      "3,0"};
+const msg::Probed kProbed{{"arch=x86_64", "gpus=1"}, {kH100}};
+
 // One message of every type, with every field set to something other than its default.
 std::vector<std::string> one_of_each() {
   std::vector<std::string> frames;
@@ -105,8 +115,8 @@ std::vector<std::string> one_of_each() {
   add(msg::Terminate{1500}, kAllRanks);
   add(msg::Ping{0x0123456789abcdefULL}, 0);
   add(msg::Shutdown{}, 0);
-  add(msg::Prepare{"10.0.0.1", 3, "/tmp", "train.py", "/usr/bin:/bin", 29500}, 0);
-  add(msg::Probe{29500, "/opt/venv/bin/python", "/opt/venv/bin:/usr/bin"}, 0);
+  add(kPrepare, 0);
+  add(kProbe, 0);
   add(msg::Stdin{std::string("c\n\0", 3)}, 0);
   add(msg::StdinClose{}, 0);
   add(msg::Pause{}, 0);
@@ -119,8 +129,8 @@ std::vector<std::string> one_of_each() {
   add(msg::Pong{99}, 0);
   add(msg::AgentError{"unexpected frame"}, 0);
   add(msg::Bye{}, 0);
-  add(msg::Prepared{"eth0", "10.0.0.2", {"29500", "29501"}, {"program x not found"}, 1}, 0);
-  add(msg::Probed{{"arch=x86_64", "gpus=0"}}, 0);
+  add(kPrepared, 0);
+  add(kProbed, 0);
   return frames;
 }
 
@@ -134,8 +144,9 @@ TEST_CASE("protocol: every message round-trips through its struct") {
   round_trip(msg::Terminate{1500}, kAllRanks);
   round_trip(msg::Ping{0x0123456789abcdefULL}, 0);
   round_trip(msg::Shutdown{}, 0);
-  round_trip(msg::Prepare{"10.0.0.1", 3, "/tmp", "train.py", "/usr/bin:/bin", 29500}, 0);
-  round_trip(msg::Probe{29500, "/opt/venv/bin/python", "/opt/venv/bin:/usr/bin"}, 0);
+  round_trip(kPrepare, 0);
+  round_trip(msg::Prepare{}, 0);
+  round_trip(kProbe, 0);
   round_trip(msg::Stdin{std::string("c\n\0", 3)}, 0);
   round_trip(msg::StdinClose{}, 0);
   round_trip(msg::Pause{}, 0);
@@ -150,9 +161,32 @@ TEST_CASE("protocol: every message round-trips through its struct") {
   round_trip(msg::Pong{99}, 0);
   round_trip(msg::AgentError{"unexpected frame"}, 0);
   round_trip(msg::Bye{}, 0);
-  round_trip(msg::Prepared{"eth0", "10.0.0.2", {"29500", "29501"}, {"program x not found"}, 1}, 0);
-  round_trip(msg::Probed{{"arch=x86_64", "gpus=0"}}, 0);
+  round_trip(kPrepared, 0);
+  round_trip(msg::Prepared{}, 0);
+  round_trip(kProbed, 0);
   CHECK(one_of_each().size() == std::variant_size_v<Message>);
+}
+
+TEST_CASE("protocol: messages from a peer without the GPU fields decode with their defaults") {
+  // Prepare, Prepared, Probe and Probed gained fields at their end; an older peer's frames lack them.
+  std::string error;
+  Frame prepare{Type::prepare, 0, 0, Writer().str("").u32(0).str("/w").str("prog").str("").u32(0).take()};
+  auto p = decode(std::move(prepare), error);
+  REQUIRE_MESSAGE(p, error);
+  CHECK(std::get<msg::Prepare>(*p).gpu_slots_needed == 0);
+  CHECK(std::get<msg::Prepare>(*p).workdir == "/w");
+  Frame prepared{Type::prepared, 0, 0,
+                 Writer().str("eth0").str("10.0.0.2").strings({}).strings({}).u32(0).take()};
+  auto q = decode(std::move(prepared), error);
+  REQUIRE_MESSAGE(q, error);
+  CHECK(std::get<msg::Prepared>(*q).gpus.empty());
+  Frame probed{Type::probed, 0, 0, Writer().strings({"gpus=0"}).take()};
+  auto r = decode(std::move(probed), error);
+  REQUIRE_MESSAGE(r, error);
+  CHECK(std::get<msg::Probed>(*r).facts == std::vector<std::string>{"gpus=0"});
+  // A GPU count larger than the payload could hold is a malformed frame, not a huge allocation.
+  Frame lying{Type::probed, 0, 0, Writer().strings({}).u32(0x7fffffff).take()};
+  CHECK_FALSE(decode(std::move(lying), error));
 }
 
 TEST_CASE("protocol: a truncated payload or an unknown type is a clean decode error") {

@@ -210,12 +210,33 @@ TEST_CASE("spec: malformed specs give one-line errors with their location") {
       {"[run]\ncommand = 'x'\n[cluster]\ninclude = 'a'\nexclude = 'b'\n", "include and exclude ("},
       {"[run]\ncommand = 'x'\n[gpus]\nper_proc = 1\nprocs_per_gpu = 2\n",
        "job.toml:4:12: [gpus] per_proc and procs_per_gpu cannot both be set"},
+      {"[run]\ncommand = 'x'\n[comm]\nbackend = 'nccl'\n[gpus]\nprocs_per_gpu = 2\n",
+       "job.toml:6:17: [gpus] procs_per_gpu = 2 shares a GPU between ranks, but [comm] backend = \"nccl\" ("},
+      {"[run]\ncommand = 'x'\n[comm]\nbackend = 'nccl'\n[gpus]\nprocs_per_gpu = 2\n",
+       "job.toml:4:11) cannot: NCCL refuses two ranks of one communicator on one GPU (\"Duplicate GPU "
+       "detected\")"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.text);
     std::string msg = error_of(c.text);
     CHECK_MESSAGE(msg.find(c.expected) != std::string::npos, msg);
   }
+}
+
+TEST_CASE("spec: NCCL takes one GPU per rank; sharing GPUs needs another backend") {
+  TempDir d;
+  const char* shared = "[run]\ncommand = 'x'\n[gpus]\nprocs_per_gpu = 2\n";
+  auto ok = [&](const std::string& text) { spec::check(spec::load_file(d.write("ok.toml", text))); };
+  CHECK_NOTHROW(ok(std::string(shared)));                                // backend auto
+  CHECK_NOTHROW(ok(std::string(shared) + "[comm]\nbackend = 'tcp'\n"));  // the CPU backend
+  CHECK_NOTHROW(ok("[run]\ncommand = 'x'\n[comm]\nbackend = 'nccl'\n[gpus]\nprocs_per_gpu = 1\n"));
+  CHECK_NOTHROW(ok("[run]\ncommand = 'x'\n[comm]\nbackend = 'nccl'\n[gpus]\nper_proc = 2\n"));
+  // From a profile too: the error points at the spec's key and names where the backend came from.
+  std::string msg =
+      error_of("profile = 'nccl-ethernet'\n[run]\ncommand = 'x'\n[gpus]\nper_proc = 0\nprocs_per_gpu = 4\n");
+  CHECK(msg.find("job.toml:6:17: [gpus] procs_per_gpu = 4 shares a GPU between ranks, but [comm] backend = "
+                 "\"nccl\" (") != std::string::npos);
+  CHECK(msg.find("Duplicate GPU detected") != std::string::npos);
 }
 
 TEST_CASE("spec: a missing file names the path") {

@@ -98,18 +98,25 @@ constexpr std::optional<std::chrono::milliseconds> kNever = std::nullopt;
 using ScriptFor = std::function<Script(int rank, int restart)>;
 
 struct FakeHostBehaviour {
-  bool refuse_connect = false;         // connect() throws
-  bool go_silent_after_spawn = false;  // stops answering (a cut link)
-  std::string preflight_problem;       // reported by prepare
-  bool block_connect = false;          // connect() hangs until the transport is destroyed
-  bool mute_hello = false;             // never answers hello
-  bool mute_prepare = false;           // never answers prepare
+  bool refuse_connect = false;                      // connect() throws
+  bool go_silent_after_spawn = false;               // stops answering (a cut link)
+  std::string preflight_problem;                    // reported by prepare
+  bool block_connect = false;                       // connect() hangs until the transport is destroyed
+  bool mute_hello = false;                          // never answers hello
+  bool mute_prepare = false;                        // never answers prepare
+  int gpus = 0;                                     // GPUs reported when prepare asks for some
+  std::optional<std::string> cuda_visible_devices;  // ... and the value that leaves gpu_usable
+  std::vector<int> gpu_usable;                      // (empty: every GPU)
+  std::chrono::milliseconds prepare_delay{0};       // answers prepare this much later (a slow probe)
+  bool leave_on_spawn = false;  // says LauncherSilent and Bye instead of starting its ranks
 };
 
 // What every fake agent saw, for the test to wait on and assert.
 struct Seen {
   std::atomic<int> spawns{0}, prepares{0}, connects{0}, terminates{0}, interrupts{0};
   std::atomic<int> restarts{0};
+  std::atomic<int> gpu_slots_asked{0};  // the most gpu_slots_needed one prepare asked for
+  std::atomic<int> pings_before_spawn{0};
 };
 
 class FakeAgent {
@@ -148,6 +155,8 @@ class FakeAgent {
     std::map<uint32_t, Running> ranks;
     std::map<uint32_t, int> spawns;
     bool silent = false;
+    std::optional<proto::msg::Prepared> delayed;
+    supervise::Clock::time_point delayed_due{};
     while (true) {
       pollfd p{fd_, POLLIN, 0};
       if (::poll(&p, 1, 2) > 0) {
@@ -165,13 +174,40 @@ class FakeAgent {
           if (std::get_if<proto::msg::Hello>(&*m)) {
             if (!b_.mute_hello)
               send(proto::msg::HelloAck{proto::kMagic, proto::kVersion, 1, "fake", "x86_64"});
-          } else if (std::get_if<proto::msg::Prepare>(&*m)) {
+          } else if (auto* prepare = std::get_if<proto::msg::Prepare>(&*m)) {
             ++seen_.prepares;
             if (b_.mute_prepare) continue;
-            proto::msg::Prepared r{"fake0", "10.0.0.9", {"20001", "20002"}, {}};
+            proto::msg::Prepared r;
+            r.ifname = "fake0";
+            r.local_ip = "10.0.0.9";
+            r.ports = {"20001", "20002"};
             if (!b_.preflight_problem.empty()) r.problems.push_back(b_.preflight_problem);
-            send(r);
+            if (prepare->gpu_slots_needed > 0) {
+              seen_.gpu_slots_asked = std::max(seen_.gpu_slots_asked.load(), int(prepare->gpu_slots_needed));
+              for (int g = 0; g < b_.gpus; ++g) {
+                r.gpus.push_back({g, "GPU-fake-" + std::to_string(g), "NVIDIA H100 80GB HBM3", 81559, 0});
+                if (b_.gpu_usable.empty()) r.gpu_usable.push_back(g);
+              }
+              for (int g : b_.gpu_usable) r.gpu_usable.push_back(g);
+              r.gpu_source = b_.gpus > 0 ? "nvml" : "";
+              r.gpu_note =
+                  b_.gpus > 0 ? "" : "no NVIDIA driver: libnvidia-ml.so.1 not found, nvidia-smi not in PATH";
+              r.has_cuda_visible_devices = b_.cuda_visible_devices ? 1 : 0;
+              r.cuda_visible_devices = b_.cuda_visible_devices.value_or("");
+            }
+            if (b_.prepare_delay.count() > 0) {
+              delayed = r;
+              delayed_due = clock_.now() + b_.prepare_delay;
+            } else {
+              send(r);
+            }
           } else if (std::get_if<proto::msg::Spawn>(&*m)) {
+            if (b_.leave_on_spawn) {
+              send(proto::msg::LauncherSilent{12000});
+              send(proto::msg::Bye{});
+              silent = true;
+              continue;
+            }
             int restart = spawns[id]++;
             if (id == 0) seen_.restarts = restart;
             Running run{script_(int(id), restart), {}, false};
@@ -189,10 +225,11 @@ class FakeAgent {
             ++seen_.terminates;
             for (auto& [rid, run] : ranks) end(rid, run, SIGTERM);
           } else if (auto* probe = std::get_if<proto::msg::Probe>(&*m)) {
-            proto::msg::Probed r{{"arch=x86_64", "gpus=0", "time_ms=0"}};
+            proto::msg::Probed r{{"arch=x86_64", "gpus=0", "time_ms=0"}, {}};
             if (probe->port != 0) r.facts.push_back("port_free=no");
             send(r);
           } else if (auto* ping = std::get_if<proto::msg::Ping>(&*m)) {
+            if (seen_.spawns == 0) ++seen_.pings_before_spawn;
             send(proto::msg::Pong{ping->seq});
           } else if (std::get_if<proto::msg::Shutdown>(&*m)) {
             send(proto::msg::Bye{});
@@ -201,6 +238,10 @@ class FakeAgent {
         }
       }
       auto now = clock_.now();
+      if (delayed && now >= delayed_due) {
+        send(*delayed);
+        delayed.reset();
+      }
       for (auto& [id, run] : ranks)
         if (!silent && run.s.after && now >= run.due) end(id, run, run.s.status);
     }
@@ -323,11 +364,13 @@ struct Run {
     ::unsetenv("MLTRAIN_HOME");
     fs::remove_all(home);
   }
-  void go(const std::string& hosts, FakeTransport& t, supervise::Options o = {}) {
+  void go(const std::string& hosts, FakeTransport& t, supervise::Options o = {},
+          const std::function<void(spec::JobSpec&)>& tweak = {}) {
     spec::JobSpec s;
     s.name = "t";
     s.run.argv = {"x"};
     s.cluster.hosts = {hosts};
+    if (tweak) tweak(s);
     plan::Inputs in;
     in.run_id = records::create_run("t");
     in.token = "tok";
@@ -469,6 +512,111 @@ TEST_CASE("supervisor: a host that cannot be reached fails preflight; nothing st
   }
   CHECK(t.seen.spawns == 0);
   CHECK(records::load(run.rec.id).status == "host-failure");
+}
+
+namespace {
+std::string env_value(const plan::RankPlan& r, const std::string& k) {
+  for (const auto& [ek, ev] : r.env)
+    if (ek == k) return ev;
+  return "<unset>";
+}
+FakeHostBehaviour host_with_gpus(int n, std::optional<std::string> visible = std::nullopt,
+                                 std::vector<int> usable = {}) {
+  FakeHostBehaviour b;
+  b.gpus = n;
+  b.cuda_visible_devices = std::move(visible);
+  b.gpu_usable = std::move(usable);
+  return b;
+}
+}  // namespace
+
+TEST_CASE("supervisor: GPUs are assigned from each host's usable GPUs at preflight") {
+  auto per_proc = [](int n) { return [n](spec::JobSpec& s) { s.gpus.per_proc = n; }; };
+  SUBCASE("per_proc = 1, and a host's CUDA_VISIBLE_DEVICES restricts its set") {
+    FakeTransport t([](int, int) { return Script{}; },
+                    {{"a", host_with_gpus(4)}, {"b", host_with_gpus(4, "3,1", {3, 1})}});
+    Run run;
+    run.go("a:2,b:2", t, {}, per_proc(1));
+    CHECK(run.code == 0);
+    CHECK(t.seen.gpu_slots_asked == 2);
+    CHECK(env_value(run.plan.ranks[0], "CUDA_VISIBLE_DEVICES") == "0");
+    CHECK(env_value(run.plan.ranks[1], "CUDA_VISIBLE_DEVICES") == "1");
+    CHECK(env_value(run.plan.ranks[2], "CUDA_VISIBLE_DEVICES") == "3");  // b's first usable GPU
+    CHECK(env_value(run.plan.ranks[3], "CUDA_VISIBLE_DEVICES") == "1");
+    CHECK(env_value(run.plan.ranks[3], "CUDA_DEVICE_ORDER") == "PCI_BUS_ID");
+    // The run record shows what the ranks got.
+    auto rec = records::load(run.rec.id);
+    REQUIRE(rec.ranks.size() == 4);
+    bool found = false;
+    for (const auto& [k, v] : rec.ranks[2].env) found = found || (k == "CUDA_VISIBLE_DEVICES" && v == "3");
+    CHECK(found);
+  }
+  SUBCASE("a host with too few GPUs fails preflight, named, and nothing starts") {
+    FakeTransport t(
+        [](int, int) { return Script{}; },
+        {{"a", host_with_gpus(4)}, {"b", host_with_gpus(4, "1,3", {1, 3})}, {"c", host_with_gpus(0)}});
+    Run run;
+    try {
+      run.go("a:2,b:2,c:1", t, {}, per_proc(2));
+      FAIL("no error");
+    } catch (const Error& e) {
+      std::string what = e.what();
+      CHECK(e.code() == exit_code::host_failure);
+      CHECK(what.find("preflight failed on 2 of 3 hosts; no rank was started:") != std::string::npos);
+      CHECK(what.find("\n  b: [gpus] per_proc = 2 for 2 ranks needs 4 GPUs; b has 2 usable "
+                      "(CUDA_VISIBLE_DEVICES=1,3) of 4 (GPU 0-3: NVIDIA H100 80GB HBM3)") !=
+            std::string::npos);
+      CHECK(what.find("\n  c: [gpus] per_proc = 2 but c has no GPU (no NVIDIA driver: libnvidia-ml.so.1 not "
+                      "found, nvidia-smi not in PATH)") != std::string::npos);
+      CHECK(what.find("  a:") == std::string::npos);
+    }
+    CHECK(t.seen.spawns == 0);
+  }
+  SUBCASE("a CPU job asks no host for GPUs") {
+    FakeTransport t([](int, int) { return Script{}; }, {{"a", host_with_gpus(0)}});
+    Run run;
+    run.go("a:2", t);
+    CHECK(run.code == 0);
+    CHECK(t.seen.gpu_slots_asked == 0);
+    CHECK(env_value(run.plan.ranks[0], "CUDA_VISIBLE_DEVICES") == "<unset>");
+  }
+}
+
+TEST_CASE("supervisor: hosts that answered are pinged while a slow host prepares") {
+  // A remote agent gives up on a launcher silent for the heartbeat timeout; one host's slow
+  // preflight (an NVML or nvidia-smi probe) must not make the others give up.
+  FakeHostBehaviour slow;
+  slow.prepare_delay = 12s;
+  FakeTransport t([](int, int) { return Script{}; }, {{"a", {}}, {"b", slow}});
+  Run run;
+  Driver d(run.finished, [&](const std::atomic<bool>& done) {
+    wait_until(done, [&] { return t.seen.prepares == 2; });
+    advance_in_steps(t.clock, done, 13s);
+  });
+  run.go("a:1,b:1", t);
+  CHECK(run.code == 0);
+  CHECK(t.seen.pings_before_spawn >= 5);  // every 2 s to a, from connecting on
+}
+
+TEST_CASE("supervisor: an agent that leaves without reporting its ranks ends the run, not hangs it") {
+  // A remote agent that took the launcher for gone says LauncherSilent and Bye, its ranks never
+  // reported: they count as lost, and the run ends as a host failure.
+  FakeTransport t(
+      [](int, int) {
+        return Script{"", 0, kNever};
+      },
+      {{"a", {}}, {"b", host_that(&FakeHostBehaviour::leave_on_spawn)}});
+  Run run;
+  Driver d(run.finished, [&](const std::atomic<bool>& done) {
+    wait_until(done, [&] { return t.seen.spawns == 1; });
+    advance_in_steps(t.clock, done, 20s);
+  });
+  run.go("a:1,b:1", t);
+  CHECK(run.code == exit_code::host_failure);
+  auto rec = records::load(run.rec.id);
+  CHECK(rec.failure);
+  if (rec.failure) CHECK(rec.failure->reason == "launcher_silent");
+  CHECK(rec.ranks[1].host_lost);
 }
 
 TEST_CASE("supervisor: an agent that never answers fails preflight after the preflight timeout") {

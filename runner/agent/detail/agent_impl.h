@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -30,6 +31,11 @@ int start_warden(const std::string& marker, pid_t& warden);
 // Unpacks (or repairs) the comm runtime the agent carries (runtime.cpp) and returns its folder:
 // lib/libmltrain-comm.so.0, bin/mltrain-comm-bench, python/mltrain/. "" with `why` on failure.
 std::string unpack_runtime(std::string& why);
+// Where GPUs are looked for (prepare.cpp): the job's MLTRAIN_NVML_LIBRARY, else the agent's own
+// ("" = the default name); the job's CUDA_VISIBLE_DEVICES when it sets one, else the agent's own
+// (nullopt: unset).
+std::string nvml_library_for(const std::string& job_value);
+std::optional<std::string> cuda_visible_devices_for(uint32_t job_sets_it, const std::string& job_value);
 
 struct Rank {
   uint32_t id = 0;

@@ -112,6 +112,7 @@ class Gang {
   void host_failed(size_t i, const std::string& problem);
   void check_progress();  // moves on once every host answered (or failed) in this phase
   void send_prepare();
+  void settle_gpus();  // every ready host's Prepared against [gpus]: CUDA_VISIBLE_DEVICES, or a failure
   void settle_rendezvous();
 
   // Frames.
@@ -142,6 +143,7 @@ class Gang {
   void fail_first(int rank, const std::string& host, int code, int sig, const std::string& message,
                   const char* reason);
   void host_lost(size_t i, const std::string& why);
+  bool ranks_gone(size_t i);  // host i's unreported ranks count as ended (lost); true if any were
   void on_signal(int sig);
   void pause();           // SIGTSTP
   void heard_from_all();  // this process was stopped: start every host's heartbeat window again
