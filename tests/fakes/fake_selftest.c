@@ -27,20 +27,22 @@
 
 /* ---- the API, from dlopen ---- */
 
-#define CUDA_FUNCS(X)                                                                                      \
-  X(cudaGetDeviceCount)                                                                                    \
-  X(cudaSetDevice) X(cudaGetDevice) X(cudaDeviceGetPCIBusId) X(cudaDeviceSynchronize)                      \
-      X(cudaRuntimeGetVersion) X(cudaDriverGetVersion) X(cudaGetErrorString) X(cudaGetErrorName)           \
-          X(cudaGetLastError) X(cudaPeekAtLastError) X(cudaMalloc) X(cudaFree) X(cudaMemcpy)               \
-              X(cudaMemcpyAsync) X(cudaMemset) X(cudaMemsetAsync) X(cudaPointerGetAttributes)              \
-                  X(cudaStreamCreate) X(cudaStreamCreateWithFlags) X(cudaStreamDestroy) X(cudaStreamQuery) \
+#define CUDA_FUNCS(X)                                                                                     \
+  X(cudaGetDeviceCount)                                                                                   \
+  X(cudaSetDevice)                                                                                        \
+  X(cudaGetDevice) X(cudaDeviceGetPCIBusId) X(cudaDeviceSynchronize) X(cudaRuntimeGetVersion)             \
+      X(cudaDriverGetVersion) X(cudaGetErrorString) X(cudaGetErrorName) X(cudaGetLastError)               \
+          X(cudaPeekAtLastError) X(cudaMalloc) X(cudaFree) X(cudaMemcpy) X(cudaMemcpyAsync) X(cudaMemset) \
+              X(cudaMemsetAsync) X(cudaPointerGetAttributes) X(cudaStreamCreate)                          \
+                  X(cudaStreamCreateWithFlags) X(cudaStreamDestroy) X(cudaStreamQuery)                    \
                       X(cudaStreamSynchronize) X(cudaLaunchHostFunc)
-#define NCCL_FUNCS(X)                                                                                    \
-  X(ncclGetVersion)                                                                                      \
-  X(ncclGetErrorString) X(ncclGetLastError) X(ncclGetUniqueId) X(ncclCommInitRank) X(ncclCommDestroy)    \
-      X(ncclCommAbort) X(ncclCommFinalize) X(ncclCommGetAsyncError) X(ncclCommCount) X(ncclCommUserRank) \
-          X(ncclCommCuDevice) X(ncclGroupStart) X(ncclGroupEnd) X(ncclAllReduce) X(ncclBroadcast)        \
-              X(ncclAllGather) X(ncclReduceScatter)
+#define NCCL_FUNCS(X)                                                                                       \
+  X(ncclGetVersion)                                                                                         \
+  X(ncclGetErrorString)                                                                                     \
+  X(ncclGetLastError) X(ncclGetUniqueId) X(ncclCommInitRank) X(ncclCommDestroy) X(ncclCommAbort)            \
+      X(ncclCommFinalize) X(ncclCommGetAsyncError) X(ncclCommCount) X(ncclCommUserRank) X(ncclCommCuDevice) \
+          X(ncclGroupStart) X(ncclGroupEnd) X(ncclAllReduce) X(ncclBroadcast) X(ncclAllGather)              \
+              X(ncclReduceScatter)
 
 static struct {
 #define FIELD(f) __typeof__(&f) f;
@@ -106,8 +108,8 @@ static void load_api(void) {
 #define LOAD_NCCL(f) LOAD(nccl, f)
   CUDA_FUNCS(LOAD_CUDA)
   NCCL_FUNCS(LOAD_NCCL)
-      /* libnccl resolved libcudart beside itself ($ORIGIN), i.e. the same copy. */
-      void* self = dlsym(nccl, "cudaGetDeviceCount");
+  /* libnccl resolved libcudart beside itself ($ORIGIN), i.e. the same copy. */
+  void* self = dlsym(nccl, "cudaGetDeviceCount");
   if (self != NULL && self != (void*)api.cudaGetDeviceCount) {
     fprintf(stderr, "fake_selftest: libnccl.so.2 uses another libcudart.so.13\n");
     _exit(2);
