@@ -1,6 +1,8 @@
 // Preflight on this host, answered before any rank starts: the route to the master, free ports
 // (and a fixed master port free), the workdir, the program, and the GPUs when [gpus] asks for some.
 // The checks themselves live in preflight.cpp and gpu_inventory.cpp.
+#include <dlfcn.h>
+
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -26,6 +28,42 @@ std::optional<std::string> cuda_visible_devices_for(uint32_t job_sets_it, const 
   return own ? std::optional<std::string>(own) : std::nullopt;
 }
 
+// Why NCCL cannot serve a job that requires it here, or "" when it loads and is new enough. The
+// same names and the same oldest version as the comm library (comm/src/transport/nccl.h).
+std::string nccl_problem(const std::string& job_value) {
+  constexpr int kMinNcclVersion = 21300;  // 2.13.0, as kMinNcclVersion in the comm library
+  std::vector<std::string> tries;
+  if (!job_value.empty())
+    tries.push_back(job_value);
+  else if (const char* own = ::getenv("MLTRAIN_NCCL_LIBRARY"); own && *own)
+    tries.emplace_back(own);
+  else
+    tries = {"libnccl.so.2", "/usr/local/cuda/lib64/libnccl.so.2", "/usr/local/cuda/lib/libnccl.so.2"};
+  std::string why;
+  for (const auto& name : tries) {
+    void* h = ::dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      if (why.empty()) why = ::dlerror();
+      continue;
+    }
+    using GetVersion = int (*)(int*);
+    int v = 0;
+    auto fn = reinterpret_cast<GetVersion>(::dlsym(h, "ncclGetVersion"));
+    const bool ok = fn && fn(&v) == 0;
+    ::dlclose(h);
+    if (!ok) return "[comm] backend = \"nccl\", but " + name + " has no working ncclGetVersion";
+    if (v < kMinNcclVersion)
+      return "[comm] backend = \"nccl\", but NCCL " + std::to_string(v / 10000) + "." +
+             std::to_string(v / 100 % 100) + "." + std::to_string(v % 100) + " at " + name +
+             " is older than 2.13.0, the oldest mltrain supports (set MLTRAIN_NCCL_LIBRARY to a newer one)";
+    return {};
+  }
+  return "[comm] backend = \"nccl\", but NCCL does not load here (" + why +
+         "): install NCCL or set MLTRAIN_NCCL_LIBRARY in the job's env, or use backend = \"auto\" to fall "
+         "back "
+         "to the CPU backend";
+}
+
 void Agent::on(uint32_t id, const msg::Prepare& m) {
   const std::string& master = m.master_addr;
   msg::Prepared out;
@@ -45,6 +83,8 @@ void Agent::on(uint32_t id, const msg::Prepare& m) {
                                            real_file_system());
   out.cannot_start = missing.empty() ? 0 : 1;
   for (auto& p : missing) problems.push_back(std::move(p));
+  if (m.nccl_required)
+    if (std::string why = nccl_problem(m.nccl_library); !why.empty()) problems.push_back(std::move(why));
   // GPUs only when the job asks for some: a CPU job pays nothing. Whether there are enough is the
   // launcher's call, which knows what [gpus] asked.
   if (m.gpu_slots_needed > 0) {

@@ -232,9 +232,13 @@ struct Prepare {  // preflight
   std::string nvml_library;  // the job's MLTRAIN_NVML_LIBRARY; "": the agent's own, else libnvidia-ml.so.1
   uint32_t has_cuda_visible_devices = 0;  // 1: the job sets CUDA_VISIBLE_DEVICES to this value;
   std::string cuda_visible_devices;       // 0: the agent's own environment's applies, if any
+  // [comm] backend = "nccl": NCCL must load here (the job's MLTRAIN_NCCL_LIBRARY, else the default).
+  uint32_t nccl_required = 0;
+  std::string nccl_library;
   void put(Writer& w) const {
     w.str(master_addr).u32(nports).str(workdir).str(argv0).str(path).u32(fixed_port);
     w.u32(gpu_slots_needed).str(nvml_library).u32(has_cuda_visible_devices).str(cuda_visible_devices);
+    w.u32(nccl_required).str(nccl_library);
   }
   void get(Reader& r) {
     master_addr = r.str(), nports = r.u32(), workdir = r.str(), argv0 = r.str(), path = r.str();
@@ -242,6 +246,8 @@ struct Prepare {  // preflight
     if (r.left() == 0) return;  // from a launcher without GPU fields
     gpu_slots_needed = r.u32(), nvml_library = r.str(), has_cuda_visible_devices = r.u32();
     cuda_visible_devices = r.str();
+    if (r.left() == 0) return;  // from a launcher without the NCCL check
+    nccl_required = r.u32(), nccl_library = r.str();
   }
 };
 struct Probe {  // doctor

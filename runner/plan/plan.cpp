@@ -251,11 +251,13 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
   p.user_gloo_ifname = user_ifname_gloo;
   p.auto_master_port = s.comm.master_port == 0;
   p.ps_mode = s.comm.mode == "ps";
+  p.nccl_required = s.comm.backend == "nccl";
   p.gpus_per_proc = s.gpus.per_proc;
   p.procs_per_gpu = s.gpus.procs_per_gpu;
   for (const auto& [k, v] : base) {
     if (k == "CUDA_VISIBLE_DEVICES") p.user_cuda_visible_devices = v;
     if (k == "MLTRAIN_NVML_LIBRARY") p.nvml_library = v;
+    if (k == "MLTRAIN_NCCL_LIBRARY") p.nccl_library = v;
   }
 
   int world = int(p.ranks.size());

@@ -59,6 +59,8 @@ struct Plan {
   // GPUs. nullopt: each host's own environment's applies.
   std::optional<std::string> user_cuda_visible_devices;
   std::string nvml_library;  // the job's MLTRAIN_NVML_LIBRARY ("": each agent's own, else the default)
+  bool nccl_required = false;  // [comm] backend = "nccl": every host's preflight checks NCCL loads
+  std::string nccl_library;    // the job's MLTRAIN_NCCL_LIBRARY ("": the default names)
 };
 
 // Where ranks meet, as learnt from rank 0's host at preflight.

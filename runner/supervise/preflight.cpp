@@ -195,6 +195,8 @@ void Gang::send_prepare() {
   uint32_t nports =
       plan_.multi_host ? (plan_.auto_master_port ? 1u : 0u) + 1u + (plan_.ps_mode ? 1u : 0u) : 0u;
   m.nvml_library = plan_.nvml_library;
+  m.nccl_required = plan_.nccl_required ? 1 : 0;
+  m.nccl_library = plan_.nccl_library;
   m.has_cuda_visible_devices = plan_.user_cuda_visible_devices ? 1 : 0;
   m.cuda_visible_devices = plan_.user_cuda_visible_devices.value_or("");
   for (size_t i = 0; i < hosts_.size(); ++i)

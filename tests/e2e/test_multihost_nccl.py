@@ -75,12 +75,14 @@ def test_auto_falls_back_with_one_line_naming_the_host_without_nccl(mh, cluster)
     assert lines[0].startswith("mltrain-comm: backend tcp (CPU): rank 2 (h2): NCCL not found ("), lines
     assert nccl in lines[0], lines
 
-    # Forced: every rank fails init, naming h2 and why; nothing hangs.
+    # Forced: preflight fails on h2, naming it and why; nothing starts.
     r = mh.run(job(mh, libs, nccl_lib=nccl, args=["--backend-only"], backend="nccl", name="forced.toml"),
                timeout=120)
     assert r.returncode != 0
     out = r.stdout + r.stderr
-    assert "MLTRAIN_COMM_BACKEND=nccl ([comm] backend), but rank 2 (h2): NCCL not found (" in out, out[-3000:]
+    assert "preflight failed on 1 of 2 hosts; no rank was started:" in out, out[-3000:]
+    assert f'h2: [comm] backend = "nccl", but NCCL does not load here ({nccl}: cannot open shared object file' \
+        in out, out[-3000:]
 
 
 def test_an_async_error_on_h2_is_named_and_the_job_stops(mh, cluster):

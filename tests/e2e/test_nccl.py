@@ -89,8 +89,12 @@ def test_forced_nccl_without_nccl_fails_every_rank_clearly(ml, tmp_path):
     r = ml("run", spec(ml, libs, args=["--backend-only"], backend="nccl"), timeout=60)
     assert r.returncode != 0
     out = r.stdout + r.stderr
-    assert "MLTRAIN_COMM_BACKEND=nccl ([comm] backend), but rank 0 (" in out, out[-3000:]
-    assert "NCCL not found (" in out and 'use backend = "auto"' in out, out[-3000:]
+    # Preflight: nothing starts, the host is named, and so is what is missing.
+    assert "preflight failed on 1 of 1 host; no rank was started:" in out, out[-3000:]
+    assert re.search(r'localhost: \[comm\] backend = "nccl", but NCCL does not load here \(\S*libnccl\.so\.2: '
+                     r'cannot open shared object file', out), out[-3000:]
+    assert 'or use backend = "auto" to fall back to the CPU backend' in out, out[-3000:]
+    assert "backend nccl" not in out and "rank 0 backend" not in out, out[-3000:]
 
 
 def test_two_ranks_on_one_gpu_use_the_cpu_backend_with_auto(ml, tmp_path):
@@ -108,6 +112,7 @@ def test_an_nccl_older_than_supported_is_refused_with_its_version(ml, tmp_path):
     assert r.returncode != 0
     out = r.stdout + r.stderr
     assert f"NCCL 2.12.5 at {libs}/libnccl.so.2 is older than 2.13.0, the oldest mltrain supports" in out, out[-3000:]
+    assert "no rank was started" in out, out[-3000:]
     # auto: the same reason, one line, and the job runs on the CPU backend.
     r = ml("run", spec(ml, libs, n=2, args=["--backend-only"], name="auto.toml"), timeout=60)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]

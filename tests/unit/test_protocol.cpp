@@ -92,8 +92,18 @@ void round_trip(const M& m, uint32_t id) {
 }
 
 const Gpu kH100{3, "GPU-4049c22c-0000-4000-8000-000000000003", "NVIDIA H100 80GB HBM3", 81559, 1};
-const msg::Prepare kPrepare{
-    "10.0.0.1", 3, "/tmp", "train.py", "/usr/bin:/bin", 29500, 8, "/opt/libnvidia-ml.so.1", 1, "1,3"};
+const msg::Prepare kPrepare{"10.0.0.1",
+                            3,
+                            "/tmp",
+                            "train.py",
+                            "/usr/bin:/bin",
+                            29500,
+                            8,
+                            "/opt/libnvidia-ml.so.1",
+                            1,
+                            "1,3",
+                            1,
+                            "/opt/nccl/libnccl.so.2"};
 const msg::Probe kProbe{29500, "/opt/venv/bin/python", "/opt/venv/bin:/usr/bin", "/opt/libnvidia-ml.so.1", 1,
                         ""};
 const msg::Prepared kPrepared{
