@@ -58,7 +58,7 @@ struct Plan {
   // The job's own CUDA_VISIBLE_DEVICES ([run.env], --env, forward_env): it restricts every host's
   // GPUs. nullopt: each host's own environment's applies.
   std::optional<std::string> user_cuda_visible_devices;
-  std::string nvml_library;  // the job's MLTRAIN_NVML_LIBRARY ("": each agent's own, else the default)
+  std::string nvml_library;    // the job's MLTRAIN_NVML_LIBRARY ("": each agent's own, else the default)
   bool nccl_required = false;  // [comm] backend = "nccl": every host's preflight checks NCCL loads
   std::string nccl_library;    // the job's MLTRAIN_NCCL_LIBRARY ("": the default names)
 };

@@ -27,22 +27,53 @@
 
 /* ---- the API, from dlopen ---- */
 
-#define CUDA_FUNCS(X)                                                                                     \
-  X(cudaGetDeviceCount)                                                                                   \
-  X(cudaSetDevice)                                                                                        \
-  X(cudaGetDevice) X(cudaDeviceGetPCIBusId) X(cudaDeviceSynchronize) X(cudaRuntimeGetVersion)             \
-      X(cudaDriverGetVersion) X(cudaGetErrorString) X(cudaGetErrorName) X(cudaGetLastError)               \
-          X(cudaPeekAtLastError) X(cudaMalloc) X(cudaFree) X(cudaMemcpy) X(cudaMemcpyAsync) X(cudaMemset) \
-              X(cudaMemsetAsync) X(cudaPointerGetAttributes) X(cudaStreamCreate)                          \
-                  X(cudaStreamCreateWithFlags) X(cudaStreamDestroy) X(cudaStreamQuery)                    \
-                      X(cudaStreamSynchronize) X(cudaLaunchHostFunc)
-#define NCCL_FUNCS(X)                                                                                       \
-  X(ncclGetVersion)                                                                                         \
-  X(ncclGetErrorString)                                                                                     \
-  X(ncclGetLastError) X(ncclGetUniqueId) X(ncclCommInitRank) X(ncclCommDestroy) X(ncclCommAbort)            \
-      X(ncclCommFinalize) X(ncclCommGetAsyncError) X(ncclCommCount) X(ncclCommUserRank) X(ncclCommCuDevice) \
-          X(ncclGroupStart) X(ncclGroupEnd) X(ncclAllReduce) X(ncclBroadcast) X(ncclAllGather)              \
-              X(ncclReduceScatter)
+/* The lists stay one entry per line (clang-format reflows them differently on every pass). */
+/* clang-format off */
+#define CUDA_FUNCS(X) \
+  X(cudaGetDeviceCount) \
+  X(cudaSetDevice) \
+  X(cudaGetDevice) \
+  X(cudaDeviceGetPCIBusId) \
+  X(cudaDeviceSynchronize) \
+  X(cudaRuntimeGetVersion) \
+  X(cudaDriverGetVersion) \
+  X(cudaGetErrorString) \
+  X(cudaGetErrorName) \
+  X(cudaGetLastError) \
+  X(cudaPeekAtLastError) \
+  X(cudaMalloc) \
+  X(cudaFree) \
+  X(cudaMemcpy) \
+  X(cudaMemcpyAsync) \
+  X(cudaMemset) \
+  X(cudaMemsetAsync) \
+  X(cudaPointerGetAttributes) \
+  X(cudaStreamCreate) \
+  X(cudaStreamCreateWithFlags) \
+  X(cudaStreamDestroy) \
+  X(cudaStreamQuery) \
+  X(cudaStreamSynchronize) \
+  X(cudaLaunchHostFunc)
+#define NCCL_FUNCS(X) \
+  X(ncclGetVersion) \
+  X(ncclGetErrorString) \
+  X(ncclGetLastError) \
+  X(ncclGetUniqueId) \
+  X(ncclCommInitRank) \
+  X(ncclCommDestroy) \
+  X(ncclCommAbort) \
+  X(ncclCommFinalize) \
+  X(ncclCommGetAsyncError) \
+  X(ncclCommCount) \
+  X(ncclCommUserRank) \
+  X(ncclCommCuDevice) \
+  X(ncclGroupStart) \
+  X(ncclGroupEnd) \
+  X(ncclAllReduce) \
+  X(ncclBroadcast) \
+  X(ncclAllGather) \
+  X(ncclReduceScatter)
+/* clang-format on */
 
 static struct {
 #define FIELD(f) __typeof__(&f) f;
