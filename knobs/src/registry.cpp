@@ -30,6 +30,10 @@ const Knob kKnobs[] = {
      launcher,
      {},
      "(none)"},
+    {"MLTRAIN_TELEMETRY_INTERVAL", Kind::duration, "1s",
+     "how often each host's agent samples CPU, memory, GPUs and its ranks (with their time in "
+     "collectives) into the run's telemetry.jsonl (0: no telemetry)",
+     launcher},
     {"XDG_STATE_HOME", Kind::string, "", "base of MLTRAIN_HOME's default", launcher, {}, "~/.local/state"},
     {"XDG_CONFIG_HOME",
      Kind::string,

@@ -270,7 +270,13 @@ int Agent::run() {
         fds.push_back({r.stdin_fd, POLLOUT, 0});
         owners.emplace_back(&r, 2);
       }
+    if (telemetry_interval_ms_ > 0 && !exiting_ && now >= next_sample_ms_) {
+      take_sample();
+      now = now_ms();
+    }
     int timeout = 1000;
+    if (telemetry_interval_ms_ > 0 && !exiting_)
+      timeout = int(std::max<int64_t>(0, std::min<int64_t>(timeout, next_sample_ms_ - now)));
     if (kill_deadline_ms_ >= 0)
       timeout = int(std::max<int64_t>(0, std::min<int64_t>(timeout, kill_deadline_ms_ - now)));
     int rc = ::poll(fds.data(), fds.size(), timeout);

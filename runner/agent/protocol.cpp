@@ -172,6 +172,10 @@ const char* type_name(Type t) {
       return "probe";
     case Type::probed:
       return "probed";
+    case Type::telemetry_start:
+      return "telemetry_start";
+    case Type::telemetry:
+      return "telemetry";
   }
   return "unknown";
 }
@@ -254,6 +258,12 @@ std::optional<Message> decode(Frame&& f, std::string& error) {
       break;
     case Type::probed:
       m = read_as<msg::Probed>(r);
+      break;
+    case Type::telemetry_start:
+      m = read_as<msg::TelemetryStart>(r);
+      break;
+    case Type::telemetry:
+      m = read_as<msg::Telemetry>(r);
       break;
     default:
       error = "unknown frame type " + std::to_string(unsigned(f.type));

@@ -18,7 +18,7 @@ namespace mltrain::agent {
 
 inline constexpr uint32_t kMagic = 0x41544c4d;  // "MLTA"
 inline constexpr uint32_t kVersion =
-    3;  // 2: stdin forwarding, fixed master port, doctor interpreter; 3: pause
+    4;  // 2: stdin forwarding, fixed master port, doctor interpreter; 3: pause; 4: telemetry
 inline constexpr uint32_t kAllRanks = 0xffffffffu;
 inline constexpr uint32_t kMaxPayload = 64u << 20;  // a bigger frame means a corrupt stream
 inline constexpr size_t kHeaderSize = 12;
@@ -36,6 +36,7 @@ enum class Type : uint16_t {
   stdin_data = 9,
   stdin_close = 10,
   pause = 11,
+  telemetry_start = 12,
   // agent -> launcher
   hello_ack = 101,
   started = 102,
@@ -48,6 +49,7 @@ enum class Type : uint16_t {
   prepared = 109,
   probed = 110,
   launcher_silent = 111,
+  telemetry = 112,
 };
 
 struct Frame {
@@ -283,6 +285,15 @@ struct Pause {  // the launcher is about to be stopped (Ctrl-Z): expect no heart
   void get(Reader&) {}
 };
 
+struct TelemetryStart {  // sample every interval_ms (0: stop) while this host's ranks run
+  static constexpr Type kType = Type::telemetry_start;
+  bool operator==(const TelemetryStart&) const = default;
+  uint32_t interval_ms = 0;
+  std::string nvml_library;  // the job's MLTRAIN_NVML_LIBRARY ("": the agent's own, else the default)
+  void put(Writer& w) const { w.u32(interval_ms).str(nvml_library); }
+  void get(Reader& r) { interval_ms = r.u32(), nvml_library = r.str(); }
+};
+
 // agent -> launcher
 struct HelloAck {
   static constexpr Type kType = Type::hello_ack;
@@ -398,12 +409,21 @@ struct Probed {
   }
 };
 
+struct Telemetry {  // one sample of the host, its GPUs and ranks (runner/telemetry/sample.h's text)
+  static constexpr Type kType = Type::telemetry;
+  bool operator==(const Telemetry&) const = default;
+  std::string sample;
+  void put(Writer& w) const { w.str(sample); }
+  void get(Reader& r) { sample = r.str(); }
+};
+
 }  // namespace msg
 
-using Message = std::variant<msg::Hello, msg::Spawn, msg::Signal, msg::Terminate, msg::Ping, msg::Shutdown,
-                             msg::Prepare, msg::Probe, msg::Stdin, msg::StdinClose, msg::Pause, msg::HelloAck,
-                             msg::Started, msg::SpawnFailed, msg::Output, msg::Exited, msg::Pong,
-                             msg::AgentError, msg::LauncherSilent, msg::Bye, msg::Prepared, msg::Probed>;
+using Message =
+    std::variant<msg::Hello, msg::Spawn, msg::Signal, msg::Terminate, msg::Ping, msg::Shutdown, msg::Prepare,
+                 msg::Probe, msg::Stdin, msg::StdinClose, msg::Pause, msg::HelloAck, msg::Started,
+                 msg::SpawnFailed, msg::Output, msg::Exited, msg::Pong, msg::AgentError, msg::LauncherSilent,
+                 msg::Bye, msg::Prepared, msg::Probed, msg::TelemetryStart, msg::Telemetry>;
 
 // Appends message `m` as one frame with `id` (a rank, kAllRanks, or 0).
 template <class M>

@@ -219,6 +219,8 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
     close_all();
     return;
   }
+  if (auto it = merged.find("MLTRAIN_RUN_ID"); it != merged.end() && run_id_.empty())
+    run_id_ = it->second.substr(sizeof "MLTRAIN_RUN_ID");  // after "MLTRAIN_RUN_ID="
   if (warden_fd_ == -1) {  // once, before the first rank; -2: it could not start (said once)
     auto run_id = merged.find("MLTRAIN_RUN_ID");
     if (run_id != merged.end() && (warden_fd_ = start_warden(run_id->second, warden_)) < 0) {

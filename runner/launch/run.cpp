@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <set>
 
+#include "knobs/registry.h"
 #include "runner/common/error.h"
 #include "runner/common/secret.h"
 #include "runner/common/status.h"
@@ -184,6 +185,12 @@ void await_background_start(int report_fd, pid_t child, const JobRequest& req, R
 
 RunResult run(const JobRequest& req) {
   spec::JobSpec s = resolve_spec(req);
+  std::chrono::milliseconds telemetry_interval{0};  // read first: a bad value leaves no run behind
+  try {
+    telemetry_interval = knobs::get_duration("MLTRAIN_TELEMETRY_INTERVAL");
+  } catch (const knobs::BadValue& e) {
+    throw Error(e.what(), "set it like 1s or 500ms, or to 0 for no telemetry");
+  }
   std::string token = detail::random_token();
   // Plan before creating the record, so a bad host list leaves no empty run behind.
   const size_t nranks =
@@ -215,6 +222,7 @@ RunResult run(const JobRequest& req) {
                 "free some space there, or set MLTRAIN_HOME to a writable folder", exit_code::state);
   }
   supervise::Options o = supervise_options(s, req);
+  o.telemetry_interval = telemetry_interval;
 
   if (req.detach) {
     int report[2];

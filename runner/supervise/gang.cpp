@@ -86,6 +86,11 @@ void Gang::enter(Phase p) {
       rec_.restarts = restart_;
       if (!records::save(rec_)) record_unsaved_ = true;
       spawn_all();
+      if (opts_.telemetry_interval.count() > 0)  // after the Spawns: an agent samples its ranks
+        for (auto& h : hosts_)
+          send_to(h, msg::TelemetryStart{
+                         uint32_t(std::min<int64_t>(opts_.telemetry_interval.count(), UINT32_MAX)),
+                         plan_.nvml_library});
       if (restart_ == 0 && opts_.on_running) opts_.on_running();
       if (!next_ping_) next_ping_ = clock_.now() + opts_.heartbeat_interval;
       break;
@@ -433,6 +438,12 @@ void Gang::on(size_t i, uint32_t, msg::Bye&) {
     }
   }
   hosts_[i].state = HostState::closed;
+}
+
+void Gang::on(size_t i, uint32_t, msg::Telemetry& m) {
+  if (!telemetry_) telemetry_ = std::make_unique<records::TelemetryLog>(records::run_dir(rec_.id));
+  auto elapsed = std::chrono::duration_cast<milliseconds>(clock_.now() - job_start_).count();
+  telemetry_->append(hosts_[i].plan->host.name, m.sample, int64_t(elapsed));
 }
 
 void Gang::spawn_all() {

@@ -23,6 +23,9 @@ struct Options {
   std::chrono::milliseconds heartbeat_interval{2000};
   std::chrono::milliseconds heartbeat_timeout{10000};
   std::chrono::milliseconds preflight_timeout{30000};  // for each of: agents answer, preflight done
+  // How often agents sample their host, GPUs and ranks into telemetry.jsonl while ranks run
+  // (MLTRAIN_TELEMETRY_INTERVAL); 0: no telemetry.
+  std::chrono::milliseconds telemetry_interval{0};
   int max_restarts = 0;
   ConsoleOptions console;
   bool json_summary = false;  // print the summary as JSON on stdout

@@ -5,12 +5,13 @@
 // Text values (src, note, uuid) are percent-escaped: bytes <= 0x20 or >= 0x7f and % = , : become
 // %XX. A reader skips line kinds and keys it does not know; the first line names the version.
 //
-//   MLTEL 1 t=<unix ms>
+//   MLTEL 1 t=<unix ms> mono=<CLOCK_MONOTONIC ns>
 //   host ncpu=<cpus> cpu=<% x100> l1=<load x100> l5= l15= mt=<bytes> ma=<bytes> rx=<B/s> tx=<B/s>
 //   gpus src=<nvml|nvidia-smi> note=<text>                  (only when either is set)
 //   gpu i=<index> uuid=<text> u=<%> mu=<MiB> mt=<MiB> pw=<mW> pl=<mW> temp=<C> sm=<MHz> thr=<hex>
 //       procs=<pid>:<MiB>,<pid>:-                           (- = memory unknown; one line per GPU)
 //   rank r=<rank> pid=<pid> st=<letter> cpu=<% of one CPU x100> rss=<bytes>
+//        cns=<comm ns> calls=<n> cen=<entered ns> cex=<last exit ns> cst=<started ns>
 #include "runner/telemetry/sample.h"
 
 #include <charconv>
@@ -164,6 +165,11 @@ bool get_rank(std::string_view key, std::string_view v, RankSample& r) {
   }
   if (key == "cpu") return get_num(v, r.cpu_percent_x100);
   if (key == "rss") return get_num(v, r.rss_bytes);
+  if (key == "cns") return get_num(v, r.comm_ns);
+  if (key == "calls") return get_num(v, r.calls);
+  if (key == "cen") return get_num(v, r.entered_ns);
+  if (key == "cex") return get_num(v, r.last_exit_ns);
+  if (key == "cst") return get_num(v, r.started_ns);
   return true;
 }
 
@@ -202,6 +208,7 @@ void encode(const Sample& s, std::string& out) {
   put_u64(out, kVersion);
   out += " t=";
   put_i64(out, s.time_ms);
+  put(out, "mono", s.monotonic_ns);
   out += "\nhost";
   const HostSample& h = s.host;
   put(out, "ncpu", h.cpus);
@@ -262,6 +269,11 @@ void encode(const Sample& s, std::string& out) {
     }
     put(out, "cpu", r.cpu_percent_x100);
     put(out, "rss", r.rss_bytes);
+    put(out, "cns", r.comm_ns);
+    put(out, "calls", r.calls);
+    put(out, "cen", r.entered_ns);
+    put(out, "cex", r.last_exit_ns);
+    put(out, "cst", r.started_ns);
     out += '\n';
   }
 }
@@ -291,7 +303,10 @@ bool decode(std::string_view text, Sample& out, std::string& error) {
     return false;
   }
   for (std::string_view field = detail::next_token(rest); !field.empty(); field = detail::next_token(rest)) {
-    if (field.compare(0, 2, "t=") == 0 && !get_int(field.substr(2), out.time_ms)) {
+    bool ok = true;
+    if (field.compare(0, 2, "t=") == 0) ok = get_int(field.substr(2), out.time_ms);
+    if (field.compare(0, 5, "mono=") == 0) ok = get_num(field.substr(5), out.monotonic_ns);
+    if (!ok) {
       error = "bad time in telemetry sample: " + std::string(field);
       return false;
     }

@@ -60,12 +60,21 @@ struct RankSample {
   std::optional<char> state;                 // /proc/PID/stat's letter (R, S, D, Z, ...); none: gone
   std::optional<uint32_t> cpu_percent_x100;  // of one CPU, so 20000 = two CPUs busy
   std::optional<uint64_t> rss_bytes;
+  // The rank's comm counters (comm/include/mltrain/comm_stats.h), CLOCK_MONOTONIC ns where a
+  // time; all missing while the rank has no counter block (not initialised, or no comm library).
+  std::optional<uint64_t> comm_ns;       // time inside finished collectives
+  std::optional<uint64_t> calls;         // collectives finished
+  std::optional<uint64_t> entered_ns;    // when the open collective began; 0: none open
+  std::optional<uint64_t> last_exit_ns;  // when the last one ended
+  std::optional<uint64_t> started_ns;    // when its communicator was ready
 
   bool operator==(const RankSample&) const = default;
 };
 
 struct Sample {
   int64_t time_ms = 0;  // wall clock, Unix epoch
+  // CLOCK_MONOTONIC ns when taken: the clock of the comm counters, so shares can be computed
+  std::optional<uint64_t> monotonic_ns;
   HostSample host;
   std::string gpu_source;  // "nvml", "nvidia-smi", or "" when no GPU could be read
   std::string gpu_note;    // why there are no GPU rows, or what failed on the way

@@ -141,6 +141,8 @@ std::vector<std::string> one_of_each() {
   add(msg::Bye{}, 0);
   add(kPrepared, 0);
   add(kProbed, 0);
+  add(msg::TelemetryStart{200, "/opt/libnvidia-ml.so.1"}, 0);
+  add(msg::Telemetry{"MLTEL 1 t=5\nhost ncpu=4\n"}, 0);
   return frames;
 }
 
@@ -174,6 +176,10 @@ TEST_CASE("protocol: every message round-trips through its struct") {
   round_trip(kPrepared, 0);
   round_trip(msg::Prepared{}, 0);
   round_trip(kProbed, 0);
+  round_trip(msg::TelemetryStart{200, "/opt/libnvidia-ml.so.1"}, 0);
+  round_trip(msg::TelemetryStart{}, 0);
+  round_trip(msg::Telemetry{"MLTEL 1 t=5\nhost ncpu=4\n"}, 0);
+  round_trip(msg::Telemetry{}, 0);
   CHECK(one_of_each().size() == std::variant_size_v<Message>);
 }
 

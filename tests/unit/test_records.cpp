@@ -8,11 +8,13 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "runner/common/error.h"
 #include "runner/common/secret.h"
 #include "runner/records/cleanup.h"
 #include "runner/records/records.h"
+#include "runner/records/telemetry_log.h"
 #include "temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -177,4 +179,79 @@ TEST_CASE("records: the state home, runs/ and run folders are private, run.json 
   CHECK(mode(records::runs_dir()) == 0700);
   CHECK(mode(records::run_dir(id)) == 0700);
   CHECK(mode(records::run_dir(id) + "/run.json") == 0600);
+}
+
+TEST_CASE("records: a telemetry sample as one JSON line, missing values null") {
+  const std::string sample =
+      "MLTEL 1 t=1700000000123 mono=5000000000\n"
+      "host ncpu=8 cpu=1250 l1=50 l5=25 mt=16000000000 ma=8000000000 rx=10 tx=20\n"
+      "gpus src=nvml\n"
+      "gpu i=0 uuid=GPU-1 u=40 mu=100 mt=40960 pw=250000 thr=4 procs=41:100,99:-\n"
+      "rank r=0 pid=41 st=R cpu=9950 rss=1048576 cns=200 calls=3 cen=0 cex=4000000000 cst=1000000000\n"
+      "rank r=1 pid=42 st=S\n";
+  std::string error;
+  std::string line = records::telemetry_json_line("h1", sample, error);
+  INFO(line);
+  CHECK(error.empty());
+  CHECK(line.find('\n') == std::string::npos);
+  CHECK(line.rfind("{\"schema\":1,\"host\":\"h1\",\"time_ms\":1700000000123,\"monotonic_ns\":5000000000,",
+                   0) == 0);
+  CHECK(line.find("\"cpu_percent\":12.5") != std::string::npos);
+  CHECK(line.find("\"load\":[0.5,0.25,null]") != std::string::npos);
+  CHECK(line.find("\"mem_available_bytes\":8000000000") != std::string::npos);
+  CHECK(line.find("\"gpu_source\":\"nvml\"") != std::string::npos);
+  CHECK(line.find("\"util_percent\":40") != std::string::npos);
+  CHECK(line.find("\"power_limit_mw\":null,\"temperature_c\":null") != std::string::npos);
+  CHECK(line.find("\"throttle_reasons\":[\"sw_power_cap\"]") != std::string::npos);
+  // A GPU process is named by its rank when its pid is one of this host's ranks.
+  CHECK(line.find("{\"pid\":41,\"used_mib\":100,\"rank\":0}") != std::string::npos);
+  CHECK(line.find("{\"pid\":99,\"used_mib\":null,\"rank\":null}") != std::string::npos);
+  CHECK(line.find("\"rank\":0,\"pid\":41,\"state\":\"R\",\"cpu_percent\":99.5,\"rss_bytes\":1048576,"
+                  "\"comm_ns\":200,\"calls\":3,\"entered_ns\":0,\"last_exit_ns\":4000000000,"
+                  "\"started_ns\":1000000000}") != std::string::npos);
+  CHECK(line.find("\"rank\":1,\"pid\":42,\"state\":\"S\",\"cpu_percent\":null,\"rss_bytes\":null,"
+                  "\"comm_ns\":null,") != std::string::npos);
+
+  CHECK(records::telemetry_json_line("h1", "not a sample", error).empty());
+  CHECK_FALSE(error.empty());
+}
+
+TEST_CASE("records: telemetry keeps every sample for 2 minutes, then one per host every 10 s") {
+  CHECK(records::keep_telemetry_sample(0, -1));
+  CHECK(records::keep_telemetry_sample(1000, 0));
+  CHECK(records::keep_telemetry_sample(119'999, 119'000));
+  CHECK_FALSE(records::keep_telemetry_sample(120'500, 119'999));  // past 2 min: 10 s apart
+  CHECK(records::keep_telemetry_sample(129'999, 119'999));
+  CHECK_FALSE(records::keep_telemetry_sample(121'000, 120'500));
+  CHECK_FALSE(records::keep_telemetry_sample(130'499, 120'500));
+  CHECK(records::keep_telemetry_sample(130'500, 120'500));
+  CHECK(records::keep_telemetry_sample(3'600'000, -1));
+
+  // A 1-hour run sampled every second: 120 + 348 lines per host.
+  int kept = 0;
+  int64_t last = -1;
+  for (int64_t t = 0; t < 3'600'000; t += 1000)
+    if (records::keep_telemetry_sample(t, last)) ++kept, last = t;
+  CHECK(kept == 468);
+}
+
+TEST_CASE("records: TelemetryLog appends kept samples to telemetry.jsonl") {
+  TempHome home;
+  std::string dir = home.str();
+  {
+    records::TelemetryLog log(dir);
+    log.append("h1", "MLTEL 1 t=1\nhost ncpu=2\n", 0);
+    log.append("h2", "MLTEL 1 t=2\nhost ncpu=4\n", 0);
+    log.append("h1", "MLTEL 1 t=3\nhost ncpu=2\n", 700'000);
+    log.append("h1", "MLTEL 1 t=4\nhost ncpu=2\n", 701'000);  // thinned away
+    log.append("h1", "garbage", 800'000);                     // skipped, said once
+  }
+  std::ifstream in(dir + "/telemetry.jsonl");
+  std::string line;
+  std::vector<std::string> lines;
+  while (std::getline(in, line)) lines.push_back(line);
+  REQUIRE(lines.size() == 3);
+  CHECK(lines[0].find("\"time_ms\":1,") != std::string::npos);
+  CHECK(lines[1].find("\"host\":\"h2\"") != std::string::npos);
+  CHECK(lines[2].find("\"time_ms\":3,") != std::string::npos);
 }

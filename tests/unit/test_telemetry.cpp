@@ -26,6 +26,14 @@ extern "C" const char* __lsan_default_suppressions() { return "leak:libnvidia-ml
 
 namespace {
 
+// A rank row without comm counters.
+RankSample rank_row(int32_t rank, int32_t pid, std::optional<char> state, std::optional<uint32_t> cpu,
+                    std::optional<uint64_t> rss) {
+  RankSample r;
+  r.rank = rank, r.pid = pid, r.state = state, r.cpu_percent_x100 = cpu, r.rss_bytes = rss;
+  return r;
+}
+
 // A fixture without its leading '#' lines; `fields` gets the "# fields:" list when there is one.
 std::string fixture(const std::string& name, std::string* fields = nullptr) {
   std::ifstream in(std::string(MLTRAIN_TELEMETRY_FIXTURES) + "/" + name);
@@ -420,9 +428,17 @@ TEST_CASE("telemetry: encoding round trip; missing stays missing, zero stays zer
   GpuSample mig;  // everything missing but its index
   mig.index = 1;
   s.gpus.push_back(mig);
-  s.ranks.push_back({0, 41873, 'R', 10000, 1u << 30});
-  s.ranks.push_back({1, 41874, std::nullopt, std::nullopt, std::nullopt});
-  s.ranks.push_back({2, 41875, 'Z', 0, 0});
+  s.ranks.push_back(rank_row(0, 41873, 'R', 10000, 1u << 30));
+  s.ranks.push_back(rank_row(1, 41874, std::nullopt, std::nullopt, std::nullopt));
+  s.ranks.push_back(rank_row(2, 41875, 'Z', 0, 0));
+  s.monotonic_ns = 9'000'000'000'000ull;
+  RankSample comm = rank_row(3, 41876, 'S', 150, 4096);  // with comm counters, one of them a real zero
+  comm.comm_ns = 1'500'000'000ull;
+  comm.calls = 42;
+  comm.entered_ns = 0;
+  comm.last_exit_ns = 8'999'000'000'000ull;
+  comm.started_ns = 8'000'000'000'000ull;
+  s.ranks.push_back(comm);
 
   std::string text = encode(s);
   INFO(text);
@@ -436,7 +452,10 @@ TEST_CASE("telemetry: encoding round trip; missing stays missing, zero stays zer
   CHECK(text.find("l15=") == std::string::npos);  // missing: no key at all
   CHECK(text.find("procs=41873:35202,41874:-,41875:0") != std::string::npos);
   CHECK(text.find('\r') == std::string::npos);
-  CHECK(text.size() < 600);
+  CHECK(text.find("rank r=3 pid=41876 st=S cpu=150 rss=4096 cns=1500000000 calls=42 cen=0 ") !=
+        std::string::npos);
+  CHECK(text.find("rank r=1 pid=41874\n") != std::string::npos);  // no block: no comm keys
+  CHECK(text.size() < 800);
 
   Sample empty;
   REQUIRE(decode(encode(empty), back, error));
@@ -468,7 +487,7 @@ TEST_CASE("telemetry: parsers and decoder survive mutated input") {
   g.util_percent = 3;
   g.processes = {{1, 2}, {3, std::nullopt}};
   s.gpus.push_back(g);
-  s.ranks.push_back({0, 9, 'R', 1, 2});
+  s.ranks.push_back(rank_row(0, 9, 'R', 1, 2));
   const std::string texts[] = {encode(s), fixture("proc_stat.txt"), fixture("proc_net_dev.txt"),
                                fixture("proc_pid_stat_spaces.txt"), fixture("nvidia_smi_gpu_query.csv")};
   const std::string fields = std::string(kNvidiaSmiGpuFields) + "," + kNvidiaSmiReasonsField;

@@ -8,11 +8,17 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "runner/agent/protocol.h"
+#include "runner/telemetry/sample.h"
+#include "runner/telemetry/sampler.h"
+
+struct mltrain_comm_stats;
 
 namespace mltrain::agent::detail {
 
@@ -49,6 +55,13 @@ struct Rank {
   bool reaped = false;
 };
 
+// A rank's comm counter block (comm/include/mltrain/comm_stats.h), mapped read-only once and kept;
+// remapped when the file at its name is another one (a restarted gang's rank replaces it).
+struct CommStatsMapping {
+  const mltrain_comm_stats* block = nullptr;
+  uint64_t dev = 0, ino = 0;
+};
+
 class Agent {
  public:
   int run();
@@ -67,6 +80,7 @@ class Agent {
   void on(uint32_t id, const msg::Ping& m);
   void on(uint32_t id, const msg::Shutdown& m);
   void on(uint32_t id, const msg::Pause& m);
+  void on(uint32_t id, const msg::TelemetryStart& m);
   template <class M>
   void on(uint32_t id, const M& m);  // an agent->launcher message: unexpected here
   template <class M>
@@ -87,6 +101,9 @@ class Agent {
   void start_terminate(int64_t grace_ms);
   bool any_alive() const;
   void teardown_and_exit_soon(const char* why);
+  // Telemetry (telemetry.cpp): one Telemetry frame of the host, its GPUs and its ranks.
+  void take_sample();
+  void read_comm_stats(telemetry::RankSample& r);
 
   std::map<uint32_t, Rank> ranks_;
   std::string outbox_;
@@ -106,7 +123,15 @@ class Agent {
   int warden_fd_ = -1;  // held open for the warden's sake, never written (-2: no warden)
   pid_t warden_ = -1;
   bool runtime_tried_ = false;
-  std::string runtime_dir_;  // the unpacked comm runtime ("" when it could not be unpacked)
+  std::string runtime_dir_;            // the unpacked comm runtime ("" when it could not be unpacked)
+  std::string run_id_;                 // the job's MLTRAIN_RUN_ID (names its comm counter blocks)
+  int64_t telemetry_interval_ms_ = 0;  // 0: not sampling
+  int64_t next_sample_ms_ = 0;
+  std::unique_ptr<telemetry::Sampler> sampler_;
+  std::vector<telemetry::RankPid> sample_pids_;
+  telemetry::Sample sample_;
+  msg::Telemetry telemetry_msg_;
+  std::map<uint32_t, CommStatsMapping> comm_stats_;
 };
 
 }  // namespace mltrain::agent::detail

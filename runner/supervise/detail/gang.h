@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "runner/agent/protocol.h"
+#include "runner/records/telemetry_log.h"
 #include "runner/supervise/doctor.h"
 #include "runner/supervise/supervisor.h"
 
@@ -133,6 +134,7 @@ class Gang {
   void on(size_t i, uint32_t id, agent::msg::LauncherSilent& m);
   void on(size_t i, uint32_t id, agent::msg::Bye& m);
   void on(size_t i, uint32_t id, agent::msg::Probed& m);
+  void on(size_t i, uint32_t id, agent::msg::Telemetry& m);
   template <class M>
   void on(size_t i, uint32_t id, M& m);  // a launcher->agent message: unexpected here
 
@@ -170,6 +172,7 @@ class Gang {
   std::vector<Host> hosts_;
   std::vector<RankState> ranks_;
   std::unique_ptr<Output> out_;
+  std::unique_ptr<records::TelemetryLog> telemetry_;  // telemetry.jsonl, from the first sample
   std::shared_ptr<Connects> connects_;
   Ending ending_ = Ending::none;
   int ending_code_ = 0;

@@ -1,0 +1,126 @@
+// The agent's telemetry: after TelemetryStart, every interval one sample of the host, its GPUs and
+// its ranks (runner/telemetry/), with each rank's comm counters, sent as one Telemetry frame.
+//
+// Sampling runs on the event loop's own thread, between two turns: NVML answers in microseconds;
+// the nvidia-smi fallback may block up to its timeout (kSmiTimeoutMs), which the heartbeat check
+// does not count as the launcher's silence. That fallback forks nvidia-smi and reaps it by pid
+// before sample() returns, so the loop's waitpid(-1) (Agent::reap, same thread) never sees it.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <exception>
+#include <string>
+
+#include "mltrain/comm_stats.h"
+#include "runner/agent/detail/agent_impl.h"
+
+namespace mltrain::agent::detail {
+
+namespace {
+
+constexpr int kSmiTimeoutMs = 2000;  // well inside the launcher's 10 s heartbeat window
+
+uint64_t monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000u + uint64_t(ts.tv_nsec);
+}
+
+// The block's name, as comm/src/communicator.cpp makes it.
+std::string stats_name(const std::string& run_id, uint32_t rank) {
+  std::string run;
+  for (char c : run_id.substr(0, 100)) {
+    bool keep = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+                c == '_' || c == '.';
+    run += keep ? c : '_';
+  }
+  return "/mltrain-" + run + "-stats-" + std::to_string(rank);
+}
+
+uint64_t load(const uint64_t& field) { return __atomic_load_n(&field, __ATOMIC_RELAXED); }
+
+}  // namespace
+
+void Agent::on(uint32_t, const msg::TelemetryStart& m) {
+  telemetry_interval_ms_ = m.interval_ms;
+  if (m.interval_ms == 0 || sampler_) return;
+  telemetry::GpuSamplerOptions gpu;
+  gpu.nvml_library = nvml_library_for(m.nvml_library);
+  if (const char* path = ::getenv("PATH")) gpu.path = path;
+  gpu.nvidia_smi_timeout_ms = kSmiTimeoutMs;
+  sampler_ = std::make_unique<telemetry::Sampler>(gpu);
+  next_sample_ms_ = now_ms();  // the first sample now: rates need two readings
+}
+
+// Maps (once) and reads the rank's counter block; a missing, foreign or half-written one leaves the
+// comm fields empty.
+void Agent::read_comm_stats(telemetry::RankSample& r) {
+  if (run_id_.empty() || r.rank < 0) return;
+  const std::string name = stats_name(run_id_, uint32_t(r.rank));
+  CommStatsMapping& m = comm_stats_[uint32_t(r.rank)];
+  struct stat st {};
+  bool exists = ::stat(("/dev/shm" + name).c_str(), &st) == 0;
+  if (m.block && (!exists || uint64_t(st.st_dev) != m.dev || uint64_t(st.st_ino) != m.ino)) {
+    ::munmap(const_cast<mltrain_comm_stats*>(m.block), sizeof(mltrain_comm_stats));
+    m = {};
+  }
+  if (!exists) return;
+  if (!m.block) {
+    int fd = ::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0) return;
+    // The size is set before the magic is written: a shorter file is still being made.
+    if (::fstat(fd, &st) == 0 && st.st_size >= off_t(sizeof(mltrain_comm_stats))) {
+      void* p = ::mmap(nullptr, sizeof(mltrain_comm_stats), PROT_READ, MAP_SHARED, fd, 0);
+      if (p != MAP_FAILED) {
+        m.block = static_cast<const mltrain_comm_stats*>(p);
+        m.dev = uint64_t(st.st_dev);
+        m.ino = uint64_t(st.st_ino);
+      }
+    }
+    ::close(fd);
+    if (!m.block) return;
+  }
+  const mltrain_comm_stats& b = *m.block;
+  if (__atomic_load_n(&b.magic, __ATOMIC_ACQUIRE) != MLTRAIN_COMM_STATS_MAGIC ||
+      b.version != MLTRAIN_COMM_STATS_VERSION)
+    return;
+  r.comm_ns = load(b.comm_ns);
+  r.calls = load(b.calls);
+  r.entered_ns = load(b.entered_ns);
+  r.last_exit_ns = load(b.last_exit_ns);
+  r.started_ns = load(b.started_ns);
+}
+
+void Agent::take_sample() {
+  next_sample_ms_ = now_ms() + telemetry_interval_ms_;
+  if (ranks_.empty()) return;  // TelemetryStart came before the ranks: nothing to say yet
+  if (!any_alive()) {
+    telemetry_interval_ms_ = 0;  // the gang is over here; a restart sends TelemetryStart again
+    return;
+  }
+  // A launcher that does not read (stopped, slow) gets its rank output first; samples wait.
+  if (outbox_.size() - outbox_pos_ > kOutboxHighWater / 2) return;
+  const int64_t start = now_ms();
+  try {
+    sample_pids_.clear();
+    for (const auto& [id, r] : ranks_)
+      if (!r.reaped && r.pid > 0) sample_pids_.push_back({int32_t(id), int32_t(r.pid)});
+    sampler_->sample(sample_pids_, sample_);
+    sample_.monotonic_ns = monotonic_ns();
+    for (auto& r : sample_.ranks) read_comm_stats(r);
+    telemetry::encode(sample_, telemetry_msg_.sample);
+    send(telemetry_msg_);
+  } catch (const std::exception& e) {
+    // Telemetry is a bystander: out of memory or worse here must not touch the ranks.
+    log_err("telemetry stopped: %s", e.what());
+    telemetry_interval_ms_ = 0;
+  }
+  // Time spent here (a slow nvidia-smi) is the agent's own, not the launcher's silence.
+  last_heard_ms_ += now_ms() - start;
+}
+
+}  // namespace mltrain::agent::detail
