@@ -120,7 +120,7 @@ void TelemetryLog::append(const std::string& host, std::string_view encoded_samp
   }
   last_kept_ms_[host] = elapsed_ms;
   line += '\n';
-  if (fd_ < 0) fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd_ < 0) fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   size_t done = 0;
   while (fd_ >= 0 && done < line.size()) {
     ssize_t n = ::write(fd_, line.data() + done, line.size() - done);

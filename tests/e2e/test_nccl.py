@@ -203,10 +203,14 @@ def test_a_stopped_rank_makes_the_others_abort_nccl_at_the_timeout(tmp_path):
         procs[1][0].wait()
     assert codes == [1, 1], codes
     assert 2.5 < took < 15, took
-    for r in (0, 2):
-        log = (tmp_path / f"rank-{r}.log").read_text()
-        assert re.search(r"NCCL ncclAllReduce did not complete within 3 s \(MLTRAIN_COMM_TIMEOUT\): a rank stopped "
-                         r"or the network is cut; the NCCL communicator was aborted", log), log
+    # The first to time out aborts; the other either times out too or sees that abort as a remote error.
+    logs = [(tmp_path / f"rank-{r}.log").read_text() for r in (0, 2)]
+    timed_out = [bool(re.search(r"NCCL ncclAllReduce did not complete within 3 s \(MLTRAIN_COMM_TIMEOUT\): a rank "
+                                r"stopped or the network is cut; the NCCL communicator was aborted", log))
+                 for log in logs]
+    assert any(timed_out), logs
+    for log, t in zip(logs, timed_out):
+        assert t or "remote process exited or there was a network error" in log, log
 
 
 def test_mltrain_bench_backend_nccl_runs_on_device_buffers_and_checks_results(ml, tmp_path):
