@@ -84,7 +84,7 @@ def test_auto_falls_back_to_the_cpu_backend_with_one_line_when_nccl_does_not_loa
     assert len(re.findall(r"rank \d backend tcp: rank 0 \(", r.stdout)) == 4, r.stdout
 
 
-def test_forced_nccl_without_nccl_fails_every_rank_clearly(ml, tmp_path):
+def test_forced_nccl_without_nccl_fails_preflight_clearly(ml, tmp_path):
     libs = fake_gpus(tmp_path / "gpu", "* gpus 4\n", libs=("libcudart.so.13", "libnvidia-ml.so.1"))
     r = ml("run", spec(ml, libs, args=["--backend-only"], backend="nccl"), timeout=60)
     assert r.returncode != 0
