@@ -230,16 +230,30 @@ class SshTransport : public Transport {
     read_marker(ss, ch, name, line, rest);
     if (line == kMarkerAgentMissing) {
       size_t off = 0;
+      std::string write_error;
       while (off < bytes.size()) {
         int n = ssh_channel_write(ch, bytes.data() + off,
                                   uint32_t(std::min<size_t>(bytes.size() - off, 64 * 1024)));
-        if (n <= 0)
-          return fail(std::string("cannot upload the agent: ") + ssh_get_error(ss), "check the connection");
+        if (n <= 0) {
+          write_error = ssh_get_error(ss);
+          break;
+        }
         off += size_t(n);
       }
-      // The marker after the upload may already be buffered behind the first one.
+      // The marker after the upload may already be buffered behind the first one. When the write
+      // failed, the remote side may have said why (it could not write the file) before closing.
       std::string pending = rest;
-      read_marker(ss, ch, name, line, rest, pending);
+      if (write_error.empty()) {
+        read_marker(ss, ch, name, line, rest, pending);
+      } else {
+        try {
+          read_marker(ss, ch, name, line, rest, pending);
+        } catch (const Error&) {
+          line.clear();
+        }
+        if (line != kMarkerUploadFailed)
+          return fail("cannot upload the agent: " + write_error, "check the connection");
+      }
       if (line == kMarkerAgentOk) log::info("transport", name + ": agent uploaded (" + size + " bytes)");
     }
     if (line == kMarkerAgentOk) return detail::make_ssh_link(std::move(s), ch, name, rest);
