@@ -17,8 +17,8 @@
 namespace mltrain::agent {
 
 inline constexpr uint32_t kMagic = 0x41544c4d;  // "MLTA"
-inline constexpr uint32_t kVersion =
-    4;  // 2: stdin forwarding, fixed master port, doctor interpreter; 3: pause; 4: telemetry
+// 2: stdin forwarding, fixed master port, doctor interpreter; 3: pause; 4: telemetry; 5: top's watch
+inline constexpr uint32_t kVersion = 5;
 inline constexpr uint32_t kAllRanks = 0xffffffffu;
 inline constexpr uint32_t kMaxPayload = 64u << 20;  // a bigger frame means a corrupt stream
 inline constexpr size_t kHeaderSize = 12;
@@ -290,8 +290,11 @@ struct TelemetryStart {  // sample every interval_ms (0: stop) while this host's
   bool operator==(const TelemetryStart&) const = default;
   uint32_t interval_ms = 0;
   std::string nvml_library;  // the job's MLTRAIN_NVML_LIBRARY ("": the agent's own, else the default)
-  void put(Writer& w) const { w.u32(interval_ms).str(nvml_library); }
-  void get(Reader& r) { interval_ms = r.u32(), nvml_library = r.str(); }
+  // 1: `mltrain top` on this host: sample with no ranks of its own, and find the host's mltrain
+  // ranks (their comm counter blocks, GPU processes whose environment has RANK)
+  uint32_t watch = 0;
+  void put(Writer& w) const { w.u32(interval_ms).str(nvml_library).u32(watch); }
+  void get(Reader& r) { interval_ms = r.u32(), nvml_library = r.str(), watch = r.u32(); }
 };
 
 // agent -> launcher

@@ -4,6 +4,7 @@
 // Every function throws mltrain::Error (exit code 2 unless it says otherwise) on bad input.
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <optional>
 #include <string>
@@ -93,5 +94,21 @@ struct DoctorResult {
 
 // Checks every host of the request (its command defaults to `true`: doctor runs no program).
 DoctorResult doctor(const JobRequest& req);
+
+struct TopRequest {
+  // A run (id, prefix or name), or a job spec whose hosts to watch; "": the newest running run,
+  // else the hosts of job.overrides (hostfile, -H), else this host.
+  std::string target;
+  JobRequest job;                   // its host flags and ssh config, when hosts are watched
+  bool once = false, json = false;  // one snapshot (json implies once)
+  bool color = false;
+  std::chrono::milliseconds interval{1000};
+};
+
+// `mltrain top`: a running run's live telemetry (what its launcher receives), or hosts watched
+// through agents this process starts there. Full screen on a terminal, a snapshot per interval on
+// a pipe, one snapshot with `once`. Returns the exit code: 0, or exit_code::host_failure when a
+// host could not be watched. Throws Error for a run that is not running or nothing to show.
+int top(const TopRequest& req);
 
 }  // namespace mltrain::launch

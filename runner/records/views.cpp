@@ -17,6 +17,8 @@
 #include "runner/common/sys_check.h"
 #include "runner/common/text.h"
 #include "runner/records/records.h"
+#include "runner/records/telemetry_log.h"
+#include "runner/records/telemetry_view.h"
 
 namespace mltrain::records {
 
@@ -322,8 +324,16 @@ void print_list(bool json) {
 void print_show(const std::string& query, bool json) {
   std::string id = resolve(query);
   RunRecord r = load(id);
+  size_t skipped = 0;
+  const auto samples = read_telemetry(run_dir(r.id) + "/telemetry.jsonl", &skipped);
+  const telemetry::Summary use = telemetry::summarize(samples);
   if (json) {
-    std::printf("%s\n", to_json(r, true).c_str());
+    // The run's record with its utilization summary (null without telemetry) as one more key.
+    std::string doc = to_json(r, true);
+    size_t end = doc.rfind('}');
+    std::string util = samples.empty() ? "null" : utilization_json(use);
+    std::printf("%s,\n  \"utilization\": %s\n}\n",
+                doc.substr(0, doc.find_last_not_of(" \n", end - 1) + 1).c_str(), util.c_str());
     return;
   }
   std::string status = r.status == "lost" ? "lost (the launcher died without recording an end)" : r.status;
@@ -355,6 +365,8 @@ void print_show(const std::string& query, bool json) {
     std::printf("\nfirst failure: %s\n", r.failure->message.c_str());
     for (const auto& l : r.failure->tail) std::printf("    %s\n", l.c_str());
   }
+  std::printf("%s", format_utilization(use).c_str());
+  if (skipped) std::printf("(%zu lines of telemetry.jsonl could not be read)\n", skipped);
 }
 
 int stop_run(const std::string& query) {

@@ -16,6 +16,7 @@
 #include "runner/common/log.h"
 #include "runner/common/status.h"
 #include "runner/common/text.h"
+#include "runner/records/telemetry_view.h"
 
 namespace mltrain::supervise::detail {
 
@@ -31,6 +32,8 @@ const char* phase_name(Phase p) {
       return "preflight";
     case Phase::probing:
       return "probing";
+    case Phase::watching:
+      return "watching";
     case Phase::running:
       return "running";
     case Phase::stopping:
@@ -68,6 +71,8 @@ void Gang::enter(Phase p) {
     case Phase::probing:
       send_probes();
       break;
+    case Phase::watching:
+      break;  // each host started when it greeted (watch.cpp)
     case Phase::restarting:
       out_->before_message();
       std::fprintf(stderr, "mltrain: restarting the gang (restart %d of %d)\n", restart_ + 1,
@@ -98,7 +103,7 @@ void Gang::enter(Phase p) {
       break;
     case Phase::closing:
       // Goodbye: agents kill anything left (strays of the ranks) and exit.
-      if (out_) out_->flush(), out_->before_message();
+      if (out_) out_->set_status(""), out_->flush(), out_->before_message();
       for (auto& h : hosts_) send_to(h, msg::Shutdown{});
       break;
     case Phase::done:
@@ -153,9 +158,15 @@ std::optional<Clock::time_point> Gang::next_deadline() const {
       take(phase_start_ + opts_.preflight_timeout);
       if (!doctor_) take(next_ping_);
       break;
+    case Phase::watching:
+      take(next_ping_);
+      for (const auto& h : hosts_)
+        if (h.open()) take(h.last_heard + opts_.heartbeat_timeout);
+      break;
     case Phase::running:
     case Phase::stopping:
       take(job_deadline_);
+      take(next_status_);
       take(escalate_at_);
       take(stop_deadline_);
       take(next_ping_);
@@ -198,6 +209,17 @@ void Gang::on_timers(Clock::time_point now) {
         next_ping_ = now + opts_.heartbeat_interval;
       }
       break;
+    case Phase::watching:
+      if (next_ping_ && now >= *next_ping_) {
+        for (auto& h : hosts_) send_to(h, msg::Ping{});
+        next_ping_ = now + opts_.heartbeat_interval;
+      }
+      for (size_t i = 0; i < hosts_.size(); ++i)
+        if (hosts_[i].open() && now - hosts_[i].last_heard >= opts_.heartbeat_timeout)
+          host_lost(i, "stopped answering heartbeats for " +
+                           text::format_duration(
+                               std::chrono::duration_cast<milliseconds>(opts_.heartbeat_timeout)));
+      break;
     case Phase::running:
     case Phase::stopping: {
       if (job_deadline_ && now >= *job_deadline_ && ending_ == Ending::none) {
@@ -233,6 +255,7 @@ void Gang::on_timers(Clock::time_point now) {
                                std::chrono::duration_cast<milliseconds>(opts_.heartbeat_timeout)));
       if (phase_ == Phase::running || phase_ == Phase::stopping)
         if (ranks_running() == 0) all_ranks_ended();
+      update_status(now);
       break;
     }
     case Phase::closing:
@@ -258,7 +281,8 @@ void Gang::wait(Clock::time_point until) {
       !ranks_[size_t(in_rank)].exited &&
       hosts_[size_t(plan_.ranks[size_t(in_rank)].host)].outbox.size() < (1u << 20))
     fds.back().fd = opts_.stdin_fd;
-  constexpr size_t kFixed = 4;
+  fds.push_back({watch_ ? watch_->stop_fd : -1, POLLIN, 0});  // top's UI wants to stop
+  constexpr size_t kFixed = 5;
   std::vector<std::pair<size_t, bool>> owner;  // host, is_write
   // A console that drains slowly: take no rank output until it catches up (agents then stop
   // reading their ranks' pipes, and the ranks wait). Heartbeats go on: pings are still sent, and an
@@ -294,6 +318,8 @@ void Gang::wait(Clock::time_point until) {
   if (fds[1].revents & POLLIN) clock_.drain_wake();
   if (fds[2].revents & POLLIN) take_connected();
   if (fds[3].revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL)) forward_stdin();  // NVAL: no stdin at all
+  if ((fds[4].revents & (POLLIN | POLLHUP)) && phase_ != Phase::closing && phase_ != Phase::done)
+    enter(Phase::closing);
   for (size_t k = kFixed; k < fds.size(); ++k) {
     auto [i, is_write] = owner[k - kFixed];
     if (!hosts_[i].open() || phase_ == Phase::done) continue;
@@ -412,6 +438,7 @@ void Gang::on(size_t i, uint32_t, msg::Pong&) {
 }
 
 void Gang::on(size_t i, uint32_t, msg::AgentError& m) {
+  if (watch_) return watch_problem(i, "agent: " + m.message);
   if (out_) out_->before_message();
   std::fprintf(stderr, "mltrain: %s: agent: %s\n", hosts_[i].link->describe().c_str(), m.message.c_str());
 }
@@ -441,9 +468,34 @@ void Gang::on(size_t i, uint32_t, msg::Bye&) {
 }
 
 void Gang::on(size_t i, uint32_t, msg::Telemetry& m) {
+  if (watch_) {
+    if (phase_ != Phase::closing && !watch_->on_sample(hosts_[i].plan->host.name, m.sample))
+      enter(Phase::closing);
+    return;
+  }
   if (!telemetry_) telemetry_ = std::make_unique<records::TelemetryLog>(records::run_dir(rec_.id));
   auto elapsed = std::chrono::duration_cast<milliseconds>(clock_.now() - job_start_).count();
   telemetry_->append(hosts_[i].plan->host.name, m.sample, int64_t(elapsed));
+  if (out_ && out_->terminal()) {
+    telemetry::Sample s;
+    std::string error;
+    if (telemetry::decode(m.sample, s, error)) board_.add(hosts_[i].plan->host.name, std::move(s));
+  }
+}
+
+// "3/4 ranks alive - 3m12s - GPU 87% - straggler: rank 3", once a second while ranks run.
+void Gang::update_status(Clock::time_point now) {
+  if (!out_ || !out_->terminal()) return;
+  if (phase_ != Phase::running) {
+    out_->set_status("");
+    next_status_.reset();
+    return;
+  }
+  if (next_status_ && now < *next_status_) return;
+  next_status_ = now + std::chrono::seconds(1);
+  auto elapsed = std::chrono::duration_cast<milliseconds>(now - job_start_).count();
+  out_->set_status(
+      records::status_line(board_.snapshot(), ranks_running(), int(ranks_.size()), int64_t(elapsed)));
 }
 
 void Gang::spawn_all() {
@@ -562,6 +614,11 @@ void Gang::pause() {
 void Gang::on_signal(int sig) {
   if (sig == SIGTSTP) {
     pause();
+    return;
+  }
+  if (watch_) {  // top: nothing of the user's runs here; say goodbye to the agents
+    stop_signal_ = sig;
+    if (phase_ != Phase::closing && phase_ != Phase::done) enter(Phase::closing);
     return;
   }
   if (before_running()) {

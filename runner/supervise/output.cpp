@@ -283,6 +283,12 @@ void Output::input_echoed() {
   if (drawn_ > 0) ++drawn_;  // and the status area is one line higher
 }
 
+void Output::set_status(std::string line) {
+  if (!tty_ || line == status_line_) return;
+  status_line_ = std::move(line);
+  status_changed_ = true;
+}
+
 std::string Output::status_area() const {
   winsize w{};
   int cols = 80, rows = 24;
@@ -292,12 +298,14 @@ std::string Output::status_area() const {
     for (const auto& st : r.streams)
       if (r.shown && st.cr && st.pending())
         lines.push_back(r.prefix + text::escape_console(!st.seg.empty() ? st.seg : st.last));
-  size_t room = size_t(std::max(1, rows - 2));
+  size_t room = size_t(std::max(1, rows - 2 - (status_line_.empty() ? 0 : 1)));
   if (lines.size() > room) {
     size_t more = lines.size() - (room - 1);
     lines.resize(room - 1);
     lines.push_back("... and " + std::to_string(more) + " more in progress");
   }
+  if (!status_line_.empty())
+    lines.push_back(opts_.color ? "\x1b[2m" + status_line_ + "\x1b[0m" : status_line_);
   std::string area;
   for (const auto& l : lines) {
     // Cut to the width (a code point a column, colour codes none): a wrapped line would break

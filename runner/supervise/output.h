@@ -99,6 +99,10 @@ class Output {
   void before_message();
   // Input typed at the terminal (--stdin) ended a line there: an open partial line is over.
   void input_echoed();
+  // On a terminal, the run's status line at the bottom, under the progress lines ("" for none);
+  // redrawn with them. Elsewhere it is ignored.
+  void set_status(std::string line);
+  bool terminal() const { return tty_; }
   // The last lines a rank wrote (for the failure summary).
   std::vector<std::string> tail(int rank) const;
   std::string log_path(int rank) const;
@@ -161,6 +165,7 @@ class Output {
   bool tty_ = false;  // out_fd is a terminal: status area for progress
   int drawn_ = 0;     // lines of status area on the terminal now
   bool status_changed_ = false;
+  std::string status_line_;  // set_status's
   Time last_draw_{};
   // The (rank, stream) whose partial line is open on the console (cursor after it), or -1.
   int open_rank_ = -1, open_stream_ = 0;

@@ -115,6 +115,7 @@ void Gang::host_failed(size_t i, const std::string& problem) {
   if (h.state == HostState::failed) return;
   h.state = HostState::failed;
   h.problem = problem;
+  if (watch_) watch_problem(i, problem);
 }
 
 void Gang::on(size_t i, uint32_t, msg::HelloAck& m) {
@@ -125,6 +126,7 @@ void Gang::on(size_t i, uint32_t, msg::HelloAck& m) {
                        std::to_string(proto::kVersion));
   } else {
     h.state = HostState::greeted;
+    if (watch_) start_watching(i);
   }
   check_progress();
 }
@@ -146,7 +148,9 @@ void Gang::check_progress() {
     return std::all_of(hosts_.begin(), hosts_.end(),
                        [&](const Host& h) { return h.state == s || h.state == HostState::failed; });
   };
-  if (phase_ == Phase::connecting && all(HostState::greeted)) {
+  if (phase_ == Phase::connecting && watch_) {
+    if (all(HostState::ready)) enter(Phase::watching);
+  } else if (phase_ == Phase::connecting && all(HostState::greeted)) {
     log::info("supervise", "every agent answered");
     enter(doctor_ ? Phase::probing : Phase::preflight);
   } else if (phase_ == Phase::probing && all(HostState::ready)) {

@@ -162,4 +162,13 @@ void Sampler::sample(const std::vector<RankPid>& pids, Sample& out) {
   out.gpu_note = gpu_.note();
 }
 
+void Sampler::sample(std::vector<RankPid>& pids, Sample& out, const AddPids& add_pids) {
+  out.time_ms = wall_clock_ms();
+  gpu_.sample(out.gpus);
+  out.gpu_source = gpu_.source();
+  out.gpu_note = gpu_.note();
+  if (add_pids) add_pids(out.gpus, pids);
+  host_.sample(pids, out.host, out.ranks);
+}
+
 }  // namespace mltrain::telemetry

@@ -15,6 +15,7 @@
 #include "runner/telemetry/sample.h"
 
 #include <charconv>
+#include <iterator>
 #include <limits>
 
 #include "runner/telemetry/detail/text.h"
@@ -173,20 +174,35 @@ bool get_rank(std::string_view key, std::string_view v, RankSample& r) {
   return true;
 }
 
+constexpr const char* kReasonNames[] = {
+    "gpu_idle",
+    "applications_clocks_setting",
+    "sw_power_cap",
+    "hw_slowdown",
+    "sync_boost",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "display_clock_setting",
+};
 }  // namespace
 
+uint64_t throttle_reason_mask(const std::vector<std::string>& names) {
+  uint64_t mask = 0;
+  for (const auto& name : names) {
+    for (unsigned bit = 0; bit < std::size(kReasonNames); ++bit)
+      if (name == kReasonNames[bit]) mask |= uint64_t(1) << bit;
+    if (name.size() > 2 && name[0] == '0' && name[1] == 'x') {
+      uint64_t v = 0;
+      std::from_chars(name.data() + 2, name.data() + name.size(), v, 16);
+      mask |= v;
+    }
+  }
+  return mask;
+}
+
 std::vector<std::string> throttle_reason_names(uint64_t mask) {
-  static constexpr const char* kNames[] = {
-      "gpu_idle",
-      "applications_clocks_setting",
-      "sw_power_cap",
-      "hw_slowdown",
-      "sync_boost",
-      "sw_thermal_slowdown",
-      "hw_thermal_slowdown",
-      "hw_power_brake_slowdown",
-      "display_clock_setting",
-  };
+  const auto& kNames = kReasonNames;
   std::vector<std::string> out;
   for (unsigned bit = 0; bit < 64; ++bit) {
     if (!(mask >> bit & 1)) continue;

@@ -98,6 +98,8 @@ inline constexpr uint64_t kReasonDisplayClockSetting = 0x100;
 // The names of the bits set in `mask`, lowest bit first ("gpu_idle", "sw_power_cap", ...); a bit
 // NVML does not define shows as "0x<bit>".
 std::vector<std::string> throttle_reason_names(uint64_t mask);
+// The mask of those names (the inverse; a name it does not know adds nothing).
+uint64_t throttle_reason_mask(const std::vector<std::string>& names);
 
 // The sample as one compact text (version 1; see sample.cpp for the grammar): lines of
 // space-separated key=value fields, a missing value is a missing key, so 0 and "unknown" differ.

@@ -93,6 +93,10 @@ class Sampler {
   explicit Sampler(GpuSamplerOptions gpu = {}, HostSamplerOptions host = {});
   // Replaces `out` (its buffers reused) with a sample taken now.
   void sample(const std::vector<RankPid>& pids, Sample& out);
+  // The same, GPUs first: `add_pids` sees them and may add ranks to `pids` before the host and
+  // ranks are read (`mltrain top` on a host finds ranks among the GPUs' processes).
+  using AddPids = std::function<void(const std::vector<GpuSample>& gpus, std::vector<RankPid>& pids)>;
+  void sample(std::vector<RankPid>& pids, Sample& out, const AddPids& add_pids);
 
  private:
   HostSampler host_;

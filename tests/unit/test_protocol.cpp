@@ -178,6 +178,7 @@ TEST_CASE("protocol: every message round-trips through its struct") {
   round_trip(kProbed, 0);
   round_trip(msg::TelemetryStart{200, "/opt/libnvidia-ml.so.1"}, 0);
   round_trip(msg::TelemetryStart{}, 0);
+  round_trip(msg::TelemetryStart{1000, "", 1}, 0);
   round_trip(msg::Telemetry{"MLTEL 1 t=5\nhost ncpu=4\n"}, 0);
   round_trip(msg::Telemetry{}, 0);
   CHECK(one_of_each().size() == std::variant_size_v<Message>);

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <filesystem>
@@ -15,6 +16,8 @@
 #include "runner/records/cleanup.h"
 #include "runner/records/records.h"
 #include "runner/records/telemetry_log.h"
+#include "runner/records/telemetry_view.h"
+#include "runner/telemetry/analysis.h"
 #include "temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -214,6 +217,18 @@ TEST_CASE("records: a telemetry sample as one JSON line, missing values null") {
 
   CHECK(records::telemetry_json_line("h1", "not a sample", error).empty());
   CHECK_FALSE(error.empty());
+
+  // Read back (show and top do), it is the sample that was encoded: missing values stay missing.
+  telemetry::Sample want, got;
+  REQUIRE(telemetry::decode(sample, want, error));
+  std::string host;
+  REQUIRE_MESSAGE(records::telemetry_from_json(line, host, got, error), error);
+  CHECK(host == "h1");
+  CHECK(got == want);
+  CHECK_FALSE(records::telemetry_from_json("{\"schema\":1}", host, got, error));
+  CHECK_FALSE(records::telemetry_from_json("not json", host, got, error));
+  CHECK_FALSE(records::telemetry_from_json("{\"schema\":1,\"host\":\"h\",\"time_ms\":1,\"cpus\":\"eight\"}",
+                                           host, got, error));
 }
 
 TEST_CASE("records: telemetry keeps every sample for 2 minutes, then one per host every 10 s") {
@@ -254,4 +269,89 @@ TEST_CASE("records: TelemetryLog appends kept samples to telemetry.jsonl") {
   CHECK(lines[0].find("\"time_ms\":1,") != std::string::npos);
   CHECK(lines[1].find("\"host\":\"h2\"") != std::string::npos);
   CHECK(lines[2].find("\"time_ms\":3,") != std::string::npos);
+  // The live file holds each host's latest sample, thinned or not.
+  size_t skipped = 9;
+  auto live = records::read_telemetry(dir + "/" + records::kTelemetryLiveFile, &skipped);
+  CHECK(skipped == 0);
+  REQUIRE(live.size() == 2);
+  CHECK(live[0].first == "h1");
+  CHECK(live[0].second.time_ms == 4);
+  CHECK(live[1].first == "h2");
+  auto all = records::read_telemetry(dir + "/telemetry.jsonl", &skipped);
+  CHECK(all.size() == 3);
+  CHECK(records::read_telemetry(dir + "/missing.jsonl").empty());
+}
+
+TEST_CASE("records: top's screen and JSON, show's utilization, the status line") {
+  const uint64_t s = 1'000'000'000;
+  auto sample = [&](int64_t ms, uint64_t mono, uint64_t c0, uint64_t c1) {
+    telemetry::Sample x;
+    x.time_ms = ms;
+    x.monotonic_ns = mono;
+    x.host.cpus = 8;
+    x.host.cpu_percent_x100 = 5000;
+    x.host.mem_total_bytes = 16ull << 30;
+    x.host.mem_available_bytes = 8ull << 30;
+    telemetry::GpuSample g;
+    g.index = 0;
+    g.util_percent = 80;
+    g.mem_used_mib = 2048;
+    g.mem_total_mib = 81559;
+    g.processes.push_back({41, 100});
+    telemetry::GpuSample idle = g;
+    idle.index = 1;
+    idle.util_percent = 2;
+    idle.processes = {{42, std::nullopt}};
+    x.gpus = {g, idle};
+    telemetry::RankSample r0, r1;
+    r0.rank = 0, r0.pid = 41, r0.state = 'R', r0.comm_ns = c0, r0.calls = 10;
+    r1.rank = 1, r1.pid = 42, r1.state = 'S', r1.comm_ns = c1, r1.calls = 10;
+    x.ranks = {r0, r1};
+    return x;
+  };
+  telemetry::Board b;
+  b.add("h1", sample(1000, 10 * s, 0, 0));
+  b.add("h1", sample(2000, 11 * s, s * 9 / 10, s / 50));
+  telemetry::Snapshot snap = b.snapshot();
+  REQUIRE(snap.straggler == 1);
+
+  records::TopScreen screen;
+  screen.width = 120;
+  screen.title = "run r1 (running)";
+  std::string text = records::render_top(snap, screen);
+  INFO(text);
+  CHECK(text.rfind("mltrain top - run r1 (running) - 1 host, 2 ranks, 2 GPUs\n", 0) == 0);
+  CHECK(text.find("straggler: rank 1:") != std::string::npos);
+  CHECK(text.find("idle GPUs (under 10% while others are over 50%): h1:1") != std::string::npos);
+  CHECK(text.find("2%      0.0 1      2% <- straggler\n") != std::string::npos);
+  for (size_t at = 0, nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1) CHECK(nl - at <= 120);
+  screen.view = records::TopView::ranks;
+  screen.height = 4;
+  screen.footer = "q quit";
+  std::string ranks_only = records::render_top(snap, screen);
+  CHECK(ranks_only.find("HOST             CPU") == std::string::npos);
+  CHECK(std::count(ranks_only.begin(), ranks_only.end(), '\n') == 4);  // cut to the height, footer last
+  CHECK(ranks_only.find("q quit\n") == ranks_only.size() - 7);
+
+  std::string json = records::snapshot_json(snap, "r1", {{"h9", "cannot connect"}});
+  CHECK(json.find("\"run\": \"r1\"") != std::string::npos);
+  CHECK(json.find("\"straggler\": {\n    \"rank\": 1,") != std::string::npos);
+  CHECK(json.find("\"rank\": 0\n") != std::string::npos);  // GPU 0's process is rank 0
+  CHECK(json.find("\"problem\": \"cannot connect\"") != std::string::npos);
+
+  telemetry::Summary sum =
+      telemetry::summarize({{"h1", sample(1000, 10 * s, 0, 0)}, {"h1", sample(61000, 70 * s, 54 * s, s)}});
+  std::string util = records::format_utilization(sum);
+  INFO(util);
+  CHECK(util.find("utilization (2 samples from 1 host over 1m00s)") != std::string::npos);
+  CHECK(util.find("GPU util   |") != std::string::npos);
+  CHECK(util.find("h1:0                  80%    80%      2.0G/79.6G  0") != std::string::npos);
+  CHECK(util.find("straggler: rank 1:") != std::string::npos);
+  CHECK(records::format_utilization(telemetry::Summary{}).empty());
+  CHECK(records::utilization_json(sum).find("\"straggler\":{\"rank\":1,") != std::string::npos);
+
+  CHECK(records::status_line(snap, 2, 2, 75'000) == "2/2 ranks alive - 1m15s - GPU 41% - straggler: rank 1");
+  CHECK(records::human_bytes(1536) == "1.5K");
+  CHECK(records::human_bytes(3ull << 30) == "3.0G");
+  CHECK(records::human_bytes(512) == "512B");
 }

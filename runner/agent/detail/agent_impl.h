@@ -103,7 +103,11 @@ class Agent {
   void teardown_and_exit_soon(const char* why);
   // Telemetry (telemetry.cpp): one Telemetry frame of the host, its GPUs and its ranks.
   void take_sample();
-  void read_comm_stats(telemetry::RankSample& r);
+  const mltrain_comm_stats* map_comm_stats(const std::string& name);
+  void read_comm_stats(telemetry::RankSample& r, const std::string& name);
+  void discover_ranks(std::vector<telemetry::RankPid>& pids);  // watch: the host's mltrain ranks
+  void ranks_among_gpu_processes(const std::vector<telemetry::GpuSample>& gpus,
+                                 std::vector<telemetry::RankPid>& pids);
 
   std::map<uint32_t, Rank> ranks_;
   std::string outbox_;
@@ -131,7 +135,11 @@ class Agent {
   std::vector<telemetry::RankPid> sample_pids_;
   telemetry::Sample sample_;
   msg::Telemetry telemetry_msg_;
-  std::map<uint32_t, CommStatsMapping> comm_stats_;
+  std::map<std::string, CommStatsMapping> comm_stats_;  // by shared-memory name
+  bool watch_ = false;                                  // top on this host: no ranks of our own
+  std::map<int32_t, std::string> stats_of_pid_;         // watch: each found rank's counter block
+  std::map<int32_t, int32_t> env_rank_;                 // watch: a GPU process's RANK (-1: none)
+  std::string environ_;
 };
 
 }  // namespace mltrain::agent::detail

@@ -4,7 +4,8 @@
 //        │             │            ▲  │         │
 //        └─────────────┴──► done    └──┴ restarting (after a failure, while max_restarts allows)
 //
-// `mltrain doctor` runs the same loop for another purpose: connecting ──► probing ──► closing.
+// `mltrain doctor` runs the same loop for another purpose: connecting ──► probing ──► closing;
+// `mltrain top` on hosts: connecting ──► watching ──► closing (watch.cpp).
 //
 // connecting: transports open every host's agent (threads) and each agent answers hello;
 // preflight: every agent checks its host (prepare); running: ranks run; stopping: ranks were
@@ -22,10 +23,12 @@
 #include "runner/records/telemetry_log.h"
 #include "runner/supervise/doctor.h"
 #include "runner/supervise/supervisor.h"
+#include "runner/supervise/watch.h"
+#include "runner/telemetry/analysis.h"
 
 namespace mltrain::supervise::detail {
 
-enum class Phase { connecting, preflight, probing, running, stopping, restarting, closing, done };
+enum class Phase { connecting, preflight, probing, watching, running, stopping, restarting, closing, done };
 const char* phase_name(Phase p);
 
 // Per host: connecting -> greeting (hello sent) -> greeted -> preparing (prepare, or doctor's
@@ -95,12 +98,15 @@ class Gang {
   // Doctor: connect, probe every host (master_port tested free on the first), say goodbye.
   // Returns 0, or 128 + the signal that cut it short; `reports` has one entry per host.
   int run_doctor(int master_port, std::vector<HostReport>& reports);
+  // Top: connect, then hand every agent's samples to `w` until it or a signal says stop.
+  int run_watch(const WatchOptions& w);
 
  private:
   // The loop.
   void loop();
   bool before_running() const {
-    return phase_ == Phase::connecting || phase_ == Phase::preflight || phase_ == Phase::probing;
+    return phase_ == Phase::connecting || phase_ == Phase::preflight || phase_ == Phase::probing ||
+           phase_ == Phase::watching;
   }
   void wait(Clock::time_point until);
   void on_timers(Clock::time_point now);
@@ -150,12 +156,17 @@ class Gang {
   void pause();           // SIGTSTP
   void heard_from_all();  // this process was stopped: start every host's heartbeat window again
   void all_ranks_ended();
+  void update_status(Clock::time_point now);  // the console's status line (a terminal only)
   int ranks_running() const;
 
   // Doctor (doctor.cpp).
   void send_probes();
   void on_probe_pong(size_t i);
   std::vector<HostReport> doctor_reports() const;
+
+  // Top on hosts (watch.cpp).
+  void start_watching(size_t i);
+  void watch_problem(size_t i, const std::string& problem);
 
   // The end (summary.cpp).
   int finish();
@@ -173,6 +184,8 @@ class Gang {
   std::vector<RankState> ranks_;
   std::unique_ptr<Output> out_;
   std::unique_ptr<records::TelemetryLog> telemetry_;  // telemetry.jsonl, from the first sample
+  telemetry::Board board_;                            // the latest samples, for the status line
+  std::optional<Clock::time_point> next_status_;      // on a terminal: redraw the status line then
   std::shared_ptr<Connects> connects_;
   Ending ending_ = Ending::none;
   int ending_code_ = 0;
@@ -183,6 +196,7 @@ class Gang {
   std::string master_;
   bool doctor_ = false;
   int doctor_port_ = 0;
+  const WatchOptions* watch_ = nullptr;
   std::string preflight_error_;
   bool record_unsaved_ = false;  // a records::save failed (a full disk): run.json is behind
   Clock::time_point job_start_{};

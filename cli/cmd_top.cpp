@@ -1,0 +1,49 @@
+// `mltrain top`: flags -> launch::TopRequest -> runner/launch.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "cli/job_flags.h"
+#include "runner/common/error.h"
+#include "runner/common/text.h"
+#include "runner/launch/launch.h"
+
+namespace mltrain::cli {
+
+void register_top(CLI::App& app, Global& g, std::function<int()>& handler) {
+  static launch::TopRequest req;
+  static std::string interval = "1s";
+  auto* c = app.add_subcommand(
+      "top", "Live GPU, CPU, memory and network of a run's hosts and ranks; who waits for whom");
+  c->add_option(
+      "target", req.target,
+      "A run (id, prefix or name) or a job spec whose hosts to watch; default: the newest running run, "
+      "else the hosts given, else this host");
+  add_host_flags(c, req.job.overrides);
+  c->add_flag("--once", req.once, "Print one snapshot and exit (once every host sent two samples)");
+  c->add_flag("--json", req.json, "Print one snapshot as JSON and exit");
+  c->add_option("-i,--interval", interval,
+                "Refresh every DURATION (default 1s; also the sampling interval on "
+                "hosts this command watches itself)");
+  c->footer(
+      "Examples:\n"
+      "  mltrain top                       the newest running run (else this host)\n"
+      "  mltrain top 20261202-0912         a run by id prefix or name\n"
+      "  mltrain top --hostfile hosts.txt  hosts with or without a run of this launcher\n"
+      "  mltrain top --once --json job.toml\n"
+      "Keys: q quit, a all, h hosts, g GPUs, r ranks, s sort (name, cpu, gpu, comm, memory).\n"
+      "The straggler is the rank the others wait for: the lowest share of time inside collectives while\n"
+      "its peers' median is at least 20% and 15 points above it. Exit code 255 when a host could not be "
+      "watched.");
+  c->callback([&] {
+    handler = [&] {
+      auto d = text::parse_duration(interval);
+      if (!d) throw Error("--interval: '" + interval + "' is not a duration", "give one like 1s or 500ms");
+      req.interval = *d;
+      req.color = use_color(g, 1);
+      return launch::top(req);
+    };
+  });
+}
+
+}  // namespace mltrain::cli
