@@ -50,7 +50,12 @@ sed -i "s|mltrain-nccl-check\"|mltrain-nccl-bench\", \"-b\", \"1M\", \"-e\", \"1
 echo "== mltrain bench (CPU path, for reference)"
 "$ml" bench -n "$gpus" -b 1M -e 64M -f 8 || true
 
-if "$ml" top --help >/dev/null 2>&1; then
-  echo "== mltrain top --once"
-  "$ml" top --once || true
-fi
+echo "== mltrain top --once, while the NCCL check runs on every GPU"
+"$ml" run -d "$job" >/dev/null 2>&1 || true
+sleep 3
+"$ml" top --once || true
+"$ml" top --once --json | head -60 || true
+"$ml" stop latest >/dev/null 2>&1 || true
+
+echo "== what telemetry sampling costs the agent with the real NVML"
+GPUS=real RANKS="$gpus" MLTRAIN_BIN="$ml" bench/telemetry_cost.sh 3 10 || true
