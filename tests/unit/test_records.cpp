@@ -248,6 +248,34 @@ TEST_CASE("records: telemetry keeps every sample for 2 minutes, then one per hos
   for (int64_t t = 0; t < 3'600'000; t += 1000)
     if (records::keep_telemetry_sample(t, last)) ++kept, last = t;
   CHECK(kept == 468);
+
+  // The biggest usual host, 8 ranks on 8 GPUs, every field at its widest: an hour stays under 5 MB.
+  telemetry::Sample big;
+  big.time_ms = 1'800'000'000'000;
+  big.monotonic_ns = UINT64_MAX / 2;
+  big.host = {256,           10000, 99999, 99999, 99999, UINT64_MAX / 2, UINT64_MAX / 2, UINT64_MAX / 2,
+              UINT64_MAX / 2};
+  big.gpu_source = "nvml";
+  for (int i = 0; i < 8; ++i) {
+    telemetry::GpuSample g;
+    g.index = i;
+    g.uuid = "GPU-4049c22c-0000-4000-8000-00000000000" + std::to_string(i);
+    g.util_percent = 100, g.mem_used_mib = 81559, g.mem_total_mib = 81559, g.power_mw = 700000;
+    g.power_limit_mw = 700000, g.temperature_c = 90, g.sm_clock_mhz = 1980, g.throttle_reasons = 0x1ff;
+    g.processes = {{4000000u + unsigned(i), 81000}};
+    big.gpus.push_back(g);
+    telemetry::RankSample r;
+    r.rank = 1000 + i, r.pid = 4000000 + i, r.state = 'R', r.cpu_percent_x100 = 640000,
+    r.rss_bytes = UINT64_MAX / 2;
+    r.comm_ns = r.entered_ns = r.last_exit_ns = r.started_ns = r.calls = UINT64_MAX / 2;
+    big.ranks.push_back(r);
+  }
+  std::string error;
+  std::string line =
+      records::telemetry_json_line("gpu-node-017.cluster.example.com", telemetry::encode(big), error);
+  REQUIRE(error.empty());
+  INFO(line.size());
+  CHECK(double(line.size() + 1) * kept < 5e6);
 }
 
 TEST_CASE("records: TelemetryLog appends kept samples to telemetry.jsonl") {
