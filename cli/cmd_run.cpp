@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "cli/job_flags.h"
+#include "runner/common/error.h"
 #include "runner/launch/launch.h"
 
 namespace mltrain::cli {
@@ -64,6 +65,14 @@ int do_validate(const RunFlags& f, const Global& g) {
   return 0;
 }
 
+int do_exec(const RunFlags& f, const Global& g) {
+  if (!g.has_trailing || g.trailing.empty())
+    throw Error("mltrain exec needs a command after '--'", "mltrain exec --hostfile hosts.txt -- uname -a");
+  launch::JobRequest req = request(f, g);
+  req.exec = true;
+  return launch::run(req).exit_code;
+}
+
 int do_doctor(const RunFlags& f, const Global& g) {
   launch::DoctorResult d = launch::doctor(request(f, g));
   std::fputs(supervise::format_doctor(d.reports, f.json).c_str(), stdout);
@@ -86,6 +95,29 @@ void register_doctor(CLI::App& app, Global& g, std::function<int()>& handler) {
       "torch is checked with the interpreter the job runs (its python program, else python3 in the\n"
       "ranks' PATH); the output names it. Exit code 0 when every host is ready, 255 when one is not.");
   c->callback([&] { handler = [&] { return do_doctor(f, g); }; });
+}
+
+void register_exec(CLI::App& app, Global& g, std::function<int()>& handler) {
+  static RunFlags f;
+  auto* c = app.add_subcommand("exec", "Run one command on every host of a job, output prefixed by host");
+  c->add_option("job", f.positional, "Job spec (TOML) whose hosts to use; or give them with --hostfile / -H");
+  add_host_flags(c, f.overrides);
+  c->add_option("-e,--env", f.overrides.env, "Set a variable for the command (K=V; repeatable)")
+      ->allow_extra_args(false);
+  c->add_option("--workdir", f.overrides.workdir,
+                "Where it runs on every host (default: the spec's workdir, else the login directory)");
+  c->add_option("--timeout", f.overrides.timeout, "Stop it after this long, e.g. 90s");
+  c->add_flag("--no-prefix", f.overrides.no_prefix, "Print output without the [host] prefix");
+  c->add_flag("--json", f.json, "Print the summary as JSON on stdout (output on stderr)");
+  c->footer(
+      "Examples:\n"
+      "  mltrain exec --hostfile hosts.txt -- nvidia-smi -L\n"
+      "  mltrain exec job.toml -- df -h /data\n"
+      "  mltrain exec -H a,b,c -- 'cd ~/proj && git pull'   (one word: run by the login shell's sh -c)\n"
+      "Every host runs the command to its end. Exit code: 0 when it succeeds everywhere, else the first\n"
+      "failure's (its host named on stderr); 255 when a host cannot be reached. Recorded like a run:\n"
+      "'mltrain logs latest --by-rank' has each host's output.");
+  c->callback([&] { handler = [&] { return do_exec(f, g); }; });
 }
 
 void register_run(CLI::App& app, Global& g, std::function<int()>& handler) {

@@ -35,6 +35,7 @@ void register_completions(CLI::App& app, Global& g, std::function<int()>& handle
 void register_doctor(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_bench(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_knobs(CLI::App& app, Global& g, std::function<int()>& handler);
+void register_exec(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_top(CLI::App& app, Global& g, std::function<int()>& handler);
 
 // Whether console output should be coloured (flag, NO_COLOR, TTY).

@@ -100,11 +100,13 @@ void Agent::read_comm_stats(telemetry::RankSample& r, const std::string& name) {
   if (name.empty()) return;
   const mltrain_comm_stats* b = map_comm_stats(name);
   if (!b) return;
-  r.comm_ns = load(b->comm_ns);
+  // Times are in the block's ticks: CLOCK_MONOTONIC ns through its clock (comm_stats.h).
+  const mltrain_comm_stats_clock clock = mltrain_comm_stats_read_clock(b);
+  r.comm_ns = mltrain_comm_stats_span_ns(&clock, load(b->comm_ns));
   r.calls = load(b->calls);
-  r.entered_ns = load(b->entered_ns);
-  r.last_exit_ns = load(b->last_exit_ns);
-  r.started_ns = load(b->started_ns);
+  r.entered_ns = mltrain_comm_stats_time_ns(&clock, load(b->entered_ns));
+  r.last_exit_ns = mltrain_comm_stats_time_ns(&clock, load(b->last_exit_ns));
+  r.started_ns = mltrain_comm_stats_time_ns(&clock, load(b->started_ns));
 }
 
 // Watch: every live rank with a counter block in /dev/shm (any run's), by the block's own pid and

@@ -46,6 +46,10 @@ struct JobRequest {
   bool json = false;    // run: the summary as JSON on stdout, rank output on stderr
   bool color = false;   // colour the console's rank prefixes
   bool detach = false;  // run: leave the job running in the background
+  // `mltrain exec`: the command once on every host (one rank per host, whatever the spec says),
+  // output prefixed by host, every host run to its end (no fail-fast; the exit code is the first
+  // failure's), in the login directory unless a workdir is given. Recorded like a run.
+  bool exec = false;
   // The launcher's side of the plan; unset: this process's environment and working directory.
   std::optional<std::map<std::string, std::string>> environ;
   std::optional<std::string> cwd;

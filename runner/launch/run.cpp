@@ -185,6 +185,14 @@ void await_background_start(int report_fd, pid_t child, const JobRequest& req, R
 
 RunResult run(const JobRequest& req) {
   spec::JobSpec s = resolve_spec(req);
+  const bool exec_in_home = req.exec && s.run.workdir.empty();
+  if (req.exec) {
+    // One rank per host; the host names each line (unless --no-prefix).
+    s.cluster.procs_per_host = 1;
+    s.cluster.nprocs = 0;
+    s.run.max_restarts = 0;
+    if (!req.overrides.no_prefix) s.logs.prefix = "[{host}]";
+  }
   std::chrono::milliseconds telemetry_interval{0};  // read first: a bad value leaves no run behind
   try {
     telemetry_interval = knobs::get_duration("MLTRAIN_TELEMETRY_INTERVAL");
@@ -208,6 +216,7 @@ RunResult run(const JobRequest& req) {
   plan::Inputs in = detail::plan_inputs(req, records::create_run(s.name), token, detail::Ports::free);
   in.error_dir = records::run_dir(in.run_id);
   plan::Plan p = plan::make_plan(s, in);
+  if (exec_in_home) p.workdir.clear();  // the agent's own directory: the login's home over SSH
 
   RunResult result;
   result.run_id = p.run_id;
@@ -222,7 +231,8 @@ RunResult run(const JobRequest& req) {
                 "free some space there, or set MLTRAIN_HOME to a writable folder", exit_code::state);
   }
   supervise::Options o = supervise_options(s, req);
-  o.telemetry_interval = telemetry_interval;
+  o.telemetry_interval = req.exec ? std::chrono::milliseconds(0) : telemetry_interval;
+  o.fail_fast = !req.exec;
 
   if (req.detach) {
     int report[2];

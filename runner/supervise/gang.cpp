@@ -426,9 +426,13 @@ void Gang::on(size_t i, uint32_t id, msg::Exited& m) {
     char after[32];
     std::snprintf(after, sizeof after, "%.1fs", secs);
     const Host& h = hosts_[i];
+    // exec runs one command per host: the host is what the message names.
+    std::string who = opts_.fail_fast ? (plan_.multi_host ? h.link->describe() + ": " : std::string()) +
+                                            "rank " + std::to_string(id)
+                                      : h.link->describe() + ": the command";
     fail_first(int(id), h.plan->host.name, code, WIFSIGNALED(r.status) ? WTERMSIG(r.status) : 0,
-               (plan_.multi_host ? h.link->describe() + ": " : std::string()) + "rank " + std::to_string(id) +
-                   " failed with " + describe_status(r.status) + " after " + after + " (first failure)",
+               who + " failed with " + describe_status(r.status) + " after " + after +
+                   (ending_ == Ending::none ? " (first failure)" : ""),
                WIFSIGNALED(r.status) ? "rank_signal" : "rank_exit");
   }
 }
@@ -524,7 +528,13 @@ void Gang::terminate_all(milliseconds grace) {
 
 void Gang::fail_first(int rank, const std::string& host, int code, int sig, const std::string& message,
                       const char* reason) {
-  if (ending_ != Ending::none) return;
+  if (ending_ != Ending::none) {
+    if (!opts_.fail_fast && rank >= 0) {  // exec: later failures are said too, the first stays first
+      out_->before_message();
+      std::fprintf(stderr, "mltrain: %s\n", message.c_str());
+    }
+    return;
+  }
   ending_ = rank >= 0 ? Ending::failure : Ending::host_failure;
   ending_code_ = code;
   records::Failure f;
@@ -539,6 +549,13 @@ void Gang::fail_first(int rank, const std::string& host, int code, int sig, cons
     f.tail = out_->tail(rank);
   }
   rec_.failure = f;
+  if (!opts_.fail_fast && rank >= 0) {  // exec: every host runs to its end
+    out_->flush();
+    out_->before_message();
+    std::fprintf(stderr, "mltrain: %s\n", message.c_str());
+    std::fflush(stderr);
+    return;
+  }
   int others = ranks_running();
   std::string stopping =
       others > 0 ? "; stopping the other " + std::to_string(others) + " rank" + (others == 1 ? "" : "s") : "";

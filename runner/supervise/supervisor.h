@@ -27,6 +27,8 @@ struct Options {
   // (MLTRAIN_TELEMETRY_INTERVAL); 0: no telemetry.
   std::chrono::milliseconds telemetry_interval{0};
   int max_restarts = 0;
+  // false (`mltrain exec`): a failed rank is recorded as the first failure, the others run on.
+  bool fail_fast = true;
   ConsoleOptions console;
   bool json_summary = false;  // print the summary as JSON on stdout
   int console_fd = 1;         // where ranks' stdout lines go

@@ -268,3 +268,12 @@ def test_knobs_meaning_wraps_in_its_column(ml):
     continued = [l for l in lines[1:] if l.startswith(" ")]
     assert continued, "nothing wrapped at 90 columns"
     assert all(len(l) - len(l.lstrip(" ")) == start for l in continued)
+
+
+def test_exec_on_this_host_prefixes_by_host_and_returns_the_commands_code(ml):
+    r = ml("exec", "--", "sh", "-c", "echo here; pwd; exit 7")
+    assert r.returncode == 7, r.stderr
+    assert r.stdout.splitlines() == ["[localhost] here", f"[localhost] {ml.dir}"], r.stdout
+    assert "localhost: the command failed with exit code 7" in r.stderr, r.stderr
+    r = ml("exec", "--no-prefix", "--", "echo", "plain")
+    assert r.returncode == 0 and r.stdout == "plain\n", (r.stdout, r.stderr)
