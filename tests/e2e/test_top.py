@@ -164,7 +164,7 @@ def tmux(ml, tmp_path):
 
 def test_top_full_screen_keys_resize_and_quit(ml, tmux):
     run_id = detached_straggler(ml, steps=150)
-    tmux.start(f"{ml.bin} top -i 300ms; echo TOP-EXIT=$?")
+    tmux.start(f"{ml.bin} top -i 300ms; echo TOP-EXIT=$?; sleep 60")
     s = tmux.wait_for(lambda s: "<- straggler" in s and "RANK" in s)
     lines = s.splitlines()
     assert lines[0].startswith(f"mltrain top - run {run_id} (running) - 1 host, 4 ranks"), s
@@ -191,7 +191,7 @@ def test_top_full_screen_keys_resize_and_quit(ml, tmux):
 
 
 def test_run_on_a_terminal_keeps_a_status_line(ml, tmux):
-    tmux.start(f"{ml.bin} run -n 2 -- sh -c 'echo started $RANK; sleep 4; echo done $RANK'; echo RUN-EXIT=$?")
+    tmux.start(f"{ml.bin} run -n 2 -- sh -c 'echo started $RANK; sleep 4; echo done $RANK'; echo RUN-EXIT=$?; sleep 60")
     # Elapsed time at once; the host's CPU once its agent sent two samples (about 1 s).
     s = tmux.wait_for(lambda s: "2/2 ranks alive - " in s and " - CPU " in s and "started 1" in s)
     status = [line for line in s.splitlines() if "ranks alive" in line]
