@@ -46,4 +46,30 @@ void register_top(CLI::App& app, Global& g, std::function<int()>& handler) {
   });
 }
 
+void register_ssh(CLI::App& app, Global& g, std::function<int()>& handler) {
+  static launch::ShellRequest req;
+  auto* c = app.add_subcommand("ssh",
+                               "A shell where a rank runs: its host, its working directory, its environment");
+  c->add_option("run", req.run, "The run (id, prefix or name; default: the newest)");
+  c->add_option("-r,--rank", req.rank, "The rank whose host and environment to use (default 0)")
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--ssh-config", req.overrides.ssh_config, "ssh config file (default ~/.ssh/config)");
+  c->add_flag("--accept-new-host-keys", req.overrides.accept_new_host_keys,
+              "Trust hosts seen for the first time");
+  c->footer(
+      "Examples:\n"
+      "  mltrain ssh                        a login shell on rank 0's host of the newest run\n"
+      "  mltrain ssh 20261202-0912 --rank 5\n"
+      "  mltrain ssh latest -r 3 -- nvidia-smi\n"
+      "The shell starts in the run's working directory with the variables mltrain gave the rank (RANK,\n"
+      "LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, CUDA_VISIBLE_DEVICES, ...; secret ones left out). Exit code:\n"
+      "the shell's or the command's.");
+  c->callback([&] {
+    handler = [&] {
+      if (g.has_trailing) req.command = g.trailing;
+      return launch::shell(req);
+    };
+  });
+}
+
 }  // namespace mltrain::cli

@@ -36,6 +36,7 @@ void register_doctor(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_bench(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_knobs(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_exec(CLI::App& app, Global& g, std::function<int()>& handler);
+void register_ssh(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_top(CLI::App& app, Global& g, std::function<int()>& handler);
 
 // Whether console output should be coloured (flag, NO_COLOR, TTY).

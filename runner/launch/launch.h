@@ -115,4 +115,18 @@ struct TopRequest {
 // host could not be watched. Throws Error for a run that is not running or nothing to show.
 int top(const TopRequest& req);
 
+struct ShellRequest {
+  std::string run;  // id, prefix or name ("" or "latest": the newest)
+  int rank = 0;
+  std::vector<std::string> command;  // empty: the user's login shell
+  Overrides overrides;               // ssh_config, accept_new_host_keys
+};
+
+// `mltrain ssh`: a shell (or `command`) on the rank's host, in the run's working directory, with
+// the rank's environment as recorded (secret values left out). Returns its exit code; throws Error
+// for a run or rank that does not exist or a host that cannot be reached.
+int shell(const ShellRequest& req);
+// The /bin/sh script that does it (for tests).
+std::string shell_script(const records::RunRecord& r, int rank, const std::vector<std::string>& command);
+
 }  // namespace mltrain::launch

@@ -350,8 +350,12 @@ void Gang::write_host(size_t i) {
   ssize_t n = ::write(h.link->write_fd(), h.outbox.data(), h.outbox.size());
   if (n > 0)
     h.outbox.erase(0, size_t(n));
-  else if (n < 0 && errno != EAGAIN && errno != EINTR)
-    host_lost(i, std::string("connection lost: ") + std::strerror(errno));
+  else if (n < 0 && errno != EAGAIN && errno != EINTR) {
+    // What the agent said before it closed (LauncherSilent, Bye) is the better reason: read it first.
+    const std::string why = std::string("connection lost: ") + std::strerror(errno);
+    read_host(i);
+    host_lost(i, why);
+  }
 }
 
 void Gang::read_host(size_t i) {
@@ -489,7 +493,8 @@ void Gang::on(size_t i, uint32_t, msg::Telemetry& m) {
 
 // "3/4 ranks alive - 3m12s - GPU 87% - straggler: rank 3", once a second while ranks run.
 void Gang::update_status(Clock::time_point now) {
-  if (!out_ || !out_->terminal()) return;
+  // Only where colour is on: --color never and NO_COLOR ask for a terminal without escape codes.
+  if (!out_ || !out_->terminal() || !opts_.console.color) return;
   if (phase_ != Phase::running) {
     out_->set_status("");
     next_status_.reset();
@@ -498,6 +503,7 @@ void Gang::update_status(Clock::time_point now) {
   if (next_status_ && now < *next_status_) return;
   next_status_ = now + std::chrono::seconds(1);
   auto elapsed = std::chrono::duration_cast<milliseconds>(now - job_start_).count();
+  if (elapsed < 1000) return;  // a job over in a second needs no status line
   out_->set_status(
       records::status_line(board_.snapshot(), ranks_running(), int(ranks_.size()), int64_t(elapsed)));
 }

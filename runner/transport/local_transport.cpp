@@ -96,4 +96,32 @@ class LocalTransport : public Transport {
 
 std::unique_ptr<Transport> make_local_transport() { return std::make_unique<LocalTransport>(); }
 
+int Transport::interactive(const plan::HostPlan& host, const std::string& script) {
+  if (!host.local)
+    throw Error(host.host.name + ": this transport cannot open a shell there", {}, exit_code::internal);
+  // This terminal is the shell's: it is in our foreground process group, so Ctrl-C reaches it;
+  // we wait, ignoring what the terminal sends us meanwhile.
+  struct sigaction ign {
+  }, old_int{}, old_quit{};
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  ::sigaction(SIGINT, &ign, &old_int);
+  ::sigaction(SIGQUIT, &ign, &old_quit);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::sigaction(SIGINT, &old_int, nullptr);
+    ::sigaction(SIGQUIT, &old_quit, nullptr);
+    ::execl("/bin/sh", "sh", "-c", script.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  while (pid > 0 && ::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  int e = errno;
+  ::sigaction(SIGINT, &old_int, nullptr);
+  ::sigaction(SIGQUIT, &old_quit, nullptr);
+  if (pid < 0) throw Error(std::string("fork: ") + std::strerror(e), {}, exit_code::internal);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 }  // namespace mltrain::transport

@@ -4,12 +4,19 @@
 #include "runner/transport/ssh_transport.h"
 
 #include <libssh/libssh.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <termios.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <optional>
 #include <vector>
 
 #include "runner/common/error.h"
@@ -52,6 +59,15 @@ class SshTransport : public Transport {
   explicit SshTransport(SshOptions o) : o_(std::move(o)) {}
 
   std::unique_ptr<AgentLink> connect(const plan::HostPlan& hp) override {
+    Session s = open_session(hp);
+    return start_agent(std::move(s), hp.host.name);
+  }
+
+  int interactive(const plan::HostPlan& hp, const std::string& script) override;
+
+ private:
+  // A connected, host-key-checked and authenticated session to the host.
+  Session open_session(const plan::HostPlan& hp) {
     const auto& h = hp.host;
     Session s(ssh_new());
     if (!s) throw Error("cannot create an SSH session", {}, exit_code::internal);
@@ -107,10 +123,9 @@ class SshTransport : public Transport {
                   "check the host name, that sshd runs there, and the network", exit_code::host_failure);
     verify_host_key(ss, name, strict);
     authenticate(ss, name);
-    return start_agent(std::move(s), name);
+    return s;
   }
 
- private:
   // The known_hosts file this session checks: [ssh] known_hosts, the config's UserKnownHostsFile,
   // or libssh's default; the hint must name it, or `ssh-keygen -R` edits another file.
   static std::string known_hosts_file(ssh_session ss) {
@@ -371,6 +386,112 @@ class SshTransport : public Transport {
 };
 
 }  // namespace
+
+namespace {
+
+volatile sig_atomic_t g_winch = 0;
+void on_winch(int) { g_winch = 1; }
+
+// This terminal in raw mode while it lives (the remote PTY does the line editing and echo).
+class RawStdin {
+ public:
+  RawStdin() {
+    if (::tcgetattr(0, &saved_) != 0) return;
+    termios raw = saved_;
+    ::cfmakeraw(&raw);
+    active_ = ::tcsetattr(0, TCSAFLUSH, &raw) == 0;
+  }
+  ~RawStdin() {
+    if (active_) ::tcsetattr(0, TCSAFLUSH, &saved_);
+  }
+
+ private:
+  termios saved_{};
+  bool active_ = false;
+};
+
+bool write_fd(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w, n -= size_t(w);
+  }
+  return true;
+}
+
+}  // namespace
+
+int SshTransport::interactive(const plan::HostPlan& hp, const std::string& script) {
+  Session s = open_session(hp);
+  ssh_session ss = s.get();
+  const std::string& name = hp.host.name;
+  ssh_channel ch = ssh_channel_new(ss);
+  if (!ch || ssh_channel_open_session(ch) != SSH_OK)
+    throw Error(name + ": cannot open an SSH channel: " + ssh_get_error(ss), "check sshd's MaxSessions",
+                exit_code::host_failure);
+  struct ChannelFree {
+    ssh_channel c;
+    ~ChannelFree() {
+      ssh_channel_close(c);
+      ssh_channel_free(c);
+    }
+  } owned{ch};
+  const bool tty = ::isatty(0) == 1;
+  if (tty) {
+    winsize w{};
+    if (::ioctl(0, TIOCGWINSZ, &w) != 0 || w.ws_col == 0) w.ws_col = 80, w.ws_row = 24;
+    const char* term = std::getenv("TERM");
+    if (ssh_channel_request_pty_size(ch, term && *term ? term : "xterm", w.ws_col, w.ws_row) != SSH_OK)
+      throw Error(name + ": the host refused a terminal: " + ssh_get_error(ss),
+                  "sshd may forbid PTYs (PermitTTY no); give a command after '--'", exit_code::host_failure);
+  }
+  // The login shell hands this to /bin/sh unchanged (ssh_bootstrap.h has the same concern).
+  const std::string command = "exec /bin/sh -c " + text::shell_quote(script);
+  if (ssh_channel_request_exec(ch, command.c_str()) != SSH_OK)
+    throw Error(name + ": cannot run the shell: " + ssh_get_error(ss), {}, exit_code::host_failure);
+
+  struct sigaction sa {
+  }, old_winch{};
+  sa.sa_handler = on_winch;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGWINCH, &sa, &old_winch);
+  std::optional<RawStdin> raw;
+  if (tty) raw.emplace();
+  bool stdin_open = true;
+  char buf[32 * 1024];
+  while (true) {
+    // Output first, both streams, until neither has more right now.
+    bool any = false;
+    for (int is_err = 0; is_err < 2; ++is_err) {
+      int n = ssh_channel_read_nonblocking(ch, buf, sizeof buf, is_err);
+      if (n > 0) any = true, write_fd(is_err ? 2 : 1, buf, size_t(n));
+    }
+    if (any) continue;
+    if (ssh_channel_is_eof(ch) || !ssh_channel_is_open(ch)) break;
+    if (g_winch) {
+      g_winch = 0;
+      winsize w{};
+      if (tty && ::ioctl(0, TIOCGWINSZ, &w) == 0 && w.ws_col > 0)
+        ssh_channel_change_pty_size(ch, w.ws_col, w.ws_row);
+    }
+    pollfd fds[2] = {{stdin_open ? 0 : -1, POLLIN, 0}, {ssh_get_fd(ss), POLLIN, 0}};
+    if (::poll(fds, 2, 200) < 0 && errno != EINTR) break;
+    if (stdin_open && (fds[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+      ssize_t n = ::read(0, buf, sizeof buf);
+      if (n > 0) {
+        ssh_channel_write(ch, buf, uint32_t(n));
+      } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+        stdin_open = false;
+        ssh_channel_send_eof(ch);
+      }
+    }
+  }
+  raw.reset();
+  ::sigaction(SIGWINCH, &old_winch, nullptr);
+  int status = ssh_channel_get_exit_status(ch);
+  return status < 0 ? exit_code::host_failure : status;
+}
 
 std::unique_ptr<Transport> make_ssh_transport(SshOptions o) {
   return std::make_unique<SshTransport>(std::move(o));

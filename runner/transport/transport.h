@@ -34,6 +34,11 @@ class Transport {
   virtual ~Transport() = default;
   // Starts (or connects to) the agent for `host`. Throws mltrain::Error with a one-line reason.
   virtual std::unique_ptr<AgentLink> connect(const plan::HostPlan& host) = 0;
+  // `mltrain ssh`: runs `script` (for /bin/sh) on `host` with this process's stdin, stdout and
+  // stderr; when stdin is a terminal, in a terminal there (a PTY over SSH, its size kept in step)
+  // with this one in raw mode meanwhile. Blocks until it ends; returns its exit code (128 + N for
+  // signal N). Throws mltrain::Error when the host cannot be reached.
+  virtual int interactive(const plan::HostPlan& host, const std::string& script);
 };
 
 // Runs the agent as a local child process (Boost.Process), over pipes.

@@ -80,8 +80,8 @@ RUN_FIELDS = {"schema", "id", "name", "status", "exit_code", "launcher_pid", "la
 RANK_FIELDS = {"rank", "host", "node_rank", "local_rank", "pid", "exit_code", "signal", "host_lost", "env"}
 
 
-def _check_run(doc, ended=True):
-    assert set(doc) == RUN_FIELDS, set(doc) ^ RUN_FIELDS
+def _check_run(doc, ended=True, fields=RUN_FIELDS):
+    assert set(doc) == fields, set(doc) ^ fields
     assert doc["schema"] == 1 and isinstance(doc["id"], str)
     host_names = {h["name"] for h in doc["hosts"]}
     for k in doc["ranks"]:
@@ -103,7 +103,11 @@ def test_every_json_output_follows_the_documented_schema(ml):
     _check_run(run_doc)
     assert run_doc["failure"]["rank"] == 1 and run_doc["ranks"][0]["signal"] is None
     assert run_doc["failure"]["reason"] == "rank_exit" and run_doc["ranks"][1]["host_lost"] is False
-    _check_run(json.loads(ml("show", "--json").stdout))
+    # show: the run and its utilization summary (docs/json.md, "utilization"; this run was too short
+    # for a sample, so null or a summary of what came).
+    shown = json.loads(ml("show", "--json").stdout)
+    _check_run(shown, fields=RUN_FIELDS | {"utilization"})
+    assert shown["utilization"] is None or shown["utilization"]["samples"] >= 1
     ls = json.loads(ml("ls", "--json").stdout)
     assert set(ls) == {"schema", "runs"} and ls["schema"] == 1
     for x in ls["runs"]:
