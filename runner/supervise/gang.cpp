@@ -210,15 +210,7 @@ void Gang::on_timers(Clock::time_point now) {
       }
       break;
     case Phase::watching:
-      if (next_ping_ && now >= *next_ping_) {
-        for (auto& h : hosts_) send_to(h, msg::Ping{});
-        next_ping_ = now + opts_.heartbeat_interval;
-      }
-      for (size_t i = 0; i < hosts_.size(); ++i)
-        if (hosts_[i].open() && now - hosts_[i].last_heard >= opts_.heartbeat_timeout)
-          host_lost(i, "stopped answering heartbeats for " +
-                           text::format_duration(
-                               std::chrono::duration_cast<milliseconds>(opts_.heartbeat_timeout)));
+      heartbeats(now);
       break;
     case Phase::running:
     case Phase::stopping: {
@@ -244,15 +236,7 @@ void Gang::on_timers(Clock::time_point now) {
             ranks_gone(i);  // its link is gone already: nothing more will come
         }
       }
-      if (next_ping_ && now >= *next_ping_) {
-        for (auto& h : hosts_) send_to(h, msg::Ping{});
-        next_ping_ = now + opts_.heartbeat_interval;
-      }
-      for (size_t i = 0; i < hosts_.size(); ++i)
-        if (hosts_[i].open() && now - hosts_[i].last_heard >= opts_.heartbeat_timeout)
-          host_lost(i, "stopped answering heartbeats for " +
-                           text::format_duration(
-                               std::chrono::duration_cast<milliseconds>(opts_.heartbeat_timeout)));
+      heartbeats(now);
       if (phase_ == Phase::running || phase_ == Phase::stopping)
         if (ranks_running() == 0) all_ranks_ended();
       update_status(now);
@@ -266,6 +250,19 @@ void Gang::on_timers(Clock::time_point now) {
     default:
       break;
   }
+}
+
+// Pings every heartbeat interval; a host silent past the timeout is lost.
+void Gang::heartbeats(Clock::time_point now) {
+  if (next_ping_ && now >= *next_ping_) {
+    for (auto& h : hosts_) send_to(h, msg::Ping{});
+    next_ping_ = now + opts_.heartbeat_interval;
+  }
+  for (size_t i = 0; i < hosts_.size(); ++i)
+    if (hosts_[i].open() && now - hosts_[i].last_heard >= opts_.heartbeat_timeout)
+      host_lost(i,
+                "stopped answering heartbeats for " +
+                    text::format_duration(std::chrono::duration_cast<milliseconds>(opts_.heartbeat_timeout)));
 }
 
 void Gang::wait(Clock::time_point until) {

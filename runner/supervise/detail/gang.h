@@ -110,6 +110,7 @@ class Gang {
   }
   void wait(Clock::time_point until);
   void on_timers(Clock::time_point now);
+  void heartbeats(Clock::time_point now);  // running, stopping, watching
   std::optional<Clock::time_point> next_deadline() const;
   void enter(Phase p);
 
