@@ -12,21 +12,16 @@
 #include <type_traits>
 #include <unordered_map>
 
+#include "runner/records/detail/telemetry_json.h"
 #include "runner/telemetry/sample.h"
 
 namespace mltrain::records {
 
 namespace {
 
-using Json = nlohmann::ordered_json;
-
-template <class T>
-Json value(const std::optional<T>& v) {
-  return v ? Json(*v) : Json(nullptr);
-}
-
-// A value kept in hundredths (percent x100, load x100) as a plain number.
-Json hundredths(const std::optional<uint32_t>& v) { return v ? Json(double(*v) / 100.0) : Json(nullptr); }
+using detail::hundredths;
+using detail::Json;
+using detail::value;
 
 template <class T>
 bool get(const Json& j, const char* key, std::optional<T>& out) {
@@ -161,6 +156,41 @@ bool keep_telemetry_sample(int64_t elapsed_ms, int64_t last_kept_ms) {
   return elapsed_ms - last_kept_ms >= kTelemetryThinnedMs;
 }
 
+void detail::put_host_fields(Json& j, const telemetry::HostSample& h) {
+  j["cpus"] = value(h.cpus);
+  j["cpu_percent"] = hundredths(h.cpu_percent_x100);
+  j["load"] = Json::array({hundredths(h.load1_x100), hundredths(h.load5_x100), hundredths(h.load15_x100)});
+  j["mem_total_bytes"] = value(h.mem_total_bytes);
+  j["mem_available_bytes"] = value(h.mem_available_bytes);
+  j["net_rx_bytes_per_s"] = value(h.net_rx_bytes_per_s);
+  j["net_tx_bytes_per_s"] = value(h.net_tx_bytes_per_s);
+}
+
+Json detail::gpu_json(const telemetry::GpuSample& g,
+                      const std::unordered_map<int32_t, int32_t>& rank_of_pid) {
+  Json o;
+  o["index"] = g.index;
+  o["uuid"] = g.uuid.empty() ? Json(nullptr) : Json(g.uuid);
+  o["util_percent"] = value(g.util_percent);
+  o["mem_used_mib"] = value(g.mem_used_mib);
+  o["mem_total_mib"] = value(g.mem_total_mib);
+  o["power_mw"] = value(g.power_mw);
+  o["power_limit_mw"] = value(g.power_limit_mw);
+  o["temperature_c"] = value(g.temperature_c);
+  o["sm_clock_mhz"] = value(g.sm_clock_mhz);
+  o["throttle_reasons"] =
+      g.throttle_reasons ? Json(telemetry::throttle_reason_names(*g.throttle_reasons)) : Json(nullptr);
+  Json procs = Json::array();
+  for (const auto& p : g.processes) {
+    auto it = rank_of_pid.find(int32_t(p.pid));
+    procs.push_back({{"pid", p.pid},
+                     {"used_mib", value(p.used_mib)},
+                     {"rank", it == rank_of_pid.end() ? Json(nullptr) : Json(it->second)}});
+  }
+  o["processes"] = std::move(procs);
+  return o;
+}
+
 std::string telemetry_json_line(const std::string& host, std::string_view encoded_sample,
                                 std::string& error) {
   telemetry::Sample s;
@@ -170,42 +200,13 @@ std::string telemetry_json_line(const std::string& host, std::string_view encode
   j["host"] = host;
   j["time_ms"] = s.time_ms;
   j["monotonic_ns"] = value(s.monotonic_ns);
-  const telemetry::HostSample& h = s.host;
-  j["cpus"] = value(h.cpus);
-  j["cpu_percent"] = hundredths(h.cpu_percent_x100);
-  j["load"] = Json::array({hundredths(h.load1_x100), hundredths(h.load5_x100), hundredths(h.load15_x100)});
-  j["mem_total_bytes"] = value(h.mem_total_bytes);
-  j["mem_available_bytes"] = value(h.mem_available_bytes);
-  j["net_rx_bytes_per_s"] = value(h.net_rx_bytes_per_s);
-  j["net_tx_bytes_per_s"] = value(h.net_tx_bytes_per_s);
+  detail::put_host_fields(j, s.host);
   j["gpu_source"] = s.gpu_source;
   if (!s.gpu_note.empty()) j["gpu_note"] = s.gpu_note;
   std::unordered_map<int32_t, int32_t> rank_of_pid;
   for (const auto& r : s.ranks) rank_of_pid[r.pid] = r.rank;
   Json gpus = Json::array();
-  for (const auto& g : s.gpus) {
-    Json o;
-    o["index"] = g.index;
-    o["uuid"] = g.uuid.empty() ? Json(nullptr) : Json(g.uuid);
-    o["util_percent"] = value(g.util_percent);
-    o["mem_used_mib"] = value(g.mem_used_mib);
-    o["mem_total_mib"] = value(g.mem_total_mib);
-    o["power_mw"] = value(g.power_mw);
-    o["power_limit_mw"] = value(g.power_limit_mw);
-    o["temperature_c"] = value(g.temperature_c);
-    o["sm_clock_mhz"] = value(g.sm_clock_mhz);
-    o["throttle_reasons"] =
-        g.throttle_reasons ? Json(telemetry::throttle_reason_names(*g.throttle_reasons)) : Json(nullptr);
-    Json procs = Json::array();
-    for (const auto& p : g.processes) {
-      auto it = rank_of_pid.find(int32_t(p.pid));
-      procs.push_back({{"pid", p.pid},
-                       {"used_mib", value(p.used_mib)},
-                       {"rank", it == rank_of_pid.end() ? Json(nullptr) : Json(it->second)}});
-    }
-    o["processes"] = std::move(procs);
-    gpus.push_back(std::move(o));
-  }
+  for (const auto& g : s.gpus) gpus.push_back(detail::gpu_json(g, rank_of_pid));
   j["gpus"] = std::move(gpus);
   Json ranks = Json::array();
   for (const auto& r : s.ranks) {

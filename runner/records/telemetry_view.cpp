@@ -3,24 +3,24 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <unordered_map>
 #include <vector>
+
+#include "runner/records/detail/telemetry_json.h"
 
 namespace mltrain::records {
 
 namespace {
 
-using Json = nlohmann::ordered_json;
+using detail::hundredths;
+using detail::Json;
+using detail::value;
 using telemetry::GpuRow;
 using telemetry::HostRow;
 using telemetry::RankRow;
-
-template <class T>
-Json value(const std::optional<T>& v) {
-  return v ? Json(*v) : Json(nullptr);
-}
-Json hundredths(const std::optional<uint32_t>& v) { return v ? Json(double(*v) / 100.0) : Json(nullptr); }
 Json rounded(const std::optional<double>& v, double scale = 1.0) {
   return v ? Json(std::round(*v * scale * 10.0) / 10.0) : Json(nullptr);
 }
@@ -319,49 +319,29 @@ std::string snapshot_json(const telemetry::Snapshot& snap, const std::string& ru
   }
   Json hosts = Json::array();
   for (const auto& h : snap.hosts) {
-    const auto& s = h.sample;
-    hosts.push_back(
-        {{"host", h.host},
-         {"time_ms", h.time_ms},
-         {"cpus", value(s.cpus)},
-         {"cpu_percent", hundredths(s.cpu_percent_x100)},
-         {"load", {hundredths(s.load1_x100), hundredths(s.load5_x100), hundredths(s.load15_x100)}},
-         {"mem_total_bytes", value(s.mem_total_bytes)},
-         {"mem_available_bytes", value(s.mem_available_bytes)},
-         {"net_rx_bytes_per_s", value(s.net_rx_bytes_per_s)},
-         {"net_tx_bytes_per_s", value(s.net_tx_bytes_per_s)},
-         {"gpu_source", h.gpu_source},
-         {"gpu_note", h.gpu_note.empty() ? Json(nullptr) : Json(h.gpu_note)},
-         {"gpus", h.gpus},
-         {"gpu_util_mean", rounded(h.gpu_util_mean)}});
+    Json o;
+    o["host"] = h.host;
+    o["time_ms"] = h.time_ms;
+    detail::put_host_fields(o, h.sample);
+    o["gpu_source"] = h.gpu_source;
+    o["gpu_note"] = h.gpu_note.empty() ? Json(nullptr) : Json(h.gpu_note);
+    o["gpus"] = h.gpus;
+    o["gpu_util_mean"] = rounded(h.gpu_util_mean);
+    hosts.push_back(std::move(o));
   }
   j["hosts"] = std::move(hosts);
+  // Each host's ranks by pid, to name the ranks among its GPUs' processes.
+  std::map<std::string, std::unordered_map<int32_t, int32_t>> rank_of_pid;
+  for (const auto& r : snap.ranks) rank_of_pid[r.host][r.sample.pid] = r.sample.rank;
   Json gpus = Json::array();
   for (const auto& g : snap.gpus) {
-    const auto& s = g.sample;
-    Json procs = Json::array();
-    for (const auto& p : s.processes) {
-      std::optional<int32_t> rank;
-      for (const auto& r : snap.ranks)
-        if (r.host == g.host && r.sample.pid == int32_t(p.pid)) rank = r.sample.rank;
-      procs.push_back({{"pid", p.pid}, {"used_mib", value(p.used_mib)}, {"rank", value(rank)}});
-    }
-    gpus.push_back(
-        {{"host", g.host},
-         {"index", s.index},
-         {"uuid", s.uuid.empty() ? Json(nullptr) : Json(s.uuid)},
-         {"util_percent", value(s.util_percent)},
-         {"mem_used_mib", value(s.mem_used_mib)},
-         {"mem_total_mib", value(s.mem_total_mib)},
-         {"power_mw", value(s.power_mw)},
-         {"power_limit_mw", value(s.power_limit_mw)},
-         {"temperature_c", value(s.temperature_c)},
-         {"sm_clock_mhz", value(s.sm_clock_mhz)},
-         {"throttle_reasons",
-          s.throttle_reasons ? Json(telemetry::throttle_reason_names(*s.throttle_reasons)) : Json(nullptr)},
-         {"idle", g.idle},
-         {"ranks", g.ranks},
-         {"processes", std::move(procs)}});
+    Json o;
+    o["host"] = g.host;
+    Json fields = detail::gpu_json(g.sample, rank_of_pid[g.host]);
+    for (auto& [key, v] : fields.items()) o[key] = std::move(v);
+    o["idle"] = g.idle;
+    o["ranks"] = g.ranks;
+    gpus.push_back(std::move(o));
   }
   j["gpus"] = std::move(gpus);
   Json ranks = Json::array();
