@@ -761,6 +761,11 @@ void Communicator::Impl::fail(Coll coll, const Error& e) {
           culprit_host = lines[1];
           first = lines[2];
           for (std::size_t i = 3; i < lines.size(); ++i) first += "\n" + lines[i];
+          // The rank at fault is exiting now: let it go first, so the launcher names it as the
+          // first failure rather than this rank, which only saw its effect.
+          if (culprit >= 0 && culprit != opt.rank)
+            std::this_thread::sleep_for(
+                std::min<std::chrono::milliseconds>(opt.timeout / 4, std::chrono::milliseconds(300)));
         }
       }
     } catch (const Error&) {
