@@ -107,6 +107,9 @@ void register_exec(CLI::App& app, Global& g, std::function<int()>& handler) {
   c->add_option("--workdir", f.overrides.workdir,
                 "Where it runs on every host (default: the spec's workdir, else the login directory)");
   c->add_option("--timeout", f.overrides.timeout, "Stop it after this long, e.g. 90s");
+  c->add_flag_callback(
+      "--sync", [] { f.overrides.sync = true; },
+      "Sync the spec's [sync] folder first and run the command in it");
   c->add_flag("--no-prefix", f.overrides.no_prefix, "Print output without the [host] prefix");
   c->add_flag("--json", f.json, "Print the summary as JSON on stdout (output on stderr)");
   c->footer(

@@ -37,6 +37,13 @@ void add_job_flags(CLI::App* c, launch::Overrides& f) {
   c->add_option("--grace-period", f.grace, "Time between SIGTERM and SIGKILL when stopping ranks");
   c->add_option("--profile", f.profile, "Profile to merge under the spec (name or path)");
   c->add_option("--name", f.name, "Job name (for run ids and records)");
+  auto* sync = c->add_flag_callback(
+      "--sync", [&f] { f.sync = true; }, "Mirror the spec's folder to every host first ([sync] defaults)");
+  c->add_flag_callback(
+       "--no-sync", [&f] { f.sync = false; }, "Do not sync, even with [sync] in the spec")
+      ->excludes(sync);
+  c->add_option("--setup", f.setup, "When [setup] runs: auto (it or the synced files changed), always, never")
+      ->check(CLI::IsMember({"auto", "always", "never"}));
   c->add_option("--workdir", f.workdir, "Working directory of every rank");
   c->add_option("--master-port", f.master_port, "MASTER_PORT of the job (default: a free port)")
       ->check(CLI::Range(1, 65535));

@@ -7,6 +7,12 @@ find_package(fmt CONFIG REQUIRED)
 find_package(spdlog CONFIG REQUIRED)
 find_package(libssh CONFIG REQUIRED)
 find_package(Boost 1.74 REQUIRED COMPONENTS filesystem)
+# Sync: zstd compresses what travels (the agent links the static library: glibc is its only
+# shared library); XXH3 hashes file contents (xxhash.h inline, no library).
+find_path(XXHASH_INCLUDE_DIR xxhash.h REQUIRED)
+find_library(ZSTD_LIBRARY NAMES zstd REQUIRED)
+find_library(ZSTD_STATIC_LIBRARY NAMES libzstd.a REQUIRED)
+find_path(ZSTD_INCLUDE_DIR zstd.h REQUIRED)
 if(MLTRAIN_BUILD_TESTS)
   find_package(doctest CONFIG REQUIRED)
 endif()

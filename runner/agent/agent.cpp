@@ -251,6 +251,7 @@ int Agent::run() {
       return 0;
     }
 
+    if (pull_.active) pump_pull();
     fds.clear();
     owners.clear();
     fds.push_back({sigfd_, POLLIN, 0});

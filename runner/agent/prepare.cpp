@@ -79,8 +79,8 @@ void Agent::on(uint32_t id, const msg::Prepare& m) {
                        " is already in use here (rank 0's host): set [comm] master_port to a free port, "
                        "or to \"auto\", or stop what listens on it");
   out.ports = reserve_free_ports(m.nports, problems);
-  auto missing = check_workdir_and_program(m.workdir, m.argv0, effective_path(m.path, ::getenv("PATH")),
-                                           real_file_system());
+  auto missing = check_workdir_and_program(expand_home(m.workdir), m.argv0,
+                                           effective_path(m.path, ::getenv("PATH")), real_file_system());
   out.cannot_start = missing.empty() ? 0 : 1;
   for (auto& p : missing) problems.push_back(std::move(p));
   if (m.nccl_required)

@@ -176,6 +176,28 @@ const char* type_name(Type t) {
       return "telemetry_start";
     case Type::telemetry:
       return "telemetry";
+    case Type::sync_manifest:
+      return "sync_manifest";
+    case Type::sync_data:
+      return "sync_data";
+    case Type::sync_end:
+      return "sync_end";
+    case Type::setup:
+      return "setup";
+    case Type::pull:
+      return "pull";
+    case Type::sync_want:
+      return "sync_want";
+    case Type::sync_done:
+      return "sync_done";
+    case Type::setup_done:
+      return "setup_done";
+    case Type::pull_file:
+      return "pull_file";
+    case Type::pull_data:
+      return "pull_data";
+    case Type::pull_done:
+      return "pull_done";
   }
   return "unknown";
 }
@@ -191,6 +213,17 @@ Message read_as(Reader& r) {
 
 std::optional<Message> decode(Frame&& f, std::string& error) {
   if (f.type == Type::output) return msg::Output{f.flags, std::move(f.payload)};
+  if (f.type == Type::sync_data) {
+    Reader r(f.payload);
+    msg::SyncData d;
+    d.offset = r.u64(), d.raw_size = r.u32(), d.compressed = f.flags;
+    if (r.failed()) {
+      error = "malformed sync_data frame";
+      return std::nullopt;
+    }
+    d.bytes = f.payload.substr(12);
+    return d;
+  }
   Reader r(f.payload);
   Message m;
   switch (f.type) {
@@ -240,6 +273,7 @@ std::optional<Message> decode(Frame&& f, std::string& error) {
       m = read_as<msg::SpawnFailed>(r);
       break;
     case Type::output:
+    case Type::sync_data:
       break;  // above
     case Type::exited:
       m = read_as<msg::Exited>(r);
@@ -264,6 +298,36 @@ std::optional<Message> decode(Frame&& f, std::string& error) {
       break;
     case Type::telemetry:
       m = read_as<msg::Telemetry>(r);
+      break;
+    case Type::sync_manifest:
+      m = read_as<msg::SyncManifest>(r);
+      break;
+    case Type::sync_end:
+      m = read_as<msg::SyncEnd>(r);
+      break;
+    case Type::setup:
+      m = read_as<msg::Setup>(r);
+      break;
+    case Type::pull:
+      m = read_as<msg::Pull>(r);
+      break;
+    case Type::sync_want:
+      m = read_as<msg::SyncWant>(r);
+      break;
+    case Type::sync_done:
+      m = read_as<msg::SyncDone>(r);
+      break;
+    case Type::setup_done:
+      m = read_as<msg::SetupDone>(r);
+      break;
+    case Type::pull_file:
+      m = read_as<msg::PullFile>(r);
+      break;
+    case Type::pull_data:
+      m = read_as<msg::PullData>(r);
+      break;
+    case Type::pull_done:
+      m = read_as<msg::PullDone>(r);
       break;
     default:
       error = "unknown frame type " + std::to_string(unsigned(f.type));

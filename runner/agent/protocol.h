@@ -17,9 +17,11 @@
 namespace mltrain::agent {
 
 inline constexpr uint32_t kMagic = 0x41544c4d;  // "MLTA"
-// 2: stdin forwarding, fixed master port, doctor interpreter; 3: pause; 4: telemetry; 5: top's watch
-inline constexpr uint32_t kVersion = 5;
+// 2: stdin forwarding, fixed master port, doctor interpreter; 3: pause; 4: telemetry; 5: top's watch;
+// 6: workdir sync, setup, pull
+inline constexpr uint32_t kVersion = 6;
 inline constexpr uint32_t kAllRanks = 0xffffffffu;
+inline constexpr uint32_t kSetupId = 0xfffffffeu;   // the frame id of the setup command's output
 inline constexpr uint32_t kMaxPayload = 64u << 20;  // a bigger frame means a corrupt stream
 inline constexpr size_t kHeaderSize = 12;
 
@@ -37,6 +39,11 @@ enum class Type : uint16_t {
   stdin_close = 10,
   pause = 11,
   telemetry_start = 12,
+  sync_manifest = 13,
+  sync_data = 14,
+  sync_end = 15,
+  setup = 16,
+  pull = 17,
   // agent -> launcher
   hello_ack = 101,
   started = 102,
@@ -50,6 +57,12 @@ enum class Type : uint16_t {
   probed = 110,
   launcher_silent = 111,
   telemetry = 112,
+  sync_want = 113,
+  sync_done = 114,
+  setup_done = 115,
+  pull_file = 116,
+  pull_data = 117,
+  pull_done = 118,
 };
 
 struct Frame {
@@ -151,6 +164,26 @@ inline std::vector<Gpu> get_gpus(Reader& r) {
   for (auto& g : gpus) g.get(r);
   return gpus;
 }
+
+// One entry of a synced tree (runner/sync/manifest.h builds them; the agent mirrors them).
+struct SyncEntry {
+  enum Kind : uint32_t { file = 0, dir = 1, symlink = 2 };
+  bool operator==(const SyncEntry&) const = default;
+  std::string path;  // relative, '/'-separated, no "." or ".." parts
+  uint32_t kind = file;
+  uint32_t mode = 0;  // permission bits (07777)
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  std::string hash;    // files: XXH3-128 of the content, 16 bytes
+  std::string target;  // symlinks: where it points, as written
+  void put(Writer& w) const {
+    w.str(path).u32(kind).u32(mode).u64(size).u64(uint64_t(mtime_ns)).str(hash).str(target);
+  }
+  void get(Reader& r) {
+    path = r.str(), kind = r.u32(), mode = r.u32(), size = r.u64(), mtime_ns = int64_t(r.u64());
+    hash = r.str(), target = r.str();
+  }
+};
 
 // One struct per message, each with its payload's encoder (put) and decoder (get); the frame's id
 // (a rank, or kAllRanks) travels beside it. Decoding checks every read in one place (decode()).
@@ -297,6 +330,133 @@ struct TelemetryStart {  // sample every interval_ms (0: stop) while this host's
   void get(Reader& r) { interval_ms = r.u32(), nvml_library = r.str(), watch = r.u32(); }
 };
 
+// Sync (runner/agent/sync.cpp). The launcher sends the whole manifest of the tree (in frames of at
+// most kSyncEntriesPerFrame entries, the last with `last`); the agent compares it with what the
+// folder holds, removes what an earlier sync put there and the manifest no longer has, makes the
+// directories and symlinks, fixes modes and times, and answers SyncWant with the files whose
+// content it lacks. Their bytes follow as SyncData (id = the entry's index), each file written to a
+// temporary name and renamed when whole; SyncEnd asks for SyncDone.
+inline constexpr size_t kSyncEntriesPerFrame = 4096;
+inline constexpr size_t kSyncChunk = 256u << 10;  // raw bytes per SyncData frame, at most
+struct SyncManifest {
+  static constexpr Type kType = Type::sync_manifest;
+  bool operator==(const SyncManifest&) const = default;
+  std::string dir;  // the folder on the host ("~/" is the agent's home)
+  std::vector<SyncEntry> entries;
+  uint32_t last = 1;
+  void put(Writer& w) const {
+    w.str(dir).u32(uint32_t(entries.size()));
+    for (const auto& e : entries) e.put(w);
+    w.u32(last);
+  }
+  void get(Reader& r) {
+    dir = r.str();
+    uint32_t n = r.u32();
+    if (n > r.left() / 36) {  // each entry takes at least 36 bytes
+      r.fail();
+      return;
+    }
+    entries.resize(n);
+    for (auto& e : entries) e.get(r);
+    last = r.u32();
+  }
+};
+struct SyncData {  // id = the entry's index; flags 1: the bytes are one zstd frame of raw_size bytes
+  static constexpr Type kType = Type::sync_data;
+  bool operator==(const SyncData&) const = default;
+  uint64_t offset = 0;
+  uint32_t raw_size = 0;
+  uint16_t compressed = 0;
+  std::string bytes;
+  void put(Writer& w) const { w.u64(offset).u32(raw_size).raw(bytes); }
+  void get(Reader& r) { offset = r.u64(), raw_size = r.u32(), bytes = r.rest(); }
+};
+struct SyncEnd {
+  static constexpr Type kType = Type::sync_end;
+  bool operator==(const SyncEnd&) const = default;
+  void put(Writer&) const {}
+  void get(Reader&) {}
+};
+// Runs `command` (/bin/sh -c) in `cwd` once, unless the last success on this host had the same
+// `key` (and `force` is 0). Its output comes as Output frames with id kSetupId, then SetupDone.
+struct Setup {
+  static constexpr Type kType = Type::setup;
+  bool operator==(const Setup&) const = default;
+  std::string cwd, command;
+  std::vector<std::string> env;  // "K=V", over the agent's own
+  std::string key;               // what the setup depends on (command, synced tree)
+  uint32_t force = 0;
+  void put(Writer& w) const { w.str(cwd).str(command).strings(env).str(key).u32(force); }
+  void get(Reader& r) { cwd = r.str(), command = r.str(), env = r.strings(), key = r.str(), force = r.u32(); }
+};
+// Sends back the files under `dir` that match `patterns` (runner/sync/ignore.h's syntax): one
+// PullFile each, its bytes as PullData (id = its number), then PullDone.
+struct Pull {
+  static constexpr Type kType = Type::pull;
+  bool operator==(const Pull&) const = default;
+  std::string dir;
+  std::vector<std::string> patterns;
+  uint64_t max_bytes = 0;  // stop past this many bytes (0: no limit)
+  void put(Writer& w) const { w.str(dir).strings(patterns).u64(max_bytes); }
+  void get(Reader& r) { dir = r.str(), patterns = r.strings(), max_bytes = r.u64(); }
+};
+
+// agent -> launcher
+struct SyncWant {
+  static constexpr Type kType = Type::sync_want;
+  bool operator==(const SyncWant&) const = default;
+  std::string dir;            // the folder, absolute
+  std::vector<int32_t> want;  // the entries whose bytes to send
+  uint32_t deleted = 0;       // paths removed
+  std::vector<std::string> problems;
+  void put(Writer& w) const { w.str(dir).ints(want).u32(deleted).strings(problems); }
+  void get(Reader& r) { dir = r.str(), want = r.ints(), deleted = r.u32(), problems = r.strings(); }
+};
+struct SyncDone {
+  static constexpr Type kType = Type::sync_done;
+  bool operator==(const SyncDone&) const = default;
+  uint32_t files = 0;  // written
+  uint64_t bytes = 0;
+  std::vector<std::string> problems;
+  void put(Writer& w) const { w.u32(files).u64(bytes).strings(problems); }
+  void get(Reader& r) { files = r.u32(), bytes = r.u64(), problems = r.strings(); }
+};
+struct SetupDone {
+  static constexpr Type kType = Type::setup_done;
+  bool operator==(const SetupDone&) const = default;
+  uint32_t ran = 0;     // 0: its last success had the same key
+  int32_t status = 0;   // as waitpid gives it
+  std::string message;  // why it could not start
+  void put(Writer& w) const { w.u32(ran).i32(status).str(message); }
+  void get(Reader& r) { ran = r.u32(), status = r.i32(), message = r.str(); }
+};
+struct PullFile {  // id = the file's number
+  static constexpr Type kType = Type::pull_file;
+  bool operator==(const PullFile&) const = default;
+  std::string path;  // relative to the Pull's dir
+  uint32_t mode = 0;
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  void put(Writer& w) const { w.str(path).u32(mode).u64(size).u64(uint64_t(mtime_ns)); }
+  void get(Reader& r) { path = r.str(), mode = r.u32(), size = r.u64(), mtime_ns = int64_t(r.u64()); }
+};
+struct PullData {  // id = the file's number; the bytes follow its PullFile in order
+  static constexpr Type kType = Type::pull_data;
+  bool operator==(const PullData&) const = default;
+  std::string bytes;
+  void put(Writer& w) const { w.raw(bytes); }
+  void get(Reader& r) { bytes = r.rest(); }
+};
+struct PullDone {
+  static constexpr Type kType = Type::pull_done;
+  bool operator==(const PullDone&) const = default;
+  uint32_t files = 0;
+  uint64_t bytes = 0;
+  std::vector<std::string> problems;  // unreadable files, the size limit
+  void put(Writer& w) const { w.u32(files).u64(bytes).strings(problems); }
+  void get(Reader& r) { files = r.u32(), bytes = r.u64(), problems = r.strings(); }
+};
+
 // agent -> launcher
 struct HelloAck {
   static constexpr Type kType = Type::hello_ack;
@@ -426,7 +586,9 @@ using Message =
     std::variant<msg::Hello, msg::Spawn, msg::Signal, msg::Terminate, msg::Ping, msg::Shutdown, msg::Prepare,
                  msg::Probe, msg::Stdin, msg::StdinClose, msg::Pause, msg::HelloAck, msg::Started,
                  msg::SpawnFailed, msg::Output, msg::Exited, msg::Pong, msg::AgentError, msg::LauncherSilent,
-                 msg::Bye, msg::Prepared, msg::Probed, msg::TelemetryStart, msg::Telemetry>;
+                 msg::Bye, msg::Prepared, msg::Probed, msg::TelemetryStart, msg::Telemetry, msg::SyncManifest,
+                 msg::SyncData, msg::SyncEnd, msg::Setup, msg::Pull, msg::SyncWant, msg::SyncDone,
+                 msg::SetupDone, msg::PullFile, msg::PullData, msg::PullDone>;
 
 // Appends message `m` as one frame with `id` (a rank, kAllRanks, or 0).
 template <class M>
@@ -435,6 +597,7 @@ void encode(std::string& out, const M& m, uint32_t id = 0) {
   m.put(w);
   uint16_t flags = 0;
   if constexpr (std::is_same_v<M, msg::Output>) flags = m.stream;
+  if constexpr (std::is_same_v<M, msg::SyncData>) flags = m.compressed;
   encode(out, M::kType, id, w.take(), flags);
 }
 

@@ -133,7 +133,10 @@ void Agent::reap() {
       r.stdin_fd = -1;
       r.stdin_buf.clear();
       drain_rank(r);
-      send(msg::Exited{status, take_error_file(r.error_file, status != 0)}, r.id);
+      if (r.id == kSetupId)
+        setup_exited(status);
+      else
+        send(msg::Exited{status, take_error_file(r.error_file, status != 0)}, r.id);
     }
   }
 }
@@ -173,7 +176,7 @@ void Agent::add_runtime_env(std::map<std::string, std::string>& merged, const ms
 }
 
 void Agent::on(uint32_t id, msg::Spawn& m) {
-  std::string& cwd = m.cwd;
+  std::string cwd = expand_home(m.cwd);
   std::vector<std::string>& argv = m.argv;
   std::vector<std::string>& env = m.env;
   if (argv.empty()) {

@@ -99,6 +99,17 @@ void apply_overrides(spec::JobSpec& s, const Overrides& f,
   if (f.no_prefix) s.logs.prefix = "";
   if (f.timestamps) s.logs.timestamps = true;
   if (!f.ssh_config.empty()) s.ssh.config = f.ssh_config;
+  if (f.sync) {
+    s.sync.enabled = *f.sync;
+    s.origins["sync.enabled"] = *f.sync ? "--sync" : "--no-sync";
+  }
+  if (!f.setup.empty()) {
+    if (f.setup != "auto" && f.setup != "always" && f.setup != "never")
+      throw Error("--setup '" + f.setup + "': expected auto, always or never",
+                  "auto runs the setup when its command or the synced files changed", exit_code::usage);
+    s.setup.mode = f.setup;
+    s.origins["setup.when"] = "--setup";
+  }
   if (f.accept_new_host_keys) {
     s.ssh.strict_host_keys = "accept-new";
     s.origins["ssh.strict_host_keys"] = "--accept-new-host-keys";

@@ -34,7 +34,9 @@ struct Overrides {
   std::string name, workdir, ranks, ssh_config;
   bool no_prefix = false, timestamps = false;
   bool accept_new_host_keys = false;
-  int stdin_rank = -1;  // run: --stdin (0) or --stdin-rank N; -1: every rank reads /dev/null
+  int stdin_rank = -1;       // run: --stdin (0) or --stdin-rank N; -1: every rank reads /dev/null
+  std::optional<bool> sync;  // --sync / --no-sync: over [sync]'s presence
+  std::string setup;         // --setup auto|always|never: over [setup] when
 };
 
 struct JobRequest {

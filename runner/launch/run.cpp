@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -19,6 +20,7 @@
 #include "runner/launch/detail/launch_detail.h"
 #include "runner/launch/launch.h"
 #include "runner/supervise/supervisor.h"
+#include "runner/sync/manifest.h"
 
 namespace mltrain::launch {
 
@@ -181,6 +183,41 @@ void await_background_start(int report_fd, pid_t child, const JobRequest& req, R
   throw Error(message, hint, code);
 }
 
+// [sync]: the local folder it mirrors and the one the hosts get.
+struct SyncPlan {
+  std::string src, remote;
+  sync::Tree tree;
+};
+
+std::optional<SyncPlan> plan_sync(const spec::JobSpec& s, const JobRequest& req) {
+  // exec syncs only when asked (--sync): it is for quick looks at the hosts.
+  if (!s.sync.enabled || (req.exec && req.overrides.sync != true)) return std::nullopt;
+  namespace fs = std::filesystem;
+  SyncPlan sp;
+  std::string cwd = req.cwd.value_or(fs::current_path().string());
+  sp.src = !s.sync.src.empty() ? s.sync.src
+           : !s.source.empty() ? fs::absolute(s.source).parent_path().string()
+                               : cwd;
+  sp.src = fs::absolute(sp.src).lexically_normal().string();
+  while (sp.src.size() > 1 && sp.src.back() == '/') sp.src.pop_back();
+  sp.remote = s.sync.remote_dir.empty() ? spec::default_remote_dir(s.name) : s.sync.remote_dir;
+  sync::TreeOptions to;
+  to.root = sp.src;
+  to.exclude = s.sync.exclude;
+  for (const auto& f : s.sync.files) to.files.push_back({f.src, f.dst, f.origin});
+  sp.tree = sync::build_tree(to);
+  return sp;
+}
+
+// The ranks' folder on the hosts: the synced one, or a folder inside it that the spec names.
+std::string synced_workdir(const spec::JobSpec& s, const SyncPlan& sp) {
+  if (s.run.workdir.empty()) return sp.remote;
+  std::string wd = std::filesystem::path(s.run.workdir).lexically_normal().string();
+  if (wd == sp.src) return sp.remote;
+  if (wd.rfind(sp.src + "/", 0) == 0) return sp.remote + wd.substr(sp.src.size());
+  return s.run.workdir;  // elsewhere: a path on the hosts
+}
+
 }  // namespace
 
 RunResult run(const JobRequest& req) {
@@ -213,15 +250,22 @@ RunResult run(const JobRequest& req) {
                   "pick a rank in that range", exit_code::usage);
   }
 
+  // The tree is listed and hashed before the run exists: an unreadable file leaves no run behind.
+  std::optional<SyncPlan> sp = plan_sync(s, req);
+
   plan::Inputs in = detail::plan_inputs(req, records::create_run(s.name), token, detail::Ports::free);
   in.error_dir = records::run_dir(in.run_id);
   plan::Plan p = plan::make_plan(s, in);
-  if (exec_in_home) p.workdir.clear();  // the agent's own directory: the login's home over SSH
+  if (sp)
+    p.workdir = synced_workdir(s, *sp);
+  else if (exec_in_home)
+    p.workdir.clear();  // the agent's own directory: the login's home over SSH
 
   RunResult result;
   result.run_id = p.run_id;
   records::RunRecord& rec = result.record;
   rec = new_record(s, p);
+  if (sp) rec.git_commit = git_commit(sp->src);
   // The record must be writable before anything starts: a full or read-only state folder is a
   // clean error here (not a cut record later), and leaves no empty run folder behind.
   if (!records::save(rec)) {
@@ -233,6 +277,37 @@ RunResult run(const JobRequest& req) {
   supervise::Options o = supervise_options(s, req);
   o.telemetry_interval = req.exec ? std::chrono::milliseconds(0) : telemetry_interval;
   o.fail_fast = !req.exec;
+  if (sp) {
+    const char* home = std::getenv("HOME");
+    std::string shown = sp->src;
+    if (home && *home && shown.rfind(std::string(home) + "/", 0) == 0)
+      shown = "~" + shown.substr(std::strlen(home));
+    o.sync = supervise::SyncJob{&sp->tree, sp->remote, shown};
+  }
+  if (!s.setup.command.empty() && s.setup.mode != "never" && !req.exec) {
+    supervise::SetupJob job;
+    job.command = s.setup.command;
+    job.cwd = sp ? sp->remote : p.workdir;
+    for (const auto& [k, v] : s.run.env) job.env.push_back(k + "=" + v);
+    job.env.push_back("MLTRAIN_RUN_ID=" + p.run_id);  // so the agent's warden finds its strays
+    std::string key = job.command;
+    key += '\0' + job.cwd + '\0' + (sp ? sp->tree.digest : std::string());
+    job.key = sync::hash_hex(key);
+    job.force = s.setup.mode == "always";
+    o.setup = std::move(job);
+  }
+  if (sp && !s.sync.pull.empty() && !req.exec) {
+    supervise::PullJob job;
+    job.dir = sp->remote;
+    job.patterns = s.sync.pull;
+    job.dest = records::run_dir(p.run_id) + "/pulled";
+    job.per_host_folders = s.sync.pull_from == "all";
+    if (job.per_host_folders)
+      for (size_t i = 0; i < p.hosts.size(); ++i) job.hosts.push_back(i);
+    else
+      job.hosts.push_back(size_t(p.ranks[0].host));
+    o.pull = std::move(job);
+  }
 
   if (req.detach) {
     int report[2];

@@ -63,6 +63,26 @@ struct LogsSection {
   bool timestamps = false;
 };
 
+// [sync]: the local folder mirrored to every host before the ranks start (docs/sync.md).
+struct SyncSection {
+  bool enabled = false;              // [sync] present (unless enabled = false), or --sync
+  std::string src;                   // the local folder; "": the spec's folder (or the current one)
+  std::string remote_dir;            // on the hosts; "": ~/.cache/mltrain/work/<name>
+  std::vector<std::string> exclude;  // patterns, as in .gitignore
+  struct File {
+    std::string src, dst, origin;  // src resolved from the spec's folder; dst relative to remote_dir
+  };
+  std::vector<File> files;
+  std::vector<std::string> pull;  // patterns brought back into the run's folder when the job ends
+  std::string pull_from = "all";  // all | rank0
+};
+
+// [setup]: a command run once per host before any rank (docs/sync.md).
+struct SetupSection {
+  std::string command;        // "": none
+  std::string mode = "auto";  // auto (when it or the synced files changed) | always | never
+};
+
 struct JobSpec {
   // Where each setting came from: "run.timeout" -> "job.toml:7:11", or the flag ("--timeout").
   std::map<std::string, std::string> origins;
@@ -79,7 +99,12 @@ struct JobSpec {
   GpuSection gpus;
   SshSection ssh;
   LogsSection logs;
+  SyncSection sync;
+  SetupSection setup;
 };
+
+// The folder the hosts get for `s.name` when [sync] names none.
+std::string default_remote_dir(const std::string& name);
 
 // Loads a job spec file, merging it over its profile (see docs/spec.md, "Profiles").
 // Throws mltrain::Error (exit code 2) with "file:line:col: message" on any problem.

@@ -384,6 +384,76 @@ void apply(const toml::table& root, JobSpec& s, const std::string& base_dir, boo
                         }},
                    });
            }},
+          {"sync",
+           [&](const toml::node& n) {
+             s.sync.enabled = true;
+             visit(as_table(n, "sync"), "sync",
+                   {
+                       {"enabled", [&](const toml::node& v) { s.sync.enabled = get_bool(v, "enabled"); }},
+                       {"src",
+                        [&](const toml::node& v) {
+                          s.sync.src = resolve_path(get_string(v, "src"), base_dir);
+                        }},
+                       {"remote_dir",
+                        [&](const toml::node& v) {
+                          s.sync.remote_dir = get_string(v, "remote_dir");
+                          if (s.sync.remote_dir.empty() ||
+                              (s.sync.remote_dir[0] != '/' && s.sync.remote_dir.rfind("~/", 0) != 0))
+                            fail(v.source(),
+                                 "'remote_dir' is '" + s.sync.remote_dir + "', not a path on the hosts",
+                                 "give an absolute path, or one below the home folder like \"~/work/job\"");
+                        }},
+                       {"exclude", [&](const toml::node& v) { s.sync.exclude = get_strings(v, "exclude"); }},
+                       {"pull", [&](const toml::node& v) { s.sync.pull = get_strings(v, "pull"); }},
+                       {"pull_from",
+                        [&](const toml::node& v) {
+                          s.sync.pull_from = get_choice(v, "pull_from", {"all", "rank0"});
+                        }},
+                       {"files",
+                        [&](const toml::node& v) {
+                          auto arr = v.as_array();
+                          if (!arr)
+                            fail(v.source(),
+                                 "'files' must be an array of tables ([[sync.files]]), not " + type_of(v));
+                          s.sync.files.clear();
+                          for (const auto& item : *arr) {
+                            SyncSection::File f;
+                            f.origin = where(item.source());
+                            visit(as_table(item, "sync.files"), "sync.files",
+                                  {
+                                      {"src",
+                                       [&](const toml::node& x) {
+                                         f.src = resolve_path(get_string(x, "src"), base_dir);
+                                       }},
+                                      {"dst", [&](const toml::node& x) { f.dst = get_string(x, "dst"); }},
+                                  });
+                            if (f.src.empty())
+                              fail(item.source(), "[[sync.files]] needs 'src'",
+                                   "name a local file or folder");
+                            if (f.dst.empty()) f.dst = fs::path(f.src).filename().string();
+                            fs::path d = fs::path(f.dst).lexically_normal();
+                            if (d.is_absolute() || f.dst[0] == '~' || (!d.empty() && *d.begin() == ".."))
+                              fail(item.source(),
+                                   "[[sync.files]] dst '" + f.dst + "' is outside the synced folder",
+                                   "give a path relative to the synced folder (remote_dir), like "
+                                   "\"data/train.bin\"");
+                            f.dst = d.string();
+                            s.sync.files.push_back(std::move(f));
+                          }
+                        }},
+                   });
+           }},
+          {"setup",
+           [&](const toml::node& n) {
+             visit(as_table(n, "setup"), "setup",
+                   {
+                       {"command", [&](const toml::node& v) { s.setup.command = get_string(v, "command"); }},
+                       {"when",
+                        [&](const toml::node& v) {
+                          s.setup.mode = get_choice(v, "when", {"auto", "always", "never"});
+                        }},
+                   });
+           }},
           {"logs",
            [&](const toml::node& n) {
              visit(as_table(n, "logs"), "logs",
@@ -463,6 +533,8 @@ void apply_profile(JobSpec& s, const std::string& base_dir, const std::string& o
 
 }  // namespace
 
+std::string default_remote_dir(const std::string& name) { return "~/.cache/mltrain/work/" + name; }
+
 const std::vector<std::string>& prefix_placeholders() {
   static const std::vector<std::string> kNames = {"rank", "host", "local_rank", "node"};
   return kNames;
@@ -541,6 +613,9 @@ void check(const JobSpec& s) {
             " shares a GPU between ranks, but [comm] backend = \"nccl\" (" + s.origin("comm.backend", file) +
             ") cannot: NCCL refuses two ranks of one communicator on one GPU (\"Duplicate GPU detected\")",
         "give each rank its own GPU (procs_per_gpu = 1, or per_proc), or set backend = \"auto\" or \"tcp\"");
+  if (!s.setup.command.empty() && s.setup.command.find_first_not_of(" \t\n") == std::string::npos)
+    throw Error(s.origin("setup.command", file) + ": [setup] command is empty",
+                "give a shell command, or remove [setup]");
   for (const auto& n : s.name)
     if (!(std::isalnum(static_cast<unsigned char>(n)) || n == '-' || n == '_' || n == '.'))
       throw Error(
@@ -600,6 +675,22 @@ std::string to_toml(const JobSpec& s) {
   logs.insert("prefix", s.logs.prefix);
   logs.insert("timestamps", s.logs.timestamps);
   root.insert("logs", logs);
+  if (s.sync.enabled) {
+    toml::table sync;
+    if (!s.sync.src.empty()) sync.insert("src", s.sync.src);
+    sync.insert("remote_dir", s.sync.remote_dir.empty() ? default_remote_dir(s.name) : s.sync.remote_dir);
+    toml::array ex, pull, files;
+    for (const auto& e : s.sync.exclude) ex.push_back(e);
+    for (const auto& e : s.sync.pull) pull.push_back(e);
+    for (const auto& f : s.sync.files) files.push_back(toml::table{{"src", f.src}, {"dst", f.dst}});
+    sync.insert("exclude", ex);
+    if (!files.empty()) sync.insert("files", files);
+    sync.insert("pull", pull);
+    sync.insert("pull_from", s.sync.pull_from);
+    root.insert("sync", sync);
+  }
+  if (!s.setup.command.empty())
+    root.insert("setup", toml::table{{"command", s.setup.command}, {"when", s.setup.mode}});
   std::ostringstream os;
   os << root;
   return os.str();

@@ -40,6 +40,8 @@ const char* phase_name(Phase p) {
       return "stopping";
     case Phase::restarting:
       return "restarting";
+    case Phase::pulling:
+      return "pulling";
     case Phase::closing:
       return "closing";
     case Phase::done:
@@ -66,7 +68,7 @@ void Gang::enter(Phase p) {
       start_connects();
       break;
     case Phase::preflight:
-      send_prepare();
+      begin_preflight();
       break;
     case Phase::probing:
       send_probes();
@@ -88,6 +90,7 @@ void Gang::enter(Phase p) {
       enter(Phase::running);
       break;
     case Phase::running:
+      ranks_started_ = true;
       rec_.restarts = restart_;
       if (!records::save(rec_)) record_unsaved_ = true;
       spawn_all();
@@ -101,7 +104,16 @@ void Gang::enter(Phase p) {
       break;
     case Phase::stopping:
       break;
+    case Phase::pulling:
+      if (out_) out_->set_status(""), out_->flush();
+      start_pull();
+      break;
     case Phase::closing:
+      // Results first ([sync] pull), whatever the outcome, once the ranks ran.
+      if (opts_.pull && !pulled_ && ranks_started_ && !doctor_ && !watch_) {
+        enter(Phase::pulling);
+        return;
+      }
       // Goodbye: agents kill anything left (strays of the ranks) and exit.
       if (out_) out_->set_status(""), out_->flush(), out_->before_message();
       for (auto& h : hosts_) send_to(h, msg::Shutdown{});
@@ -153,11 +165,20 @@ std::optional<Clock::time_point> Gang::next_deadline() const {
   };
   switch (phase_) {
     case Phase::connecting:
-    case Phase::preflight:
     case Phase::probing:
       take(phase_start_ + opts_.preflight_timeout);
       if (!doctor_) take(next_ping_);
       break;
+    case Phase::preflight:
+      take(next_ping_);
+      take(next_sync_status_);
+      for (const auto& h : hosts_) {
+        if (h.state == HostState::preparing && h.prepare_deadline) take(h.prepare_deadline);
+        if (h.state == HostState::syncing || h.state == HostState::setting_up)
+          take(h.last_heard + opts_.heartbeat_timeout);
+      }
+      break;
+    case Phase::pulling:
     case Phase::watching:
       take(next_ping_);
       for (const auto& h : hosts_)
@@ -184,8 +205,34 @@ std::optional<Clock::time_point> Gang::next_deadline() const {
 
 void Gang::on_timers(Clock::time_point now) {
   switch (phase_) {
-    case Phase::connecting:
     case Phase::preflight:
+      // Each host's preflight answers within the timeout of being asked; a sync or a setup may
+      // take as long as it needs while its agent answers heartbeats.
+      for (size_t i = 0; i < hosts_.size(); ++i) {
+        Host& h = hosts_[i];
+        if (h.state == HostState::preparing && h.prepare_deadline && now >= *h.prepare_deadline)
+          host_failed(i, "the agent did not finish its preflight within " +
+                             text::format_duration(
+                                 std::chrono::duration_cast<milliseconds>(opts_.preflight_timeout)));
+        else if ((h.state == HostState::syncing || h.state == HostState::setting_up) && h.open() &&
+                 now - h.last_heard >= opts_.heartbeat_timeout)
+          host_lost(i, std::string("stopped answering heartbeats while ") +
+                           (h.state == HostState::syncing ? "syncing" : "running the setup"));
+      }
+      if (phase_ != Phase::preflight) break;
+      check_progress();
+      if (phase_ != Phase::preflight) break;
+      sync_progress(now, false);
+      if (next_ping_ && now >= *next_ping_) {
+        for (auto& h : hosts_)
+          if (h.state == HostState::greeted || h.state == HostState::syncing ||
+              h.state == HostState::setting_up || h.state == HostState::preparing ||
+              h.state == HostState::ready)
+            send_to(h, msg::Ping{});
+        next_ping_ = now + opts_.heartbeat_interval;
+      }
+      break;
+    case Phase::connecting:
     case Phase::probing:
       if (now >= phase_start_ + opts_.preflight_timeout) {
         const char* what = phase_ == Phase::connecting  ? "answer"
@@ -211,6 +258,12 @@ void Gang::on_timers(Clock::time_point now) {
       break;
     case Phase::watching:
       heartbeats(now);
+      break;
+    case Phase::pulling:
+      heartbeats(now);
+      if (phase_ == Phase::pulling &&
+          std::none_of(hosts_.begin(), hosts_.end(), [](const Host& h) { return h.pull.active && h.open(); }))
+        pull_finished();
       break;
     case Phase::running:
     case Phase::stopping: {
@@ -345,9 +398,10 @@ void Gang::forward_stdin() {
 void Gang::write_host(size_t i) {
   Host& h = hosts_[i];
   ssize_t n = ::write(h.link->write_fd(), h.outbox.data(), h.outbox.size());
-  if (n > 0)
+  if (n > 0) {
     h.outbox.erase(0, size_t(n));
-  else if (n < 0 && errno != EAGAIN && errno != EINTR) {
+    if (h.state == HostState::syncing) pump_sync(i);
+  } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
     // What the agent said before it closed (LauncherSilent, Bye) is the better reason: read it first.
     const std::string why = std::string("connection lost: ") + std::strerror(errno);
     read_host(i);
@@ -393,13 +447,20 @@ void Gang::on(size_t i, uint32_t, M&) {
   log::warn("supervise", hosts_[i].link->describe() + ": unexpected frame " + proto::type_name(M::kType));
 }
 
-void Gang::on(size_t, uint32_t id, msg::Output& m) { out_->data(int(id), m.stream, m.bytes); }
+void Gang::on(size_t i, uint32_t id, msg::Output& m) {
+  if (id == proto::kSetupId) return setup_output(i, m.bytes, false);
+  out_->data(int(id), m.stream, m.bytes);
+}
 
 void Gang::on(size_t, uint32_t id, msg::Started& m) {
   if (id < ranks_.size()) rec_.ranks[id].pid = m.pid;
 }
 
 void Gang::on(size_t i, uint32_t id, msg::SpawnFailed& m) {
+  if (id == proto::kSetupId) {
+    msg::SetupDone d{1, 127 << 8, m.message};
+    return on(i, id, d);
+  }
   if (id >= ranks_.size() || ranks_[id].exited) return;
   auto& r = ranks_[id];
   r.exited = true;
@@ -651,6 +712,12 @@ void Gang::on_signal(int sig) {
     return;
   }
   if (phase_ == Phase::closing || phase_ == Phase::done) return;
+  if (phase_ == Phase::pulling) {  // the results can wait: stop pulling, say goodbye
+    std::fprintf(stderr, "\nmltrain: %s while pulling; what came so far is kept\n", signal_name(sig).c_str());
+    pull_finished();
+    if (phase_ == Phase::pulling) enter(Phase::closing);
+    return;
+  }
   if (out_) out_->before_message();
   if (sig == SIGINT) {
     ++interrupts_;

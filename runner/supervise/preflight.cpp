@@ -178,7 +178,7 @@ void Gang::check_progress() {
   }
 }
 
-void Gang::send_prepare() {
+void Gang::begin_preflight() {
   // Where ranks meet: rank 0's host, by an address the other hosts reach.
   master_ = "127.0.0.1";
   if (plan_.multi_host && hosts_[0].link) {
@@ -190,29 +190,45 @@ void Gang::send_prepare() {
           break;
         }
   }
-  msg::Prepare m;
+  msg::Prepare& m = prepare_;
   m.master_addr = plan_.multi_host ? master_ : std::string();
   m.workdir = plan_.workdir;
   m.argv0 = plan_.argv.empty() ? std::string() : plan_.argv[0];
   for (const auto& [k, v] : plan_.ranks[0].env)
     if (k == "PATH") m.path = v;
-  uint32_t nports =
-      plan_.multi_host ? (plan_.auto_master_port ? 1u : 0u) + 1u + (plan_.ps_mode ? 1u : 0u) : 0u;
   m.nvml_library = plan_.nvml_library;
   m.nccl_required = plan_.nccl_required ? 1 : 0;
   m.nccl_library = plan_.nccl_library;
   m.has_cuda_visible_devices = plan_.user_cuda_visible_devices ? 1 : 0;
   m.cuda_visible_devices = plan_.user_cuda_visible_devices.value_or("");
+  if (opts_.sync) start_sync_all();
   for (size_t i = 0; i < hosts_.size(); ++i)
-    if (hosts_[i].state == HostState::greeted) {
-      m.gpu_slots_needed = uint32_t(plan_.hosts[i].gpu_slots_needed);
-      m.nports = i == 0 ? nports : 0;
-      // A fixed master_port must be free on rank 0's host, or rank 0 fails to listen on it later.
-      m.fixed_port = i == 0 && !plan_.auto_master_port ? uint32_t(plan_.master_port) : 0;
-      hosts_[i].state = HostState::preparing;
-      send_to(hosts_[i], m);
-    }
+    if (hosts_[i].state == HostState::greeted) next_step(i);
   check_progress();
+}
+
+void Gang::next_step(size_t i) {
+  Host& h = hosts_[i];
+  if (!h.open()) return;
+  if (opts_.sync && !h.synced)
+    start_sync(i);
+  else if (opts_.setup && !h.set_up)
+    start_setup(i);
+  else
+    send_prepare(i);
+}
+
+void Gang::send_prepare(size_t i) {
+  msg::Prepare m = prepare_;
+  uint32_t nports =
+      plan_.multi_host ? (plan_.auto_master_port ? 1u : 0u) + 1u + (plan_.ps_mode ? 1u : 0u) : 0u;
+  m.gpu_slots_needed = uint32_t(plan_.hosts[i].gpu_slots_needed);
+  m.nports = i == 0 ? nports : 0;
+  // A fixed master_port must be free on rank 0's host, or rank 0 fails to listen on it later.
+  m.fixed_port = i == 0 && !plan_.auto_master_port ? uint32_t(plan_.master_port) : 0;
+  hosts_[i].state = HostState::preparing;
+  hosts_[i].prepare_deadline = clock_.now() + opts_.preflight_timeout;
+  send_to(hosts_[i], m);
 }
 
 void Gang::settle_gpus() {

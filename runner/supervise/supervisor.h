@@ -6,6 +6,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,9 +14,37 @@
 #include "runner/records/records.h"
 #include "runner/supervise/events.h"
 #include "runner/supervise/output.h"
+#include "runner/sync/manifest.h"
 #include "runner/transport/transport.h"
 
 namespace mltrain::supervise {
+
+// `[sync]`: the tree mirrored into `dir` on every host before preflight (the ranks' workdir).
+struct SyncJob {
+  const sync::Tree* tree = nullptr;
+  std::string dir;    // as the hosts see it; "~/" is each host's home
+  std::string shown;  // the local folder, as the summary line names it
+};
+
+// `[setup]`: a command run once per host, after the sync and before preflight, again only when
+// `key` (the command and the synced tree) changed since its last success there, or `force`.
+struct SetupJob {
+  std::string command, cwd;
+  std::vector<std::string> env;  // "K=V"
+  std::string key;
+  bool force = false;
+};
+
+// `[sync] pull` and `mltrain cp`: files brought back into `dest` when the ranks have ended,
+// into `dest/<host>/` from each host named in `hosts` (indices into the plan's hosts).
+struct PullJob {
+  std::string dir;                    // on the hosts
+  std::vector<std::string> patterns;  // as in .gitignore; empty with a file `dir`: that file
+  std::vector<size_t> hosts;
+  std::string dest;
+  bool per_host_folders = true;
+  uint64_t max_bytes = 0;
+};
 
 struct Options {
   std::chrono::milliseconds grace{5000};
@@ -41,6 +70,9 @@ struct Options {
   // Called once, when every host passed preflight and the ranks were sent to start (a detached
   // launcher tells the command waiting for it that the run started).
   std::function<void()> on_running;
+  std::optional<SyncJob> sync;
+  std::optional<SetupJob> setup;
+  std::optional<PullJob> pull;
 };
 
 // Chooses the transport for a host (local child or SSH).

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -42,6 +43,46 @@ std::string unpack_runtime(std::string& why);
 // (nullopt: unset).
 std::string nvml_library_for(const std::string& job_value);
 std::optional<std::string> cuda_visible_devices_for(uint32_t job_sets_it, const std::string& job_value);
+
+// `~` or `~/...`: below this user's home.
+std::string expand_home(const std::string& path);
+
+// What the last sync wrote (sync.cpp): kind 'f' file, 'd' folder, 'l' link.
+struct SyncIndexEntry {
+  char kind = 0;
+  std::string hash;
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  uint64_t ino = 0;
+};
+struct SyncOpen {  // a file being received
+  int fd = -1;
+  std::string tmp;
+  void* hash = nullptr;  // XXH3_state_t
+  uint64_t written = 0;
+};
+struct SyncState {
+  bool receiving = false;  // manifest frames are arriving
+  bool failed = false;     // the folder could not be made: the data is ignored
+  std::string dir;
+  std::vector<SyncEntry> entries;
+  std::map<std::string, SyncIndexEntry> index;
+  std::map<uint32_t, SyncOpen> open;
+  std::set<uint32_t> broken;  // files that could not be written (said once)
+  uint32_t pending = 0, files = 0;
+  uint64_t bytes = 0;
+  std::vector<std::string> problems;
+};
+struct PullState {
+  bool active = false;
+  std::string dir;
+  std::vector<std::string> files;
+  size_t next = 0;
+  int fd = -1;
+  uint64_t left = 0, bytes = 0, max_bytes = 0;
+  uint32_t id = 0, sent = 0;
+  std::vector<std::string> problems;
+};
 
 struct Rank {
   uint32_t id = 0;
@@ -81,6 +122,17 @@ class Agent {
   void on(uint32_t id, const msg::Shutdown& m);
   void on(uint32_t id, const msg::Pause& m);
   void on(uint32_t id, const msg::TelemetryStart& m);
+  // Sync, setup and pull (sync.cpp).
+  void on(uint32_t id, msg::SyncManifest& m);
+  void on(uint32_t id, msg::SyncData& m);
+  void on(uint32_t id, const msg::SyncEnd& m);
+  void on(uint32_t id, msg::Setup& m);
+  void on(uint32_t id, const msg::Pull& m);
+  void load_sync_index();
+  bool save_sync_index();
+  void finish_file(uint32_t index, SyncOpen& f);
+  void setup_exited(int status);
+  void pump_pull();
   template <class M>
   void on(uint32_t id, const M& m);  // an agent->launcher message: unexpected here
   template <class M>
@@ -140,6 +192,10 @@ class Agent {
   std::map<int32_t, std::string> stats_of_pid_;         // watch: each found rank's counter block
   std::map<int32_t, int32_t> env_rank_;                 // watch: a GPU process's RANK (-1: none)
   std::string environ_;
+  SyncState sync_;
+  std::string setup_stamp_, setup_key_;  // where the setup's last success is kept, and what it was
+  bool setup_running_ = false;
+  PullState pull_;
 };
 
 }  // namespace mltrain::agent::detail

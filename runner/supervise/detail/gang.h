@@ -28,13 +28,36 @@
 
 namespace mltrain::supervise::detail {
 
-enum class Phase { connecting, preflight, probing, watching, running, stopping, restarting, closing, done };
+enum class Phase {
+  connecting,
+  preflight,
+  probing,
+  watching,
+  running,
+  stopping,
+  restarting,
+  pulling,
+  closing,
+  done
+};
 const char* phase_name(Phase p);
 
 // Per host: connecting -> greeting (hello sent) -> greeted -> preparing (prepare, or doctor's
 // ping and probe, sent) -> ready; or failed (a problem before running), lost (after), closed
 // (said bye).
-enum class HostState { connecting, greeting, greeted, preparing, ready, failed, lost, closed };
+// Between greeted and preparing, with [sync] and [setup]: syncing, setting_up.
+enum class HostState {
+  connecting,
+  greeting,
+  greeted,
+  syncing,
+  setting_up,
+  preparing,
+  ready,
+  failed,
+  lost,
+  closed
+};
 
 // Doctor's view of one host while probing: the ping's round trip, then the probe's facts.
 struct Probing {
@@ -45,6 +68,33 @@ struct Probing {
 
 // How the run ends; the first reason wins.
 enum class Ending { none, failure, host_failure, interrupted, stopped, timeout, preflight_failed };
+
+// One host's sync: the files it wants, how far their bytes went, what it said at the end.
+struct HostSync {
+  std::vector<int32_t> want;
+  size_t next = 0;      // into want
+  uint64_t offset = 0;  // within want[next]
+  uint64_t raw_bytes = 0, wire_bytes = 0;
+  uint32_t deleted = 0;
+  bool data_sent = false;  // SyncEnd is on its way
+  bool done = false;
+  std::string dir;  // as the agent resolved it
+};
+
+struct HostSetup {
+  std::string partial;            // the output's last unfinished line
+  std::vector<std::string> tail;  // its last lines, for a failure
+  int log_fd = -1;
+  bool skipped = false;
+};
+
+struct HostPull {
+  bool active = false, done = false;
+  int fd = -1;
+  std::string tmp, path;
+  uint64_t left = 0, files = 0, bytes = 0;
+  std::vector<std::string> problems;
+};
 
 struct Host {
   const plan::HostPlan* plan = nullptr;
@@ -58,6 +108,11 @@ struct Host {
   Probing probing;
   std::optional<agent::msg::Probed> probed;
   Clock::time_point last_heard{};
+  std::optional<Clock::time_point> prepare_deadline;  // preflight must answer by then
+  bool synced = false, set_up = false;
+  HostSync sync;
+  HostSetup setup;
+  HostPull pull;
   bool open() const {
     return link && (state != HostState::failed && state != HostState::lost && state != HostState::closed);
   }
@@ -119,7 +174,9 @@ class Gang {
   void take_connected();
   void host_failed(size_t i, const std::string& problem);
   void check_progress();  // moves on once every host answered (or failed) in this phase
-  void send_prepare();
+  void begin_preflight();
+  void next_step(size_t i);  // sync, then setup, then prepare
+  void send_prepare(size_t i);
   void settle_gpus();  // every ready host's Prepared against [gpus]: CUDA_VISIBLE_DEVICES, or a failure
   void settle_rendezvous();
 
@@ -142,8 +199,25 @@ class Gang {
   void on(size_t i, uint32_t id, agent::msg::Bye& m);
   void on(size_t i, uint32_t id, agent::msg::Probed& m);
   void on(size_t i, uint32_t id, agent::msg::Telemetry& m);
+  void on(size_t i, uint32_t id, agent::msg::SyncWant& m);
+  void on(size_t i, uint32_t id, agent::msg::SyncDone& m);
+  void on(size_t i, uint32_t id, agent::msg::SetupDone& m);
+  void on(size_t i, uint32_t id, agent::msg::PullFile& m);
+  void on(size_t i, uint32_t id, agent::msg::PullData& m);
+  void on(size_t i, uint32_t id, agent::msg::PullDone& m);
   template <class M>
   void on(size_t i, uint32_t id, M& m);  // a launcher->agent message: unexpected here
+
+  // Sync, setup and pull (sync.cpp).
+  void start_sync_all();  // the tree's manifest and chunks, once for every host
+  void start_sync(size_t i);
+  void pump_sync(size_t i);  // more file bytes while the host's outbox has room
+  void sync_progress(Clock::time_point now, bool final);
+  void start_setup(size_t i);
+  void setup_output(size_t i, std::string_view bytes, bool end);
+  void start_pull();
+  void end_pull(size_t i);
+  void pull_finished();
 
   // Running.
   void spawn_all();
@@ -205,6 +279,14 @@ class Gang {
   std::optional<Clock::time_point> escalate_at_;    // after an interrupt: TERM at this time
   std::optional<Clock::time_point> stop_deadline_;  // stopping: unreported ranks count as lost
   std::optional<Clock::time_point> next_ping_;
+  agent::msg::Prepare prepare_;           // what every host is asked (per host: ports, GPUs)
+  std::string manifest_frames_;           // [sync]: the tree's manifest, encoded once
+  std::unique_ptr<sync::Chunks> chunks_;  // ... and its files' bytes
+  Clock::time_point sync_start_{};
+  std::optional<Clock::time_point> next_sync_status_;
+  bool sync_reported_ = false;
+  bool pulled_ = false;  // the pull ran (or was not asked for): closing may go on
+  bool ranks_started_ = false;
 };
 
 }  // namespace mltrain::supervise::detail

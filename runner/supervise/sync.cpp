@@ -1,0 +1,365 @@
+// The gang's part in `[sync]`, `[setup]` and `pull`: every host's folder mirrored before preflight
+// (the manifest once, then only the files a host lacks, as fast as its link takes them), the setup
+// command where it must run, and after the ranks the files asked for, brought back.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "runner/common/error.h"
+#include "runner/common/status.h"
+#include "runner/common/text.h"
+#include "runner/supervise/detail/gang.h"
+
+namespace mltrain::supervise::detail {
+
+namespace proto = mltrain::agent;
+namespace msg = mltrain::agent::msg;
+using std::chrono::milliseconds;
+
+namespace {
+
+constexpr size_t kSyncOutbox = 1u << 20;  // refill a host's outbox below this
+constexpr size_t kSetupTail = 12;
+
+std::string bytes_text(uint64_t b) {
+  char buf[32];
+  if (b < 10 * 1024)
+    std::snprintf(buf, sizeof buf, "%llu B", (unsigned long long)b);
+  else if (b < 10ull << 20)
+    std::snprintf(buf, sizeof buf, "%.1f KiB", double(b) / 1024);
+  else if (b < 10ull << 30)
+    std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / (1 << 20));
+  else
+    std::snprintf(buf, sizeof buf, "%.1f GiB", double(b) / (1u << 30));
+  return buf;
+}
+
+std::string plural(uint64_t n, const char* one, const char* many) {
+  return std::to_string(n) + " " + (n == 1 ? one : many);
+}
+
+}  // namespace
+
+// ---- sync ----
+
+void Gang::start_sync_all() {
+  const sync::Tree& t = *opts_.sync->tree;
+  for (size_t k = 0; k < t.entries.size() || k == 0; k += msg::kSyncEntriesPerFrame) {
+    msg::SyncManifest m;
+    m.dir = opts_.sync->dir;
+    size_t end = std::min(t.entries.size(), k + msg::kSyncEntriesPerFrame);
+    m.entries.assign(t.entries.begin() + long(k), t.entries.begin() + long(end));
+    m.last = end == t.entries.size() ? 1 : 0;
+    proto::encode(manifest_frames_, m);
+  }
+  chunks_ = std::make_unique<sync::Chunks>(t);
+  sync_start_ = clock_.now();
+}
+
+void Gang::start_sync(size_t i) {
+  Host& h = hosts_[i];
+  h.state = HostState::syncing;
+  if (h.open()) h.outbox += manifest_frames_;
+}
+
+void Gang::on(size_t i, uint32_t, msg::SyncWant& m) {
+  Host& h = hosts_[i];
+  if (h.state != HostState::syncing) return;
+  if (m.dir.empty()) {
+    host_failed(i, "sync: " + text::join(m.problems, "; "));
+    h.link->kill();
+    check_progress();
+    return;
+  }
+  h.sync.want = std::move(m.want);
+  h.sync.deleted = m.deleted;
+  h.sync.dir = m.dir;
+  for (const auto& p : m.problems) {
+    out_->before_message();
+    std::fprintf(stderr, "mltrain: %s: sync: %s\n", h.plan->host.name.c_str(), p.c_str());
+  }
+  pump_sync(i);
+}
+
+void Gang::pump_sync(size_t i) {
+  Host& h = hosts_[i];
+  if (h.state != HostState::syncing || h.sync.data_sent || !h.open() || h.sync.dir.empty()) return;
+  const sync::Tree& t = *opts_.sync->tree;
+  try {
+    while (h.outbox.size() < kSyncOutbox) {
+      if (h.sync.next >= h.sync.want.size()) {
+        send_to(h, msg::SyncEnd{});
+        h.sync.data_sent = true;
+        return;
+      }
+      size_t index = size_t(h.sync.want[h.sync.next]);
+      if (index >= t.entries.size()) {
+        ++h.sync.next;
+        continue;
+      }
+      auto chunk = chunks_->get(index, h.sync.offset);
+      send_to(h, *chunk, uint32_t(index));
+      h.sync.raw_bytes += chunk->raw_size;
+      h.sync.wire_bytes += chunk->bytes.size();
+      h.sync.offset += chunk->raw_size;
+      if (h.sync.offset >= t.entries[index].size) ++h.sync.next, h.sync.offset = 0;
+    }
+  } catch (const Error& e) {
+    host_failed(i, e.what());
+    h.link->kill();
+    check_progress();
+  }
+}
+
+void Gang::on(size_t i, uint32_t, msg::SyncDone& m) {
+  Host& h = hosts_[i];
+  if (h.state != HostState::syncing) return;
+  if (!m.problems.empty()) {
+    host_failed(i, "sync into " + h.sync.dir + " failed: " + text::join(m.problems, "; "));
+    check_progress();
+    return;
+  }
+  h.sync.done = true;
+  h.synced = true;
+  h.state = HostState::greeted;
+  sync_progress(clock_.now(), false);
+  next_step(i);
+  check_progress();
+}
+
+// On a terminal, one status line while bytes travel; when every host is done, one summary line.
+void Gang::sync_progress(Clock::time_point now, bool) {
+  if (!opts_.sync || sync_reported_) return;
+  const sync::Tree& t = *opts_.sync->tree;
+  size_t syncing = 0, done = 0, failed = 0;
+  uint64_t raw = 0, wire = 0, want_files = 0, sent_files = 0, deleted = 0;
+  for (const auto& h : hosts_) {
+    if (h.state == HostState::syncing) ++syncing;
+    if (h.sync.done) ++done;
+    if (h.state == HostState::failed && !h.sync.done) ++failed;
+    raw += h.sync.raw_bytes;
+    wire += h.sync.wire_bytes;
+    want_files += h.sync.want.size();
+    sent_files += std::min(h.sync.next, h.sync.want.size());
+    deleted += h.sync.deleted;
+  }
+  double secs = std::chrono::duration<double>(now - sync_start_).count();
+  if (syncing > 0) {
+    if (!out_->terminal() || !opts_.console.color) return;
+    if (next_sync_status_ && now < *next_sync_status_) return;
+    next_sync_status_ = now + milliseconds(100);
+    char rate[32];
+    std::snprintf(rate, sizeof rate, "%.1f MiB/s", secs > 0 ? double(raw) / (1 << 20) / secs : 0.0);
+    out_->set_status("syncing to " + plural(syncing, "host", "hosts") + ": " + std::to_string(sent_files) +
+                     "/" + std::to_string(want_files) + " files, " + bytes_text(raw) + ", " + rate);
+    out_->flush();
+    return;
+  }
+  sync_reported_ = true;
+  out_->set_status("");
+  out_->flush();
+  if (done == 0) return;
+  out_->before_message();
+  std::string sent = sent_files == 0 && deleted == 0
+                         ? "nothing changed"
+                         : plural(sent_files, "file", "files") + " sent (" + bytes_text(raw) +
+                               (wire < raw ? ", " + bytes_text(wire) + " compressed" : std::string()) + ")" +
+                               (deleted ? ", " + std::to_string(deleted) + " removed" : std::string());
+  std::fprintf(stderr, "mltrain: synced %s (%s, %s) to %s on %s: %s in %.2fs\n", opts_.sync->shown.c_str(),
+               plural(t.files, "file", "files").c_str(), bytes_text(t.bytes).c_str(), opts_.sync->dir.c_str(),
+               plural(done, "host", "hosts").c_str(), sent.c_str(), secs);
+  (void)failed;
+}
+
+// ---- setup ----
+
+void Gang::start_setup(size_t i) {
+  Host& h = hosts_[i];
+  h.state = HostState::setting_up;
+  msg::Setup m;
+  m.command = opts_.setup->command;
+  m.cwd = opts_.setup->cwd;
+  m.env = opts_.setup->env;
+  m.key = opts_.setup->key;
+  m.force = opts_.setup->force ? 1 : 0;
+  send_to(h, m);
+}
+
+void Gang::setup_output(size_t i, std::string_view bytes, bool end) {
+  Host& h = hosts_[i];
+  if (h.setup.log_fd < 0 && !bytes.empty()) {
+    std::string path = records::run_dir(rec_.id) + "/setup-" + h.plan->host.name + ".log";
+    h.setup.log_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  }
+  if (h.setup.log_fd >= 0 && !bytes.empty()) {
+    [[maybe_unused]] ssize_t n = ::write(h.setup.log_fd, bytes.data(), bytes.size());
+  }
+  h.setup.partial.append(bytes);
+  size_t start = 0;
+  auto emit = [&](std::string line) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    out_->before_message();
+    std::fprintf(stderr, "[%s] %s\n", h.plan->host.name.c_str(), line.c_str());
+    h.setup.tail.push_back(std::move(line));
+    if (h.setup.tail.size() > kSetupTail) h.setup.tail.erase(h.setup.tail.begin());
+  };
+  for (size_t nl; (nl = h.setup.partial.find('\n', start)) != std::string::npos; start = nl + 1)
+    emit(h.setup.partial.substr(start, nl - start));
+  h.setup.partial.erase(0, start);
+  if (end && !h.setup.partial.empty()) emit(std::exchange(h.setup.partial, {}));
+  if (end && h.setup.log_fd >= 0) ::close(h.setup.log_fd), h.setup.log_fd = -1;
+}
+
+void Gang::on(size_t i, uint32_t, msg::SetupDone& m) {
+  Host& h = hosts_[i];
+  if (h.state != HostState::setting_up) return;
+  setup_output(i, {}, true);
+  if (m.ran == 0) {
+    h.setup.skipped = true;
+    out_->before_message();
+    std::fprintf(
+        stderr,
+        "[%s] setup: skipped, nothing changed since it last succeeded here (--setup always runs it)\n",
+        h.plan->host.name.c_str());
+  } else if (m.status != 0 || !m.message.empty()) {
+    std::string why =
+        !m.message.empty() ? "could not start: " + m.message : "failed with " + describe_status(m.status);
+    std::string tail;
+    for (const auto& l : h.setup.tail) tail += "\n      | " + l;
+    host_failed(i, "setup `" + opts_.setup->command + "` " + why +
+                       (tail.empty() ? std::string() : "; its last lines:" + tail) + "\n      (its output: " +
+                       records::run_dir(rec_.id) + "/setup-" + h.plan->host.name + ".log)");
+    check_progress();
+    return;
+  }
+  h.set_up = true;
+  h.state = HostState::greeted;
+  next_step(i);
+  check_progress();
+}
+
+// ---- pull ----
+
+void Gang::start_pull() {
+  const PullJob& p = *opts_.pull;
+  msg::Pull m;
+  m.dir = p.dir;
+  m.patterns = p.patterns;
+  m.max_bytes = p.max_bytes;
+  size_t asked = 0;
+  for (size_t i : p.hosts)
+    if (i < hosts_.size() && hosts_[i].open()) {
+      hosts_[i].pull.active = true;
+      send_to(hosts_[i], m);
+      ++asked;
+    }
+  if (asked == 0) pull_finished();
+}
+
+void Gang::end_pull(size_t i) {
+  HostPull& p = hosts_[i].pull;
+  if (p.fd < 0) return;
+  bool whole = p.left == 0;
+  bool ok = ::close(p.fd) == 0 && whole;
+  p.fd = -1;
+  if (ok && ::rename(p.tmp.c_str(), p.path.c_str()) == 0) return;
+  ::unlink(p.tmp.c_str());
+  p.problems.push_back(p.path + (whole ? ": " + std::string(std::strerror(errno)) : ": arrived short"));
+}
+
+void Gang::on(size_t i, uint32_t, msg::PullFile& m) {
+  Host& h = hosts_[i];
+  HostPull& p = h.pull;
+  if (!p.active) return;
+  end_pull(i);
+  const PullJob& job = *opts_.pull;
+  std::filesystem::path rel(m.path);
+  rel = rel.lexically_normal();
+  if (m.path.empty() || rel.is_absolute() || *rel.begin() == "..") {
+    p.problems.push_back("refused the path '" + m.path + "'");
+    return;
+  }
+  std::filesystem::path dest(job.dest);
+  if (job.per_host_folders) dest /= h.plan->host.name;
+  dest /= rel;
+  std::error_code ec;
+  std::filesystem::create_directories(dest.parent_path(), ec);
+  p.path = dest.string();
+  p.tmp = dest.parent_path().string() + "/.mltrain-tmp-" + dest.filename().string();
+  p.fd = ::open(p.tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode_t(m.mode & 0777) | 0600);
+  if (p.fd < 0) {
+    p.problems.push_back(p.tmp + ": " + std::strerror(errno));
+    return;
+  }
+  p.left = m.size;
+  ++p.files;
+  if (m.size == 0) end_pull(i);
+}
+
+void Gang::on(size_t i, uint32_t, msg::PullData& m) {
+  HostPull& p = hosts_[i].pull;
+  if (p.fd < 0) return;
+  size_t n = size_t(std::min<uint64_t>(p.left, m.bytes.size()));
+  for (size_t done = 0; done < n;) {
+    ssize_t w = ::write(p.fd, m.bytes.data() + done, n - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      p.problems.push_back(p.path + ": " + std::strerror(errno));
+      ::close(p.fd);
+      ::unlink(p.tmp.c_str());
+      p.fd = -1;
+      return;
+    }
+    done += size_t(w);
+  }
+  p.left -= n;
+  p.bytes += n;
+  if (p.left == 0) end_pull(i);
+}
+
+void Gang::on(size_t i, uint32_t, msg::PullDone& m) {
+  Host& h = hosts_[i];
+  if (!h.pull.active) return;
+  end_pull(i);
+  h.pull.active = false;
+  h.pull.done = true;
+  for (auto& p : m.problems) h.pull.problems.push_back(std::move(p));
+  if (std::none_of(hosts_.begin(), hosts_.end(), [](const Host& x) { return x.pull.active && x.open(); }))
+    pull_finished();
+}
+
+void Gang::pull_finished() {
+  if (pulled_) return;
+  pulled_ = true;
+  const PullJob& job = *opts_.pull;
+  uint64_t files = 0, bytes = 0;
+  std::vector<std::string> problems, none;
+  for (size_t i : job.hosts) {
+    if (i >= hosts_.size()) continue;
+    Host& h = hosts_[i];
+    if (h.pull.active) {
+      end_pull(i);
+      h.pull.problems.push_back("the host was lost before every file came");
+    }
+    files += h.pull.files;
+    bytes += h.pull.bytes;
+    for (const auto& p : h.pull.problems) problems.push_back(h.plan->host.name + ": " + p);
+    if (h.pull.done && h.pull.files == 0) none.push_back(h.plan->host.name);
+  }
+  if (out_) out_->flush(), out_->before_message();
+  std::fprintf(stderr, "mltrain: pulled %s (%s) into %s\n", plural(files, "file", "files").c_str(),
+               bytes_text(bytes).c_str(), job.dest.c_str());
+  if (!none.empty() && files == 0)
+    std::fprintf(stderr, "mltrain: nothing matched %s in %s on %s\n", text::join(job.patterns, " ").c_str(),
+                 job.dir.c_str(), text::join(none, ", ").c_str());
+  for (const auto& p : problems) std::fprintf(stderr, "mltrain: pull: %s\n", p.c_str());
+  if (phase_ == Phase::pulling) enter(Phase::closing);
+}
+
+}  // namespace mltrain::supervise::detail
