@@ -165,16 +165,31 @@ void Gang::sync_progress(Clock::time_point now, bool) {
   out_->set_status("");
   out_->flush();
   if (done == 0) return;
+  // Per host: hosts usually want the same, so say it once ("to each host").
+  uint64_t fmin = UINT64_MAX, fmax = 0, bmax = 0, wmax = 0, dmin = UINT64_MAX, dmax = 0;
+  for (const auto& h : hosts_)
+    if (h.sync.done) {
+      fmin = std::min<uint64_t>(fmin, h.sync.want.size()), fmax = std::max<uint64_t>(fmax, h.sync.want.size());
+      dmin = std::min<uint64_t>(dmin, h.sync.deleted), dmax = std::max<uint64_t>(dmax, h.sync.deleted);
+      bmax = std::max(bmax, h.sync.raw_bytes), wmax = std::max(wmax, h.sync.wire_bytes);
+    }
+  const bool each = done > 1;
+  std::string sent;
+  if (fmax == 0 && dmax == 0) {
+    sent = "nothing changed";
+  } else {
+    sent = (fmin == fmax ? plural(fmax, "file", "files") : std::to_string(fmin) + "-" + std::to_string(fmax) + " files") +
+           " sent" + (each ? fmin == fmax ? " to each" : " per host" : "") + " (" + bytes_text(bmax) +
+           (wmax < bmax ? ", " + bytes_text(wmax) + " compressed" : std::string()) + ")";
+    if (dmax > 0)
+      sent += ", " + (dmin == dmax ? std::to_string(dmax) : std::to_string(dmin) + "-" + std::to_string(dmax)) +
+              " removed" + (each ? dmin == dmax ? " on each" : " per host" : "");
+  }
   out_->before_message();
-  std::string sent = sent_files == 0 && deleted == 0
-                         ? "nothing changed"
-                         : plural(sent_files, "file", "files") + " sent (" + bytes_text(raw) +
-                               (wire < raw ? ", " + bytes_text(wire) + " compressed" : std::string()) + ")" +
-                               (deleted ? ", " + std::to_string(deleted) + " removed" : std::string());
   std::fprintf(stderr, "mltrain: synced %s (%s, %s) to %s on %s: %s in %.2fs\n", opts_.sync->shown.c_str(),
                plural(t.files, "file", "files").c_str(), bytes_text(t.bytes).c_str(), opts_.sync->dir.c_str(),
                plural(done, "host", "hosts").c_str(), sent.c_str(), secs);
-  (void)failed;
+  (void)failed, (void)wire, (void)deleted;
 }
 
 // ---- setup ----

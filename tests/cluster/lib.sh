@@ -82,8 +82,10 @@ mlt_start_sshd() {
   local name="h$k"
   [ -s "$hd/hostname" ] && name="$(cat "$hd/hostname")"
   # shellcheck disable=SC2016
+  # With up.sh --private-homes, the login user's home is $hd/home there (no files shared).
   ip netns exec "$(mlt_ns "$k")" unshare --uts --mount --propagation private /bin/sh -c \
       'hostname "$1" && mount -t tmpfs -o mode=1777,size=512m "mlt-shm-$3" /dev/shm &&
+       { [ ! -s "$2/home_of" ] || mount --bind "$2/home" "$(cat "$2/home_of")"; } &&
        exec /usr/sbin/sshd -f "$2/sshd_config" -E "$2/sshd.log"' _ "$name" "$hd" "h$k" \
     || { cat "$hd/sshd.log" >&2 2>/dev/null; mlt_die "sshd for h$k failed to start"; }
   for i in $(seq 1 50); do

@@ -3,25 +3,29 @@
 # sshd on 10.231.0.(10+K):22. Tears down a previous cluster first. Needs root. See README.md.
 #
 # Usage: tests/cluster/up.sh [-n N] [-d STATE_DIR] [--max-sessions hK=M]... [--hostname hK=NAME]... [--etc-hosts]
+#                           [--user NAME] [--private-homes]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=lib.sh
 . "$here/lib.sh"
 
 usage() {
-  echo "usage: $0 [-n N] [-d STATE_DIR] [--max-sessions hK=M]... [--hostname hK=NAME]... [--etc-hosts] [--user NAME]" >&2
+  echo "usage: $0 [-n N] [-d STATE_DIR] [--max-sessions hK=M]... [--hostname hK=NAME]... [--etc-hosts] [--user NAME] [--private-homes]" >&2
   echo "  -n N                 number of hosts (default 4, at most 200)" >&2
   echo "  -d STATE_DIR         keys, configs, logs (default $MLT_DEFAULT_DIR)" >&2
   echo "  --max-sessions hK=M  sshd MaxSessions M on host hK (default 10); repeatable" >&2
   echo "  --hostname hK=NAME   host hK's own name (\`hostname\`) is NAME, e.g. two hosts both 'ubuntu'; repeatable" >&2
   echo "  --etc-hosts          also add 'IP hK' lines to /etc/hosts (down.sh removes them)" >&2
   echo "  --user NAME          the user ssh logs in as (default mltest, created with /bin/sh as its shell)" >&2
+  echo "  --private-homes      every host has a home folder of its own (STATE_DIR/hK/home, empty at first)," >&2
+  echo "                       so the hosts share no files there, as separate machines do" >&2
   exit 2
 }
 
 n=4
 dir="$MLT_DEFAULT_DIR"
 etc_hosts=0
+private_homes=0
 user=mltest
 declare -A max_sessions=()
 declare -A host_names=()
@@ -40,6 +44,7 @@ while [ $# -gt 0 ]; do
       host_names[$(mlt_host_index "${hn%%=*}")]="${hn#*=}" ;;
     --etc-hosts) etc_hosts=1; shift ;;
     --user) [ $# -ge 2 ] || usage; user="$2"; shift 2 ;;
+    --private-homes) private_homes=1; shift ;;
     -h|--help) usage ;;
     *) echo "up.sh: unknown argument '$1'" >&2; usage ;;
   esac
@@ -180,6 +185,12 @@ Subsystem sftp internal-sftp
 EOF
   : >"$hd/sshd.log"
   if [ -n "${host_names[$k]:-}" ]; then echo "${host_names[$k]}" >"$hd/hostname"; else rm -f "$hd/hostname"; fi
+  rm -rf "$hd/home" "$hd/home_of"
+  if [ "$private_homes" = 1 ]; then
+    # mlt_start_sshd mounts it over the user's home inside the host's mount namespace.
+    mkdir -p "$hd/home" && chown "$user:" "$hd/home" && chmod 755 "$hd/home"
+    getent passwd "$user" | cut -d: -f6 >"$hd/home_of"
+  fi
 done
 mkdir -p /run/sshd && chmod 755 /run/sshd   # sshd's privilege separation directory
 starters=()

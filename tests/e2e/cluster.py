@@ -111,12 +111,14 @@ class Cluster:
 
     # -- lifecycle -------------------------------------------------------------------------------
     @classmethod
-    def up(cls, n=4, max_sessions=None, state_dir=DEFAULT_DIR, timeout=120, hostnames=None, user=None):
+    def up(cls, n=4, max_sessions=None, state_dir=DEFAULT_DIR, timeout=120, hostnames=None, user=None,
+           private_homes=False):
         """Tear down any previous cluster and bring up n hosts h1..hn (tests/cluster/up.sh).
 
         max_sessions: {"h2": 2} (or {2: 2}) sets sshd MaxSessions on those hosts (default 10).
         hostnames: {"h1": "twin", "h2": "twin"} gives hosts their own `hostname` (default hK).
         user: the login user (default mltest); created with /bin/sh as its shell when missing.
+        private_homes: every host has its own empty home folder (home(h) shows it here).
         Every host has its own /dev/shm, as separate machines do.
         """
         args = [str(SCRIPTS / "up.sh"), "-n", str(n), "-d", str(state_dir)]
@@ -126,6 +128,8 @@ class Cluster:
             args += ["--hostname", f"h{_index(h)}={name}"]
         if user:
             args += ["--user", user]
+        if private_homes:
+            args += ["--private-homes"]
         _run(args, timeout=timeout)
         c = cls(state_dir)
         if len(c.hosts) != n:
@@ -147,6 +151,10 @@ class Cluster:
     def ip(self, h) -> str:
         """'h3' -> '10.231.0.13'."""
         return f"{NET}.{10 + _index(h)}"
+
+    def home(self, h) -> Path:
+        """Host h's own home folder, as this machine sees it (a cluster with private_homes)."""
+        return self.dir / f"h{_index(h)}" / "home"
 
     def ns(self, h) -> str:
         """'h3' -> 'mlt-h3' (for `ip netns exec`)."""
