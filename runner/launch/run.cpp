@@ -15,6 +15,7 @@
 #include "knobs/registry.h"
 #include "runner/common/error.h"
 #include "runner/common/secret.h"
+#include "runner/common/state_home.h"
 #include "runner/common/status.h"
 #include "runner/common/text.h"
 #include "runner/launch/detail/launch_detail.h"
@@ -205,6 +206,11 @@ std::optional<SyncPlan> plan_sync(const spec::JobSpec& s, const JobRequest& req)
   to.root = sp.src;
   to.exclude = s.sync.exclude;
   for (const auto& f : s.sync.files) to.files.push_back({f.src, f.dst, f.origin});
+  try {  // a cache of the files' hashes; without it every launch reads the whole tree
+    make_private_dirs(state_home() + "/sync");
+    to.cache_file = state_home() + "/sync/" + sync::hash_hex(sp.src + '\0' + sp.remote) + ".hashes";
+  } catch (const Error&) {
+  }
   sp.tree = sync::build_tree(to);
   return sp;
 }

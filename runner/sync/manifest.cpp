@@ -82,10 +82,73 @@ std::string read_small(const std::string& path) {
   return s;
 }
 
+// The hashes of the last listing, by local path: (inode, size, mtime, ctime) -> hash.
+struct HashCache {
+  struct Key {
+    uint64_t ino = 0, size = 0;
+    int64_t mtime = 0, ctime = 0;
+    bool operator==(const Key&) const = default;
+  };
+  std::map<std::string, std::pair<Key, std::string>> entries, used;
+
+  static Key key_of(const struct stat& st) {
+    return {uint64_t(st.st_ino), uint64_t(st.st_size),
+            int64_t(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec,
+            int64_t(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec};
+  }
+
+  void load(const std::string& file) {
+    std::string text = read_small_file(file);
+    agent::Reader r(text);
+    uint32_t n = r.u32();
+    for (uint32_t i = 0; i < n && !r.failed(); ++i) {
+      std::string path = r.str();
+      Key k;
+      k.ino = r.u64(), k.size = r.u64(), k.mtime = int64_t(r.u64()), k.ctime = int64_t(r.u64());
+      std::string h = r.str();
+      if (!r.failed()) entries[path] = {k, h};
+    }
+  }
+
+  void save(const std::string& file) const {
+    agent::Writer w;
+    w.u32(uint32_t(used.size()));
+    for (const auto& [path, v] : used)
+      w.str(path)
+          .u64(v.first.ino)
+          .u64(v.first.size)
+          .u64(uint64_t(v.first.mtime))
+          .u64(uint64_t(v.first.ctime))
+          .str(v.second);
+    std::string data = w.take();
+    std::string tmp = file + ".tmp." + std::to_string(::getpid());
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return;  // only a cache: the next listing reads the files again
+    bool ok = ::write(fd, data.data(), data.size()) == ssize_t(data.size());
+    ok = ::close(fd) == 0 && ok;
+    if (!ok || ::rename(tmp.c_str(), file.c_str()) != 0) ::unlink(tmp.c_str());
+  }
+
+  static std::string read_small_file(const std::string& path) {
+    std::string s;
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return s;
+    char buf[1 << 16];
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0) s.append(buf, size_t(n));
+    ::close(fd);
+    return s;
+  }
+};
+
 class Builder {
  public:
   Builder(const TreeOptions& o, Tree& t) : o_(o), t_(t) {
     for (const auto& e : o.exclude) user_.add(e);
+    if (!o.cache_file.empty()) cache_.load(o.cache_file);
+  }
+  ~Builder() {
+    if (!o_.cache_file.empty()) cache_.save(o_.cache_file);
   }
 
   void run() {
@@ -116,6 +179,7 @@ class Builder {
       size_t end = z.find('\0', i);
       if (end == std::string::npos) end = z.size();
       std::string p = z.substr(i, end - i);
+      while (!p.empty() && p.back() == '/') p.pop_back();  // an untracked repository: "sub/"
       if (!p.empty() && seen.insert(p).second) out.push_back(p);
       i = end + 1;
     }
@@ -134,21 +198,17 @@ class Builder {
   }
 
   // .mltrainignore files of every folder on the way to `rel` (loaded once each).
+  // The root's first: a deeper folder's rules come later and win, whatever git lists first.
   void load_ignores_for(const std::string& rel) {
-    std::string dir;
-    for (size_t i = 0;; i = rel.find('/', i) + 1) {
-      size_t slash = rel.find('/', i);
-      if (slash == std::string::npos) break;
-      dir = rel.substr(0, slash);
-      load_dir_rules(dir, false);
-    }
     load_dir_rules("", false);
+    for (size_t slash = rel.find('/'); slash != std::string::npos; slash = rel.find('/', slash + 1))
+      load_dir_rules(rel.substr(0, slash), false);
   }
 
   void load_dir_rules(const std::string& rel_dir, bool gitignore) {
     if (!loaded_.insert(rel_dir + (gitignore ? "\1g" : "\1m")).second) return;
     std::string base = rel_dir.empty() ? o_.root : o_.root + "/" + rel_dir;
-    if (gitignore) rules_.add_text(read_small(base + "/.gitignore"), rel_dir);
+    if (gitignore) gitignore_.add_text(read_small(base + "/.gitignore"), rel_dir);
     rules_.add_text(read_small(base + "/.mltrainignore"), rel_dir);
   }
 
@@ -156,7 +216,9 @@ class Builder {
     std::string first = rel.substr(0, rel.find('/'));
     if (first == ".git" || first == kStateDir) return true;
     if (rel.size() >= 5 && rel.compare(rel.size() - 5, 5, "/.git") == 0) return true;
-    return rules_.excluded_with_parents(rel, is_dir) || user_.excluded_with_parents(rel, is_dir);
+    // .gitignore rules apart: a nested `!x` there must not bring back what .mltrainignore leaves out.
+    return gitignore_.excluded_with_parents(rel, is_dir) || rules_.excluded_with_parents(rel, is_dir) ||
+           user_.excluded_with_parents(rel, is_dir);
   }
 
   void add_listed(const std::string& rel) {
@@ -217,7 +279,10 @@ class Builder {
     if (S_ISREG(st.st_mode)) {
       e.kind = agent::SyncEntry::file;
       e.size = uint64_t(st.st_size);
-      e.hash = file_hash(full, e.size);
+      HashCache::Key k = HashCache::key_of(st);
+      auto c = cache_.entries.find(full);
+      e.hash = c != cache_.entries.end() && c->second.first == k ? c->second.second : file_hash(full, e.size);
+      if (!o_.cache_file.empty()) cache_.used[full] = {k, e.hash};
     } else if (S_ISDIR(st.st_mode)) {
       e.kind = agent::SyncEntry::dir;
     } else if (S_ISLNK(st.st_mode)) {
@@ -304,9 +369,10 @@ class Builder {
 
   const TreeOptions& o_;
   Tree& t_;
-  Rules rules_, user_;
+  Rules gitignore_, rules_, user_;  // .gitignore (without git), .mltrainignore, [sync] exclude
   std::set<std::string> loaded_;
   std::map<std::string, size_t> index_;
+  HashCache cache_;
 };
 
 }  // namespace

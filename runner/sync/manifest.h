@@ -28,6 +28,9 @@ struct TreeOptions {
     std::string origin;  // "job.toml:12:1", for errors
   };
   std::vector<Extra> files;
+  // Where the hashes of the last listing are kept ("": nowhere): a file whose inode, size, mtime
+  // and ctime are as they were is not read again.
+  std::string cache_file;
 };
 
 struct Tree {

@@ -110,6 +110,24 @@ const msg::Prepared kPrepared{
     "eth0", "10.0.0.2", {"29500", "29501"}, {"program x not found"}, 1, {kH100, {}}, {3, 0}, "nvml", "",
     1,      "3,0"};
 const msg::Probed kProbed{{"arch=x86_64", "gpus=1"}, {kH100}};
+const SyncEntry kFileEntry{"src/train.py",
+                           SyncEntry::file,
+                           0755,
+                           1234,
+                           1700000000123456789,
+                           std::string("\x01\x00\xff", 3) + std::string(13, 'h'),
+                           ""};
+const SyncEntry kLinkEntry{"data", SyncEntry::symlink, 0777, 0, -5, "", "/mnt/shared/data"};
+const msg::SyncManifest kManifest{"~/jobs/w d", {kFileEntry, kLinkEntry}, 0};
+const msg::SyncData kSyncData{512u << 10, 262144, 1, std::string("\x28\xb5\x2f\xfd\0z", 6)};
+const msg::Setup kSetup{"~/jobs/w", "pip install -r requirements.txt", {"A=1", "PIP_NO_INPUT=1"}, "k3y", 1};
+const msg::Pull kPull{"~/jobs/w", {"out/**", "*.ckpt", "!tmp/"}, 1ull << 33};
+const msg::SyncWant kSyncWant{"/home/u/jobs/w", {0, 7, 4095}, 3, {"cannot remove x: busy"}};
+const msg::SyncDone kSyncDone{2, 5000000000ull, {"disk full"}};
+const msg::SetupDone kSetupDone{1, 256, "sh: not found"};
+const msg::PullFile kPullFile{"out/model.ckpt", 0640, 1ull << 32, 1700000000000000001};
+const msg::PullData kPullData{std::string("a\0b", 3)};
+const msg::PullDone kPullDone{1, 3, {"too big: out/huge"}};
 
 // One message of every type, with every field set to something other than its default.
 std::vector<std::string> one_of_each() {
@@ -143,6 +161,17 @@ std::vector<std::string> one_of_each() {
   add(kProbed, 0);
   add(msg::TelemetryStart{200, "/opt/libnvidia-ml.so.1"}, 0);
   add(msg::Telemetry{"MLTEL 1 t=5\nhost ncpu=4\n"}, 0);
+  add(kManifest, 0);
+  add(kSyncData, 4);
+  add(msg::SyncEnd{}, 0);
+  add(kSetup, 0);
+  add(kPull, 0);
+  add(kSyncWant, 0);
+  add(kSyncDone, 0);
+  add(kSetupDone, 0);
+  add(kPullFile, 2);
+  add(kPullData, 2);
+  add(kPullDone, 0);
   return frames;
 }
 
@@ -181,6 +210,27 @@ TEST_CASE("protocol: every message round-trips through its struct") {
   round_trip(msg::TelemetryStart{1000, "", 1}, 0);
   round_trip(msg::Telemetry{"MLTEL 1 t=5\nhost ncpu=4\n"}, 0);
   round_trip(msg::Telemetry{}, 0);
+  round_trip(kManifest, 0);
+  round_trip(msg::SyncManifest{}, 0);
+  round_trip(msg::SyncManifest{"/abs", {SyncEntry{"empty", SyncEntry::dir, 0700, 0, 0, "", ""}}, 1}, 0);
+  round_trip(kSyncData, 4);
+  round_trip(msg::SyncData{0, 5, 0, "hello"}, 9);  // raw
+  round_trip(msg::SyncData{}, 0);                  // an empty file
+  round_trip(msg::SyncEnd{}, 0);
+  round_trip(kSetup, 0);
+  round_trip(msg::Setup{}, 0);
+  round_trip(kPull, 0);
+  round_trip(msg::Pull{}, 0);
+  round_trip(kSyncWant, 0);
+  round_trip(msg::SyncWant{}, 0);
+  round_trip(kSyncDone, 0);
+  round_trip(kSetupDone, 0);
+  round_trip(msg::SetupDone{0, -1, ""}, 0);
+  round_trip(kPullFile, 2);
+  round_trip(kPullData, 2);
+  round_trip(msg::PullData{}, 2);
+  round_trip(kPullDone, 0);
+  round_trip(msg::PullDone{}, 0);
   CHECK(one_of_each().size() == std::variant_size_v<Message>);
 }
 
@@ -211,6 +261,9 @@ TEST_CASE("protocol: a truncated payload or an unknown type is a clean decode er
   Frame f{Type::prepared, 0, 0, Writer().str("eth0").take()};
   CHECK_FALSE(decode(std::move(f), error));
   CHECK(error.find("malformed prepared frame") != std::string::npos);
+  // A manifest that claims more entries than its payload could hold: no huge allocation.
+  Frame many{Type::sync_manifest, 0, 0, Writer().str("d").u32(1000000).take()};
+  CHECK_FALSE(decode(std::move(many), error));
   Frame u{Type(999), 0, 0, {}};
   CHECK_FALSE(decode(std::move(u), error));
   CHECK(error.find("unknown frame type 999") != std::string::npos);
