@@ -128,6 +128,17 @@ struct ShellRequest {
 // the rank's environment as recorded (secret values left out). Returns its exit code; throws Error
 // for a run or rank that does not exist or a host that cannot be reached.
 int shell(const ShellRequest& req);
+struct CopyRequest {
+  std::string from;     // RUN:PATH or RUN:RANK:PATH (PATH relative to the run's working directory)
+  std::string to;       // a local path
+  Overrides overrides;  // ssh_config, accept_new_host_keys
+};
+
+// `mltrain cp`: a file or folder from the host of a run's rank (rank 0 unless named) to `to`,
+// through the agent, as `cp -r` would place it. Returns the number of files copied; throws Error
+// (exit 2 for a bad argument, 255 for a host that cannot be reached, 1 for what cannot be read).
+uint64_t copy(const CopyRequest& req);
+
 // The /bin/sh script that does it (for tests).
 std::string shell_script(const records::RunRecord& r, int rank, const std::vector<std::string>& command);
 

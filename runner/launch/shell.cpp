@@ -1,12 +1,17 @@
 // `mltrain ssh RUN [--rank N] [-- CMD]`: a shell (or one command) where a rank of a run runs: on
 // its host, in its working directory, with the environment mltrain gave it.
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
 
 #include "runner/common/error.h"
 #include "runner/common/secret.h"
 #include "runner/common/text.h"
 #include "runner/launch/detail/launch_detail.h"
 #include "runner/launch/launch.h"
+#include "runner/supervise/supervisor.h"
 
 namespace mltrain::launch {
 
@@ -14,8 +19,12 @@ std::string shell_script(const records::RunRecord& r, int rank, const std::vecto
   const records::RankRecord& k = r.ranks[size_t(rank)];
   const std::string host = size_t(k.host) < r.hosts.size() ? r.hosts[size_t(k.host)].name : "?";
   std::string s;
+  // A synced run's folder is below each host's home: "~/..." is spelled so the shell expands it.
+  const std::string dir = r.workdir.rfind("~/", 0) == 0
+                              ? "\"$HOME\"/" + text::shell_quote(r.workdir.substr(2))
+                              : text::shell_quote(r.workdir);
   if (!r.workdir.empty())
-    s += "cd " + text::shell_quote(r.workdir) + " 2>/dev/null || echo " +
+    s += "cd " + dir + " 2>/dev/null || echo " +
          text::shell_quote("mltrain: " + r.workdir + " is not on " + host +
                            "; starting in the login directory") +
          " >&2\n";
@@ -33,6 +42,52 @@ std::string shell_script(const records::RunRecord& r, int rank, const std::vecto
   return s;
 }
 
+namespace {
+
+// The run's host of `rank` as a one-host plan, with the transports to reach it: from the run's
+// spec while it still exists (user, port, ssh settings), else by the names it recorded.
+struct RankHost {
+  spec::JobSpec spec;
+  plan::Plan plan;
+};
+RankHost rank_host(const records::RunRecord& r, int rank, const Overrides& o, const std::string& host) {
+  JobRequest j;
+  j.overrides.ssh_config = o.ssh_config;
+  j.overrides.accept_new_host_keys = o.accept_new_host_keys;
+  j.command = std::vector<std::string>{"true"};
+  struct stat st {};
+  const bool have_spec = !r.spec_file.empty() && ::stat(r.spec_file.c_str(), &st) == 0;
+  if (have_spec) j.specs = {r.spec_file};
+  std::vector<std::string> names;
+  for (const auto& h : r.hosts) names.push_back(h.name);
+  // The spec's hosts first (they carry users and ports); the recorded names when the run was
+  // given its hosts on the command line, or the spec changed since.
+  for (int attempt = have_spec ? 0 : 1; attempt < 2; ++attempt) {
+    if (attempt == 1) j.overrides.hosts = text::join(names, ",");
+    RankHost out{resolve_spec(j), {}};
+    out.spec.cluster.procs_per_host = 1;
+    out.spec.cluster.nprocs = 0;
+    out.spec.cluster.oversubscribe = true;
+    plan::Plan all =
+        plan::make_plan(out.spec, detail::plan_inputs(j, "cp", "cp", detail::Ports::placeholder));
+    for (const auto& hp : all.hosts)
+      if (hp.host.name == host) {
+        out.plan = all;
+        out.plan.hosts = {hp};
+        out.plan.hosts[0].ranks = {0};
+        out.plan.ranks.resize(1);
+        out.plan.ranks[0].host = 0;
+        out.plan.multi_host = false;
+        return out;
+      }
+  }
+  throw Error(
+      "host " + host + " of run " + r.id + " (rank " + std::to_string(rank) + ") cannot be planned again",
+      "check its name in 'mltrain show " + r.id + "'");
+}
+
+}  // namespace
+
 int shell(const ShellRequest& req) {
   records::RunRecord r = records::load(records::resolve(req.run));
   if (r.ranks.empty()) throw Error("run " + r.id + " has no ranks", "pick another run with 'mltrain ls'");
@@ -44,28 +99,90 @@ int shell(const ShellRequest& req) {
   if (size_t(k.host) >= r.hosts.size())
     throw Error("run " + r.id + ": its record names no host for rank " + std::to_string(req.rank));
   const std::string host = r.hosts[size_t(k.host)].name;
-  // The run's hosts again: from its spec while that still exists (user, port, ssh settings), else
-  // by the names it recorded.
-  JobRequest j;
-  j.overrides.ssh_config = req.overrides.ssh_config;
-  j.overrides.accept_new_host_keys = req.overrides.accept_new_host_keys;
-  j.command = std::vector<std::string>{"true"};
-  struct stat st {};
-  if (!r.spec_file.empty() && ::stat(r.spec_file.c_str(), &st) == 0) {
-    j.specs = {r.spec_file};
-  } else {
-    std::vector<std::string> names;
-    for (const auto& h : r.hosts) names.push_back(h.name);
-    j.overrides.hosts = text::join(names, ",");
+  RankHost rh = rank_host(r, req.rank, req.overrides, host);
+  return detail::lasting_transports(rh.spec)
+      .for_host()(rh.plan.hosts[0])
+      .interactive(rh.plan.hosts[0], shell_script(r, req.rank, req.command));
+}
+
+uint64_t copy(const CopyRequest& req) {
+  namespace fs = std::filesystem;
+  // RUN:PATH or RUN:RANK:PATH
+  size_t c1 = req.from.find(':');
+  if (c1 == std::string::npos || c1 == 0)
+    throw Error("cp: '" + req.from + "' is not RUN:PATH",
+                "write RUN:PATH or RUN:RANK:PATH, e.g. latest:outputs/", exit_code::usage);
+  std::string run = req.from.substr(0, c1), path = req.from.substr(c1 + 1);
+  int rank = 0;
+  if (size_t c2 = path.find(':');
+      c2 != std::string::npos && c2 > 0 && path.find_first_not_of("0123456789") == c2) {
+    rank = std::stoi(path.substr(0, c2));
+    path = path.substr(c2 + 1);
   }
-  spec::JobSpec s = resolve_spec(j);
-  plan::Plan p = plan::make_plan(s, detail::plan_inputs(j, "ssh", "ssh", detail::Ports::placeholder));
-  for (const auto& hp : p.hosts)
-    if (hp.host.name == host)
-      return detail::lasting_transports(s).for_host()(hp).interactive(hp,
-                                                                      shell_script(r, req.rank, req.command));
-  throw Error("host " + host + " of run " + r.id + " is no longer in " + r.spec_file,
-              "pass its hosts again with -H, or edit the spec back");
+  if (path.empty())
+    throw Error("cp: '" + req.from + "' names no path", "write RUN:PATH, e.g. latest:outputs/",
+                exit_code::usage);
+  if (req.to.empty()) throw Error("cp: no destination", "give a local path", exit_code::usage);
+  records::RunRecord r = records::load(records::resolve(run));
+  if (r.ranks.empty()) throw Error("run " + r.id + " has no ranks", "pick another run with 'mltrain ls'");
+  if (size_t(rank) >= r.ranks.size() || size_t(r.ranks[size_t(rank)].host) >= r.hosts.size())
+    throw Error("run " + r.id + " has ranks 0.." + std::to_string(r.ranks.size() - 1) + ", not " +
+                    std::to_string(rank),
+                "write RUN:RANK:PATH with one of them", exit_code::usage);
+  const std::string host = r.hosts[size_t(r.ranks[size_t(rank)].host)].name;
+  RankHost rh = rank_host(r, rank, req.overrides, host);
+
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  std::string remote = path[0] == '/' || path[0] == '~' || r.workdir.empty() ? path : r.workdir + "/" + path;
+  // As cp -r: into an existing folder under the source's own name, else at the destination's name.
+  fs::path to = fs::absolute(req.to);
+  std::error_code ec;
+  const bool into = fs::is_directory(to, ec);
+  const std::string base = fs::path(remote).filename().string();
+  fs::path final_path = into ? to / base : to;
+  fs::path parent = final_path.parent_path();
+  if (!fs::is_directory(parent, ec))
+    throw Error("cp: " + parent.string() + " is not a folder", "make it first", exit_code::usage);
+  // Into a temporary folder beside the destination, then renamed: a copy cut short leaves nothing
+  // under the destination's name.
+  std::string tmp = (parent / (".mltrain-cp-" + std::to_string(::getpid()))).string();
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  supervise::Options o;
+  supervise::PullJob job;
+  job.dir = remote;
+  job.hosts = {0};
+  job.dest = tmp;
+  job.per_host_folders = false;
+  o.pull = job;
+  uint64_t files = 0;
+  try {
+    files = supervise::pull_files(rh.plan, o, detail::lasting_transports(rh.spec).for_host());
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  // A file arrives as tmp/<its name>; a folder's files as tmp/<their paths>.
+  fs::path got =
+      fs::exists(fs::path(tmp) / base, ec) && !fs::is_directory(fs::path(tmp) / base, ec) && files == 1
+          ? fs::path(tmp) / base
+          : fs::path(tmp);
+  if (fs::exists(final_path, ec) && fs::is_directory(final_path, ec) != fs::is_directory(got, ec)) {
+    fs::remove_all(tmp, ec);
+    throw Error("cp: " + final_path.string() + " exists and is " +
+                    (fs::is_directory(final_path, ec) ? "a folder" : "a file"),
+                "remove it or give another destination", exit_code::usage);
+  }
+  if (fs::is_directory(final_path, ec)) fs::remove_all(final_path, ec);
+  fs::rename(got, final_path, ec);
+  if (ec) {
+    fs::remove_all(tmp, ec);
+    throw Error("cp: cannot move the copy to " + final_path.string() + ": " + ec.message());
+  }
+  fs::remove_all(tmp, ec);
+  std::fprintf(stderr, "mltrain: copied %llu file%s from %s:%s to %s\n", (unsigned long long)files,
+               files == 1 ? "" : "s", host.c_str(), remote.c_str(), final_path.c_str());
+  return files;
 }
 
 }  // namespace mltrain::launch

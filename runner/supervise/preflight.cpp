@@ -150,6 +150,8 @@ void Gang::check_progress() {
   };
   if (phase_ == Phase::connecting && watch_) {
     if (all(HostState::ready)) enter(Phase::watching);
+  } else if (phase_ == Phase::connecting && pull_only_ && all(HostState::greeted)) {
+    enter(Phase::pulling);
   } else if (phase_ == Phase::connecting && all(HostState::greeted)) {
     log::info("supervise", "every agent answered");
     enter(doctor_ ? Phase::probing : Phase::preflight);

@@ -169,7 +169,8 @@ void Gang::sync_progress(Clock::time_point now, bool) {
   uint64_t fmin = UINT64_MAX, fmax = 0, bmax = 0, wmax = 0, dmin = UINT64_MAX, dmax = 0;
   for (const auto& h : hosts_)
     if (h.sync.done) {
-      fmin = std::min<uint64_t>(fmin, h.sync.want.size()), fmax = std::max<uint64_t>(fmax, h.sync.want.size());
+      fmin = std::min<uint64_t>(fmin, h.sync.want.size()),
+      fmax = std::max<uint64_t>(fmax, h.sync.want.size());
       dmin = std::min<uint64_t>(dmin, h.sync.deleted), dmax = std::max<uint64_t>(dmax, h.sync.deleted);
       bmax = std::max(bmax, h.sync.raw_bytes), wmax = std::max(wmax, h.sync.wire_bytes);
     }
@@ -178,11 +179,13 @@ void Gang::sync_progress(Clock::time_point now, bool) {
   if (fmax == 0 && dmax == 0) {
     sent = "nothing changed";
   } else {
-    sent = (fmin == fmax ? plural(fmax, "file", "files") : std::to_string(fmin) + "-" + std::to_string(fmax) + " files") +
+    sent = (fmin == fmax ? plural(fmax, "file", "files")
+                         : std::to_string(fmin) + "-" + std::to_string(fmax) + " files") +
            " sent" + (each ? fmin == fmax ? " to each" : " per host" : "") + " (" + bytes_text(bmax) +
            (wmax < bmax ? ", " + bytes_text(wmax) + " compressed" : std::string()) + ")";
     if (dmax > 0)
-      sent += ", " + (dmin == dmax ? std::to_string(dmax) : std::to_string(dmin) + "-" + std::to_string(dmax)) +
+      sent += ", " +
+              (dmin == dmax ? std::to_string(dmax) : std::to_string(dmin) + "-" + std::to_string(dmax)) +
               " removed" + (each ? dmin == dmax ? " on each" : " per host" : "");
   }
   out_->before_message();
@@ -367,14 +370,46 @@ void Gang::pull_finished() {
     for (const auto& p : h.pull.problems) problems.push_back(h.plan->host.name + ": " + p);
     if (h.pull.done && h.pull.files == 0) none.push_back(h.plan->host.name);
   }
-  if (out_) out_->flush(), out_->before_message();
-  std::fprintf(stderr, "mltrain: pulled %s (%s) into %s\n", plural(files, "file", "files").c_str(),
-               bytes_text(bytes).c_str(), job.dest.c_str());
-  if (!none.empty() && files == 0)
-    std::fprintf(stderr, "mltrain: nothing matched %s in %s on %s\n", text::join(job.patterns, " ").c_str(),
-                 job.dir.c_str(), text::join(none, ", ").c_str());
-  for (const auto& p : problems) std::fprintf(stderr, "mltrain: pull: %s\n", p.c_str());
+  pulled_files_ = files;
+  pull_problems_ = problems;
+  if (!none.empty() && files == 0 && !job.patterns.empty())
+    problems.push_back("nothing matched " + text::join(job.patterns, " ") + " in " + job.dir + " on " +
+                       text::join(none, ", "));
+  if (!pull_only_) {
+    if (out_) out_->flush(), out_->before_message();
+    std::fprintf(stderr, "mltrain: pulled %s (%s) into %s\n", plural(files, "file", "files").c_str(),
+                 bytes_text(bytes).c_str(), job.dest.c_str());
+    for (const auto& p : problems) std::fprintf(stderr, "mltrain: pull: %s\n", p.c_str());
+  }
   if (phase_ == Phase::pulling) enter(Phase::closing);
 }
 
+uint64_t Gang::run_pull(std::vector<std::string>& unreachable, std::vector<std::string>& problems) {
+  pull_only_ = true;
+  ranks_started_ = true;
+  loop();
+  for (const auto& h : hosts_)
+    if (h.state == HostState::failed || h.state == HostState::lost)
+      unreachable.push_back(h.plan->host.name + ": " + h.problem);
+  for (const auto& p : pull_problems_) problems.push_back(p);
+  if (stop_signal_) problems.push_back("stopped by " + signal_name(stop_signal_));
+  return pulled_files_;
+}
+
 }  // namespace mltrain::supervise::detail
+
+namespace mltrain::supervise {
+
+uint64_t pull_files(plan::Plan& plan, const Options& opts, const TransportFor& transport_for) {
+  records::RunRecord unused;  // cp records no run
+  detail::Gang g(plan, unused, opts, transport_for);
+  std::vector<std::string> unreachable, problems;
+  uint64_t files = g.run_pull(unreachable, problems);
+  if (!unreachable.empty())
+    throw Error(text::join(unreachable, "\n  "), "check the host with 'mltrain doctor'",
+                exit_code::host_failure);
+  if (!problems.empty()) throw Error(text::join(problems, "\n  "), "", 1);
+  return files;
+}
+
+}  // namespace mltrain::supervise

@@ -194,3 +194,24 @@ def test_pull_brings_outputs_back_whatever_the_outcome(mh, cluster):  # noqa: F8
     pulled = mh.latest_run_dir() / "pulled"
     assert sorted(str(f.relative_to(pulled)) for f in pulled.rglob("*") if f.is_file()) == [
         "model-0.ckpt", "outputs/result-0.txt"], r.stderr
+
+
+def test_cp_and_ssh_reach_a_rank_in_its_synced_folder(mh, cluster, tmp_path):  # noqa: F811
+    cmd = "mkdir -p outputs/deep && echo \"$RANK on $(hostname)\" > outputs/deep/r.txt && echo top > outputs/a.txt"
+    p = project(mh.shared, "jobcp", cmd)
+    r = run(mh, p / "job.toml")
+    assert r.returncode == 0, r.stderr
+    # A folder from rank 2's host (h3), as cp -r puts it: into an existing folder by its name.
+    c = mh.ml("cp", "latest:2:outputs/", tmp_path, *mh.args(), timeout=60)
+    assert c.returncode == 0, c.stderr
+    assert (tmp_path / "outputs" / "deep" / "r.txt").read_text() == "2 on h3\n"
+    assert (tmp_path / "outputs" / "a.txt").read_text() == "top\n"
+    # One file to a new name; a path that is not there: exit 1, named.
+    c = mh.ml("cp", "latest:1:src/model.py", tmp_path / "m.py", *mh.args(), timeout=60)
+    assert c.returncode == 0 and (tmp_path / "m.py").read_text() == "VERSION = 1\n", c.stderr
+    c = mh.ml("cp", "latest:nothing-here", tmp_path, *mh.args(), timeout=60)
+    assert c.returncode == 1 and "nothing-here: No such file or directory" in c.stderr, c.stderr
+    # ssh lands in the synced folder below that host's own home.
+    c = mh.ml("ssh", "latest", "-r", "3", *mh.args(), "--", 'echo "$(hostname) $(pwd)"', timeout=60)
+    assert c.returncode == 0, c.stderr
+    assert c.stdout.strip() == "h4 /home/mltest/.cache/mltrain/work/jobcp", c.stdout

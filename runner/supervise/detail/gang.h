@@ -155,6 +155,9 @@ class Gang {
   int run_doctor(int master_port, std::vector<HostReport>& reports);
   // Top: connect, then hand every agent's samples to `w` until it or a signal says stop.
   int run_watch(const WatchOptions& w);
+  // cp: connect, pull (opts.pull), say goodbye. Returns the files that came; `unreachable` gets
+  // the hosts that could not be reached, `problems` what could not be copied.
+  uint64_t run_pull(std::vector<std::string>& unreachable, std::vector<std::string>& problems);
 
  private:
   // The loop.
@@ -287,6 +290,9 @@ class Gang {
   bool sync_reported_ = false;
   bool pulled_ = false;  // the pull ran (or was not asked for): closing may go on
   bool ranks_started_ = false;
+  bool pull_only_ = false;  // cp
+  uint64_t pulled_files_ = 0;
+  std::vector<std::string> pull_problems_;
 };
 
 }  // namespace mltrain::supervise::detail
