@@ -38,7 +38,7 @@ int do_run(const RunFlags& f, const Global& g) {
     if (f.json)
       std::printf("%s\n", records::plan_to_json(p).c_str());
     else
-      std::fputs(launch::describe_plan(p).c_str(), stdout);
+      std::fputs((launch::describe_plan(p) + launch::describe_sync(req)).c_str(), stdout);
     return 0;
   }
   launch::RunResult r = launch::run(req);

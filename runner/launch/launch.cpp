@@ -260,7 +260,28 @@ Validation validate(const JobRequest& req) {
 
 plan::Plan dry_run(const JobRequest& req) {
   spec::JobSpec s = resolve_spec(req);
-  return plan::make_plan(s, detail::plan_inputs(req, "dry-run", detail::random_token(), detail::Ports::free));
+  plan::Plan p =
+      plan::make_plan(s, detail::plan_inputs(req, "dry-run", detail::random_token(), detail::Ports::free));
+  if (auto sp = detail::plan_sync(s, req)) p.workdir = detail::synced_workdir(s, *sp);
+  return p;
+}
+
+std::string describe_sync(const JobRequest& req) {
+  spec::JobSpec s = resolve_spec(req);
+  std::string out;
+  if (auto sp = detail::plan_sync(s, req)) {
+    char size[32];
+    std::snprintf(size, sizeof size, "%.1f MiB", double(sp->tree.bytes) / (1 << 20));
+    out += "sync:    " + sp->src + " -> " + sp->remote + " on every host (" + std::to_string(sp->tree.files) +
+           " files, " + size + (sp->tree.git ? ", as git lists them" : "") + ")\n";
+    if (!s.sync.pull.empty())
+      out += "pull:    " + text::join(s.sync.pull, " ") + " from " +
+             (s.sync.pull_from == "rank0" ? "rank 0's host" : "every host") + " into the run's folder\n";
+  }
+  if (!s.setup.command.empty())
+    out += "setup:   " + s.setup.command + " (" +
+           (s.setup.mode == "auto" ? "when it or the synced files changed" : s.setup.mode) + ")\n";
+  return out;
 }
 
 std::string describe_plan(const plan::Plan& p) {

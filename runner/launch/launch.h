@@ -74,6 +74,8 @@ plan::Plan dry_run(const JobRequest& req);
 
 // The plan for people: hosts, ranks and each rank's environment (the token hidden).
 std::string describe_plan(const plan::Plan& p);
+// What a run would sync, set up and pull back ("" when nothing): lists the tree, starts nothing.
+std::string describe_sync(const JobRequest& req);
 
 struct RunResult {
   int exit_code = 0;  // mltrain's exit code (docs/exit-codes.md); 0 for a detached start

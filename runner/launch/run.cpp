@@ -184,11 +184,9 @@ void await_background_start(int report_fd, pid_t child, const JobRequest& req, R
   throw Error(message, hint, code);
 }
 
-// [sync]: the local folder it mirrors and the one the hosts get.
-struct SyncPlan {
-  std::string src, remote;
-  sync::Tree tree;
-};
+}  // namespace
+
+namespace detail {
 
 std::optional<SyncPlan> plan_sync(const spec::JobSpec& s, const JobRequest& req) {
   // exec syncs only when asked (--sync): it is for quick looks at the hosts.
@@ -215,7 +213,6 @@ std::optional<SyncPlan> plan_sync(const spec::JobSpec& s, const JobRequest& req)
   return sp;
 }
 
-// The ranks' folder on the hosts: the synced one, or a folder inside it that the spec names.
 std::string synced_workdir(const spec::JobSpec& s, const SyncPlan& sp) {
   if (s.run.workdir.empty()) return sp.remote;
   std::string wd = std::filesystem::path(s.run.workdir).lexically_normal().string();
@@ -224,7 +221,7 @@ std::string synced_workdir(const spec::JobSpec& s, const SyncPlan& sp) {
   return s.run.workdir;  // elsewhere: a path on the hosts
 }
 
-}  // namespace
+}  // namespace detail
 
 RunResult run(const JobRequest& req) {
   spec::JobSpec s = resolve_spec(req);
@@ -257,13 +254,13 @@ RunResult run(const JobRequest& req) {
   }
 
   // The tree is listed and hashed before the run exists: an unreadable file leaves no run behind.
-  std::optional<SyncPlan> sp = plan_sync(s, req);
+  std::optional<detail::SyncPlan> sp = detail::plan_sync(s, req);
 
   plan::Inputs in = detail::plan_inputs(req, records::create_run(s.name), token, detail::Ports::free);
   in.error_dir = records::run_dir(in.run_id);
   plan::Plan p = plan::make_plan(s, in);
   if (sp)
-    p.workdir = synced_workdir(s, *sp);
+    p.workdir = detail::synced_workdir(s, *sp);
   else if (exec_in_home)
     p.workdir.clear();  // the agent's own directory: the login's home over SSH
 

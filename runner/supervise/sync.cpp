@@ -200,6 +200,9 @@ void Gang::sync_progress(Clock::time_point now, bool) {
 void Gang::start_setup(size_t i) {
   Host& h = hosts_[i];
   h.state = HostState::setting_up;
+  // Its output, kept with the run (empty when it says nothing; none when it is skipped).
+  std::string path = records::run_dir(rec_.id) + "/setup-" + h.plan->host.name + ".log";
+  h.setup.log_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   msg::Setup m;
   m.command = opts_.setup->command;
   m.cwd = opts_.setup->cwd;
@@ -211,10 +214,6 @@ void Gang::start_setup(size_t i) {
 
 void Gang::setup_output(size_t i, std::string_view bytes, bool end) {
   Host& h = hosts_[i];
-  if (h.setup.log_fd < 0 && !bytes.empty()) {
-    std::string path = records::run_dir(rec_.id) + "/setup-" + h.plan->host.name + ".log";
-    h.setup.log_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  }
   if (h.setup.log_fd >= 0 && !bytes.empty()) {
     [[maybe_unused]] ssize_t n = ::write(h.setup.log_fd, bytes.data(), bytes.size());
   }
@@ -240,6 +239,7 @@ void Gang::on(size_t i, uint32_t, msg::SetupDone& m) {
   setup_output(i, {}, true);
   if (m.ran == 0) {
     h.setup.skipped = true;
+    ::unlink((records::run_dir(rec_.id) + "/setup-" + h.plan->host.name + ".log").c_str());
     out_->before_message();
     std::fprintf(
         stderr,

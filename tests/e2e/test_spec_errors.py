@@ -56,6 +56,17 @@ CASES = [
     ("strict-host-keys", {"job.toml": RUN + "[ssh]\nstrict_host_keys = 'maybe'\n"}, loc(4), "not one of"),
     ("ssh-port-zero", {"job.toml": RUN + "[ssh]\nport = 0\n"}, loc(4), "out of range"),
     ("logs-ranks-bad", {"job.toml": RUN + "[logs]\nranks = '0-x'\n"}, loc(4), "rank list"),
+    # [sync] and [setup]
+    ("sync-unknown-key", {"job.toml": RUN + "[sync]\nexclud = ['*.log']\n"}, loc(4, 1), "did you mean 'exclude'"),
+    ("sync-remote-dir-relative", {"job.toml": RUN + "[sync]\nremote_dir = 'work/job'\n"}, loc(4),
+     "not a path on the hosts"),
+    ("sync-files-dst-outside", {"job.toml": RUN + "[[sync.files]]\nsrc = 'job.toml'\ndst = '../up'\n"}, loc(3),
+     "outside the synced folder"),
+    ("sync-files-not-tables", {"job.toml": RUN + "[sync]\nfiles = ['a']\n"}, loc(4), "table"),
+    ("sync-pull-from-choice", {"job.toml": RUN + "[sync]\npull_from = 'rank1'\n"}, loc(4), "not one of"),
+    ("setup-when-choice", {"job.toml": RUN + "[setup]\ncommand = 'true'\nwhen = 'sometimes'\n"}, loc(5),
+     "not one of"),
+    ("setup-command-empty", {"job.toml": RUN + "[setup]\ncommand = '  '\n"}, loc(4), "[setup] command is empty"),
     # durations
     ("timeout-words", {"job.toml": RUN + "timeout = '5 parsecs'\n"}, loc(3, 11), "malformed duration"),
     ("timeout-negative", {"job.toml": RUN + "timeout = -3\n"}, loc(3), "negative"),

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "runner/launch/launch.h"
@@ -35,5 +36,16 @@ class HostTransports {
 // Transports for the gang, never freed: a connection the gang abandoned (Ctrl-C while a host
 // times out) may still be inside one until the process exits (see supervise::run_job).
 HostTransports& lasting_transports(const spec::JobSpec& s);
+
+// [sync] of a request: the local folder, the hosts' folder and the listed tree (nullopt when the
+// run does not sync: no [sync], --no-sync, or exec without --sync). Throws Error for a tree that
+// cannot be read.
+struct SyncPlan {
+  std::string src, remote;
+  sync::Tree tree;
+};
+std::optional<SyncPlan> plan_sync(const spec::JobSpec& s, const JobRequest& req);
+// The ranks' folder on the hosts: the synced one, or a folder inside it that the spec names.
+std::string synced_workdir(const spec::JobSpec& s, const SyncPlan& sp);
 
 }  // namespace mltrain::launch::detail

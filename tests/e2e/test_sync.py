@@ -1,0 +1,73 @@
+"""[sync], [setup] and pull on localhost (the same code path as remote hosts: localhost is synced
+too), with the synced folder under the test's own tmp folder. The multi-host side, with hosts
+that share no files, the SIGKILL mid-sync and cp/ssh: test_multihost_sync.py."""
+import os
+import re
+
+
+def project(ml, extra=""):
+    p = ml.dir / "proj"
+    (p / "src").mkdir(parents=True)
+    remote = ml.dir / "remote"
+    (p / "job.toml").write_text(
+        'name = "loc"\n[run]\ncommand = "echo rank $RANK in $(pwd): $(cat src/v.txt); '
+        'mkdir -p out && echo $RANK > out/r$RANK.txt"\n[cluster]\nnprocs = 2\n'
+        f'[sync]\nremote_dir = "{remote}"\npull = ["out/"]\n' + extra)
+    (p / "src" / "v.txt").write_text("one\n")
+    (p / "notes.log").write_text("not synced\n")
+    (p / ".mltrainignore").write_text("*.log\n")
+    return p, remote
+
+
+def synced_line(stderr):
+    m = re.search(r"^mltrain: synced .*$", stderr, re.M)
+    assert m, stderr
+    return m[0]
+
+
+def test_a_local_run_syncs_runs_in_the_copy_and_pulls_back(ml):
+    p, remote = project(ml, '[setup]\ncommand = "echo prepared >> setup.txt"\n')
+    r = ml("run", p / "job.toml", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert f"rank 0 in {remote}: one" in r.stdout and f"rank 1 in {remote}: one" in r.stdout, r.stdout
+    assert "3 files sent" in synced_line(r.stderr), r.stderr  # job.toml, .mltrainignore, src/v.txt
+    assert not (remote / "notes.log").exists()
+    assert (remote / "setup.txt").read_text() == "prepared\n"
+    run_dir = ml.run_dirs()[-1]
+    assert sorted(f.name for f in (run_dir / "pulled" / "localhost" / "out").iterdir()) == ["r0.txt", "r1.txt"]
+    assert (run_dir / "setup-localhost.log").read_text() == ""  # it said nothing
+
+    (p / "src" / "v.txt").write_text("two\n")
+    r = ml("run", p / "job.toml", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "1 file sent" in synced_line(r.stderr) and "rank 1 in" in r.stdout and ": two" in r.stdout, r.stderr
+    # The tree changed, so the setup ran again; the job's own out/ was not deleted by the sync.
+    assert (remote / "setup.txt").read_text() == "prepared\nprepared\n"
+    assert (remote / "out" / "r0.txt").exists()
+
+    r = ml("run", "--no-sync", "--setup", "never", "--workdir", p, p / "job.toml", timeout=60)
+    assert r.returncode == 0 and "synced" not in r.stderr and f"in {p}: two" in r.stdout, r.stderr
+
+
+def test_dry_run_says_what_would_travel(ml):
+    p, remote = project(ml, '[setup]\ncommand = "pip install -r requirements.txt"\nwhen = "always"\n')
+    r = ml("run", "--dry-run", p / "job.toml")
+    assert r.returncode == 0, r.stderr
+    assert f"workdir: {remote}\n" in r.stdout, r.stdout
+    assert f"sync:    {p} -> {remote} on every host (3 files" in r.stdout, r.stdout
+    assert "pull:    out/ from every host" in r.stdout
+    assert "setup:   pip install -r requirements.txt (always)" in r.stdout
+    assert not remote.exists() and not ml.run_dirs()
+
+
+def test_a_file_that_cannot_be_listed_is_named_before_anything_starts(ml):
+    p, remote = project(ml)
+    os.symlink("x", p / "src" / "loop")  # fine: a link travels as a link
+    big = p / "src" / "v.txt"
+    r = ml("run", p / "job.toml", "--", "true", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert os.readlink(remote / "src" / "loop") == "x"
+    big.chmod(0)
+    if os.geteuid() != 0:  # root reads anything
+        r = ml("run", p / "job.toml", timeout=60)
+        assert r.returncode != 0 and "v.txt" in r.stderr and "exclude" in r.stderr, r.stderr
