@@ -78,6 +78,9 @@ void Gang::on(size_t i, uint32_t, msg::SyncWant& m) {
     return;
   }
   h.sync.want = std::move(m.want);
+  for (int32_t k : h.sync.want)
+    if (size_t(k) < opts_.sync->tree->entries.size())
+      h.sync.want_bytes += opts_.sync->tree->entries[size_t(k)].size;
   h.sync.deleted = m.deleted;
   h.sync.dir = m.dir;
   for (const auto& p : m.problems) {
@@ -154,10 +157,26 @@ void Gang::sync_progress(Clock::time_point now, bool) {
     if (!out_->terminal() || !opts_.console.color) return;
     if (next_sync_status_ && now < *next_sync_status_) return;
     next_sync_status_ = now + milliseconds(100);
-    char rate[32];
-    std::snprintf(rate, sizeof rate, "%.1f MiB/s", secs > 0 ? double(raw) / (1 << 20) / secs : 0.0);
-    out_->set_status("syncing to " + plural(syncing, "host", "hosts") + ": " + std::to_string(sent_files) +
-                     "/" + std::to_string(want_files) + " files, " + bytes_text(raw) + ", " + rate);
+    // "syncing 4 hosts: 1200/5000 files, 40.0/100.0 MiB, 80.1 MiB/s per host; h3 31%" (the slowest)
+    uint64_t want_bytes = 0;
+    const Host* slowest = nullptr;
+    double slow = 2;
+    for (const auto& h : hosts_) {
+      want_bytes += h.sync.want_bytes;
+      if (h.state != HostState::syncing || h.sync.want_bytes == 0) continue;
+      double f = double(h.sync.raw_bytes) / double(h.sync.want_bytes);
+      if (f < slow) slow = f, slowest = &h;
+    }
+    const double n = double(std::max<size_t>(1, syncing + done));
+    char text[160];
+    std::snprintf(text, sizeof text, "%llu/%llu files, %.1f/%.1f MiB, %.1f MiB/s%s",
+                  (unsigned long long)(double(sent_files) / n), (unsigned long long)(double(want_files) / n),
+                  double(raw) / n / (1 << 20), double(want_bytes) / n / (1 << 20),
+                  secs > 0 ? double(raw) / n / (1 << 20) / secs : 0.0, n > 1 ? " per host" : "");
+    std::string line = "syncing " + plural(syncing, "host", "hosts") + ": " + text;
+    if (slowest && syncing > 1)
+      line += "; " + slowest->plan->host.name + " " + std::to_string(int(slow * 100)) + "%";
+    out_->set_status(line);
     out_->flush();
     return;
   }

@@ -75,6 +75,7 @@ struct HostSync {
   size_t next = 0;      // into want
   uint64_t offset = 0;  // within want[next]
   uint64_t raw_bytes = 0, wire_bytes = 0;
+  uint64_t want_bytes = 0;  // of the files it wants
   uint32_t deleted = 0;
   bool data_sent = false;  // SyncEnd is on its way
   bool done = false;
