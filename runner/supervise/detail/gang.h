@@ -1,8 +1,11 @@
 // The gang: one event loop over every host's agent, in explicit phases. Internal to supervise/.
 //
-//   connecting ──► preflight ──► running ──► stopping ──► closing ──► done
+//   connecting ──► preflight ──► running ──► stopping ──► [pulling] ──► closing ──► done
 //        │             │            ▲  │         │
 //        └─────────────┴──► done    └──┴ restarting (after a failure, while max_restarts allows)
+//
+// preflight per host: [syncing ──► setting_up ──►] preparing ──► ready ([sync], [setup]: sync.cpp);
+// pulling only with [sync] pull, once the ranks ran. `mltrain cp`: connecting ──► pulling ──► closing.
 //
 // `mltrain doctor` runs the same loop for another purpose: connecting ──► probing ──► closing;
 // `mltrain top` on hosts: connecting ──► watching ──► closing (watch.cpp).
