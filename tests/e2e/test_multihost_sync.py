@@ -6,25 +6,15 @@ import os
 import re
 import signal
 import stat
-import subprocess
 import time
 from pathlib import Path
 
-import pytest
-
 from conftest import communicate, wait_for
-from multihost_fixtures import MultiHost, module_cluster, shared_root  # noqa: F401 (fixtures)
+from multihost_fixtures import mh, module_cluster, shared_root  # noqa: F401 (fixtures)
 
+# `mh` takes this module's cluster: hosts with homes of their own.
 cluster = module_cluster(n=4, private_homes=True)
 HOSTS = ["h1", "h2", "h3", "h4"]
-
-
-@pytest.fixture
-def mh(ml, cluster, shared_root, request):  # noqa: F811
-    d = shared_root / request.node.name
-    d.mkdir()
-    d.chmod(0o1777)
-    yield MultiHost(ml, cluster, d)
 
 
 def project(root: Path, name: str, command: str, extra: str = "") -> Path:
