@@ -216,6 +216,7 @@ std::optional<SyncPlan> plan_sync(const spec::JobSpec& s, const JobRequest& req)
 std::string synced_workdir(const spec::JobSpec& s, const SyncPlan& sp) {
   if (s.run.workdir.empty()) return sp.remote;
   std::string wd = std::filesystem::path(s.run.workdir).lexically_normal().string();
+  while (wd.size() > 1 && wd.back() == '/') wd.pop_back();
   if (wd == sp.src) return sp.remote;
   if (wd.rfind(sp.src + "/", 0) == 0) return sp.remote + wd.substr(sp.src.size());
   return s.run.workdir;  // elsewhere: a path on the hosts

@@ -135,7 +135,8 @@ uint64_t copy(const CopyRequest& req) {
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   std::string remote = path[0] == '/' || path[0] == '~' || r.workdir.empty() ? path : r.workdir + "/" + path;
   // As cp -r: into an existing folder under the source's own name, else at the destination's name.
-  fs::path to = fs::absolute(req.to);
+  fs::path to = fs::absolute(req.to).lexically_normal();
+  if (to.has_parent_path() && to.filename().empty()) to = to.parent_path();  // "dest/"
   std::error_code ec;
   const bool into = fs::is_directory(to, ec);
   const std::string base = fs::path(remote).filename().string();

@@ -303,6 +303,11 @@ void Gang::end_pull(size_t i) {
   HostPull& p = hosts_[i].pull;
   if (p.fd < 0) return;
   bool whole = p.left == 0;
+  if (whole) {  // the file's time as it was on the host
+    timespec ts[2] = {{time_t(p.mtime_ns / 1'000'000'000), long(p.mtime_ns % 1'000'000'000)},
+                      {time_t(p.mtime_ns / 1'000'000'000), long(p.mtime_ns % 1'000'000'000)}};
+    ::futimens(p.fd, ts);
+  }
   bool ok = ::close(p.fd) == 0 && whole;
   p.fd = -1;
   if (ok && ::rename(p.tmp.c_str(), p.path.c_str()) == 0) return;
@@ -335,6 +340,7 @@ void Gang::on(size_t i, uint32_t, msg::PullFile& m) {
     return;
   }
   p.left = m.size;
+  p.mtime_ns = m.mtime_ns;
   ++p.files;
   if (m.size == 0) end_pull(i);
 }

@@ -96,6 +96,7 @@ struct HostPull {
   bool active = false, done = false;
   int fd = -1;
   std::string tmp, path;
+  int64_t mtime_ns = 0;
   uint64_t left = 0, files = 0, bytes = 0;
   std::vector<std::string> problems;
 };
