@@ -72,6 +72,40 @@ void register_ssh(CLI::App& app, Global& g, std::function<int()>& handler) {
   });
 }
 
+void register_sbatch(CLI::App& app, Global&, std::function<int()>& handler) {
+  static launch::SbatchRequest req;
+  static std::string spec;
+  static bool print = false;
+  auto* c = app.add_subcommand("sbatch", "Submit a job to Slurm: mltrain run inside the allocation");
+  c->add_option("job", spec, "Job spec (TOML)")->required();
+  c->add_option("-N,--nodes", req.nodes, "Nodes (default: as many as the spec's hosts)")
+      ->check(CLI::Range(1, 4096));
+  c->add_option("-t,--time", req.time, "Time limit, as sbatch takes it (e.g. 2:00:00)");
+  c->add_option("-p,--partition", req.partition, "Partition");
+  c->add_option("-A,--account", req.account, "Account");
+  c->add_option("--sbatch-arg", req.extra,
+                "Another sbatch option, e.g. --sbatch-arg=--gres=gpu:4 (repeatable)");
+  c->add_option("--name", req.job.overrides.name, "Job name (for run ids and records)");
+  c->add_flag("--print", print, "Print the batch script; submit nothing");
+  c->footer(
+      "Examples:\n"
+      "  mltrain sbatch job.toml --nodes 4 --time 2:00:00 --partition gpu\n"
+      "  mltrain sbatch job.toml --print\n"
+      "The script runs 'mltrain run --launcher slurm' over the allocation's nodes (each node's agent is\n"
+      "an srun step); the run is recorded as usual, with its Slurm job id ('mltrain ls', 'mltrain show').");
+  c->callback([&] {
+    handler = [&] {
+      req.job.specs = {spec};
+      if (print) {
+        std::fputs(launch::sbatch_script(req).text.c_str(), stdout);
+        return 0;
+      }
+      std::printf("%s\n", launch::sbatch(req).c_str());
+      return 0;
+    };
+  });
+}
+
 void register_cp(CLI::App& app, Global&, std::function<int()>& handler) {
   static launch::CopyRequest req;
   auto* c = app.add_subcommand("cp", "Copy a file or folder from where a run's rank ran to this machine");

@@ -39,6 +39,8 @@ void register_exec(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_ssh(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_top(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_cp(CLI::App& app, Global& g, std::function<int()>& handler);
+void register_sbatch(CLI::App& app, Global& g, std::function<int()>& handler);
+void register_export(CLI::App& app, Global& g, std::function<int()>& handler);
 
 // Whether console output should be coloured (flag, NO_COLOR, TTY).
 bool use_color(const Global& g, int fd);

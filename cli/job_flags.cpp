@@ -21,6 +21,9 @@ void add_host_flags(CLI::App* c, launch::Overrides& f) {
   c->add_option("--include", f.include, "Only these hosts/slots, e.g. 'host1:0,2@host2'");
   c->add_option("--exclude", f.exclude, "All but these hosts/slots");
   c->add_option("--ssh-config", f.ssh_config, "ssh config file (default ~/.ssh/config)");
+  c->add_option("--launcher", f.launcher,
+                "How agents start: auto (srun inside a Slurm allocation, else ssh), ssh, slurm")
+      ->check(CLI::IsMember({"auto", "ssh", "slurm"}));
   c->add_flag("--accept-new-host-keys", f.accept_new_host_keys,
               "Accept and record host keys never seen before");
 }

@@ -99,6 +99,13 @@ void apply_overrides(spec::JobSpec& s, const Overrides& f,
   if (f.no_prefix) s.logs.prefix = "";
   if (f.timestamps) s.logs.timestamps = true;
   if (!f.ssh_config.empty()) s.ssh.config = f.ssh_config;
+  if (!f.launcher.empty()) {
+    if (f.launcher != "auto" && f.launcher != "ssh" && f.launcher != "slurm")
+      throw Error("--launcher '" + f.launcher + "': expected auto, ssh or slurm",
+                  "slurm starts each host's agent with srun inside an allocation", exit_code::usage);
+    s.cluster.launcher = f.launcher;
+    s.origins["cluster.launcher"] = "--launcher";
+  }
   if (f.sync) {
     s.sync.enabled = *f.sync;
     s.origins["sync.enabled"] = *f.sync ? "--sync" : "--no-sync";
@@ -223,7 +230,10 @@ HostTransports::HostTransports(const spec::JobSpec& s) {
   so.connect_timeout_set = s.origins.count("ssh.connect_timeout") > 0;
   so.strict_host_keys_set = s.origins.count("ssh.strict_host_keys") > 0;
   ssh_ = transport::make_ssh_transport(so);
-  for_host_ = [this](const plan::HostPlan& h) -> transport::Transport& { return h.local ? *local_ : *ssh_; };
+  slurm_ = transport::make_slurm_transport({});
+  for_host_ = [this](const plan::HostPlan& h) -> transport::Transport& {
+    return h.via_slurm ? *slurm_ : h.local ? *local_ : *ssh_;
+  };
 }
 
 }  // namespace detail

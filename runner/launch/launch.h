@@ -36,6 +36,7 @@ struct Overrides {
   bool accept_new_host_keys = false;
   int stdin_rank = -1;       // run: --stdin (0) or --stdin-rank N; -1: every rank reads /dev/null
   std::optional<bool> sync;  // --sync / --no-sync: over [sync]'s presence
+  std::string launcher;      // --launcher auto|ssh|slurm
   std::string setup;         // --setup auto|always|never: over [setup] when
 };
 
@@ -130,6 +131,20 @@ struct ShellRequest {
 // the rank's environment as recorded (secret values left out). Returns its exit code; throws Error
 // for a run or rank that does not exist or a host that cannot be reached.
 int shell(const ShellRequest& req);
+struct SbatchRequest {
+  JobRequest job;  // one spec; its flags
+  int nodes = 0;   // 0: as many as the spec's hosts
+  std::string time, partition, account;
+  std::vector<std::string> extra;  // more sbatch options, as written ("--gres=gpu:4")
+};
+struct SbatchScript {
+  std::string text, path, output;  // output: sbatch's --output pattern (with %j)
+};
+// `mltrain sbatch`: the batch script that runs `mltrain run --launcher slurm` over the allocation.
+SbatchScript sbatch_script(const SbatchRequest& req);
+// Writes it under the state home and submits it with sbatch; returns the Slurm job id.
+std::string sbatch(const SbatchRequest& req);
+
 struct CopyRequest {
   std::string from;     // RUN:PATH or RUN:RANK:PATH (PATH relative to the run's working directory)
   std::string to;       // a local path
@@ -143,5 +158,13 @@ uint64_t copy(const CopyRequest& req);
 
 // The /bin/sh script that does it (for tests).
 std::string shell_script(const records::RunRecord& r, int rank, const std::vector<std::string>& command);
+
+// `mltrain export`: the request's job spec as a Kubernetes manifest, YAML for `kubectl apply`:
+// `to` is "volcano" (a Volcano Job) or "pytorchjob" (a Kubeflow PyTorchJob), any case. One pod per
+// node, procs_per_host ranks each; [k8s] (docs/k8s.md) gives the image and the pods' resources.
+// Throws Error (exit 2, located at the spec's line where there is one) for a spec it cannot export:
+// no [k8s] or no image, GPUs that do not fit, uneven ranks per pod, a name Kubernetes refuses, an
+// unknown target. Secret values are never in the text: they are read from the Secret <name>-env.
+std::string export_manifest(const JobRequest& req, const std::string& to);
 
 }  // namespace mltrain::launch

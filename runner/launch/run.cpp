@@ -269,6 +269,10 @@ RunResult run(const JobRequest& req) {
   result.run_id = p.run_id;
   records::RunRecord& rec = result.record;
   rec = new_record(s, p);
+  if (p.slurm) {
+    auto env = req.environ ? *req.environ : plan::current_environ();
+    if (auto it = env.find("SLURM_JOB_ID"); it != env.end()) rec.slurm_job_id = it->second;
+  }
   if (sp) rec.git_commit = git_commit(sp->src);
   // The record must be writable before anything starts: a full or read-only state folder is a
   // clean error here (not a cut record later), and leaves no empty run folder behind.

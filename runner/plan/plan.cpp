@@ -189,11 +189,20 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
                     std::to_string(spec::kMaxRanks),
                 "lower -n or the slot counts");
 
+  const std::string& launcher = s.cluster.launcher;
+  p.slurm = launcher == "slurm" || (launcher == "auto" && in.environ.count("SLURM_JOB_ID") &&
+                                    !in.environ.at("SLURM_JOB_ID").empty() && !implicit_local);
+  if (launcher == "slurm" && implicit_local)
+    throw Error(s.origin("cluster.launcher", "--launcher") +
+                    ": launcher \"slurm\" needs hosts, and no "
+                    "SLURM_JOB_NODELIST is set here",
+                "run it inside an allocation (salloc, sbatch, or mltrain sbatch), or give hosts");
   for (size_t i = 0; i < hosts.size(); ++i) {
     if (counts[i] == 0) continue;
     HostPlan hp;
     hp.host = hosts[i];
-    hp.local = is_local_host(hosts[i].name);
+    hp.via_slurm = p.slurm;
+    hp.local = !p.slurm && is_local_host(hosts[i].name);
     hp.node_rank = int(p.hosts.size());
     hp.gpu_ids = hosts[i].slot_ids;
     for (int l = 0; l < counts[i]; ++l) {

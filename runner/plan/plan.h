@@ -18,7 +18,8 @@ using Env = std::vector<std::pair<std::string, std::string>>;
 
 struct HostPlan {
   hostfile::Host host;
-  bool local = false;  // runs on this machine without SSH
+  bool local = false;      // runs on this machine without SSH
+  bool via_slurm = false;  // its agent starts as an srun step (inside a Slurm allocation)
   int node_rank = 0;
   std::vector<int> ranks;    // global ranks placed here, in local-rank order
   std::vector<int> gpu_ids;  // slot ids used as device ids (hostfile filters), may be empty
@@ -51,6 +52,7 @@ struct Plan {
   bool multi_host = false;
   bool auto_master_port = true;  // the ports are chosen on rank 0's host at preflight
   bool ps_mode = false;
+  bool slurm = false;             // every host's agent starts through srun ([cluster] launcher)
   bool user_nccl_ifname = false;  // the user chose the interfaces; mltrain leaves them alone
   bool user_gloo_ifname = false;
   int gpus_per_proc = 0;  // [gpus] per_proc

@@ -78,6 +78,7 @@ RunRecord from_json(const json& j) {
   r.restarts = get(j, "restarts", 0);
   r.max_restarts = get(j, "max_restarts", 0);
   r.detached = get(j, "detached", false);
+  r.slurm_job_id = get<std::string>(j, "slurm_job_id", "");
   r.log_prefix = get<std::string>(j, "log_prefix", "[{rank}]");
   for (const auto& h : get(j, "hosts", json::array()))
     r.hosts.push_back(
@@ -150,6 +151,7 @@ json to_json_value(const RunRecord& r) {
          {"restarts", r.restarts},
          {"max_restarts", r.max_restarts},
          {"detached", r.detached},
+         {"slurm_job_id", or_null(r.slurm_job_id)},
          {"log_prefix", r.log_prefix},
          {"hosts", hosts},
          {"ranks", ranks},

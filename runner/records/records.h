@@ -60,6 +60,7 @@ struct RunRecord {
   std::vector<RankRecord> ranks;
   int restarts = 0, max_restarts = 0;
   bool detached = false;
+  std::string slurm_job_id;  // the allocation a Slurm-launched run ran in ("" otherwise)
   std::optional<Failure> failure;
   // The live console's line prefix template ("[{host}:{rank}]", "[{rank}]", "" for none), so
   // `logs` prefixes lines the same way. Records written before it: "[{rank}]".

@@ -318,6 +318,7 @@ void print_list(bool json) {
     std::printf("%-34s %-12s %5zu %5zu %-19s %9s %4s\n", r.id.c_str(), status.c_str(), r.ranks.size(),
                 r.hosts.size(), age(r.started_at).c_str(), duration_of(r).c_str(),
                 r.exit_code >= 0 ? std::to_string(r.exit_code).c_str() : "-");
+    if (!r.slurm_job_id.empty()) std::printf("%*s slurm job %s\n", 34, "", r.slurm_job_id.c_str());
   }
 }
 
@@ -350,6 +351,7 @@ void print_show(const std::string& query, bool json) {
   std::printf("command    %s\n", text::join(argv, " ").c_str());
   std::printf("workdir    %s\n", r.workdir.c_str());
   if (!r.git_commit.empty()) std::printf("git        %s\n", r.git_commit.c_str());
+  if (!r.slurm_job_id.empty()) std::printf("slurm job  %s\n", r.slurm_job_id.c_str());
   std::printf("master     %s:%d\n", r.master_addr.c_str(), r.master_port);
   std::printf("restarts   %d of %d\n", r.restarts, r.max_restarts);
   std::printf("logs       %s\n", run_dir(r.id).c_str());

@@ -36,6 +36,9 @@ struct ClusterSection {
   int nprocs = 0;                  // total ranks (`-n`); 0: every slot
   bool oversubscribe = false;      // allow more ranks than slots (a host without a count has 1)
   std::string include, exclude;    // DeepSpeed-style filters
+  // How agents start: "ssh" (local child for this machine), "slurm" (one srun step per host), or
+  // "auto": slurm inside an allocation (SLURM_JOB_ID set), else ssh.
+  std::string launcher = "auto";
 };
 
 struct CommSection {
@@ -83,6 +86,20 @@ struct SetupSection {
   std::string mode = "auto";  // auto (when it or the synced files changed) | always | never
 };
 
+// [k8s]: what `mltrain export` needs to write a Kubernetes manifest (docs/k8s.md). `mltrain run`
+// reads and checks it but uses none of it.
+struct K8sSection {
+  bool present = false;        // the spec (or its profile) has a [k8s] table
+  std::string image;           // the container image; required for export
+  std::string namespace_name;  // metadata.namespace; "": kubectl's current namespace
+  int nodes = 0;               // pods; 0: the hosts the spec plans (1 without hosts)
+  int gpus_per_pod = -1;       // nvidia.com/gpu per pod; -1: from [gpus] and the ranks per pod
+  std::string cpu, memory;     // resource quantities ("8", "500m", "64Gi"); "": none asked
+  std::string service_account;
+  std::vector<std::pair<std::string, std::string>> node_selector;  // label -> value
+  std::vector<std::pair<std::string, std::string>> env;            // over [run] env, in every container
+};
+
 struct JobSpec {
   // Where each setting came from: "run.timeout" -> "job.toml:7:11", or the flag ("--timeout").
   std::map<std::string, std::string> origins;
@@ -101,6 +118,7 @@ struct JobSpec {
   LogsSection logs;
   SyncSection sync;
   SetupSection setup;
+  K8sSection k8s;
 };
 
 // The folder the hosts get for `s.name` when [sync] names none.

@@ -11,6 +11,7 @@
 
 #include "profiles/profiles.h"
 #include "runner/common/error.h"
+#include "runner/common/secret.h"
 #include "runner/common/text.h"
 #include "runner/spec/spec.h"
 
@@ -139,6 +140,14 @@ bool valid_env_name(const std::string& k) {
   return true;
 }
 
+// A DNS-1123 label, as Kubernetes names namespaces: [a-z0-9]([-a-z0-9]*[a-z0-9])?, at most 63.
+bool is_dns_label(const std::string& s) {
+  if (s.empty() || s.size() > 63 || s.front() == '-' || s.back() == '-') return false;
+  for (char c : s)
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-')) return false;
+  return true;
+}
+
 // Every "{word}" of a prefix template must be a placeholder mltrain fills in.
 void check_prefix(const toml::source_region& r, const std::string& tmpl) {
   if (tmpl == "auto") return;
@@ -162,6 +171,71 @@ void check_prefix(const toml::source_region& r, const std::string& tmpl) {
            "placeholders: " + text::join(braced, " "));
     }
   }
+}
+
+// An environment variable's value as TOML may write it: a string, a number or a boolean (true: "1").
+std::string env_value(const toml::node& val, const std::string& k) {
+  if (auto str = val.as_string()) return str->get();
+  if (auto i = val.as_integer()) return std::to_string(i->get());
+  if (auto b = val.as_boolean()) return b->get() ? "1" : "0";
+  if (auto f = val.as_floating_point()) {
+    std::ostringstream os;
+    os << f->get();
+    return os.str();
+  }
+  fail(val.source(), "env '" + k + "' must be a string, number or boolean, not " + type_of(val));
+}
+
+// Sets `k` in a list of name-value pairs, replacing an earlier value in place (a spec over its
+// profile), else at the end.
+void set_pair(std::vector<std::pair<std::string, std::string>>& pairs, const std::string& k, std::string v) {
+  for (auto& [ek, ev] : pairs)
+    if (ek == k) {
+      ev = std::move(v);
+      return;
+    }
+  pairs.emplace_back(k, std::move(v));
+}
+
+// A Kubernetes resource quantity as the API accepts it (its pattern, without a sign): a decimal
+// number, then a binary suffix (Ki Mi Gi Ti Pi Ei), a decimal one (n u m k M G T P E) or an
+// exponent (e3). "64GB" and "8 cores" are not.
+bool is_quantity(std::string_view q) {
+  size_t i = 0, digits = 0;
+  while (i < q.size() && std::isdigit(static_cast<unsigned char>(q[i]))) ++i, ++digits;
+  if (i < q.size() && q[i] == '.')
+    for (++i; i < q.size() && std::isdigit(static_cast<unsigned char>(q[i]));) ++i, ++digits;
+  if (digits == 0) return false;
+  std::string_view rest = q.substr(i);
+  if (rest.empty()) return true;
+  for (std::string_view s : {"Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "n", "u", "m", "k", "M", "G", "T", "P", "E"})
+    if (rest == s) return true;
+  if (rest[0] != 'e' && rest[0] != 'E') return false;
+  rest.remove_prefix(1);
+  if (!rest.empty() && (rest[0] == '+' || rest[0] == '-')) rest.remove_prefix(1);
+  return !rest.empty() && std::all_of(rest.begin(), rest.end(),
+                                      [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+}
+
+// [k8s] cpu or memory: a quantity string, or (cpu only) a number of cores.
+std::string get_quantity(const toml::node& n, const std::string& key, const std::string& example) {
+  std::string q;
+  if (auto i = n.as_integer()) {
+    if (key == "memory")
+      fail(n.source(), "'memory' is " + std::to_string(i->get()) + ", a number of bytes",
+           "write a quantity with its unit, like \"" + example + "\"");
+    q = std::to_string(i->get());
+  } else if (auto f = n.as_floating_point()) {
+    std::ostringstream os;
+    os << f->get();
+    q = os.str();
+  } else {
+    q = get_string(n, key);
+  }
+  if (!is_quantity(q))
+    fail(n.source(), "'" + key + "' is '" + text::excerpt(q) + "', not a Kubernetes quantity",
+         "write it like \"" + example + "\" (suffixes: m, k, M, G, Ki, Mi, Gi, Ti)");
+  return q;
 }
 
 using Handler = std::function<void(const toml::node&)>;
@@ -245,27 +319,7 @@ void apply(const toml::table& root, JobSpec& s, const std::string& base_dir, boo
                           for (const auto& [key, val] : as_table(v, "run.env")) {
                             std::string k(key.str());
                             check_env_name(k, where(key.source()));
-                            std::string value;
-                            if (auto str = val.as_string())
-                              value = str->get();
-                            else if (auto i = val.as_integer())
-                              value = std::to_string(i->get());
-                            else if (auto b = val.as_boolean())
-                              value = b->get() ? "1" : "0";
-                            else if (auto f = val.as_floating_point()) {
-                              std::ostringstream os;
-                              os << f->get();
-                              value = os.str();
-                            } else
-                              fail(val.source(), "env '" + k + "' must be a string, number or boolean, not " +
-                                                     type_of(val));
-                            bool replaced = false;
-                            for (auto& [ek, ev] : s.run.env)
-                              if (ek == k) {
-                                ev = value;
-                                replaced = true;
-                              }
-                            if (!replaced) s.run.env.emplace_back(k, value);
+                            set_pair(s.run.env, k, env_value(val, k));
                           }
                         }},
                        {"forward_env",
@@ -308,6 +362,10 @@ void apply(const toml::table& root, JobSpec& s, const std::string& base_dir, boo
                      {"oversubscribe",
                       [&](const toml::node& v) { s.cluster.oversubscribe = get_bool(v, "oversubscribe"); }},
                      {"include", [&](const toml::node& v) { s.cluster.include = get_string(v, "include"); }},
+                     {"launcher",
+                      [&](const toml::node& v) {
+                        s.cluster.launcher = get_choice(v, "launcher", {"auto", "ssh", "slurm"});
+                      }},
                      {"exclude", [&](const toml::node& v) { s.cluster.exclude = get_string(v, "exclude"); }},
                  });
            }},
@@ -451,6 +509,69 @@ void apply(const toml::table& root, JobSpec& s, const std::string& base_dir, boo
                        {"when",
                         [&](const toml::node& v) {
                           s.setup.mode = get_choice(v, "when", {"auto", "always", "never"});
+                        }},
+                   });
+           }},
+          {"k8s",
+           [&](const toml::node& n) {
+             s.k8s.present = true;
+             visit(as_table(n, "k8s"), "k8s",
+                   {
+                       {"image",
+                        [&](const toml::node& v) {
+                          s.k8s.image = get_string(v, "image");
+                          if (s.k8s.image.empty() || s.k8s.image.find_first_of(" \t\n") != std::string::npos)
+                            fail(v.source(),
+                                 "'image' is '" + text::excerpt(s.k8s.image) + "', not an image name",
+                                 "give the image the pods run, like \"ghcr.io/acme/train:1.4\"");
+                        }},
+                       {"namespace",
+                        [&](const toml::node& v) {
+                          s.k8s.namespace_name = get_string(v, "namespace");
+                          if (!is_dns_label(s.k8s.namespace_name))
+                            fail(v.source(),
+                                 "'namespace' is '" + text::excerpt(s.k8s.namespace_name) +
+                                     "', not a Kubernetes namespace name",
+                                 "lowercase letters, digits and '-', at most 63, starting and ending with a "
+                                 "letter or digit");
+                        }},
+                       {"nodes",
+                        [&](const toml::node& v) { s.k8s.nodes = int(get_int(v, "nodes", 1, kMaxHosts)); }},
+                       {"gpus_per_pod",
+                        [&](const toml::node& v) {
+                          s.k8s.gpus_per_pod = int(get_int(v, "gpus_per_pod", 0, 1024));
+                        }},
+                       {"cpu", [&](const toml::node& v) { s.k8s.cpu = get_quantity(v, "cpu", "16"); }},
+                       {"memory",
+                        [&](const toml::node& v) { s.k8s.memory = get_quantity(v, "memory", "64Gi"); }},
+                       {"service_account",
+                        [&](const toml::node& v) {
+                          s.k8s.service_account = get_string(v, "service_account");
+                          if (s.k8s.service_account.empty())
+                            fail(v.source(), "'service_account' is empty",
+                                 "name a service account, or remove it");
+                        }},
+                       {"node_selector",
+                        [&](const toml::node& v) {
+                          for (const auto& [key, val] : as_table(v, "k8s.node_selector")) {
+                            std::string k(key.str());
+                            if (k.empty()) fail(key.source(), "a node_selector label is empty");
+                            auto str = val.as_string();
+                            if (!str)
+                              fail(val.source(),
+                                   "node_selector '" + text::excerpt(k) + "' must be a string, not " +
+                                       type_of(val),
+                                   "label values are strings: quote it");
+                            set_pair(s.k8s.node_selector, k, str->get());
+                          }
+                        }},
+                       {"env",
+                        [&](const toml::node& v) {
+                          for (const auto& [key, val] : as_table(v, "k8s.env")) {
+                            std::string k(key.str());
+                            check_env_name(k, where(key.source()));
+                            set_pair(s.k8s.env, k, env_value(val, k));
+                          }
                         }},
                    });
            }},
@@ -657,6 +778,7 @@ std::string to_toml(const JobSpec& s) {
   if (s.cluster.oversubscribe) cluster.insert("oversubscribe", true);
   if (!s.cluster.include.empty()) cluster.insert("include", s.cluster.include);
   if (!s.cluster.exclude.empty()) cluster.insert("exclude", s.cluster.exclude);
+  if (s.cluster.launcher != "auto") cluster.insert("launcher", s.cluster.launcher);
   root.insert("cluster", cluster);
   toml::table comm;
   comm.insert("mode", s.comm.mode);
@@ -691,6 +813,24 @@ std::string to_toml(const JobSpec& s) {
   }
   if (!s.setup.command.empty())
     root.insert("setup", toml::table{{"command", s.setup.command}, {"when", s.setup.mode}});
+  if (s.k8s.present) {
+    toml::table k8s;
+    if (!s.k8s.image.empty()) k8s.insert("image", s.k8s.image);
+    if (!s.k8s.namespace_name.empty()) k8s.insert("namespace", s.k8s.namespace_name);
+    if (s.k8s.nodes) k8s.insert("nodes", s.k8s.nodes);
+    if (s.k8s.gpus_per_pod >= 0) k8s.insert("gpus_per_pod", s.k8s.gpus_per_pod);
+    if (!s.k8s.cpu.empty()) k8s.insert("cpu", s.k8s.cpu);
+    if (!s.k8s.memory.empty()) k8s.insert("memory", s.k8s.memory);
+    if (!s.k8s.service_account.empty()) k8s.insert("service_account", s.k8s.service_account);
+    toml::table selector, k8s_env;
+    for (const auto& [k, v] : s.k8s.node_selector) selector.insert(k, v);
+    // A secret's value in [k8s] env never reaches a pod (export refers to a Secret instead), and
+    // this text goes into run records: never write it.
+    for (const auto& [k, v] : s.k8s.env) k8s_env.insert(k, secret::shown_value(k, v));
+    if (!selector.empty()) k8s.insert("node_selector", selector);
+    if (!k8s_env.empty()) k8s.insert("env", k8s_env);
+    root.insert("k8s", k8s);
+  }
   std::ostringstream os;
   os << root;
   return os.str();

@@ -10,10 +10,12 @@
 #include <cerrno>
 #include <cstring>
 #include <system_error>
+#include <utility>
 
 #include "runner/common/error.h"
 #include "runner/common/log.h"
 #include "runner/common/sys_check.h"
+#include "runner/transport/detail/child_link.h"
 #include "runner/transport/transport.h"
 
 namespace bp = boost::process;
@@ -23,7 +25,9 @@ namespace {
 
 class LocalLink : public AgentLink {
  public:
-  LocalLink(pid_t pid, int rfd, int wfd) : pid_(pid), rfd_(rfd), wfd_(wfd) {}
+  LocalLink(pid_t pid, int rfd, int wfd, std::string describe = "localhost",
+            std::string address = "127.0.0.1")
+      : pid_(pid), rfd_(rfd), wfd_(wfd), describe_(std::move(describe)), address_(std::move(address)) {}
   ~LocalLink() override {
     if (rfd_ >= 0) ::close(rfd_);
     if (wfd_ >= 0) ::close(wfd_);
@@ -34,7 +38,8 @@ class LocalLink : public AgentLink {
       if (r == pid_ || (r < 0 && errno == ECHILD)) return;
       ::usleep(50'000);
     }
-    log::warn("transport", "local agent did not exit within 10s of its stream closing; killing it");
+    log::warn("transport",
+              describe_ + ": the agent's process did not exit within 10s of its stream closing; killing it");
     if (::kill(pid_, SIGKILL) != 0 && errno != ESRCH)
       log::warn("transport", sys_error_text("kill", "SIGKILL local agent pid " + std::to_string(pid_)));
     else if (::waitpid(pid_, nullptr, 0) < 0 && errno != ECHILD)
@@ -42,8 +47,8 @@ class LocalLink : public AgentLink {
   }
   int read_fd() const override { return rfd_; }
   int write_fd() const override { return wfd_; }
-  std::string describe() const override { return "localhost"; }
-  std::string address() const override { return "127.0.0.1"; }
+  std::string describe() const override { return describe_; }
+  std::string address() const override { return address_; }
   // Closing our end is the agent's signal to stop its ranks; killing it would orphan them.
   void kill() override {
     if (wfd_ >= 0) ::close(wfd_);
@@ -53,6 +58,7 @@ class LocalLink : public AgentLink {
  private:
   pid_t pid_;
   int rfd_, wfd_;
+  std::string describe_, address_;
 };
 
 class LocalTransport : public Transport {
@@ -93,6 +99,11 @@ class LocalTransport : public Transport {
 };
 
 }  // namespace
+
+std::unique_ptr<AgentLink> make_child_link(pid_t pid, int read_fd, int write_fd, std::string describe,
+                                           std::string address) {
+  return std::make_unique<LocalLink>(pid, read_fd, write_fd, std::move(describe), std::move(address));
+}
 
 std::unique_ptr<Transport> make_local_transport() { return std::make_unique<LocalTransport>(); }
 

@@ -2,6 +2,7 @@
 // Local: the agent is a child over pipes. SSH: the agent runs over one channel per host.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -43,6 +44,14 @@ class Transport {
 
 // Runs the agent as a local child process (Boost.Process), over pipes.
 std::unique_ptr<Transport> make_local_transport();
+
+// Inside a Slurm allocation: each host's agent is one `srun --overlap -N1 -n1 -w HOST` step whose
+// stdin/stdout are the agent's stream (slurm_transport.cpp).
+struct SlurmOptions {
+  std::string srun = "srun";
+  std::chrono::milliseconds start_timeout{60000};  // for the step to start and the agent to answer
+};
+std::unique_ptr<Transport> make_slurm_transport(SlurmOptions o);
 
 // The agent executable embedded in this binary, and its content hash (hex SHA-256).
 std::string_view agent_bytes();

@@ -20,6 +20,8 @@ mlt_need_root
 mlt_lock
 
 status=0
+# A Slurm started on the cluster (slurm.sh): its controller runs here, outside the namespaces.
+if [ -d "$dir/slurm" ]; then "$here/slurm.sh" down -d "$dir" || status=1; fi
 namespaces=()
 for k in $(mlt_existing_hosts); do namespaces+=("$(mlt_ns "$k")"); done
 if [ "${#namespaces[@]}" -gt 0 ]; then

@@ -112,13 +112,14 @@ class Cluster:
     # -- lifecycle -------------------------------------------------------------------------------
     @classmethod
     def up(cls, n=4, max_sessions=None, state_dir=DEFAULT_DIR, timeout=120, hostnames=None, user=None,
-           private_homes=False):
+           private_homes=False, etc_hosts=False):
         """Tear down any previous cluster and bring up n hosts h1..hn (tests/cluster/up.sh).
 
         max_sessions: {"h2": 2} (or {2: 2}) sets sshd MaxSessions on those hosts (default 10).
         hostnames: {"h1": "twin", "h2": "twin"} gives hosts their own `hostname` (default hK).
         user: the login user (default mltest); created with /bin/sh as its shell when missing.
         private_homes: every host has its own empty home folder (home(h) shows it here).
+        etc_hosts: 'IP hK' lines in /etc/hosts, so host names resolve everywhere (down removes them).
         Every host has its own /dev/shm, as separate machines do.
         """
         args = [str(SCRIPTS / "up.sh"), "-n", str(n), "-d", str(state_dir)]
@@ -130,6 +131,8 @@ class Cluster:
             args += ["--user", user]
         if private_homes:
             args += ["--private-homes"]
+        if etc_hosts:
+            args += ["--etc-hosts"]
         _run(args, timeout=timeout)
         c = cls(state_dir)
         if len(c.hosts) != n:

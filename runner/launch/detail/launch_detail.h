@@ -29,7 +29,7 @@ class HostTransports {
   const supervise::TransportFor& for_host() const { return for_host_; }
 
  private:
-  std::unique_ptr<transport::Transport> local_, ssh_;
+  std::unique_ptr<transport::Transport> local_, ssh_, slurm_;
   supervise::TransportFor for_host_;
 };
 

@@ -1,0 +1,99 @@
+// `mltrain sbatch JOB.toml`: a batch script that runs `mltrain run` inside the allocation Slurm
+// gives it (every node's agent through srun), written next to the run records and submitted.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+
+#include "runner/common/error.h"
+#include "runner/common/state_home.h"
+#include "runner/common/text.h"
+#include "runner/launch/detail/launch_detail.h"
+#include "runner/launch/launch.h"
+
+namespace mltrain::launch {
+
+namespace fs = std::filesystem;
+
+SbatchScript sbatch_script(const SbatchRequest& req) {
+  if (req.job.specs.size() != 1)
+    throw Error("sbatch needs one job spec", "mltrain sbatch job.toml --nodes 2", exit_code::usage);
+  spec::JobSpec s = resolve_spec(req.job);
+  int nodes = req.nodes;
+  if (nodes <= 0) {  // as many nodes as the spec plans hosts (outside any allocation)
+    JobRequest j = req.job;
+    spec::JobSpec plain = s;
+    plain.cluster.launcher = "ssh";
+    nodes = int(plan::make_plan(plain, detail::plan_inputs(j, "sbatch", "sbatch", detail::Ports::placeholder))
+                    .hosts.size());
+  }
+  const int per_node = s.cluster.procs_per_host > 0 ? s.cluster.procs_per_host : 1;
+  std::error_code ec;
+  char self[4096];
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  std::string bin = n > 0 ? std::string(self, size_t(n)) : std::string("mltrain");
+  SbatchScript out;
+  std::string dir = state_home() + "/slurm";
+  out.output = dir + "/" + s.name + "-%j.out";
+  std::string t;
+  t += "#!/bin/sh\n";
+  t += "# Written by mltrain sbatch for " + fs::absolute(req.job.specs[0]).string() + "\n";
+  t += "#SBATCH --job-name=" + s.name + "\n";
+  t += "#SBATCH --nodes=" + std::to_string(nodes) + "\n";
+  t += "#SBATCH --ntasks-per-node=" + std::to_string(per_node) + "\n";
+  if (!req.time.empty()) t += "#SBATCH --time=" + req.time + "\n";
+  if (!req.partition.empty()) t += "#SBATCH --partition=" + req.partition + "\n";
+  if (!req.account.empty()) t += "#SBATCH --account=" + req.account + "\n";
+  for (const auto& a : req.extra) t += "#SBATCH " + a + "\n";
+  t += "#SBATCH --output=" + out.output + "\n";
+  t += "# Every node of the allocation, its tasks per node as ranks; each agent starts with srun.\n";
+  std::vector<std::string> argv = {bin, "run", "--launcher", "slurm"};
+  if (!req.job.overrides.ssh_config.empty())
+    argv.insert(argv.end(), {"--ssh-config", req.job.overrides.ssh_config});
+  if (!req.job.overrides.name.empty()) argv.insert(argv.end(), {"--name", req.job.overrides.name});
+  argv.push_back(fs::absolute(req.job.specs[0]).string());
+  std::vector<std::string> quoted;
+  for (const auto& a : argv) quoted.push_back(text::shell_quote(a));
+  t += "exec " + text::join(quoted, " ") +
+       " -H \"$SLURM_JOB_NODELIST\" --procs-per-host \"${SLURM_NTASKS_PER_NODE:-" + std::to_string(per_node) +
+       "}\"\n";
+  out.text = t;
+  out.path =
+      dir + "/" + s.name + "-" + std::to_string(::time(nullptr)) + "-" + std::to_string(::getpid()) + ".sh";
+  (void)ec;
+  return out;
+}
+
+std::string sbatch(const SbatchRequest& req) {
+  SbatchScript sc = sbatch_script(req);
+  make_private_dirs(state_home() + "/slurm");
+  {
+    std::ofstream f(sc.path);
+    f << sc.text;
+    if (!f) throw Error("cannot write " + sc.path, "free some space in " + state_home());
+  }
+  ::chmod(sc.path.c_str(), 0700);
+  std::string cmd = "sbatch --parsable " + text::shell_quote(sc.path) + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) throw Error("cannot run sbatch", "install Slurm's client (sbatch)", exit_code::host_failure);
+  std::string said;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p)) said += buf;
+  int status = ::pclose(p);
+  said = text::trim(said);
+  std::string id = said.substr(0, said.find(';'));
+  if (status != 0 || id.empty() || id.find_first_not_of("0123456789") != std::string::npos)
+    throw Error("sbatch refused the job: " + text::excerpt(said, 400),
+                "check the partition, time and node count (the script is " + sc.path + ")",
+                exit_code::host_failure);
+  std::string output = sc.output;
+  if (auto k = output.find("%j"); k != std::string::npos) output.replace(k, 2, id);
+  std::fprintf(stderr, "mltrain: submitted batch job %s (script %s; its output %s)\n", id.c_str(),
+               sc.path.c_str(), output.c_str());
+  return id;
+}
+
+}  // namespace mltrain::launch
