@@ -105,6 +105,14 @@ complete -c mltrain -n __mltrain_no_subcommand -a rm -d "Remove the records of e
 complete -c mltrain -n __mltrain_no_subcommand -a gc -d "Remove old run records"
 complete -c mltrain -n __mltrain_no_subcommand -a completions -d "Print the shell completion script for bash, zsh or fish"
 complete -c mltrain -n __mltrain_no_subcommand -a knobs -d "List the environment variables mltrain reads, with defaults"
+complete -c mltrain -n __mltrain_no_subcommand -a doctor -d "Check every host of a job: connection, agent, ports, GPUs, Python"
+complete -c mltrain -n __mltrain_no_subcommand -a bench -d "Measure the collectives of the comm library between the ranks of a job"
+complete -c mltrain -n __mltrain_no_subcommand -a top -d "Live CPU, GPU and time in collectives of a run or of hosts"
+complete -c mltrain -n __mltrain_no_subcommand -a exec -d "Run one command on every host of a job"
+complete -c mltrain -n __mltrain_no_subcommand -a ssh -d "A shell where a rank of a run runs"
+complete -c mltrain -n __mltrain_no_subcommand -a cp -d "Copy a file or folder from the host of a run to this machine"
+complete -c mltrain -n __mltrain_no_subcommand -a export -d "Print a job as a Kubernetes Volcano Job or PyTorchJob"
+complete -c mltrain -n __mltrain_no_subcommand -a sbatch -d "Submit a job to Slurm"
 
 # Global options (mltrain also takes them after the subcommand).
 complete -c mltrain -n 'not __mltrain_after_dashdash' -s h -l help -d 'Print help and exit'
