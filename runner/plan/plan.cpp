@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -105,10 +106,19 @@ std::vector<hostfile::Host> resolve_hosts(const spec::JobSpec& s,
         hostfile_call([&] { return hostfile::parse_host_list(text::join(s.cluster.hosts, ","), origin); });
   } else if (auto it = env.find("SLURM_JOB_NODELIST"); it != env.end() && !it->second.empty()) {
     auto names = hostfile_call([&] { return hostfile::expand_nodelist(it->second); });
-    for (const auto& n : names) {
+    // SLURM_TASKS_PER_NODE ("2(x3),1"): each node's slots, in the node list's order.
+    std::vector<int> tasks;
+    if (auto t = env.find("SLURM_TASKS_PER_NODE"); t != env.end())
+      for (const auto& item : text::split(t->second, ',')) {
+        int n = std::atoi(item.c_str()), times = 1;
+        if (auto x = item.find("(x"); x != std::string::npos) times = std::atoi(item.c_str() + x + 2);
+        for (int k = 0; k < times && n > 0 && tasks.size() < names.size(); ++k) tasks.push_back(n);
+      }
+    for (size_t i = 0; i < names.size(); ++i) {
       hostfile::Host h;
-      h.name = n;
+      h.name = names[i];
       h.origin = "SLURM_JOB_NODELIST";
+      if (i < tasks.size()) h.slots = tasks[i];
       hosts.push_back(h);
     }
   }

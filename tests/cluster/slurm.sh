@@ -90,6 +90,7 @@ ctl_host=$(hostname -s)
   echo "JobAcctGatherType=jobacct_gather/none"
   echo "AccountingStorageType=accounting_storage/none"
   echo "ReturnToService=2"
+  echo "SlurmdParameters=config_overrides"  # the nodes share this machine's 2 cores: take the CPUs as written
   echo "SlurmdTimeout=30"
   echo "KillWait=2"
   echo "MessageTimeout=20"
@@ -101,7 +102,15 @@ ctl_host=$(hostname -s)
 slurmctld -f "$conf" -i
 for k in $(seq 1 "$n"); do
   pid=$(cat "$dir/h$k/sshd.pid") || mlt_die "h$k has no sshd (tests/cluster/up.sh first)"
-  # In h$k's namespaces: its address, its host name, its /dev/shm and home.
+  # In h$k's namespaces: its address, its host name, its /dev/shm and home. `ip netns exec`
+  # gave it a fresh /sys without this machine's cgroup mounts, which slurmd wants to see.
+  nsenter -t "$pid" -m -- /bin/sh -c '
+    mountpoint -q /sys/fs/cgroup && exit 0
+    mount -t tmpfs -o mode=755 cgroup_root /sys/fs/cgroup || exit 1
+    for c in cpu cpuacct cpuset memory devices freezer pids; do
+      mkdir -p /sys/fs/cgroup/$c && mount -t cgroup -o $c cgroup /sys/fs/cgroup/$c 2>/dev/null || rmdir /sys/fs/cgroup/$c
+    done
+    mkdir -p /sys/fs/cgroup/systemd && mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd' || mlt_die "cannot mount cgroups for h$k"
   nsenter -t "$pid" -n -u -m -- slurmd -f "$conf" -N "h$k"
 done
 for _ in $(seq 1 100); do
