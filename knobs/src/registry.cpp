@@ -87,7 +87,8 @@ const Knob kKnobs[] = {
     {"SLURM_JOB_ID",
      Kind::string,
      "",
-     "set: inside a Slurm allocation, where [cluster] launcher = \"auto\" starts agents with srun (docs/slurm.md); "
+     "set: inside a Slurm allocation, where [cluster] launcher = \"auto\" starts agents with srun "
+     "(docs/slurm.md); "
      "recorded with the run",
      launcher,
      {},

@@ -3,6 +3,7 @@
 
 #include <netdb.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -99,10 +100,16 @@ void apply_overrides(spec::JobSpec& s, const Overrides& f,
   if (f.no_prefix) s.logs.prefix = "";
   if (f.timestamps) s.logs.timestamps = true;
   if (!f.ssh_config.empty()) s.ssh.config = f.ssh_config;
+  // A flag with a few words it may be (the CLI checks them too; this API may be called without it).
+  auto one_of = [](const char* flag, const std::string& v, const std::vector<std::string>& ok,
+                   const char* hint) {
+    if (std::find(ok.begin(), ok.end(), v) == ok.end())
+      throw Error(std::string(flag) + " '" + v + "': expected " + text::join(ok, ", "), hint,
+                  exit_code::usage);
+  };
   if (!f.launcher.empty()) {
-    if (f.launcher != "auto" && f.launcher != "ssh" && f.launcher != "slurm")
-      throw Error("--launcher '" + f.launcher + "': expected auto, ssh or slurm",
-                  "slurm starts each host's agent with srun inside an allocation", exit_code::usage);
+    one_of("--launcher", f.launcher, {"auto", "ssh", "slurm"},
+           "slurm starts each host's agent with srun inside an allocation");
     s.cluster.launcher = f.launcher;
     s.origins["cluster.launcher"] = "--launcher";
   }
@@ -111,9 +118,8 @@ void apply_overrides(spec::JobSpec& s, const Overrides& f,
     s.origins["sync.enabled"] = *f.sync ? "--sync" : "--no-sync";
   }
   if (!f.setup.empty()) {
-    if (f.setup != "auto" && f.setup != "always" && f.setup != "never")
-      throw Error("--setup '" + f.setup + "': expected auto, always or never",
-                  "auto runs the setup when its command or the synced files changed", exit_code::usage);
+    one_of("--setup", f.setup, {"auto", "always", "never"},
+           "auto runs the setup when its command or the synced files changed");
     s.setup.mode = f.setup;
     s.origins["setup.when"] = "--setup";
   }
