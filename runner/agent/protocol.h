@@ -453,8 +453,12 @@ struct PullDone {
   uint32_t files = 0;
   uint64_t bytes = 0;
   std::vector<std::string> problems;  // unreadable files, the size limit
-  void put(Writer& w) const { w.u32(files).u64(bytes).strings(problems); }
-  void get(Reader& r) { files = r.u32(), bytes = r.u64(), problems = r.strings(); }
+  uint32_t single_file = 0;           // 1: the Pull's dir was a file, sent under its own name
+  void put(Writer& w) const { w.u32(files).u64(bytes).strings(problems).u32(single_file); }
+  void get(Reader& r) {
+    files = r.u32(), bytes = r.u64(), problems = r.strings();
+    if (r.left() > 0) single_file = r.u32();
+  }
 };
 
 // agent -> launcher

@@ -501,6 +501,7 @@ void Agent::on(uint32_t, const msg::Pull& m) {
     pull_.problems.push_back(errno_text("cannot read", pull_.dir));
   } else if (!S_ISDIR(st.st_mode)) {
     pull_.files.push_back("");  // the one file the Pull names
+    pull_.single_file = true;
   } else {
     collect(pull_.dir, "", rules, m.patterns.empty(), pull_.files);
   }
@@ -516,7 +517,7 @@ void Agent::pump_pull() {
           pull_.problems.push_back(std::to_string(pull_.files.size() - pull_.next) +
                                    " files left behind: past the limit of " +
                                    std::to_string(pull_.max_bytes >> 20) + " MiB");
-        send(msg::PullDone{pull_.sent, pull_.bytes, std::move(pull_.problems)});
+        send(msg::PullDone{pull_.sent, pull_.bytes, std::move(pull_.problems), pull_.single_file ? 1u : 0u});
         pull_ = PullState{};
         return;
       }

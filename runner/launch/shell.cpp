@@ -157,17 +157,15 @@ uint64_t copy(const CopyRequest& req) {
   job.per_host_folders = false;
   o.pull = job;
   uint64_t files = 0;
+  bool single_file = false;
   try {
-    files = supervise::pull_files(rh.plan, o, detail::lasting_transports(rh.spec).for_host());
+    files = supervise::pull_files(rh.plan, o, detail::lasting_transports(rh.spec).for_host(), &single_file);
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;
   }
   // A file arrives as tmp/<its name>; a folder's files as tmp/<their paths>.
-  fs::path got =
-      fs::exists(fs::path(tmp) / base, ec) && !fs::is_directory(fs::path(tmp) / base, ec) && files == 1
-          ? fs::path(tmp) / base
-          : fs::path(tmp);
+  fs::path got = single_file ? fs::path(tmp) / base : fs::path(tmp);
   if (fs::exists(final_path, ec) && fs::is_directory(final_path, ec) != fs::is_directory(got, ec)) {
     fs::remove_all(tmp, ec);
     throw Error("cp: " + final_path.string() + " exists and is " +

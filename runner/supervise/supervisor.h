@@ -90,8 +90,10 @@ int run_job(plan::Plan& plan, records::RunRecord& record, const Options& opts,
             const TransportFor& transport_for);
 
 // `mltrain cp`: connect to the plan's hosts and bring back what opts.pull asks for, then leave.
-// Returns the files that came; throws mltrain::Error (exit 255) when a host cannot be reached, and
-// (exit 1) when nothing came or something could not be read or written.
-uint64_t pull_files(plan::Plan& plan, const Options& opts, const TransportFor& transport_for);
+// Returns the files that came (`single_file`: what was asked for is a file, not a folder); throws
+// mltrain::Error (exit 255) when a host cannot be reached, and (exit 1) when something could not be
+// read or written.
+uint64_t pull_files(plan::Plan& plan, const Options& opts, const TransportFor& transport_for,
+                    bool* single_file = nullptr);
 
 }  // namespace mltrain::supervise

@@ -372,6 +372,7 @@ void Gang::on(size_t i, uint32_t, msg::PullDone& m) {
   end_pull(i);
   h.pull.active = false;
   h.pull.done = true;
+  h.pull.single_file = m.single_file != 0;
   for (auto& p : m.problems) h.pull.problems.push_back(std::move(p));
   if (std::none_of(hosts_.begin(), hosts_.end(), [](const Host& x) { return x.pull.active && x.open(); }))
     pull_finished();
@@ -409,10 +410,12 @@ void Gang::pull_finished() {
   if (phase_ == Phase::pulling) enter(Phase::closing);
 }
 
-uint64_t Gang::run_pull(std::vector<std::string>& unreachable, std::vector<std::string>& problems) {
+uint64_t Gang::run_pull(std::vector<std::string>& unreachable, std::vector<std::string>& problems,
+                        bool& single_file) {
   pull_only_ = true;
   ranks_started_ = true;
   loop();
+  single_file = !hosts_.empty() && hosts_[0].pull.single_file;
   for (const auto& h : hosts_)
     if (h.state == HostState::failed || h.state == HostState::lost)
       unreachable.push_back(h.plan->host.name + ": " + h.problem);
@@ -425,11 +428,14 @@ uint64_t Gang::run_pull(std::vector<std::string>& unreachable, std::vector<std::
 
 namespace mltrain::supervise {
 
-uint64_t pull_files(plan::Plan& plan, const Options& opts, const TransportFor& transport_for) {
+uint64_t pull_files(plan::Plan& plan, const Options& opts, const TransportFor& transport_for,
+                    bool* single_file) {
   records::RunRecord unused;  // cp records no run
   detail::Gang g(plan, unused, opts, transport_for);
   std::vector<std::string> unreachable, problems;
-  uint64_t files = g.run_pull(unreachable, problems);
+  bool single = false;
+  uint64_t files = g.run_pull(unreachable, problems, single);
+  if (single_file) *single_file = single;
   if (!unreachable.empty())
     throw Error(text::join(unreachable, "\n  "), "check the host with 'mltrain doctor'",
                 exit_code::host_failure);

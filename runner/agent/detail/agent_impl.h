@@ -81,6 +81,7 @@ struct PullState {
   int fd = -1;
   uint64_t left = 0, bytes = 0, max_bytes = 0;
   uint32_t id = 0, sent = 0;
+  bool single_file = false;  // the Pull named a file, not a folder
   std::vector<std::string> problems;
 };
 

@@ -94,6 +94,7 @@ struct HostSetup {
 
 struct HostPull {
   bool active = false, done = false;
+  bool single_file = false;  // what was asked for is one file
   int fd = -1;
   std::string tmp, path;
   int64_t mtime_ns = 0;
@@ -162,7 +163,8 @@ class Gang {
   int run_watch(const WatchOptions& w);
   // cp: connect, pull (opts.pull), say goodbye. Returns the files that came; `unreachable` gets
   // the hosts that could not be reached, `problems` what could not be copied.
-  uint64_t run_pull(std::vector<std::string>& unreachable, std::vector<std::string>& problems);
+  uint64_t run_pull(std::vector<std::string>& unreachable, std::vector<std::string>& problems,
+                    bool& single_file);
 
  private:
   // The loop.
