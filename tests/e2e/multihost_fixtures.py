@@ -228,9 +228,10 @@ def cached_agent_path(mh, host="h1"):
     (runs a one-rank job on `host` to find it)."""
     m = mh.ml.marker()
     p = mh.popen("-H", f"{host}:1", "--workdir", "/tmp", "--", "sleep", m)
-    wait_for(lambda: [x for x in pids_with_arg(m) if x != p.pid], 20, "the rank")
-    agents = agent_ancestors([x for x in pids_with_arg(m) if x != p.pid])
-    assert agents, "no mltrain-agent above the rank"
+    # The rank, then the agent above it (read again until the chain reads whole: a loaded machine
+    # can show the rank before its parent's /proc entry answers).
+    agents = wait_for(lambda: agent_ancestors([x for x in pids_with_arg(m) if x != p.pid]), 20,
+                      "a rank with the mltrain-agent above it")
     path = os.readlink(f"/proc/{agents[0]}/exe")
     p.send_signal(signal.SIGTERM)
     communicate(p, 30)
