@@ -22,37 +22,24 @@
 #include <string>
 #include <vector>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
 #include "runner/agent/detail/agent_impl.h"
 #include "runner/agent/protocol.h"
+#include "runner/sync/hash.h"
 #include "runner/sync/ignore.h"
 
 namespace mltrain::agent::detail {
 
 namespace {
 
+using sync::canonical;
+using sync::hex;
+using sync::mtime_ns;
+using sync::to_timespec;
+
 constexpr const char* kState = ".mltrain-sync";
 
 std::string errno_text(const std::string& what, const std::string& path) {
   return what + " " + path + ": " + std::strerror(errno);
-}
-
-std::string canonical(const XXH128_hash_t& h) {
-  XXH128_canonical_t c;
-  XXH128_canonicalFromHash(&c, h);
-  return std::string(reinterpret_cast<const char*>(c.digest), sizeof c.digest);
-}
-
-std::string hex(const std::string& b) {
-  static const char* d = "0123456789abcdef";
-  std::string s;
-  for (unsigned char c : b) {
-    s += d[c >> 4];
-    s += d[c & 15];
-  }
-  return s;
 }
 
 bool unhex(const std::string& s, std::string& out) {
@@ -108,15 +95,15 @@ void remove_all(const std::string& path) {
   }
 }
 
-int64_t mtime_ns(const struct stat& st) {
-  return int64_t(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
-}
-
-timespec to_timespec(int64_t ns) {
-  timespec t{};
-  t.tv_sec = time_t(ns / 1'000'000'000);
-  t.tv_nsec = long(ns % 1'000'000'000);
-  return t;
+// Whether a manifest path stays inside the folder: relative, with no ".." part.
+bool inside(const std::string& path) {
+  if (path.empty() || path[0] == '/') return false;
+  for (size_t p = 0; p <= path.size();) {
+    size_t q = std::min(path.find('/', p), path.size());
+    if (q - p == 2 && path.compare(p, 2, "..") == 0) return false;
+    p = q + 1;
+  }
+  return true;
 }
 
 }  // namespace
@@ -229,19 +216,9 @@ void Agent::on(uint32_t, msg::SyncManifest& m) {
 
   for (size_t i = 0; i < sync_.entries.size(); ++i) {
     const SyncEntry& e = sync_.entries[i];
-    if (e.path.empty() || e.path[0] == '/' || e.path.find("..") != std::string::npos) {
-      // ".." anywhere would let a path leave the folder: refuse it rather than judge it.
-      bool dots = false;
-      for (size_t p = 0; p <= e.path.size();) {
-        size_t q = e.path.find('/', p);
-        if (q == std::string::npos) q = e.path.size();
-        if (e.path.compare(p, q - p, "..") == 0 && q - p == 2) dots = true;
-        p = q + 1;
-      }
-      if (e.path.empty() || e.path[0] == '/' || dots) {
-        out.problems.push_back("refused the path '" + e.path + "'");
-        continue;
-      }
+    if (!inside(e.path)) {  // ".." anywhere would let a path leave the folder
+      out.problems.push_back("refused the path '" + e.path + "'");
+      continue;
     }
     std::string full = sync_.dir + "/" + e.path;
     struct stat st {};

@@ -222,7 +222,7 @@ void Gang::on_timers(Clock::time_point now) {
       if (phase_ != Phase::preflight) break;
       check_progress();
       if (phase_ != Phase::preflight) break;
-      sync_progress(now, false);
+      sync_progress(now);
       if (next_ping_ && now >= *next_ping_) {
         for (auto& h : hosts_)
           if (h.state == HostState::greeted || h.state == HostState::syncing ||

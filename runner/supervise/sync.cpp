@@ -40,6 +40,11 @@ std::string bytes_text(uint64_t b) {
   return buf;
 }
 
+// Where a host's setup output is kept in the run's folder.
+std::string setup_log(const std::string& run_id, const std::string& host) {
+  return records::run_dir(run_id) + "/setup-" + host + ".log";
+}
+
 std::string plural(uint64_t n, const char* one, const char* many) {
   return std::to_string(n) + " " + (n == 1 ? one : many);
 }
@@ -131,26 +136,23 @@ void Gang::on(size_t i, uint32_t, msg::SyncDone& m) {
   h.sync.done = true;
   h.synced = true;
   h.state = HostState::greeted;
-  sync_progress(clock_.now(), false);
+  sync_progress(clock_.now());
   next_step(i);
   check_progress();
 }
 
 // On a terminal, one status line while bytes travel; when every host is done, one summary line.
-void Gang::sync_progress(Clock::time_point now, bool) {
+void Gang::sync_progress(Clock::time_point now) {
   if (!opts_.sync || sync_reported_) return;
   const sync::Tree& t = *opts_.sync->tree;
-  size_t syncing = 0, done = 0, failed = 0;
-  uint64_t raw = 0, wire = 0, want_files = 0, sent_files = 0, deleted = 0;
+  size_t syncing = 0, done = 0;
+  uint64_t raw = 0, want_files = 0, sent_files = 0;
   for (const auto& h : hosts_) {
     if (h.state == HostState::syncing) ++syncing;
     if (h.sync.done) ++done;
-    if (h.state == HostState::failed && !h.sync.done) ++failed;
     raw += h.sync.raw_bytes;
-    wire += h.sync.wire_bytes;
     want_files += h.sync.want.size();
     sent_files += std::min(h.sync.next, h.sync.want.size());
-    deleted += h.sync.deleted;
   }
   double secs = std::chrono::duration<double>(now - sync_start_).count();
   if (syncing > 0) {
@@ -211,7 +213,6 @@ void Gang::sync_progress(Clock::time_point now, bool) {
   std::fprintf(stderr, "mltrain: synced %s (%s, %s) to %s on %s: %s in %.2fs\n", opts_.sync->shown.c_str(),
                plural(t.files, "file", "files").c_str(), bytes_text(t.bytes).c_str(), opts_.sync->dir.c_str(),
                plural(done, "host", "hosts").c_str(), sent.c_str(), secs);
-  (void)failed, (void)wire, (void)deleted;
 }
 
 // ---- setup ----
@@ -220,7 +221,7 @@ void Gang::start_setup(size_t i) {
   Host& h = hosts_[i];
   h.state = HostState::setting_up;
   // Its output, kept with the run (empty when it says nothing; none when it is skipped).
-  std::string path = records::run_dir(rec_.id) + "/setup-" + h.plan->host.name + ".log";
+  std::string path = setup_log(rec_.id, h.plan->host.name);
   h.setup.log_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   msg::Setup m;
   m.command = opts_.setup->command;
@@ -258,7 +259,7 @@ void Gang::on(size_t i, uint32_t, msg::SetupDone& m) {
   setup_output(i, {}, true);
   if (m.ran == 0) {
     h.setup.skipped = true;
-    ::unlink((records::run_dir(rec_.id) + "/setup-" + h.plan->host.name + ".log").c_str());
+    ::unlink(setup_log(rec_.id, h.plan->host.name).c_str());
     out_->before_message();
     std::fprintf(
         stderr,
@@ -270,8 +271,8 @@ void Gang::on(size_t i, uint32_t, msg::SetupDone& m) {
     std::string tail;
     for (const auto& l : h.setup.tail) tail += "\n      | " + l;
     host_failed(i, "setup `" + opts_.setup->command + "` " + why +
-                       (tail.empty() ? std::string() : "; its last lines:" + tail) + "\n      (its output: " +
-                       records::run_dir(rec_.id) + "/setup-" + h.plan->host.name + ".log)");
+                       (tail.empty() ? std::string() : "; its last lines:" + tail) +
+                       "\n      (its output: " + setup_log(rec_.id, h.plan->host.name) + ")");
     check_progress();
     return;
   }

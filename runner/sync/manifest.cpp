@@ -12,11 +12,9 @@
 #include <cstring>
 #include <set>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
 #include "runner/common/error.h"
 #include "runner/common/text.h"
+#include "runner/sync/hash.h"
 #include "runner/sync/ignore.h"
 
 namespace mltrain::sync {
@@ -24,22 +22,6 @@ namespace mltrain::sync {
 namespace {
 
 constexpr size_t kCacheBytes = 64u << 20;
-
-std::string hex(const unsigned char* p, size_t n) {
-  static const char* d = "0123456789abcdef";
-  std::string s;
-  for (size_t i = 0; i < n; ++i) {
-    s += d[p[i] >> 4];
-    s += d[p[i] & 15];
-  }
-  return s;
-}
-
-std::string canonical(const XXH128_hash_t& h) {
-  XXH128_canonical_t c;
-  XXH128_canonicalFromHash(&c, h);
-  return std::string(reinterpret_cast<const char*>(c.digest), sizeof c.digest);
-}
 
 [[noreturn]] void unreadable(const std::string& path, const char* what) {
   throw Error("sync: cannot " + std::string(what) + " " + path + ": " + std::strerror(errno),
@@ -71,13 +53,14 @@ std::string file_hash(const std::string& path, uint64_t size) {
   return h;
 }
 
-std::string read_small(const std::string& path) {
+// A file's bytes, up to `limit` (and a read's worth more); "" when it cannot be read.
+std::string read_file(const std::string& path, size_t limit) {
   std::string s;
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return s;
   char buf[65536];
   ssize_t n;
-  while ((n = ::read(fd, buf, sizeof buf)) > 0 && s.size() < (4u << 20)) s.append(buf, size_t(n));
+  while (s.size() < limit && (n = ::read(fd, buf, sizeof buf)) > 0) s.append(buf, size_t(n));
   ::close(fd);
   return s;
 }
@@ -92,13 +75,12 @@ struct HashCache {
   std::map<std::string, std::pair<Key, std::string>> entries, used;
 
   static Key key_of(const struct stat& st) {
-    return {uint64_t(st.st_ino), uint64_t(st.st_size),
-            int64_t(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec,
+    return {uint64_t(st.st_ino), uint64_t(st.st_size), mtime_ns(st),
             int64_t(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec};
   }
 
   void load(const std::string& file) {
-    std::string text = read_small_file(file);
+    std::string text = read_file(file, SIZE_MAX);
     agent::Reader r(text);
     uint32_t n = r.u32();
     for (uint32_t i = 0; i < n && !r.failed(); ++i) {
@@ -127,17 +109,6 @@ struct HashCache {
     bool ok = ::write(fd, data.data(), data.size()) == ssize_t(data.size());
     ok = ::close(fd) == 0 && ok;
     if (!ok || ::rename(tmp.c_str(), file.c_str()) != 0) ::unlink(tmp.c_str());
-  }
-
-  static std::string read_small_file(const std::string& path) {
-    std::string s;
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return s;
-    char buf[1 << 16];
-    ssize_t n;
-    while ((n = ::read(fd, buf, sizeof buf)) > 0) s.append(buf, size_t(n));
-    ::close(fd);
-    return s;
   }
 };
 
@@ -208,8 +179,8 @@ class Builder {
   void load_dir_rules(const std::string& rel_dir, bool gitignore) {
     if (!loaded_.insert(rel_dir + (gitignore ? "\1g" : "\1m")).second) return;
     std::string base = rel_dir.empty() ? o_.root : o_.root + "/" + rel_dir;
-    if (gitignore) gitignore_.add_text(read_small(base + "/.gitignore"), rel_dir);
-    rules_.add_text(read_small(base + "/.mltrainignore"), rel_dir);
+    if (gitignore) gitignore_.add_text(read_file(base + "/.gitignore", 4u << 20), rel_dir);
+    rules_.add_text(read_file(base + "/.mltrainignore", 4u << 20), rel_dir);
   }
 
   bool skipped(const std::string& rel, bool is_dir) {
@@ -275,7 +246,7 @@ class Builder {
     agent::SyncEntry e;
     e.path = rel;
     e.mode = st.st_mode & 07777;
-    e.mtime_ns = int64_t(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+    e.mtime_ns = mtime_ns(st);
     if (S_ISREG(st.st_mode)) {
       e.kind = agent::SyncEntry::file;
       e.size = uint64_t(st.st_size);
@@ -362,7 +333,7 @@ class Builder {
     }
     std::string d = canonical(XXH3_128bits_digest(st));
     XXH3_freeState(st);
-    t_.digest = hex(reinterpret_cast<const unsigned char*>(d.data()), d.size());
+    t_.digest = hex(d);
     t_.entries = std::move(entries);
     t_.sources = std::move(sources);
   }
@@ -385,7 +356,7 @@ Tree build_tree(const TreeOptions& o) {
 
 std::string hash_hex(std::string_view bytes) {
   std::string c = canonical(XXH3_128bits(bytes.data(), bytes.size()));
-  return hex(reinterpret_cast<const unsigned char*>(c.data()), c.size());
+  return hex(c);
 }
 
 Chunks::Chunks(const Tree& t) : tree_(t), cctx_(ZSTD_createCCtx()), incompressible_(t.entries.size(), 0) {}

@@ -222,7 +222,7 @@ class Gang {
   void start_sync_all();  // the tree's manifest and chunks, once for every host
   void start_sync(size_t i);
   void pump_sync(size_t i);  // more file bytes while the host's outbox has room
-  void sync_progress(Clock::time_point now, bool final);
+  void sync_progress(Clock::time_point now);
   void start_setup(size_t i);
   void setup_output(size_t i, std::string_view bytes, bool end);
   void start_pull();
