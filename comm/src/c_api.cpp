@@ -3,9 +3,16 @@
 
 #include "mltrain/comm.h"
 #include "mltrain/comm.hpp"
+#include "mltrain/ps.hpp"
 
 struct mltrain_comm {
   std::unique_ptr<mltrain::comm::Communicator> impl;
+};
+struct mltrain_ps {
+  std::unique_ptr<mltrain::comm::ps::Client> impl;
+};
+struct mltrain_ps_handle {
+  mltrain::comm::ps::Handle handle;
 };
 
 namespace {
@@ -29,6 +36,40 @@ int code_of(mltrain::comm::Error::Kind kind) {
       return MLTRAIN_COMM_EINTERNAL;
   }
   return MLTRAIN_COMM_EINTERNAL;
+}
+
+template <class F>
+int catching(F&& f) {
+  try {
+    f();
+    return MLTRAIN_COMM_OK;
+  } catch (const mltrain::comm::Error& e) {
+    last_error = e.what();
+    return code_of(e.kind());
+  } catch (const std::exception& e) {  // e.g. bad_alloc: must not cross the C boundary
+    last_error = std::string("mltrain-comm: ") + e.what();
+    return MLTRAIN_COMM_EINTERNAL;
+  }
+}
+
+template <class F>
+int guarded_ps(mltrain_ps_t* ps, F&& f) {
+  if (ps == nullptr || !ps->impl) {
+    last_error = "mltrain-comm: null PS client";
+    return MLTRAIN_COMM_EUSAGE;
+  }
+  return catching([&] { f(*ps->impl); });
+}
+
+// Starts an async request; *out gets its handle.
+template <class F>
+int started(mltrain_ps_t* ps, mltrain_ps_handle_t** out, F&& f) {
+  if (out == nullptr) {
+    last_error = "mltrain-comm: null handle pointer";
+    return MLTRAIN_COMM_EUSAGE;
+  }
+  *out = nullptr;
+  return guarded_ps(ps, [&](auto& c) { *out = new mltrain_ps_handle{f(c)}; });
 }
 
 template <class F>
@@ -125,5 +166,56 @@ int mltrain_comm_set_cuda_stream(mltrain_comm_t* comm, void* stream) {
 }
 
 const char* mltrain_comm_last_error(void) { return last_error.c_str(); }
+
+int mltrain_ps_init_from_env(mltrain_ps_t** out) {
+  if (out == nullptr) {
+    last_error = "mltrain-comm: null output pointer";
+    return MLTRAIN_COMM_EUSAGE;
+  }
+  *out = nullptr;
+  return catching([&] { *out = new mltrain_ps{mltrain::comm::ps::Client::init_from_env()}; });
+}
+
+int mltrain_ps_destroy(mltrain_ps_t* ps) {
+  delete ps;
+  return MLTRAIN_COMM_OK;
+}
+
+int mltrain_ps_worker(const mltrain_ps_t* ps) { return ps && ps->impl ? ps->impl->worker() : -1; }
+int mltrain_ps_num_workers(const mltrain_ps_t* ps) { return ps && ps->impl ? ps->impl->num_workers() : -1; }
+int mltrain_ps_num_servers(const mltrain_ps_t* ps) { return ps && ps->impl ? ps->impl->num_servers() : -1; }
+int mltrain_ps_is_sync(const mltrain_ps_t* ps) { return ps && ps->impl ? (ps->impl->sync() ? 1 : 0) : -1; }
+
+int mltrain_ps_declare(mltrain_ps_t* ps, unsigned long long key, size_t count, int dtype, const void* init) {
+  return guarded_ps(ps, [&](auto& c) { c.declare(key, count, dt(dtype), init); });
+}
+int mltrain_ps_push(mltrain_ps_t* ps, unsigned long long key, const void* buf) {
+  return guarded_ps(ps, [&](auto& c) { c.push(key, buf); });
+}
+int mltrain_ps_pull(mltrain_ps_t* ps, unsigned long long key, void* buf) {
+  return guarded_ps(ps, [&](auto& c) { c.pull(key, buf); });
+}
+int mltrain_ps_push_pull(mltrain_ps_t* ps, unsigned long long key, const void* send, void* recv) {
+  return guarded_ps(ps, [&](auto& c) { c.push_pull(key, send, recv); });
+}
+int mltrain_ps_push_async(mltrain_ps_t* ps, unsigned long long key, const void* buf,
+                          mltrain_ps_handle_t** out) {
+  return started(ps, out, [&](auto& c) { return c.push_async(key, buf); });
+}
+int mltrain_ps_pull_async(mltrain_ps_t* ps, unsigned long long key, void* buf, mltrain_ps_handle_t** out) {
+  return started(ps, out, [&](auto& c) { return c.pull_async(key, buf); });
+}
+int mltrain_ps_push_pull_async(mltrain_ps_t* ps, unsigned long long key, const void* send, void* recv,
+                               mltrain_ps_handle_t** out) {
+  return started(ps, out, [&](auto& c) { return c.push_pull_async(key, send, recv); });
+}
+int mltrain_ps_done(const mltrain_ps_handle_t* handle) {
+  return handle == nullptr || handle->handle.done() ? 1 : 0;
+}
+int mltrain_ps_wait(mltrain_ps_handle_t* handle) {
+  if (handle == nullptr) return MLTRAIN_COMM_OK;
+  std::unique_ptr<mltrain_ps_handle_t> owned(handle);
+  return catching([&] { owned->handle.wait(); });
+}
 
 }  // extern "C"

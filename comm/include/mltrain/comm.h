@@ -52,6 +52,29 @@ const char* mltrain_comm_backend_reason(const mltrain_comm_t* comm);
 int mltrain_comm_set_cuda_stream(mltrain_comm_t* comm, void* stream);
 const char* mltrain_comm_last_error(void);
 
+/* Parameter-server mode (semantics as in mltrain/ps.hpp). One client per process, thread-safe.
+ * A buffer passed to an async call must stay valid until mltrain_ps_wait() on its handle, which
+ * waits, frees the handle and returns the request's status. */
+typedef struct mltrain_ps mltrain_ps_t;
+typedef struct mltrain_ps_handle mltrain_ps_handle_t;
+int mltrain_ps_init_from_env(mltrain_ps_t** out);
+int mltrain_ps_destroy(mltrain_ps_t* ps); /* NULL is fine */
+int mltrain_ps_worker(const mltrain_ps_t* ps);
+int mltrain_ps_num_workers(const mltrain_ps_t* ps);
+int mltrain_ps_num_servers(const mltrain_ps_t* ps);
+int mltrain_ps_is_sync(const mltrain_ps_t* ps);
+int mltrain_ps_declare(mltrain_ps_t* ps, unsigned long long key, size_t count, int dtype, const void* init);
+int mltrain_ps_push(mltrain_ps_t* ps, unsigned long long key, const void* buf);
+int mltrain_ps_pull(mltrain_ps_t* ps, unsigned long long key, void* buf);
+int mltrain_ps_push_pull(mltrain_ps_t* ps, unsigned long long key, const void* send, void* recv);
+int mltrain_ps_push_async(mltrain_ps_t* ps, unsigned long long key, const void* buf,
+                          mltrain_ps_handle_t** out);
+int mltrain_ps_pull_async(mltrain_ps_t* ps, unsigned long long key, void* buf, mltrain_ps_handle_t** out);
+int mltrain_ps_push_pull_async(mltrain_ps_t* ps, unsigned long long key, const void* send, void* recv,
+                               mltrain_ps_handle_t** out);
+int mltrain_ps_done(const mltrain_ps_handle_t* handle); /* 1 when finished (wait will not block) */
+int mltrain_ps_wait(mltrain_ps_handle_t* handle);
+
 #ifdef __cplusplus
 }
 #endif

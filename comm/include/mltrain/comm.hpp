@@ -121,7 +121,7 @@ class Communicator {
   void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType dtype, ReduceOp op);
   void barrier();
 
-  // Room for the parameter-server calls (push/pull/push_pull) of a later issue.
+  // Parameter-server calls (push/pull/push_pull): mltrain/ps.hpp, a client of its own.
 
   struct Impl;
 
