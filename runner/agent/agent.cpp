@@ -246,6 +246,7 @@ int Agent::run() {
     if (exiting_ && (!any_alive() || (exit_deadline_ms_ >= 0 && now >= exit_deadline_ms_))) {
       signal_groups(SIGKILL, kAllRanks);
       kill_orphans();
+      stop_ps();
       send(msg::Bye{});
       flush_outbox(true);
       return 0;
@@ -273,8 +274,11 @@ int Agent::run() {
       }
     if (telemetry_interval_ms_ > 0 && !exiting_ && now >= next_sample_ms_) {
       take_sample();
+      send_ps_stats();
       now = now_ms();
     }
+    const size_t ps_slot = fds.size();
+    fds.push_back({ps_fd(), POLLIN, 0});
     int timeout = 1000;
     if (telemetry_interval_ms_ > 0 && !exiting_)
       timeout = int(std::max<int64_t>(0, std::min<int64_t>(timeout, next_sample_ms_ - now)));
@@ -306,7 +310,8 @@ int Agent::run() {
         teardown_and_exit_soon("launcher connection closed");
       }
     }
-    for (size_t i = 3; i < fds.size(); ++i) {
+    if (fds[ps_slot].revents & POLLIN) pump_ps();
+    for (size_t i = 3; i < ps_slot; ++i) {
       auto [rank, which] = owners[i - 3];
       if (which == 2 && (fds[i].revents & (POLLOUT | POLLHUP | POLLERR)))
         write_rank_stdin(*rank);

@@ -98,6 +98,8 @@ void Agent::on(uint32_t id, const msg::Prepare& m) {
     out.has_cuda_visible_devices = visible ? 1 : 0;
     out.cuda_visible_devices = visible.value_or("");
   }
+  // Servers last, and only when every check passed: a host that fails preflight serves nothing.
+  if (problems.empty()) start_ps(m, out);
   send(out, id);
 }
 

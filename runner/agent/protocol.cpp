@@ -198,6 +198,10 @@ const char* type_name(Type t) {
       return "pull_data";
     case Type::pull_done:
       return "pull_done";
+    case Type::ps_log:
+      return "ps_log";
+    case Type::ps_stats:
+      return "ps_stats";
   }
   return "unknown";
 }
@@ -328,6 +332,12 @@ std::optional<Message> decode(Frame&& f, std::string& error) {
       break;
     case Type::pull_done:
       m = read_as<msg::PullDone>(r);
+      break;
+    case Type::ps_log:
+      m = read_as<msg::PsLog>(r);
+      break;
+    case Type::ps_stats:
+      m = read_as<msg::PsStats>(r);
       break;
     default:
       error = "unknown frame type " + std::to_string(unsigned(f.type));

@@ -18,8 +18,8 @@ namespace mltrain::agent {
 
 inline constexpr uint32_t kMagic = 0x41544c4d;  // "MLTA"
 // 2: stdin forwarding, fixed master port, doctor interpreter; 3: pause; 4: telemetry; 5: top's watch;
-// 6: workdir sync, setup, pull
-inline constexpr uint32_t kVersion = 6;
+// 6: workdir sync, setup, pull; 7: PS servers
+inline constexpr uint32_t kVersion = 7;
 inline constexpr uint32_t kAllRanks = 0xffffffffu;
 inline constexpr uint32_t kSetupId = 0xfffffffeu;   // the frame id of the setup command's output
 inline constexpr uint32_t kMaxPayload = 64u << 20;  // a bigger frame means a corrupt stream
@@ -63,6 +63,8 @@ enum class Type : uint16_t {
   pull_file = 116,
   pull_data = 117,
   pull_done = 118,
+  ps_log = 119,
+  ps_stats = 120,
 };
 
 struct Frame {
@@ -270,10 +272,18 @@ struct Prepare {  // preflight
   // [comm] backend = "nccl": NCCL must load here (the job's MLTRAIN_NCCL_LIBRARY, else the default).
   uint32_t nccl_required = 0;
   std::string nccl_library;
+  // PS mode: the servers this host's agent runs (their numbers in the job; empty: none), for how
+  // many workers, proving which token, summing rounds (sync) or applying an optimizer at once.
+  std::vector<int32_t> ps_servers;
+  uint32_t ps_workers = 0, ps_sync = 1;
+  std::string ps_token, ps_optimizer;
+  std::string ps_lr, ps_momentum, ps_weight_decay;  // decimal text
   void put(Writer& w) const {
     w.str(master_addr).u32(nports).str(workdir).str(argv0).str(path).u32(fixed_port);
     w.u32(gpu_slots_needed).str(nvml_library).u32(has_cuda_visible_devices).str(cuda_visible_devices);
     w.u32(nccl_required).str(nccl_library);
+    w.ints(ps_servers).u32(ps_workers).u32(ps_sync).str(ps_token).str(ps_optimizer);
+    w.str(ps_lr).str(ps_momentum).str(ps_weight_decay);
   }
   void get(Reader& r) {
     master_addr = r.str(), nports = r.u32(), workdir = r.str(), argv0 = r.str(), path = r.str();
@@ -283,6 +293,10 @@ struct Prepare {  // preflight
     cuda_visible_devices = r.str();
     if (r.left() == 0) return;  // from a launcher without the NCCL check
     nccl_required = r.u32(), nccl_library = r.str();
+    if (r.left() == 0) return;  // from a launcher without PS servers
+    ps_servers = r.ints(), ps_workers = r.u32(), ps_sync = r.u32(), ps_token = r.str(),
+    ps_optimizer = r.str();
+    ps_lr = r.str(), ps_momentum = r.str(), ps_weight_decay = r.str();
   }
 };
 struct Probe {  // doctor
@@ -545,10 +559,12 @@ struct Prepared {
   std::string gpu_source, gpu_note;
   uint32_t has_cuda_visible_devices = 0;
   std::string cuda_visible_devices;
+  std::vector<int32_t> ps_ports;  // where the PS servers Prepare asked for listen, in its order
   void put(Writer& w) const {
     w.str(ifname).str(local_ip).strings(ports).strings(problems).u32(cannot_start);
     put_gpus(w, gpus);
     w.ints(gpu_usable).str(gpu_source).str(gpu_note).u32(has_cuda_visible_devices).str(cuda_visible_devices);
+    w.ints(ps_ports);
   }
   void get(Reader& r) {
     ifname = r.str(), local_ip = r.str(), ports = r.strings(), problems = r.strings();
@@ -557,6 +573,7 @@ struct Prepared {
     gpus = get_gpus(r);
     gpu_usable = r.ints(), gpu_source = r.str(), gpu_note = r.str(), has_cuda_visible_devices = r.u32();
     cuda_visible_devices = r.str();
+    if (r.left() > 0) ps_ports = r.ints();
   }
 };
 struct Probed {
@@ -584,6 +601,45 @@ struct Telemetry {  // one sample of the host, its GPUs and ranks (runner/teleme
   void get(Reader& r) { sample = r.str(); }
 };
 
+// A line of a PS server's log; failed = 1: the server stopped serving (the line says why).
+struct PsLog {
+  static constexpr Type kType = Type::ps_log;
+  bool operator==(const PsLog&) const = default;
+  int32_t server = 0;
+  uint32_t failed = 0;
+  std::string line;
+  void put(Writer& w) const { w.i32(server).u32(failed).str(line); }
+  void get(Reader& r) { server = r.i32(), failed = r.u32(), line = r.str(); }
+};
+// The counters of this host's PS servers: with each telemetry sample, and before Bye.
+struct PsServerCounters {
+  bool operator==(const PsServerCounters&) const = default;
+  int32_t server = 0, port = 0;
+  uint64_t bytes_in = 0, bytes_out = 0, requests = 0, keys = 0;
+  uint32_t workers = 0, queue_depth = 0, max_queue_depth = 0;
+};
+struct PsStats {
+  static constexpr Type kType = Type::ps_stats;
+  bool operator==(const PsStats&) const = default;
+  std::vector<PsServerCounters> servers;
+  void put(Writer& w) const {
+    w.u32(uint32_t(servers.size()));
+    for (const auto& s : servers) {
+      w.i32(s.server).i32(s.port).u64(s.bytes_in).u64(s.bytes_out).u64(s.requests).u64(s.keys);
+      w.u32(s.workers).u32(s.queue_depth).u32(s.max_queue_depth);
+    }
+  }
+  void get(Reader& r) {
+    uint32_t n = r.u32();
+    for (uint32_t i = 0; i < n && !r.failed() && r.left() > 0; ++i) {
+      PsServerCounters s;
+      s.server = r.i32(), s.port = r.i32(), s.bytes_in = r.u64(), s.bytes_out = r.u64(), s.requests = r.u64();
+      s.keys = r.u64(), s.workers = r.u32(), s.queue_depth = r.u32(), s.max_queue_depth = r.u32();
+      servers.push_back(s);
+    }
+  }
+};
+
 }  // namespace msg
 
 using Message =
@@ -592,7 +648,7 @@ using Message =
                  msg::SpawnFailed, msg::Output, msg::Exited, msg::Pong, msg::AgentError, msg::LauncherSilent,
                  msg::Bye, msg::Prepared, msg::Probed, msg::TelemetryStart, msg::Telemetry, msg::SyncManifest,
                  msg::SyncData, msg::SyncEnd, msg::Setup, msg::Pull, msg::SyncWant, msg::SyncDone,
-                 msg::SetupDone, msg::PullFile, msg::PullData, msg::PullDone>;
+                 msg::SetupDone, msg::PullFile, msg::PullData, msg::PullDone, msg::PsLog, msg::PsStats>;
 
 // Appends message `m` as one frame with `id` (a rank, kAllRanks, or 0).
 template <class M>

@@ -101,6 +101,16 @@ RunRecord from_json(const json& j) {
     rr.env = get(k, "env", std::map<std::string, std::string>{});
     r.ranks.push_back(rr);
   }
+  for (const auto& p : get(j, "ps_servers", json::array())) {
+    PsServerRecord s;
+    s.server = get(p, "server", 0);
+    s.host = get<std::string>(p, "host", "");
+    s.address = get<std::string>(p, "address", "");
+    s.bytes_in = get(p, "bytes_in", 0ULL), s.bytes_out = get(p, "bytes_out", 0ULL);
+    s.requests = get(p, "requests", 0ULL), s.keys = get(p, "keys", 0ULL);
+    s.max_queue_depth = get(p, "max_queue_depth", 0U);
+    r.ps_servers.push_back(s);
+  }
   if (j.contains("failure") && j["failure"].is_object()) {
     const auto& f = j["failure"];
     r.failure = Failure{get(f, "rank", -1),
@@ -131,6 +141,16 @@ json to_json_value(const RunRecord& r) {
          {"signal", or_null(k.signal, 0)},
          {"host_lost", k.host_lost},
          {"env", k.env}});
+  json ps = json::array();
+  for (const auto& s : r.ps_servers)
+    ps.push_back({{"server", s.server},
+                  {"host", s.host},
+                  {"address", s.address},
+                  {"bytes_in", s.bytes_in},
+                  {"bytes_out", s.bytes_out},
+                  {"requests", s.requests},
+                  {"keys", s.keys},
+                  {"max_queue_depth", s.max_queue_depth}});
   const bool ended = r.status != "running" && r.status != "lost";
   json j{{"schema", kJsonSchema},
          {"id", r.id},
@@ -155,6 +175,7 @@ json to_json_value(const RunRecord& r) {
          {"log_prefix", r.log_prefix},
          {"hosts", hosts},
          {"ranks", ranks},
+         {"ps_servers", r.ps_servers.empty() ? json(nullptr) : ps},
          {"failure", r.failure ? failure_json(*r.failure) : json(nullptr)},
          {"spec", r.spec_toml}};
   return j;
@@ -351,7 +372,8 @@ std::string plan_to_json(const plan::Plan& p) {
                      {"port", or_null(h.host.port, 0)},
                      {"local", h.local},
                      {"node_rank", h.node_rank},
-                     {"ranks", h.ranks}});
+                     {"ranks", h.ranks},
+                     {"ps_servers", h.ps_servers}});
   json ranks = json::array();
   for (const auto& r : p.ranks) {
     json env = json::object();
@@ -373,7 +395,15 @@ std::string plan_to_json(const plan::Plan& p) {
          {"store_addr", p.store_addr},
          {"world_size", p.ranks.size()},
          {"hosts", hosts},
-         {"ranks", ranks}};
+         {"ranks", ranks},
+         {"ps", p.ps_mode ? json{{"servers", p.ps.servers},
+                                 {"sync", p.ps.sync},
+                                 {"partition_bytes", p.ps.partition_bytes},
+                                 {"optimizer", or_null(p.ps.optimizer)},
+                                 {"lr", p.ps.lr},
+                                 {"momentum", p.ps.momentum},
+                                 {"weight_decay", p.ps.weight_decay}}
+                          : json(nullptr)}};
   return j.dump(2, ' ', false, json::error_handler_t::replace);
 }
 

@@ -32,6 +32,15 @@ struct HostRecord {
   int node_rank = 0;
 };
 
+// One PS server of the run: where it listened and its counters, as its agent last reported them.
+struct PsServerRecord {
+  int server = 0;
+  std::string host;
+  std::string address;  // addr:port the workers connected to
+  unsigned long long bytes_in = 0, bytes_out = 0, requests = 0, keys = 0;
+  unsigned max_queue_depth = 0;
+};
+
 struct Failure {
   int rank = -1;  // -1: not a rank (a host or the launcher)
   std::string host;
@@ -60,7 +69,8 @@ struct RunRecord {
   std::vector<RankRecord> ranks;
   int restarts = 0, max_restarts = 0;
   bool detached = false;
-  std::string slurm_job_id;  // the allocation a Slurm-launched run ran in ("" otherwise)
+  std::string slurm_job_id;                // the allocation a Slurm-launched run ran in ("" otherwise)
+  std::vector<PsServerRecord> ps_servers;  // PS mode: in server order
   std::optional<Failure> failure;
   // The live console's line prefix template ("[{host}:{rank}]", "[{rank}]", "" for none), so
   // `logs` prefixes lines the same way. Records written before it: "[{rank}]".

@@ -363,6 +363,14 @@ void print_show(const std::string& query, bool json) {
                                          : "exit " + std::to_string(k.exit_code);
     std::printf("%-6d %-20s %-6d %-8d %s\n", k.rank, host.c_str(), k.local_rank, k.pid, result.c_str());
   }
+  if (!r.ps_servers.empty()) {
+    std::printf("\n%-6s %-20s %-22s %10s %10s %9s %6s %s\n", "SERVER", "HOST", "ADDRESS", "IN", "OUT",
+                "REQUESTS", "KEYS", "MAX QUEUE");
+    for (const auto& s : r.ps_servers)
+      std::printf("%-6d %-20s %-22s %10s %10s %9llu %6llu %u\n", s.server, s.host.c_str(), s.address.c_str(),
+                  human_bytes(s.bytes_in).c_str(), human_bytes(s.bytes_out).c_str(), s.requests, s.keys,
+                  s.max_queue_depth);
+  }
   if (r.failure) {
     std::printf("\nfirst failure: %s\n", r.failure->message.c_str());
     for (const auto& l : r.failure->tail) std::printf("    %s\n", l.c_str());

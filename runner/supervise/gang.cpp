@@ -525,8 +525,8 @@ void Gang::on(size_t i, uint32_t, msg::Bye&) {
   if ((phase_ == Phase::running || phase_ == Phase::stopping) && hosts_[i].open()) {
     bool unreported = false;
     for (int r : hosts_[i].plan->ranks) unreported |= !ranks_[size_t(r)].exited;
-    if (unreported) {
-      host_lost(i, "the agent left before reporting its ranks");
+    if (unreported || (phase_ == Phase::running && !ps_note(i).empty())) {
+      host_lost(i, unreported ? "the agent left before reporting its ranks" : "the agent left while serving");
       return;
     }
   }
@@ -646,8 +646,8 @@ void Gang::host_lost(size_t i, const std::string& why) {
   h.state = HostState::lost;
   ranks_gone(i);
   if (phase_ == Phase::running)
-    fail_first(-1, h.plan->host.name, exit_code::host_failure, 0, h.link->describe() + ": " + why,
-               "host_lost");
+    fail_first(-1, h.plan->host.name, exit_code::host_failure, 0,
+               h.link->describe() + ": " + why + ps_note(i), "host_lost");
   h.link->kill();
 }
 

@@ -58,6 +58,8 @@ void Connects::abandon() {
 
 Gang::~Gang() {
   if (connects_) connects_->abandon();
+  for (auto& h : hosts_)
+    if (h.ps_log_fd >= 0) ::close(h.ps_log_fd);
 }
 
 void Gang::start_connects() {
@@ -176,6 +178,7 @@ void Gang::check_progress() {
       return;
     }
     settle_rendezvous();
+    settle_ps();
     enter(Phase::running);
   }
 }
@@ -203,6 +206,7 @@ void Gang::begin_preflight() {
   m.nccl_library = plan_.nccl_library;
   m.has_cuda_visible_devices = plan_.user_cuda_visible_devices ? 1 : 0;
   m.cuda_visible_devices = plan_.user_cuda_visible_devices.value_or("");
+  number_ps_servers();
   if (opts_.sync) start_sync_all();
   for (size_t i = 0; i < hosts_.size(); ++i)
     if (hosts_[i].state == HostState::greeted) next_step(i);
@@ -212,9 +216,11 @@ void Gang::begin_preflight() {
 void Gang::next_step(size_t i) {
   Host& h = hosts_[i];
   if (!h.open()) return;
-  if (opts_.sync && !h.synced)
+  // A PS server host runs no job code: nothing to sync or set up there.
+  const bool serves_only = plan_.hosts[i].ranks.empty();
+  if (opts_.sync && !h.synced && !serves_only)
     start_sync(i);
-  else if (opts_.setup && !h.set_up)
+  else if (opts_.setup && !h.set_up && !serves_only)
     start_setup(i);
   else
     send_prepare(i);
@@ -228,6 +234,8 @@ void Gang::send_prepare(size_t i) {
   m.nports = i == 0 ? nports : 0;
   // A fixed master_port must be free on rank 0's host, or rank 0 fails to listen on it later.
   m.fixed_port = i == 0 && !plan_.auto_master_port ? uint32_t(plan_.master_port) : 0;
+  if (plan_.hosts[i].ranks.empty()) m.workdir.clear(), m.argv0.clear();  // a PS server host runs no program
+  ps_prepare(i, m);
   hosts_[i].state = HostState::preparing;
   hosts_[i].prepare_deadline = clock_.now() + opts_.preflight_timeout;
   send_to(hosts_[i], m);

@@ -103,12 +103,20 @@ const msg::Prepare kPrepare{"10.0.0.1",
                             1,
                             "1,3",
                             1,
-                            "/opt/nccl/libnccl.so.2"};
+                            "/opt/nccl/libnccl.so.2",
+                            {1, 3},
+                            4,
+                            0,
+                            "t0ken",
+                            "sgd",
+                            "0.10000000000000001",
+                            "0.9",
+                            "0"};
 const msg::Probe kProbe{29500, "/opt/venv/bin/python", "/opt/venv/bin:/usr/bin", "/opt/libnvidia-ml.so.1", 1,
                         ""};
 const msg::Prepared kPrepared{
     "eth0", "10.0.0.2", {"29500", "29501"}, {"program x not found"}, 1, {kH100, {}}, {3, 0}, "nvml", "",
-    1,      "3,0"};
+    1,      "3,0",      {40001, 40002}};
 const msg::Probed kProbed{{"arch=x86_64", "gpus=1"}, {kH100}};
 const SyncEntry kFileEntry{"src/train.py",
                            SyncEntry::file,
@@ -128,6 +136,8 @@ const msg::SetupDone kSetupDone{1, 256, "sh: not found"};
 const msg::PullFile kPullFile{"out/model.ckpt", 0640, 1ull << 32, 1700000000000000001};
 const msg::PullData kPullData{std::string("a\0b", 3)};
 const msg::PullDone kPullDone{1, 3, {"too big: out/huge"}};
+const msg::PsLog kPsLog{3, 1, "out of memory"};
+const msg::PsStats kPsStats{{{0, 40001, 1ull << 40, 5, 100, 7, 4, 1, 3}, {2, 40002, 0, 0, 0, 0, 0, 0, 0}}};
 
 // One message of every type, with every field set to something other than its default.
 std::vector<std::string> one_of_each() {
@@ -172,6 +182,8 @@ std::vector<std::string> one_of_each() {
   add(kPullFile, 2);
   add(kPullData, 2);
   add(kPullDone, 0);
+  add(kPsLog, 0);
+  add(kPsStats, 0);
   return frames;
 }
 
@@ -231,6 +243,9 @@ TEST_CASE("protocol: every message round-trips through its struct") {
   round_trip(msg::PullData{}, 2);
   round_trip(kPullDone, 0);
   round_trip(msg::PullDone{}, 0);
+  round_trip(kPsLog, 0);
+  round_trip(kPsStats, 0);
+  round_trip(msg::PsStats{}, 0);
   CHECK(one_of_each().size() == std::variant_size_v<Message>);
 }
 

@@ -85,6 +85,8 @@ struct PullState {
   std::vector<std::string> problems;
 };
 
+struct PsHost;  // ps.cpp: this host's parameter servers
+
 struct Rank {
   uint32_t id = 0;
   pid_t pid = -1;
@@ -134,6 +136,12 @@ class Agent {
   void finish_file(uint32_t index, SyncOpen& f);
   void setup_exited(int status);
   void pump_pull();
+  // PS servers (ps.cpp): started at preflight when Prepare asks, stopped before Bye.
+  void start_ps(const msg::Prepare& m, msg::Prepared& out);
+  int ps_fd() const;  // readable when a server has a line to say (-1: no servers)
+  void pump_ps();
+  void send_ps_stats();
+  void stop_ps();
   template <class M>
   void on(uint32_t id, const M& m);  // an agent->launcher message: unexpected here
   template <class M>
@@ -197,6 +205,7 @@ class Agent {
   std::string setup_stamp_, setup_key_;  // where the setup's last success is kept, and what it was
   bool setup_running_ = false;
   PullState pull_;
+  std::shared_ptr<PsHost> ps_;  // shared_ptr: PsHost is complete only in ps.cpp
 };
 
 }  // namespace mltrain::agent::detail

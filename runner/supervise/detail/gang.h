@@ -119,6 +119,7 @@ struct Host {
   HostSync sync;
   HostSetup setup;
   HostPull pull;
+  int ps_log_fd = -1;  // the run's ps-<host>.log, once a server said something
   bool open() const {
     return link && (state != HostState::failed && state != HostState::lost && state != HostState::closed);
   }
@@ -215,6 +216,8 @@ class Gang {
   void on(size_t i, uint32_t id, agent::msg::PullFile& m);
   void on(size_t i, uint32_t id, agent::msg::PullData& m);
   void on(size_t i, uint32_t id, agent::msg::PullDone& m);
+  void on(size_t i, uint32_t id, agent::msg::PsLog& m);
+  void on(size_t i, uint32_t id, agent::msg::PsStats& m);
   template <class M>
   void on(size_t i, uint32_t id, M& m);  // a launcher->agent message: unexpected here
 
@@ -228,6 +231,13 @@ class Gang {
   void start_pull();
   void end_pull(size_t i);
   void pull_finished();
+
+  // PS servers (ps.cpp).
+  void number_ps_servers();
+  void ps_prepare(size_t i, agent::msg::Prepare& m) const;
+  std::string reach_address(size_t i) const;
+  void settle_ps();                     // every server's address into the ranks' env and the record
+  std::string ps_note(size_t i) const;  // " (PS servers 0, 2 ran there)" or ""
 
   // Running.
   void spawn_all();
@@ -300,6 +310,7 @@ class Gang {
   bool pull_only_ = false;  // cp
   uint64_t pulled_files_ = 0;
   std::vector<std::string> pull_problems_;
+  std::vector<std::vector<int32_t>> ps_numbers_;  // per host: the PS servers its agent runs
 };
 
 }  // namespace mltrain::supervise::detail
