@@ -13,10 +13,11 @@
 namespace mltrain::hostfile::detail {
 namespace {
 
-constexpr std::string_view keys_hint = "expected slots=N, max_slots=N or port=N";
+constexpr std::string_view keys_hint = "expected slots=N, max_slots=N, port=N or role=worker|server|both";
 constexpr std::string_view key_slots = "slots";
 constexpr std::string_view key_max_slots = "max_slots";
 constexpr std::string_view key_port = "port";
+constexpr std::string_view key_role = "role";
 
 int parse_slots(const Where& w, std::string_view value, std::string_view what) {
   auto n = parse_number(value, 1, max_slots_per_host);
@@ -31,6 +32,15 @@ int parse_port(const Where& w, std::string_view value) {
   auto n = parse_number(value, 1, 65535);
   if (!n) w.fail(value, "bad port " + quoted(value), "expected a port number from 1 to 65535");
   return static_cast<int>(*n);
+}
+
+Role parse_role(const Where& w, std::string_view value) {
+  for (Role r : {Role::worker, Role::server, Role::both})
+    if (value == role_name(r)) return r;
+  auto guess = text::closest(std::string(value), {"worker", "server", "both"});
+  w.fail(value, "bad role " + quoted(value),
+         (guess ? "did you mean '" + *guess + "'? " : std::string()) +
+             "expected role=worker (ranks), role=server (parameter servers only) or role=both");
 }
 
 }  // namespace
@@ -116,9 +126,10 @@ Item parse_item(const Where& w, std::string_view item, const std::string& origin
 
     // Open MPI spells it both ways; one canonical name keeps duplicate checks honest.
     std::string canonical = key == "max-slots" ? std::string(key_max_slots) : std::string(key);
-    if (canonical != key_slots && canonical != key_max_slots && canonical != key_port) {
-      auto guess =
-          text::closest(key, {std::string(key_slots), std::string(key_max_slots), std::string(key_port)});
+    if (canonical != key_slots && canonical != key_max_slots && canonical != key_port &&
+        canonical != key_role) {
+      auto guess = text::closest(key, {std::string(key_slots), std::string(key_max_slots),
+                                       std::string(key_port), std::string(key_role)});
       w.fail(key, "unknown key " + quoted(key),
              guess ? "did you mean '" + *guess + "'?" : std::string(keys_hint));
     }
@@ -132,6 +143,8 @@ Item parse_item(const Where& w, std::string_view item, const std::string& origin
     } else if (canonical == key_max_slots) {
       proto.max_slots = parse_slots(w, value, "max_slots");
       max_slots_text = value;
+    } else if (canonical == key_role) {
+      proto.role = parse_role(w, value);
     } else {
       if (proto.port) w.fail(key, "port given twice (in ssh:// and port=)", "keep one");
       proto.port = parse_port(w, value);

@@ -19,6 +19,18 @@ constexpr std::size_t max_hostfile_bytes = std::size_t{64} << 20;
 
 }  // namespace
 
+const char* role_name(Role r) {
+  switch (r) {
+    case Role::server:
+      return "server";
+    case Role::both:
+      return "both";
+    case Role::worker:
+      break;
+  }
+  return "worker";
+}
+
 std::vector<Host> parse_hostfile(std::string_view text, std::string_view filename) {
   constexpr std::string_view bom = "\xEF\xBB\xBF";  // Windows editors add it; it is not part of a host name
   if (text.substr(0, bom.size()) == bom) text.remove_prefix(bom.size());

@@ -9,6 +9,13 @@
 
 namespace mltrain::hostfile {
 
+// What a host is for in a parameter-server job (`role=` on a hostfile line): a worker runs ranks,
+// a server runs parameter servers and no rank, both does both. Outside PS mode servers are unused.
+enum class Role { worker, server, both };
+
+// "worker", "server" or "both".
+const char* role_name(Role r);
+
 struct Host {
   std::string name;           // host name, alias or address as written; IPv6 without brackets
   std::string user;           // from "user@host", empty when not given
@@ -17,6 +24,7 @@ struct Host {
   int max_slots = 0;          // upper bound (Open MPI), 0 when not given
   std::vector<int> slot_ids;  // slot indices left after include/exclude; empty means 0..slots-1
   std::string origin;         // "file:line" or "-H" where this host was written
+  Role role = Role::worker;   // role=worker|server|both, worker when not given
 };
 
 // A malformed hostfile line, host list item or filter. what() is one line:
@@ -30,6 +38,7 @@ class ParseError : public std::runtime_error {
 //   host slots=4 [max_slots=8]      DeepSpeed / Open MPI
 //   host:4                          Horovod
 //   user@host[:4]  [::1]:4  ssh://user@host:2222 slots=4  host port=2222 slots=4
+//   host slots=4 role=server        role=worker|server|both (parameter-server jobs)
 // `#` starts a comment. A host written twice is an error. `filename` is used in messages.
 std::vector<Host> parse_hostfile(std::string_view text, std::string_view filename);
 std::vector<Host> load_hostfile(const std::string& path);  // reads the file, then parse_hostfile

@@ -618,8 +618,12 @@ std::string export_manifest(const JobRequest& req, const std::string& to) {
     throw Error(s.origin("k8s", file) + ": [k8s] has no 'image': the pods need one",
                 "add image = \"ghcr.io/acme/train:1.4\" to [k8s]");
   if (s.comm.mode == "ps")
-    throw Error(s.origin("comm.mode", file) +
-                    ": [comm] mode = \"ps\" cannot be exported: its servers run inside mltrain's agent",
+    throw Error(s.ps.present
+                    ? s.origin("ps", file) +
+                          ": a [ps] job cannot be exported: its servers run inside "
+                          "mltrain's agent"
+                    : s.origin("comm.mode", file) +
+                          ": [comm] mode = \"ps\" cannot be exported: its servers run inside mltrain's agent",
                 "export an allreduce job, or run this one with mltrain run");
   plan::Plan p = plan::make_plan(s, detail::plan_inputs(req, "export", "export", detail::Ports::placeholder));
   Shape sh = shape_of(s, p, file);

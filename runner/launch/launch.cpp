@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <memory>
 #include <random>
+#include <sstream>
 
 #include "runner/common/error.h"
 #include "runner/common/secret.h"
@@ -100,6 +101,10 @@ void apply_overrides(spec::JobSpec& s, const Overrides& f,
   if (f.no_prefix) s.logs.prefix = "";
   if (f.timestamps) s.logs.timestamps = true;
   if (!f.ssh_config.empty()) s.ssh.config = f.ssh_config;
+  if (f.ps && s.comm.mode != "ps") {
+    s.comm.mode = "ps";
+    s.origins["comm.mode"] = "--mode ps";
+  }
   // A flag with a few words it may be (the CLI checks them too; this API may be called without it).
   auto one_of = [](const char* flag, const std::string& v, const std::vector<std::string>& ok,
                    const char* hint) {
@@ -253,7 +258,8 @@ Validation validate(const JobRequest& req) {
   v.plan = plan::make_plan(s, detail::plan_inputs(req, "validate", "validate", detail::Ports::placeholder));
   std::vector<std::string> hosts;
   for (const auto& h : v.plan.hosts)
-    hosts.push_back(h.host.name + "(" + std::to_string(h.ranks.size()) + ")");
+    hosts.push_back(h.host.name + "(" +
+                    (h.ranks.empty() ? std::string("server") : std::to_string(h.ranks.size())) + ")");
   size_t n = v.plan.ranks.size();
   std::string what = req.specs.empty() ? std::string("command") : req.specs[0];
   std::vector<std::string> failures;
@@ -266,6 +272,7 @@ Validation validate(const JobRequest& req) {
         exit_code::host_failure);
   v.summary =
       what + ": ok: " + std::to_string(n) + " rank" + (n == 1 ? "" : "s") + " on " + text::join(hosts, ", ");
+  if (v.plan.ps_mode) v.summary += "; ps: " + describe_ps(v.plan);
   if (!lines.empty()) {
     v.summary += "\n" + text::join(lines, "\n");
     v.summary += "\nnot checked: connecting, host keys, login, the agent, GPUs, Python (run `mltrain doctor" +
@@ -300,13 +307,54 @@ std::string describe_sync(const JobRequest& req) {
   return out;
 }
 
+std::string describe_ps(const plan::Plan& p) {
+  // Where the servers run: "h3, h4 (2 each)", or "a(2), b(1)" when the counts differ.
+  std::vector<std::string> names, counted;
+  int first = -1;
+  bool even = true;
+  for (const auto& h : p.hosts) {
+    if (h.ps_servers == 0) continue;
+    if (first < 0) first = h.ps_servers;
+    even = even && h.ps_servers == first;
+    names.push_back(h.host.name);
+    counted.push_back(h.host.name + "(" + std::to_string(h.ps_servers) + ")");
+  }
+  std::string where =
+      even ? text::join(names, ", ") + (first > 1 ? " (" + std::to_string(first) + " each)" : "")
+           : text::join(counted, ", ");
+  std::string out =
+      std::to_string(p.ps.servers) + " server" + (p.ps.servers == 1 ? "" : "s") + " on " + where + ", ";
+  if (p.ps.sync) {
+    out += "sync";
+  } else if (p.ps.optimizer.empty()) {
+    out += "async, no optimizer (a push is added to the value)";
+  } else {
+    auto num = [](double v) {
+      std::ostringstream os;
+      os << v;
+      return os.str();
+    };
+    out += "async, optimizer " + p.ps.optimizer + " lr=" + num(p.ps.lr) + " momentum=" + num(p.ps.momentum);
+    if (p.ps.weight_decay > 0) out += " weight_decay=" + num(p.ps.weight_decay);
+  }
+  uint64_t b = p.ps.partition_bytes;
+  std::string size = b % (1u << 30) == 0   ? std::to_string(b >> 30) + " GiB"
+                     : b % (1u << 20) == 0 ? std::to_string(b >> 20) + " MiB"
+                     : b % (1u << 10) == 0 ? std::to_string(b >> 10) + " KiB"
+                                           : std::to_string(b) + " bytes";
+  return out + ", partition " + size;
+}
+
 std::string describe_plan(const plan::Plan& p) {
   std::string out;
   auto plural = [](size_t n, const char* what) {
     return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
   };
-  out += "run " + p.name + ": " + plural(p.ranks.size(), "rank") + " on " + plural(p.hosts.size(), "host") +
-         "\n";
+  size_t server_only = 0;
+  for (const auto& h : p.hosts) server_only += h.ranks.empty() ? 1 : 0;
+  out += "run " + p.name + ": " + plural(p.ranks.size(), "rank") + " on " +
+         plural(p.hosts.size() - server_only, "host") +
+         (server_only ? " + " + plural(server_only, "server-only host") : std::string()) + "\n";
   std::vector<std::string> argv;
   for (const auto& a : p.argv) argv.push_back(text::shell_quote(a));
   out += "command: " + text::join(argv, " ") + "\nworkdir: " + p.workdir + "\nmaster:  " + p.master_addr +
@@ -322,10 +370,20 @@ std::string describe_plan(const plan::Plan& p) {
            " is checked against each host's GPU inventory at launch (NVML, else nvidia-smi; a\n"
            "         CUDA_VISIBLE_DEVICES set there limits it); the CUDA_VISIBLE_DEVICES below assume\n"
            "         every GPU usable, and each rank gets its own among the usable ones\n";
+  if (p.ps_mode)
+    out += "ps:      " + describe_ps(p) +
+           "\n         the servers run in the hosts' agents; MLTRAIN_PS_SERVERS is set at launch, when they "
+           "listen\n";
   for (const auto& h : p.hosts) {
+    if (h.ranks.empty()) {
+      out += "\nhost " + h.host.name + " (server only" + (h.local ? ", local" : "") +
+             "): ps servers: " + std::to_string(h.ps_servers) + "\n";
+      continue;
+    }
     out += "\nhost " + h.host.name + " (node " + std::to_string(h.node_rank) + (h.local ? ", local" : "") +
            "): ranks";
     for (int r : h.ranks) out += " " + std::to_string(r);
+    if (h.ps_servers) out += "; ps servers: " + std::to_string(h.ps_servers);
     out += "\n";
     for (int r : h.ranks) {
       out += "  rank " + std::to_string(r) + ":";

@@ -38,6 +38,7 @@ struct Overrides {
   std::optional<bool> sync;  // --sync / --no-sync: over [sync]'s presence
   std::string launcher;      // --launcher auto|ssh|slurm
   std::string setup;         // --setup auto|always|never: over [setup] when
+  bool ps = false;           // bench --mode ps: PS mode (a server on every host unless the spec has [ps])
 };
 
 struct JobRequest {
@@ -73,8 +74,11 @@ Validation validate(const JobRequest& req);
 // The plan a run would use (run id "dry-run", a fresh token, free ports); starts nothing.
 plan::Plan dry_run(const JobRequest& req);
 
-// The plan for people: hosts, ranks and each rank's environment (the token hidden).
+// The plan for people: hosts, ranks and each rank's environment (the token hidden); in PS mode
+// each host's servers and describe_ps's line.
 std::string describe_plan(const plan::Plan& p);
+// PS mode, one line: "4 servers on h3, h4 (2 each), sync, partition 4 MiB".
+std::string describe_ps(const plan::Plan& p);
 // What a run would sync, set up and pull back ("" when nothing): lists the tree, starts nothing.
 std::string describe_sync(const JobRequest& req);
 

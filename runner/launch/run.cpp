@@ -233,6 +233,9 @@ RunResult run(const JobRequest& req) {
     s.cluster.nprocs = 0;
     s.run.max_restarts = 0;
     if (!req.overrides.no_prefix) s.logs.prefix = "[{host}]";
+    // A one-off command starts no parameter servers (and server-only hosts run no rank).
+    s.comm.mode = "allreduce";
+    s.ps = {};
   }
   std::chrono::milliseconds telemetry_interval{0};  // read first: a bad value leaves no run behind
   try {
@@ -310,10 +313,12 @@ RunResult run(const JobRequest& req) {
     job.patterns = s.sync.pull;
     job.dest = records::run_dir(p.run_id) + "/pulled";
     job.per_host_folders = s.sync.pull_from == "all";
-    if (job.per_host_folders)
-      for (size_t i = 0; i < p.hosts.size(); ++i) job.hosts.push_back(i);
-    else
+    if (job.per_host_folders) {
+      for (size_t i = 0; i < p.hosts.size(); ++i)
+        if (!p.hosts[i].ranks.empty()) job.hosts.push_back(i);  // a server-only host runs no program
+    } else {
       job.hosts.push_back(size_t(p.ranks[0].host));
+    }
     o.pull = std::move(job);
   }
 

@@ -68,6 +68,8 @@ RankHost rank_host(const records::RunRecord& r, int rank, const Overrides& o, co
     out.spec.cluster.procs_per_host = 1;
     out.spec.cluster.nprocs = 0;
     out.spec.cluster.oversubscribe = true;
+    out.spec.comm.mode = "allreduce";  // a shell or a copy starts no PS server
+    out.spec.ps = {};
     plan::Plan all =
         plan::make_plan(out.spec, detail::plan_inputs(j, "cp", "cp", detail::Ports::placeholder));
     for (const auto& hp : all.hosts)

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -95,7 +96,11 @@ int find_free_port() {
   return port;
 }
 
-std::vector<hostfile::Host> resolve_hosts(const spec::JobSpec& s,
+namespace {
+
+// The hosts of [cluster] (hostfile, host list or Slurm node list, else localhost), filtered;
+// role=server hosts included.
+std::vector<hostfile::Host> cluster_hosts(const spec::JobSpec& s,
                                           const std::map<std::string, std::string>& env) {
   std::vector<hostfile::Host> hosts;
   if (!s.cluster.hostfile.empty()) {
@@ -145,15 +150,82 @@ std::vector<hostfile::Host> resolve_hosts(const spec::JobSpec& s,
   return hosts;
 }
 
+bool same_host(const std::string& a, const std::string& b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+// The hosts that may run ranks (role=worker or both); role=server hosts only run PS servers.
+std::vector<hostfile::Host> worker_hosts(const spec::JobSpec& s, const std::vector<hostfile::Host>& all) {
+  std::vector<hostfile::Host> out;
+  for (const auto& h : all)
+    if (h.role != hostfile::Role::server) out.push_back(h);
+  if (out.empty())
+    throw Error("every host of " +
+                    (!s.cluster.hostfile.empty() ? "hostfile " + s.cluster.hostfile
+                                                 : s.origin("cluster.hosts", "the host list")) +
+                    " is role=server: no host is left for the ranks",
+                "mark the hosts that run ranks role=worker (the default) or role=both");
+  return out;
+}
+
+// PS mode: the server hosts, each with its number of servers (none outside PS mode). They are
+// [ps] hosts, else the role=server/both hosts of the hostfile, else every worker host.
+std::vector<std::pair<hostfile::Host, int>> server_hosts(const spec::JobSpec& s,
+                                                         const std::vector<hostfile::Host>& all,
+                                                         const std::vector<hostfile::Host>& workers) {
+  std::vector<std::pair<hostfile::Host, int>> out;
+  if (s.comm.mode != "ps") return out;
+  std::vector<hostfile::Host> hosts;
+  if (!s.ps.hosts.empty()) {
+    std::string origin = s.origin("ps.hosts", "[ps] hosts");
+    hosts = hostfile_call([&] { return hostfile::parse_host_list(text::join(s.ps.hosts, ","), origin); });
+  } else {
+    for (const auto& h : all)
+      if (h.role != hostfile::Role::worker) hosts.push_back(h);
+    if (hosts.empty()) hosts = workers;
+  }
+  // servers_per_host on each; else [comm] num_servers in all, the first hosts taking the extra ones.
+  const int n = int(hosts.size());
+  for (int i = 0; i < n; ++i) {
+    int servers = 1;
+    if (s.ps.servers_per_host > 0)
+      servers = s.ps.servers_per_host;
+    else if (s.comm.num_servers > 0)
+      servers = s.comm.num_servers / n + (i < s.comm.num_servers % n ? 1 : 0);
+    if (servers > 0) out.emplace_back(hosts[size_t(i)], servers);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<hostfile::Host> resolve_hosts(const spec::JobSpec& s,
+                                          const std::map<std::string, std::string>& env) {
+  auto all = cluster_hosts(s, env);
+  auto hosts = worker_hosts(s, all);
+  for (const auto& [h, servers] : server_hosts(s, all, hosts)) {
+    const bool here = is_local_host(h.name);
+    bool known = std::any_of(hosts.begin(), hosts.end(), [&](const hostfile::Host& w) {
+      return same_host(w.name, h.name) || (here && is_local_host(w.name));
+    });
+    if (!known) hosts.push_back(h);
+  }
+  return hosts;
+}
+
 Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
   Plan p;
   p.run_id = in.run_id;
   p.name = s.name;
   p.token = in.token;
-  auto hosts = resolve_hosts(s, in.environ);
-  if (hosts.size() > size_t(spec::kMaxHosts))
-    throw Error("the job lists " + std::to_string(hosts.size()) + " hosts; mltrain runs on at most " +
-                    std::to_string(spec::kMaxHosts),
+  const auto all_hosts = cluster_hosts(s, in.environ);
+  const auto hosts = worker_hosts(s, all_hosts);
+  const auto servers = server_hosts(s, all_hosts, hosts);
+  if (hosts.size() + servers.size() > size_t(spec::kMaxHosts))
+    throw Error("the job lists " + std::to_string(hosts.size() + servers.size()) +
+                    " hosts; mltrain runs on at most " + std::to_string(spec::kMaxHosts),
                 "narrow the host list (--include, a shorter hostfile or node-list pattern)");
 
   // How many ranks each host runs. One rule, mpirun's: a host has the slots written for it (a host
@@ -237,6 +309,28 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
                           (p.ranks.size() == 1 ? "" : "s"),
                       "show ranks from 0 to " + last + ", e.g. --ranks 0" + (last == "0" ? "" : "," + last));
         }
+  // PS servers: on a host with ranks, by its agent there; a server-only host comes after every host
+  // with ranks (node_rank -1: it is no node of the ranks' world), so node ranks and hosts[0] stay.
+  const size_t rank_hosts = p.hosts.size();
+  for (const auto& [h, count] : servers) {
+    // The same host by name, or this machine under another name: one agent per host.
+    const bool here = !p.slurm && is_local_host(h.name);
+    auto it = std::find_if(p.hosts.begin(), p.hosts.end(), [&](const HostPlan& hp) {
+      return same_host(hp.host.name, h.name) || (here && hp.local);
+    });
+    if (it != p.hosts.end()) {
+      it->ps_servers += count;
+      continue;
+    }
+    HostPlan hp;
+    hp.host = h;
+    hp.host.role = hostfile::Role::server;
+    hp.via_slurm = p.slurm;
+    hp.local = here;
+    hp.node_rank = -1;
+    hp.ps_servers = count;
+    p.hosts.push_back(hp);
+  }
   p.multi_host = p.hosts.size() > 1 ||
                  std::any_of(p.hosts.begin(), p.hosts.end(), [](const HostPlan& h) { return !h.local; });
 
@@ -254,6 +348,15 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
   p.store_addr = p.master_addr + ":" + std::to_string(store_port);
   int ps_port = 0;
   if (s.comm.mode == "ps") {
+    p.ps.sync = s.ps.sync;
+    p.ps.partition_bytes = s.ps.partition_bytes;
+    if (!s.ps.sync && !s.ps.optimizer.name.empty()) {
+      p.ps.optimizer = s.ps.optimizer.name;
+      p.ps.lr = s.ps.optimizer.lr;
+      p.ps.momentum = s.ps.optimizer.momentum;
+      p.ps.weight_decay = s.ps.optimizer.weight_decay;
+    }
+    for (const auto& h : p.hosts) p.ps.servers += h.ps_servers;
     ps_port = in.free_port();
     while (ps_port == p.master_port || ps_port == store_port) ps_port = in.free_port();
   }
@@ -289,7 +392,7 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
     put(env, "LOCAL_WORLD_SIZE", std::to_string(hp.ranks.size()));
     put(env, "NODE_RANK", std::to_string(hp.node_rank));
     put(env, "GROUP_RANK", std::to_string(hp.node_rank));
-    put(env, "GROUP_WORLD_SIZE", std::to_string(p.hosts.size()));
+    put(env, "GROUP_WORLD_SIZE", std::to_string(rank_hosts));
     put(env, "ROLE_NAME", "default");
     put(env, "ROLE_RANK", std::to_string(r.rank));
     put(env, "ROLE_WORLD_SIZE", std::to_string(world));
@@ -341,14 +444,16 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
       if (!has(base, "CUDA_DEVICE_ORDER") && !(hp.local && in.environ.count("CUDA_DEVICE_ORDER")))
         put(env, "CUDA_DEVICE_ORDER", "PCI_BUS_ID");
     }
-    if (s.comm.mode == "ps") {
-      int servers = s.comm.num_servers > 0 ? s.comm.num_servers : int(p.hosts.size());
+    if (p.ps_mode) {
       put(env, "DMLC_ROLE", "worker");
       put(env, "DMLC_NUM_WORKER", std::to_string(world));
-      put(env, "DMLC_NUM_SERVER", std::to_string(servers));
+      put(env, "DMLC_NUM_SERVER", std::to_string(p.ps.servers));
       put(env, "DMLC_PS_ROOT_URI", p.master_addr);
       put(env, "DMLC_PS_ROOT_PORT", std::to_string(ps_port));
       put(env, "DMLC_WORKER_ID", std::to_string(r.rank));
+      // MLTRAIN_PS_SERVERS comes at preflight (set_ps_servers), when the servers listen.
+      put(env, "MLTRAIN_PS_SYNC", p.ps.sync ? "1" : "0");
+      put(env, "MLTRAIN_PS_PARTITION_BYTES", std::to_string(p.ps.partition_bytes));
     }
     r.env = std::move(env);
   }
@@ -373,6 +478,11 @@ void set_rendezvous(Plan& p, const Rendezvous& r) {
       if (r.ps_port) put(rank.env, "DMLC_PS_ROOT_PORT", std::to_string(r.ps_port));
     }
   }
+}
+
+void set_ps_servers(Plan& p, const std::vector<std::string>& servers) {
+  const std::string joined = text::join(servers, ",");
+  for (auto& rank : p.ranks) put(rank.env, "MLTRAIN_PS_SERVERS", joined);
 }
 
 void set_interface(Plan& p, int host, const std::string& ifname) {

@@ -2,6 +2,7 @@
 // (DESIGN.md, Contracts: Rank environment).
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
@@ -25,6 +26,10 @@ struct HostPlan {
   std::vector<int> gpu_ids;  // slot ids used as device ids (hostfile filters), may be empty
   // How many usable GPUs this host's ranks need ([gpus]); 0: none asked, its agent probes none.
   int gpu_slots_needed = 0;
+  // PS mode: how many parameter servers this host's agent runs. A host with servers and no
+  // ranks (a server-only host: [ps] hosts, or role=server in the hostfile) comes after every
+  // host with ranks, so hosts[0] is always rank 0's.
+  int ps_servers = 0;
 };
 
 struct RankPlan {
@@ -35,6 +40,15 @@ struct RankPlan {
   // [gpus]: the rank's GPU slots, indices into its host's usable GPUs (or, where the host has
   // gpu_ids, into those). assign_gpus() turns them into CUDA_VISIBLE_DEVICES at preflight.
   std::vector<int> gpu_slots;
+};
+
+// Parameter-server mode ([ps], or [comm] mode = "ps"); servers run inside the agents.
+struct PsPlan {
+  bool sync = true;
+  uint64_t partition_bytes = 4u << 20;
+  std::string optimizer;  // async only: "" (a push is added to the value) or "sgd"
+  double lr = 0.01, momentum = 0, weight_decay = 0;
+  int servers = 0;  // over every host (the sum of HostPlan::ps_servers)
 };
 
 struct Plan {
@@ -52,6 +66,7 @@ struct Plan {
   bool multi_host = false;
   bool auto_master_port = true;  // the ports are chosen on rank 0's host at preflight
   bool ps_mode = false;
+  PsPlan ps;                      // meaningful when ps_mode
   bool slurm = false;             // every host's agent starts through srun ([cluster] launcher)
   bool user_nccl_ifname = false;  // the user chose the interfaces; mltrain leaves them alone
   bool user_gloo_ifname = false;
@@ -73,6 +88,9 @@ struct Rendezvous {
   int ps_port = 0;  // 0 when not in PS mode
 };
 void set_rendezvous(Plan& p, const Rendezvous& r);
+// PS mode: where the servers listen, in server order ("host=addr:port", as the ranks' comm library
+// reads MLTRAIN_PS_SERVERS), learnt from the server hosts' agents at preflight.
+void set_ps_servers(Plan& p, const std::vector<std::string>& servers);
 // Sets NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME for the ranks of one host, unless the user set them.
 void set_interface(Plan& p, int host, const std::string& ifname);
 

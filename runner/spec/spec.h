@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -45,8 +46,27 @@ struct CommSection {
   std::string mode = "allreduce";  // allreduce | ps
   std::string backend = "auto";    // auto | tcp | nccl
   int master_port = 0;             // 0: auto (a free port)
-  int num_servers = 0;             // ps mode: servers (0: one per host)
+  int num_servers = 0;             // ps mode: servers in all, spread over the server hosts (0: see [ps])
 };
+
+// [ps]: parameter-server mode (docs/spec.md). A [ps] table makes the job PS mode (comm.mode "ps");
+// `[comm] mode = "ps"` alone keeps these defaults.
+struct PsSection {
+  bool present = false;  // the spec (or its profile) has a [ps] table
+  // Server hosts, host-list items as in [cluster] hosts. Empty: the hostfile's role=server/both
+  // hosts, else every worker host.
+  std::vector<std::string> hosts;
+  int servers_per_host = 0;  // 0: not given (1 each, or [comm] num_servers spread over the hosts)
+  bool sync = true;          // false: each push is applied at once by the server's optimizer
+  uint64_t partition_bytes = uint64_t{4} << 20;  // tensors above this are split across servers
+  // [ps.optimizer], async only. name "": none (a push is added to the value).
+  struct Optimizer {
+    std::string name;
+    double lr = 0.01, momentum = 0, weight_decay = 0;
+  } optimizer;
+};
+inline constexpr uint64_t kMaxPartitionBytes = uint64_t{1} << 30;
+inline constexpr int kMaxServersPerHost = 256;
 
 struct GpuSection {
   int per_proc = 0;
@@ -113,6 +133,7 @@ struct JobSpec {
   RunSection run;
   ClusterSection cluster;
   CommSection comm;
+  PsSection ps;
   GpuSection gpus;
   SshSection ssh;
   LogsSection logs;

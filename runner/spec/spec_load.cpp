@@ -2,6 +2,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -9,6 +10,7 @@
 #include <map>
 #include <sstream>
 
+#include "knobs/parse.h"
 #include "profiles/profiles.h"
 #include "runner/common/error.h"
 #include "runner/common/secret.h"
@@ -43,7 +45,10 @@ const std::vector<std::string> kReservedEnv = {"RANK",
                                                "DMLC_NUM_SERVER",
                                                "DMLC_PS_ROOT_URI",
                                                "DMLC_PS_ROOT_PORT",
-                                               "DMLC_WORKER_ID"};
+                                               "DMLC_WORKER_ID",
+                                               "MLTRAIN_PS_SERVERS",
+                                               "MLTRAIN_PS_SYNC",
+                                               "MLTRAIN_PS_PARTITION_BYTES"};
 
 std::string where(const toml::source_region& r) {
   std::string file = r.path ? *r.path : std::string("<spec>");
@@ -97,6 +102,46 @@ int64_t get_int(const toml::node& n, const std::string& key, int64_t lo, int64_t
 bool get_bool(const toml::node& n, const std::string& key) {
   if (auto b = n.as_boolean()) return b->get();
   fail(n.source(), "'" + key + "' must be true or false, not " + type_of(n));
+}
+
+// A float or an integer (lr = 1 is as good as lr = 1.0).
+double get_number(const toml::node& n, const std::string& key) {
+  if (auto f = n.as_floating_point()) {
+    if (!std::isfinite(f->get())) fail(n.source(), "'" + key + "' must be a finite number");
+    return f->get();
+  }
+  if (auto i = n.as_integer()) return double(i->get());
+  fail(n.source(), "'" + key + "' must be a number, not " + type_of(n));
+}
+
+std::string number_text(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+// A byte count: an integer, or a size string as the knobs take ("4M", "512K", "1MiB").
+uint64_t get_size(const toml::node& n, const std::string& key, uint64_t max, const std::string& max_text) {
+  const std::string hint = "give a size from 1 byte to " + max_text + ", like 4194304 or \"4M\"";
+  uint64_t v = 0;
+  std::string shown;
+  if (auto i = n.as_integer()) {
+    if (i->get() <= 0)
+      fail(n.source(), "'" + key + "' is " + std::to_string(i->get()) + ", out of range", hint);
+    v = uint64_t(i->get());
+    shown = std::to_string(v);
+  } else if (auto str = n.as_string()) {
+    auto parsed = knobs::parse_bytes(str->get());
+    if (!parsed)
+      fail(n.source(), "'" + key + "' is '" + text::excerpt(str->get()) + "', not a size",
+           "write bytes like 4194304, or a size like \"4M\", \"512K\" or \"1MiB\" (binary multiples)");
+    v = *parsed;
+    shown = "'" + str->get() + "'";
+  } else {
+    fail(n.source(), "'" + key + "' must be a number of bytes or a size like \"4M\", not " + type_of(n));
+  }
+  if (v == 0 || v > max) fail(n.source(), "'" + key + "' is " + shown + ", out of range", hint);
+  return v;
 }
 
 Duration get_duration(const toml::node& n, const std::string& key) {
@@ -395,6 +440,81 @@ void apply(const toml::table& root, JobSpec& s, const std::string& base_dir, boo
                        {"num_servers",
                         [&](const toml::node& v) {
                           s.comm.num_servers = int(get_int(v, "num_servers", 0, 4096));
+                        }},
+                   });
+           }},
+          {"ps",
+           [&](const toml::node& n) {
+             const toml::table& ps = as_table(n, "ps");
+             // [comm] is visited first (keys come in order); an explicit allreduce beside [ps]
+             // in one file is a contradiction.
+             if (auto mode = root.at_path("comm.mode").as_string(); mode && mode->get() == "allreduce")
+               fail(mode->source(),
+                    "[comm] mode = \"allreduce\" contradicts the [ps] table at " + where(n.source()),
+                    "a [ps] table makes the job parameter-server mode: remove mode, or remove [ps] to train "
+                    "with allreduce");
+             s.ps.present = true;
+             s.comm.mode = "ps";
+             visit(ps, "ps",
+                   {
+                       {"hosts",
+                        [&](const toml::node& v) {
+                          if (auto str = v.as_string())
+                            s.ps.hosts = {str->get()};
+                          else
+                            s.ps.hosts = get_strings(v, "hosts");
+                          bool blank = true;
+                          for (const auto& h : s.ps.hosts)
+                            blank = blank && h.find_first_not_of(" \t") == std::string::npos;
+                          if (blank)
+                            fail(v.source(), "[ps] hosts is empty",
+                                 "name the server hosts (items as in [cluster] hosts), or leave hosts out: "
+                                 "then the hostfile's role=server/both hosts, else every worker host, run "
+                                 "servers");
+                        }},
+                       {"servers_per_host",
+                        [&](const toml::node& v) {
+                          s.ps.servers_per_host = int(get_int(v, "servers_per_host", 1, kMaxServersPerHost));
+                        }},
+                       {"sync", [&](const toml::node& v) { s.ps.sync = get_bool(v, "sync"); }},
+                       {"partition_bytes",
+                        [&](const toml::node& v) {
+                          s.ps.partition_bytes = get_size(v, "partition_bytes", kMaxPartitionBytes, "1 GiB");
+                        }},
+                       {"optimizer",
+                        [&](const toml::node& v) {
+                          auto& o = s.ps.optimizer;
+                          o = {};
+                          o.name = "sgd";
+                          visit(as_table(v, "ps.optimizer"), "ps.optimizer",
+                                {
+                                    {"name",
+                                     [&](const toml::node& x) { o.name = get_choice(x, "name", {"sgd"}); }},
+                                    {"lr",
+                                     [&](const toml::node& x) {
+                                       o.lr = get_number(x, "lr");
+                                       if (o.lr <= 0)
+                                         fail(x.source(), "'lr' is " + number_text(o.lr) + ", out of range",
+                                              "give a learning rate above 0, like 0.01");
+                                     }},
+                                    {"momentum",
+                                     [&](const toml::node& x) {
+                                       o.momentum = get_number(x, "momentum");
+                                       if (o.momentum < 0 || o.momentum >= 1)
+                                         fail(x.source(),
+                                              "'momentum' is " + number_text(o.momentum) + ", out of range",
+                                              "use a value from 0 up to, not including, 1 (0: none)");
+                                     }},
+                                    {"weight_decay",
+                                     [&](const toml::node& x) {
+                                       o.weight_decay = get_number(x, "weight_decay");
+                                       if (o.weight_decay < 0)
+                                         fail(x.source(),
+                                              "'weight_decay' is " + number_text(o.weight_decay) +
+                                                  ", out of range",
+                                              "use 0 (none) or a positive value");
+                                     }},
+                                });
                         }},
                    });
            }},
@@ -734,6 +854,24 @@ void check(const JobSpec& s) {
             " shares a GPU between ranks, but [comm] backend = \"nccl\" (" + s.origin("comm.backend", file) +
             ") cannot: NCCL refuses two ranks of one communicator on one GPU (\"Duplicate GPU detected\")",
         "give each rank its own GPU (procs_per_gpu = 1, or per_proc), or set backend = \"auto\" or \"tcp\"");
+  if (s.ps.present && s.comm.mode == "allreduce")  // [ps] in a profile, mode in the spec (or the reverse)
+    throw Error(s.origin("comm.mode", file) + ": [comm] mode = \"allreduce\" contradicts the [ps] table at " +
+                    s.origin("ps", file),
+                "a [ps] table makes the job parameter-server mode: remove mode, or remove [ps] to train with "
+                "allreduce");
+  if (s.ps.servers_per_host > 0 && s.comm.num_servers > 0)
+    throw Error(s.origin("ps.servers_per_host", file) + ": [ps] servers_per_host and [comm] num_servers (" +
+                    s.origin("comm.num_servers", file) + ") cannot both be set",
+                "servers_per_host runs that many servers on each server host; num_servers is a total spread "
+                "over them: keep one");
+  if (s.comm.mode == "ps" && s.ps.sync && !s.ps.optimizer.name.empty()) {
+    std::string sync_at =
+        s.origins.count("ps.sync") ? " (" + s.origin("ps.sync", file) + ")" : " (the default)";
+    throw Error(s.origin("ps.optimizer", file) +
+                    ": [ps.optimizer] is for asynchronous training, but [ps] sync is true" + sync_at,
+                "set sync = false in [ps] (each push is then applied at once by the server's optimizer), or "
+                "remove [ps.optimizer]: in sync mode the workers step their own optimizer");
+  }
   if (!s.setup.command.empty() && s.setup.command.find_first_not_of(" \t\n") == std::string::npos)
     throw Error(s.origin("setup.command", file) + ": [setup] command is empty",
                 "give a shell command, or remove [setup]");
@@ -787,7 +925,23 @@ std::string to_toml(const JobSpec& s) {
     comm.insert("master_port", s.comm.master_port);
   else
     comm.insert("master_port", "auto");
+  if (s.comm.num_servers) comm.insert("num_servers", s.comm.num_servers);
   root.insert("comm", comm);
+  if (s.ps.present) {
+    toml::table ps;
+    toml::array ps_hosts;
+    for (const auto& h : s.ps.hosts) ps_hosts.push_back(h);
+    if (!ps_hosts.empty()) ps.insert("hosts", ps_hosts);
+    if (s.ps.servers_per_host) ps.insert("servers_per_host", s.ps.servers_per_host);
+    ps.insert("sync", s.ps.sync);
+    ps.insert("partition_bytes", int64_t(s.ps.partition_bytes));
+    if (!s.ps.optimizer.name.empty())
+      ps.insert("optimizer", toml::table{{"name", s.ps.optimizer.name},
+                                         {"lr", s.ps.optimizer.lr},
+                                         {"momentum", s.ps.optimizer.momentum},
+                                         {"weight_decay", s.ps.optimizer.weight_decay}});
+    root.insert("ps", ps);
+  }
   toml::table gpus;
   gpus.insert("per_proc", s.gpus.per_proc);
   gpus.insert("procs_per_gpu", s.gpus.procs_per_gpu);

@@ -119,6 +119,52 @@ def test_dry_run_starts_nothing(ml, tmp_path):
     assert not ml.run_dirs()
 
 
+def test_dry_run_ps_job_with_a_server_only_host(ml):
+    ml.write("hosts.txt", "a slots=2\nb slots=2 role=both\nsrv role=server slots=8\n")
+    spec = ml.write("job.toml", """
+[run]
+command = 'python3 train.py'
+[cluster]
+hostfile = 'hosts.txt'
+oversubscribe = true
+nprocs = 6
+[ps]
+servers_per_host = 2
+sync = false
+partition_bytes = '1M'
+[ps.optimizer]
+lr = 0.1
+momentum = 0.9
+""")
+    r = ml("run", spec, "--dry-run")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert out.startswith("run job: 6 ranks on 2 hosts + 1 server-only host\n"), out
+    assert "\nps:      4 servers on b, srv (2 each), async, optimizer sgd lr=0.1 momentum=0.9, partition 1 MiB\n" in out
+    assert "\nhost a (node 0): ranks 0 1 2\n" in out
+    assert "\nhost b (node 1): ranks 3 4 5; ps servers: 2\n" in out
+    assert "\nhost srv (server only): ps servers: 2\n" in out
+    rank_lines = [ln for ln in out.splitlines() if ln.strip().startswith("rank ")]
+    assert len(rank_lines) == 6  # no rank on the server-only host, even oversubscribed
+    for line in rank_lines:
+        for kv in ("DMLC_ROLE=worker", "DMLC_NUM_WORKER=6", "DMLC_NUM_SERVER=4", "MLTRAIN_PS_SYNC=0",
+                   "MLTRAIN_PS_PARTITION_BYTES=1048576", "GROUP_WORLD_SIZE=2"):
+            assert f" {kv} " in line + " ", (kv, line)
+
+    plan = json.loads(ml("run", spec, "--dry-run", "--json").stdout)
+    assert [h["name"] for h in plan["hosts"]] == ["a", "b", "srv"]
+    assert [h["node_rank"] for h in plan["hosts"]] == [0, 1, -1]
+    assert plan["hosts"][2]["ranks"] == []
+    assert plan["world_size"] == 6
+    assert not ml.run_dirs()
+
+
+def test_dry_run_without_ps_shows_no_servers(ml):
+    r = ml("run", "-n", "2", "--dry-run", "--", "true")
+    assert r.returncode == 0, r.stderr
+    assert "ps:" not in r.stdout and "ps servers" not in r.stdout and "DMLC_" not in r.stdout
+
+
 def test_validate_json_is_a_plan(ml):
     spec = ml.write("job.toml", "[run]\ncommand = 'true'\n[cluster]\nnprocs = 2\n")
     r = ml("validate", "--json", spec)

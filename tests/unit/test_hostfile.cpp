@@ -286,7 +286,40 @@ TEST_SUITE("hostfile errors") {
     CHECK(hostfile_error("h prot=22").find("(did you mean 'port'?)") != std::string::npos);
     std::string far = hostfile_error("h colour=red");
     CHECK(far.find("did you mean") == std::string::npos);
-    CHECK(far.find("expected slots=N, max_slots=N or port=N") != std::string::npos);
+    CHECK(far.find("expected slots=N, max_slots=N, port=N or role=worker|server|both") != std::string::npos);
+    CHECK(hostfile_error("h rol=server").find("(did you mean 'role'?)") != std::string::npos);
+  }
+
+  TEST_CASE("role= marks parameter-server hosts; worker when not given") {
+    auto hosts = parse_hostfile(
+        "a slots=2\nb slots=4 role=both\nc role=server\nd role=worker slots=1\n"
+        "node[1-2] role=server\n",
+        "hosts.txt");
+    REQUIRE(hosts.size() == 6);
+    CHECK(hosts[0].role == Role::worker);
+    CHECK(hosts[1].role == Role::both);
+    CHECK(hosts[1].slots == 4);
+    CHECK(hosts[2].role == Role::server);
+    CHECK(hosts[3].role == Role::worker);
+    CHECK(hosts[4].role == Role::server);  // a Slurm range shares the line's keys
+    CHECK(hosts[5].role == Role::server);
+    CHECK(std::string(role_name(Role::both)) == "both");
+    // One item in a host list may carry it too; filters keep it.
+    CHECK(parse_host_list("ssh://u@h:2200 role=server", "-H")[0].role == Role::server);
+    CHECK(apply_filters(hosts, "", "a")[0].role == Role::both);
+  }
+
+  TEST_CASE("a bad role names the line and the allowed values") {
+    CHECK(hostfile_error("a\nb role=servr") ==
+          "hosts.txt:2:8: bad role 'servr' in 'b role=servr' (did you mean 'server'? expected role=worker "
+          "(ranks), role=server (parameter servers only) or role=both)");
+    std::string msg = hostfile_error("b role=ps");
+    CHECK(msg.rfind("hosts.txt:1:8: bad role 'ps'", 0) == 0);
+    CHECK(msg.find("role=worker (ranks), role=server (parameter servers only) or role=both") !=
+          std::string::npos);
+    CHECK(hostfile_error("b role=").find("missing value for 'role'") != std::string::npos);
+    CHECK(hostfile_error("b role=server role=both").find("'role' given twice") != std::string::npos);
+    CHECK(hostfile_error("a role=server, b").find("key=value in a comma list") != std::string::npos);
   }
 
   TEST_CASE("a duplicate host names both lines") {

@@ -209,3 +209,48 @@ TEST_CASE("launch: dry_run plans ranks and their environment without starting an
   CHECK(text.find(p.token) == std::string::npos);
   CHECK(text.find("OMP_NUM_THREADS=2") != std::string::npos);
 }
+
+TEST_CASE("launch: a PS dry run shows each host's servers and one line for the servers") {
+  TempDir d;
+  launch::JobRequest r;
+  r.specs = {d.write("job.toml", R"(name = "ps"
+[run]
+command = "python3 train.py"
+[cluster]
+hosts = ["a:2", "b:2"]
+[ps]
+hosts = ["b", "c"]
+servers_per_host = 2
+partition_bytes = "4M"
+)")};
+  r.environ = std::map<std::string, std::string>{{"HOME", "/root"}};
+  r.cwd = "/work";
+  plan::Plan p = launch::dry_run(r);
+  std::string text = launch::describe_plan(p);
+  CAPTURE(text);
+  CHECK(text.find("run ps: 4 ranks on 2 hosts + 1 server-only host\n") == 0);
+  CHECK(text.find("\nps:      4 servers on b, c (2 each), sync, partition 4 MiB\n") != std::string::npos);
+  CHECK(text.find("\nhost a (node 0): ranks 0 1\n") != std::string::npos);
+  CHECK(text.find("\nhost b (node 1): ranks 2 3; ps servers: 2\n") != std::string::npos);
+  CHECK(text.find("\nhost c (server only): ps servers: 2\n") != std::string::npos);
+  CHECK(text.find("MLTRAIN_PS_SYNC=1") != std::string::npos);
+
+  // Async with an optimizer; uneven counts are listed per host.
+  p.ps.sync = false;
+  p.ps.optimizer = "sgd";
+  p.ps.lr = 0.1;
+  p.ps.momentum = 0.9;
+  p.ps.partition_bytes = 65536;
+  p.hosts[1].ps_servers = 1;
+  p.ps.servers = 3;
+  CHECK(launch::describe_ps(p) ==
+        "3 servers on b(1), c(2), async, optimizer sgd lr=0.1 momentum=0.9, partition 64 KiB");
+  p.ps.optimizer.clear();
+  CHECK(launch::describe_ps(p).find("async, no optimizer") != std::string::npos);
+
+  // Not PS: no ps line, no servers on host lines.
+  auto plain = launch::describe_plan(launch::dry_run(adhoc({"prog"})));
+  CHECK(plain.find("ps:") == std::string::npos);
+  CHECK(plain.find("ps servers") == std::string::npos);
+  CHECK(plain.find("DMLC_") == std::string::npos);
+}

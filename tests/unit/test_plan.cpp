@@ -5,8 +5,10 @@
 
 #include "runner/common/error.h"
 #include "runner/plan/plan.h"
+#include "temp_dir.h"
 
 using namespace mltrain;
+using mltrain::testing::TempDir;
 
 namespace {
 
@@ -390,4 +392,179 @@ TEST_CASE("plan: hostfile errors become spec errors") {
     CHECK(e.code() == 2);
     CHECK(std::string(e.what()).find("a:x") != std::string::npos);
   }
+}
+
+TEST_CASE("plan: PS defaults: a server on every worker host, sync, 4 MiB partitions") {
+  auto s = job();
+  s.cluster.hosts = {"a:2,b:2"};
+  s.comm.mode = "ps";
+  auto p = plan::make_plan(s, inputs());
+  CHECK(p.ps_mode);
+  REQUIRE(p.hosts.size() == 2);
+  CHECK(p.hosts[0].ps_servers == 1);
+  CHECK(p.hosts[1].ps_servers == 1);
+  CHECK(p.ps.servers == 2);
+  CHECK(p.ps.sync);
+  CHECK(p.ps.partition_bytes == (4u << 20));
+  CHECK(p.ps.optimizer.empty());
+  auto e = env_of(p.ranks[0]);
+  CHECK(e["MLTRAIN_PS_SYNC"] == "1");
+  CHECK(e["MLTRAIN_PS_PARTITION_BYTES"] == "4194304");
+  CHECK(e.count("MLTRAIN_PS_SERVERS") == 0);  // set at preflight, when the servers listen
+  // Not PS mode: no servers and none of its variables.
+  s.comm.mode = "allreduce";
+  auto q = plan::make_plan(s, inputs());
+  CHECK(q.hosts[0].ps_servers == 0);
+  CHECK(q.ps.servers == 0);
+  CHECK(env_of(q.ranks[0]).count("MLTRAIN_PS_SYNC") == 0);
+}
+
+TEST_CASE("plan: [ps] hosts: a server-only host comes after the hosts with ranks") {
+  auto s = job();
+  s.cluster.hosts = {"a:2,b:2"};
+  s.cluster.oversubscribe = true;
+  s.cluster.nprocs = 6;  // oversubscribed: still no rank on a server-only host
+  s.comm.mode = "ps";
+  s.ps.present = true;
+  s.ps.hosts = {"bob@c:2", "B"};  // "B" is the worker host b (names compare without case)
+  s.ps.servers_per_host = 2;
+  s.ps.sync = false;
+  s.ps.partition_bytes = 65536;
+  s.ps.optimizer = {"sgd", 0.1, 0.9, 0.001};
+  auto p = plan::make_plan(s, inputs());
+  REQUIRE(p.hosts.size() == 3);
+  CHECK(p.multi_host);
+  CHECK(p.hosts[0].host.name == "a");
+  CHECK(p.hosts[0].node_rank == 0);
+  CHECK(p.hosts[0].ps_servers == 0);
+  CHECK(p.hosts[1].host.name == "b");
+  CHECK(p.hosts[1].node_rank == 1);
+  CHECK(p.hosts[1].ps_servers == 2);
+  CHECK(p.hosts[1].ranks.size() == 3);
+  const auto& c = p.hosts[2];
+  CHECK(c.host.name == "c");
+  CHECK(c.host.user == "bob");
+  CHECK(c.host.role == hostfile::Role::server);
+  CHECK(c.ranks.empty());
+  CHECK(c.node_rank == -1);
+  CHECK(c.ps_servers == 2);
+  CHECK_FALSE(c.local);
+  CHECK(p.ranks.size() == 6);
+  CHECK(p.ps.servers == 4);
+  CHECK_FALSE(p.ps.sync);
+  CHECK(p.ps.optimizer == "sgd");
+  CHECK(p.ps.lr == doctest::Approx(0.1));
+  CHECK(p.ps.momentum == doctest::Approx(0.9));
+  CHECK(p.ps.weight_decay == doctest::Approx(0.001));
+  for (const auto& r : p.ranks) {
+    CHECK(r.host < 2);
+    auto e = env_of(r);
+    CHECK(e["GROUP_WORLD_SIZE"] == "2");
+    CHECK(e["DMLC_ROLE"] == "worker");
+    CHECK(e["DMLC_NUM_WORKER"] == "6");
+    CHECK(e["DMLC_NUM_SERVER"] == "4");
+    CHECK(e["DMLC_WORKER_ID"] == std::to_string(r.rank));
+    CHECK(e["DMLC_PS_ROOT_URI"] == "a");
+    CHECK(e["MLTRAIN_PS_SYNC"] == "0");
+    CHECK(e["MLTRAIN_PS_PARTITION_BYTES"] == "65536");
+  }
+  CHECK(env_of(p.ranks[4])["NODE_RANK"] == "1");
+
+  // doctor and validate see every host, the server-only one included.
+  auto hosts = plan::resolve_hosts(s, {});
+  REQUIRE(hosts.size() == 3);
+  CHECK(hosts[2].name == "c");
+
+  // MLTRAIN_PS_SERVERS: the servers in order, in every rank's env.
+  plan::set_ps_servers(p, {"b=10.0.0.2:7000", "b=10.0.0.2:7001", "c=10.0.0.3:7000", "c=10.0.0.3:7001"});
+  for (const auto& r : p.ranks)
+    CHECK(env_of(r)["MLTRAIN_PS_SERVERS"] ==
+          "b=10.0.0.2:7000,b=10.0.0.2:7001,c=10.0.0.3:7000,c=10.0.0.3:7001");
+}
+
+TEST_CASE("plan: hostfile roles: server hosts get no ranks, both hosts get ranks and servers") {
+  TempDir d;
+  auto s = job();
+  s.cluster.hostfile =
+      d.write("hosts.txt", "s1 slots=8 role=server\na slots=2\nb slots=2 role=both\ns2 role=server\n");
+  s.comm.mode = "ps";
+  auto p = plan::make_plan(s, inputs());
+  REQUIRE(p.hosts.size() == 4);
+  CHECK(p.hosts[0].host.name == "a");  // rank 0's host first, though s1 is written before it
+  CHECK(p.hosts[0].ranks == std::vector<int>{0, 1});
+  CHECK(p.hosts[0].ps_servers == 0);
+  CHECK(p.hosts[1].host.name == "b");
+  CHECK(p.hosts[1].ranks == std::vector<int>{2, 3});
+  CHECK(p.hosts[1].ps_servers == 1);
+  CHECK(p.hosts[2].host.name == "s1");
+  CHECK(p.hosts[2].ranks.empty());
+  CHECK(p.hosts[2].ps_servers == 1);
+  CHECK(p.hosts[3].host.name == "s2");
+  CHECK(p.ps.servers == 3);
+  CHECK(env_of(p.ranks[0])["DMLC_NUM_SERVER"] == "3");
+  CHECK(env_of(p.ranks[0])["GROUP_WORLD_SIZE"] == "2");
+
+  // [ps] hosts win over the roles; role=server hosts not named there are left out.
+  s.ps.hosts = {"a"};
+  auto q = plan::make_plan(s, inputs());
+  REQUIRE(q.hosts.size() == 2);
+  CHECK(q.hosts[0].ps_servers == 1);
+  CHECK(q.hosts[1].ps_servers == 0);
+
+  // Outside PS mode role=server hosts run nothing.
+  s.comm.mode = "allreduce";
+  s.ps.hosts.clear();
+  auto r = plan::make_plan(s, inputs());
+  REQUIRE(r.hosts.size() == 2);
+  CHECK(r.ranks.size() == 4);
+
+  // Only servers: no host for the ranks.
+  s.cluster.hostfile = d.write("servers.txt", "s1 role=server\n");
+  CHECK_THROWS_WITH_AS(plan::make_plan(s, inputs()),
+                       doctest::Contains("is role=server: no host is left for the ranks"), Error);
+}
+
+TEST_CASE("plan: [comm] num_servers spreads over the server hosts, the first taking the extra") {
+  auto s = job();
+  s.cluster.hosts = {"a:1,b:1,c:1"};
+  s.comm.mode = "ps";
+  s.comm.num_servers = 5;
+  auto p = plan::make_plan(s, inputs());
+  CHECK(p.hosts[0].ps_servers == 2);
+  CHECK(p.hosts[1].ps_servers == 2);
+  CHECK(p.hosts[2].ps_servers == 1);
+  CHECK(p.ps.servers == 5);
+  CHECK(env_of(p.ranks[0])["DMLC_NUM_SERVER"] == "5");
+  // Fewer servers than hosts: the last hosts run none.
+  s.comm.num_servers = 2;
+  auto q = plan::make_plan(s, inputs());
+  CHECK(q.hosts[0].ps_servers == 1);
+  CHECK(q.hosts[1].ps_servers == 1);
+  CHECK(q.hosts[2].ps_servers == 0);
+  // Over [ps] hosts that have no ranks: only they get servers.
+  s.comm.num_servers = 3;
+  s.ps.hosts = {"s1", "s2"};
+  auto r = plan::make_plan(s, inputs());
+  REQUIRE(r.hosts.size() == 5);
+  CHECK(r.hosts[3].ps_servers == 2);
+  CHECK(r.hosts[4].ps_servers == 1);
+  CHECK(r.hosts[0].ps_servers == 0);
+}
+
+TEST_CASE("plan: a local job with a server on this machine stays one host") {
+  auto s = job();
+  s.cluster.nprocs = 2;
+  s.comm.mode = "ps";
+  s.ps.hosts = {"127.0.0.1"};
+  auto p = plan::make_plan(s, inputs());
+  REQUIRE(p.hosts.size() == 1);
+  CHECK(p.hosts[0].ps_servers == 1);
+  CHECK_FALSE(p.multi_host);
+  // A remote server host makes the job multi-host: the ranks' addresses must reach it.
+  s.ps.hosts = {"far"};
+  auto q = plan::make_plan(s, inputs());
+  REQUIRE(q.hosts.size() == 2);
+  CHECK(q.multi_host);
+  CHECK(q.hosts[1].ranks.empty());
+  CHECK(env_of(q.ranks[0]).count("NCCL_SOCKET_IFNAME") == 0);
 }

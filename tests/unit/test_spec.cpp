@@ -268,3 +268,135 @@ TEST_CASE("spec: to_toml round-trips through load_file") {
   CHECK(again.run.max_restarts == 3);
   CHECK(again.run.env == s.run.env);
 }
+
+TEST_CASE("spec: [ps] makes the job PS mode and loads every key") {
+  TempDir d;
+  auto s = spec::load_file(d.write("job.toml", R"(
+[run]
+command = "x"
+[ps]
+hosts = ["h3", "bob@h4:2"]
+servers_per_host = 2
+sync = false
+partition_bytes = "1MiB"
+[ps.optimizer]
+name = "sgd"
+lr = 0.1
+momentum = 0.9
+weight_decay = 1e-4
+)"));
+  spec::check(s);
+  CHECK(s.comm.mode == "ps");
+  CHECK(s.ps.present);
+  CHECK(s.ps.hosts == std::vector<std::string>{"h3", "bob@h4:2"});
+  CHECK(s.ps.servers_per_host == 2);
+  CHECK_FALSE(s.ps.sync);
+  CHECK(s.ps.partition_bytes == (1u << 20));
+  CHECK(s.ps.optimizer.name == "sgd");
+  CHECK(s.ps.optimizer.lr == doctest::Approx(0.1));
+  CHECK(s.ps.optimizer.momentum == doctest::Approx(0.9));
+  CHECK(s.ps.optimizer.weight_decay == doctest::Approx(1e-4));
+
+  // Defaults: an empty [ps], and [comm] mode = "ps" without [ps].
+  auto e = spec::load_file(d.write("empty.toml", "[run]\ncommand = 'x'\n[ps]\n"));
+  CHECK(e.comm.mode == "ps");
+  CHECK(e.ps.sync);
+  CHECK(e.ps.partition_bytes == (4u << 20));
+  CHECK(e.ps.servers_per_host == 0);
+  CHECK(e.ps.optimizer.name.empty());
+  auto m =
+      spec::load_file(d.write("mode.toml", "[run]\ncommand = 'x'\n[comm]\nmode = 'ps'\nnum_servers = 3\n"));
+  CHECK(m.comm.mode == "ps");
+  CHECK_FALSE(m.ps.present);
+  CHECK(m.comm.num_servers == 3);
+  // An explicit "ps" beside [ps] agrees; an optimizer table alone means sgd with its defaults.
+  auto o = spec::load_file(
+      d.write("o.toml",
+              "[run]\ncommand = 'x'\n[comm]\nmode = 'ps'\n[ps]\nsync = false\npartition_bytes = 4096\n"
+              "[ps.optimizer]\n"));
+  CHECK_NOTHROW(spec::check(o));
+  CHECK(o.ps.partition_bytes == 4096);
+  CHECK(o.ps.optimizer.name == "sgd");
+  CHECK(o.ps.optimizer.lr == doctest::Approx(0.01));
+  CHECK(o.ps.optimizer.momentum == 0);
+}
+
+TEST_CASE("spec: [ps] errors are located and say what to do") {
+  const std::string run = "[run]\ncommand = 'x'\n";
+  struct Case {
+    std::string text;
+    const char* expected;
+  };
+  const Case cases[] = {
+      {run + "[ps]\nsynk = false\n", "job.toml:4:1: unknown key 'synk' in [ps] (did you mean 'sync'?)"},
+      {run + "[ps]\nserver_per_host = 2\n",
+       "unknown key 'server_per_host' in [ps] (did you mean 'servers_per_host'?)"},
+      {run + "[ps]\nsync = false\n[ps.optimizer]\nmomentun = 0.5\n",
+       "job.toml:6:1: unknown key 'momentun' in [ps.optimizer] (did you mean 'momentum'?)"},
+      {run + "[ps]\n[ps.optimizer]\nlr = 0.1\n",
+       "job.toml:4:1: [ps.optimizer] is for asynchronous training, but [ps] sync is true (the default)"},
+      {run + "[ps]\nsync = true\n[ps.optimizer]\nlr = 0.1\n",
+       "job.toml:5:1: [ps.optimizer] is for asynchronous training, but [ps] sync is true (/"},
+      {run + "[ps]\npartition_bytes = 0\n", "job.toml:4:19: 'partition_bytes' is 0, out of range"},
+      {run + "[ps]\npartition_bytes = -5\n", "'partition_bytes' is -5, out of range"},
+      {run + "[ps]\npartition_bytes = '2G'\n", "'partition_bytes' is '2G', out of range"},
+      {run + "[ps]\npartition_bytes = 1073741825\n", "'partition_bytes' is 1073741825, out of range"},
+      {run + "[ps]\npartition_bytes = '4 megs'\n",
+       "job.toml:4:19: 'partition_bytes' is '4 megs', not a size"},
+      {run + "[ps]\npartition_bytes = 1.5\n", "'partition_bytes' must be a number of bytes"},
+      {run + "[ps]\nservers_per_host = 0\n", "job.toml:4:20: 'servers_per_host' is 0, out of range"},
+      {run + "[ps]\nsync = 'yes'\n", "'sync' must be true or false"},
+      {run + "[ps]\nhosts = []\n", "job.toml:4:9: [ps] hosts is empty"},
+      {run + "[ps]\nhosts = [3]\n", "'hosts' must hold only strings"},
+      {run + "[comm]\nmode = 'allreduce'\n[ps]\n",
+       "job.toml:4:8: [comm] mode = \"allreduce\" contradicts the [ps] table at /"},
+      {run + "[comm]\nnum_servers = 4\n[ps]\nservers_per_host = 2\n",
+       "job.toml:6:20: [ps] servers_per_host and [comm] num_servers (/"},
+      {run + "[ps]\nsync = false\n[ps.optimizer]\nname = 'adam'\n",
+       "'name' is 'adam', which is not one of: sgd"},
+      {run + "[ps]\nsync = false\n[ps.optimizer]\nlr = 0\n", "job.toml:6:6: 'lr' is 0, out of range"},
+      {run + "[ps]\nsync = false\n[ps.optimizer]\nlr = 'fast'\n", "'lr' must be a number, not a string"},
+      {run + "[ps]\nsync = false\n[ps.optimizer]\nmomentum = 1\n", "'momentum' is 1, out of range"},
+      {run + "[ps]\nsync = false\n[ps.optimizer]\nmomentum = -0.1\n", "'momentum' is -0.1, out of range"},
+      {run + "[ps]\nsync = false\n[ps.optimizer]\nweight_decay = -1\n", "'weight_decay' is -1, out of range"},
+      {"ps = 3\n" + run, "'ps' must be a table ([ps]), not an integer"},
+      {run + "[run.env]\nMLTRAIN_PS_SERVERS = 'h=a:1'\n", "env 'MLTRAIN_PS_SERVERS' is set by mltrain"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.text);
+    std::string msg = error_of(c.text);
+    CHECK_MESSAGE(msg.find(c.expected) != std::string::npos, msg);
+  }
+}
+
+TEST_CASE("spec: [ps] in a profile, allreduce in the spec, is an error naming both") {
+  TempDir d;
+  d.write("ps-profile.toml", "[ps]\nservers_per_host = 2\n");
+  std::string msg =
+      error_of("profile = 'ps-profile.toml'\n[run]\ncommand = 'x'\n[comm]\nmode = 'allreduce'\n", &d);
+  CHECK(msg.find("job.toml:5:8: [comm] mode = \"allreduce\" contradicts the [ps] table at ") !=
+        std::string::npos);
+  CHECK(msg.find("ps-profile.toml:1:1") != std::string::npos);
+}
+
+TEST_CASE("spec: to_toml keeps [ps] and num_servers") {
+  TempDir d;
+  auto s = spec::load_file(d.write("job.toml",
+                                   "[run]\ncommand = 'x'\n[comm]\nnum_servers = 3\n[ps]\nhosts = "
+                                   "['h3', 'h4']\nsync = false\npartition_bytes = '64K'\n"
+                                   "[ps.optimizer]\nlr = 0.5\nmomentum = 0.25\n"));
+  auto again = spec::load_file(d.write("again.toml", spec::to_toml(s)));
+  CHECK_NOTHROW(spec::check(again));
+  CHECK(again.comm.mode == "ps");
+  CHECK(again.comm.num_servers == 3);
+  CHECK(again.ps.present);
+  CHECK(again.ps.hosts == s.ps.hosts);
+  CHECK_FALSE(again.ps.sync);
+  CHECK(again.ps.partition_bytes == 65536);
+  CHECK(again.ps.optimizer.name == "sgd");
+  CHECK(again.ps.optimizer.lr == doctest::Approx(0.5));
+  CHECK(again.ps.optimizer.momentum == doctest::Approx(0.25));
+  // Not PS: no [ps] table comes back.
+  auto plain = spec::load_file(d.write("plain.toml", "[run]\ncommand = 'x'\n"));
+  CHECK(spec::to_toml(plain).find("[ps]") == std::string::npos);
+}
