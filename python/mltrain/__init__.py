@@ -13,6 +13,7 @@ no copy. Every rank makes the same calls in the same order (collectives). A fail
 CommError with the library's message, which names the rank and host that did not answer; after
 one, the communicator is broken and every later call raises too. Pure Python over the C API
 (comm/include/mltrain/comm.h): hosts need no compiler. docs/python.md has the whole story.
+Parameter-server mode (a job spec with [ps]): `import mltrain.ps` (push, pull, push_pull).
 """
 import atexit
 import ctypes

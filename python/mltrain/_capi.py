@@ -69,6 +69,34 @@ def load():
         for name, (args, res) in protos.items():
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = args, res
+        # Parameter-server mode (mltrain_ps_*): optional, so that a library built without it still
+        # serves the collectives; mltrain.ps says so when it is missing.
+        k = ctypes.c_ulonglong
+        pp = ctypes.POINTER(p)
+        ps_protos = {
+            "mltrain_ps_init_from_env": ([pp], i),
+            "mltrain_ps_destroy": ([p], i),
+            "mltrain_ps_worker": ([p], i),
+            "mltrain_ps_num_workers": ([p], i),
+            "mltrain_ps_num_servers": ([p], i),
+            "mltrain_ps_is_sync": ([p], i),
+            "mltrain_ps_declare": ([p, k, sz, i, p], i),
+            "mltrain_ps_push": ([p, k, p], i),
+            "mltrain_ps_pull": ([p, k, p], i),
+            "mltrain_ps_push_pull": ([p, k, p, p], i),
+            "mltrain_ps_push_async": ([p, k, p, pp], i),
+            "mltrain_ps_pull_async": ([p, k, p, pp], i),
+            "mltrain_ps_push_pull_async": ([p, k, p, p, pp], i),
+            "mltrain_ps_done": ([p], i),
+            "mltrain_ps_wait": ([p], i),
+        }
+        lib.has_ps = True
+        for name, (args, res) in ps_protos.items():
+            fn = getattr(lib, name, None)
+            if fn is None:
+                lib.has_ps = False
+                break
+            fn.argtypes, fn.restype = args, res
         lib.path = path
         _lib = lib
         return lib

@@ -14,13 +14,16 @@ without DDP, Horovod style:
 
 fixed_point_hook reduces gradients as 64-bit fixed-point integers: the sum is exact, so the
 result does not depend on the order of reduction (ring, halving-doubling, host layout, backend).
+
+ps_hook sends the buckets to the job's parameter servers instead ([ps] in the job spec, sync
+servers), BytePS-style: ddp.register_comm_hook(None, mltrain.torch.ps_hook).
 """
 import torch
 
 import mltrain as _ml
 
-__all__ = ["allreduce_hook", "fixed_point_hook", "FixedPoint", "broadcast_parameters",
-           "DistributedOptimizer"]
+__all__ = ["allreduce_hook", "fixed_point_hook", "FixedPoint", "ps_hook", "PsHookState",
+           "broadcast_parameters", "DistributedOptimizer"]
 
 
 def _comm_of(state):
@@ -55,6 +58,63 @@ def allreduce_hook(state, bucket):
     comm = _comm_of(state)
     t = bucket.buffer()
     return _future_of(comm.allreduce_async(t, "avg"), lambda: t)
+
+
+class PsHookState:
+    """State of ps_hook: `prefix` names the keys of one DDP model's buckets (two DDP models in one
+    process need two prefixes); `client` is a mltrain.ps.Client (None: mltrain.ps.init())."""
+
+    def __init__(self, prefix="ddp", client=None):
+        self.prefix = str(prefix)
+        self.client = client
+        self.keys = {}  # (bucket index, numel, dtype) -> key, declared
+
+
+def _ps_state(state):
+    if isinstance(state, PsHookState):
+        return state
+    # None or a prefix: one state per prefix, kept here (DDP hands the hook the same object back).
+    prefix = "ddp" if state is None else str(state)
+    st = _PS_STATES.get(prefix)
+    if st is None:
+        st = _PS_STATES.setdefault(prefix, PsHookState(prefix))
+    return st
+
+
+_PS_STATES = {}
+
+
+def ps_hook(state, bucket):
+    """DDP communication hook: each gradient bucket goes through a sync push_pull on the job's
+    parameter servers ([ps] sync = true), then is divided by the number of workers: the average,
+    bit for bit the same on every worker (the servers sum; every worker pulls the same bytes).
+    Asynchronous: the backward pass keeps computing while the bucket travels.
+
+    state: None, a str (a key prefix: give each DDP model of a process its own), or a
+    PsHookState. Keys: the string key "mltrain.torch.ps_hook/<prefix>/<index>/<numel>/<dtype>"
+    (mltrain.ps.key_of), declared with zeros on first use. DDP rebuilds its buckets after the
+    first iteration, so a bucket index may come back with another size: that is another key,
+    declared then (the servers keep the first iteration's keys; they are not used again)."""
+    import mltrain.ps as ps
+    st = _ps_state(state)
+    client = st.client if st.client is not None else ps.init()
+    if not client.sync:
+        raise ValueError("ps_hook: the job's parameter servers are async ([ps] sync = false); the "
+                         "hook averages gradients in sync rounds: set [ps] sync = true")
+    t = bucket.buffer()
+    ident = (bucket.index(), t.numel(), str(t.dtype))
+    key = st.keys.get(ident)
+    if key is None:
+        key = ps.key_of("mltrain.torch.ps_hook/%s/%d/%d/%s" % ((st.prefix,) + ident))
+        client.declare(key, t)  # zeros; blocking, once per bucket shape
+        st.keys[ident] = key
+    n = client.num_workers
+
+    def finish():
+        t.div_(n)
+        return t
+
+    return _future_of(client.push_pull_async(key, t), finish)
 
 
 class FixedPoint:
