@@ -14,7 +14,8 @@ namespace mltrain::cli {
 void register_bench(CLI::App& app, Global& g, std::function<int()>& handler) {
   static struct {
     std::string job, op = "allreduce", redop = "sum", dtype = "f32";
-    std::string min_bytes = "4K", max_bytes = "256M", factor = "2", stat = "median", backend = "tcp";
+    std::string min_bytes = "4K", max_bytes, factor = "2", stat = "median", backend = "tcp";
+    std::string mode = "allreduce", servers;
     int iters = 20, warmup = 5;
     bool check = false, json = false;
     launch::Overrides hosts;
@@ -28,7 +29,7 @@ void register_bench(CLI::App& app, Global& g, std::function<int()>& handler) {
   c->add_option("--dtype", f.dtype, "Element type")
       ->check(CLI::IsMember({"f32", "f64", "f16", "bf16", "i32", "i64", "u8"}));
   c->add_option("-b,--minbytes", f.min_bytes, "Smallest message (K/M/G suffixes)");
-  c->add_option("-e,--maxbytes", f.max_bytes, "Largest message");
+  c->add_option("-e,--maxbytes", f.max_bytes, "Largest message (default 256M; 64M with --mode ps)");
   c->add_option("-f,--stepfactor", f.factor, "Size multiplier between rows");
   c->add_option("--iters", f.iters, "Timed iterations per size")->check(CLI::Range(1, 100000));
   c->add_option("--warmup", f.warmup, "Untimed iterations per size")->check(CLI::Range(0, 100000));
@@ -37,6 +38,11 @@ void register_bench(CLI::App& app, Global& g, std::function<int()>& handler) {
                 "tcp: host buffers over shared memory and TCP; nccl: device buffers through NCCL "
                 "(each rank on GPU LOCAL_RANK of those it sees)")
       ->check(CLI::IsMember({"tcp", "nccl"}));
+  c->add_option("--mode", f.mode,
+                "allreduce: the collective; ps: push_pull through the job's PS servers ([ps], else one on "
+                "every host) beside ring allreduce of the same bytes")
+      ->check(CLI::IsMember({"allreduce", "ps"}));
+  c->add_option("--servers", f.servers, "--mode ps: server counts to measure (default 1,2,4,... up to all)");
   c->add_flag("-c,--check", f.check, "Check every result against a reference (#wrong column)");
   c->add_flag("--json", f.json, "One JSON object per size instead of the table");
   c->footer(
@@ -44,6 +50,8 @@ void register_bench(CLI::App& app, Global& g, std::function<int()>& handler) {
       "--check\n"
       "  mltrain bench --hostfile hosts.txt --procs-per-host 2\n"
       "  mltrain bench -n 8 --backend nccl -b 1M -e 1G -f 4\n"
+      "  mltrain bench ps-job.toml --mode ps -b 1M -e 64M -f 4   (push_pull through [ps] servers vs "
+      "allreduce)\n"
       "Columns: size, count, type, redop, time (us), algbw, busbw (GB/s), #wrong; allreduce busbw = "
       "algbw*2(n-1)/n.");
   c->callback([&] {
@@ -73,7 +81,7 @@ void register_bench(CLI::App& app, Global& g, std::function<int()>& handler) {
                                       "-b",
                                       f.min_bytes,
                                       "-e",
-                                      f.max_bytes,
+                                      f.max_bytes.empty() ? (f.mode == "ps" ? "64M" : "256M") : f.max_bytes,
                                       "-f",
                                       f.factor,
                                       "--iters",
@@ -82,6 +90,11 @@ void register_bench(CLI::App& app, Global& g, std::function<int()>& handler) {
                                       std::to_string(f.warmup),
                                       "--stat",
                                       f.stat};
+      if (f.mode == "ps") {
+        cmd.insert(cmd.end(), {"--mode", "ps"});
+        if (!f.servers.empty()) cmd.insert(cmd.end(), {"--servers", f.servers});
+        o.ps = true;
+      }
       if (f.check) cmd.push_back("--check");
       if (f.json) cmd.push_back("--json");
       if (f.backend == "nccl") {

@@ -14,6 +14,7 @@
 #include "core/env.h"
 #include "core/reduce.h"
 #include "mltrain/comm.hpp"
+#include "mltrain/ps.hpp"
 #include "transport/nccl.h"
 
 namespace mltrain::comm {
@@ -33,6 +34,9 @@ struct Args {
   bool check = false, json = false, inplace = false, median = false;
   bool device = false;  // buffers in GPU memory: the NCCL backend carries them
   int root = 0;
+  bool ps = false;                 // --mode ps: push_pull through the job's servers beside allreduce
+  std::vector<int> server_counts;  // --servers 1,2,4
+  bool explicit_max = false;
 };
 
 const char* kUsage =
@@ -40,6 +44,7 @@ const char* kUsage =
     "         [--redop sum|prod|min|max|avg] [--dtype f32|f64|f16|bf16|i32|i64|u8]\n"
     "         [-b MIN] [-e MAX] [-f FACTOR] [-n|--iters N] [-w|--warmup N] [-c|--check]\n"
     "         [--inplace] [--root R] [--stat mean|median] [--json] [--device]\n"
+    "         [--mode allreduce|ps] [--servers 1,2,4]\n"
     "  Sizes take K/M/G suffixes. Start one process per rank with RANK, WORLD_SIZE,\n"
     "  MLTRAIN_STORE_ADDR, MLTRAIN_TOKEN set (mltrain bench -n N does this).\n";
 
@@ -77,6 +82,22 @@ Args parse(int argc, char** argv) {
       a.min_bytes = detail::parse_size(need(i), "-b");
     } else if (f == "-e" || f == "--maxbytes") {
       a.max_bytes = detail::parse_size(need(i), "-e");
+      a.explicit_max = true;
+    } else if (f == "--mode") {
+      const std::string v = need(i);
+      if (v != "allreduce" && v != "ps") throw Error(Error::Kind::usage, "--mode takes allreduce or ps");
+      a.ps = v == "ps";
+    } else if (f == "--servers") {
+      const std::string v = need(i);
+      std::size_t start = 0;
+      while (start < v.size()) {
+        std::size_t end = v.find(',', start);
+        if (end == std::string::npos) end = v.size();
+        const int n = std::atoi(v.substr(start, end - start).c_str());
+        if (n < 1) throw Error(Error::Kind::usage, "--servers takes counts like 1,2,4");
+        a.server_counts.push_back(n);
+        start = end + 1;
+      }
     } else if (f == "-f" || f == "--stepfactor") {
       a.factor = std::stod(need(i));
     } else if (f == "-n" || f == "--iters") {
@@ -106,6 +127,10 @@ Args parse(int argc, char** argv) {
   }
   if (a.factor <= 1.0) throw Error(Error::Kind::usage, "-f must be > 1");
   if (a.iters < 1 || a.warmup < 0) throw Error(Error::Kind::usage, "bad -n/-w");
+  if (a.ps && (a.device || a.op != BenchOp::allreduce))
+    throw Error(Error::Kind::usage, "--mode ps measures push_pull beside allreduce of host buffers");
+  // The servers keep every size's keys: a lower default top size.
+  if (a.ps && !a.explicit_max) a.max_bytes = 64ull << 20;
   return a;
 }
 
@@ -270,6 +295,158 @@ double bus_factor(BenchOp op, int n) {
   return 1.0;
 }
 
+// --mode ps: push_pull of `size` bytes through s servers (for each s asked), beside ring allreduce
+// of the same bytes on the same ranks, in interleaved rounds. A push_pull of N bytes over s servers
+// is split in pieces of at most the job's partition size, piece i on server i % s, as the client's
+// own partitioning spreads a key's parts; the keys are picked so that they land there.
+int bench_ps(const Args& a) {
+  auto comm = Communicator::init_from_env();
+  ps::Options po = ps::Options::from_env();
+  const std::size_t partition = po.partition_bytes;
+  po.partition_bytes = std::size_t(1) << 40;  // the bench splits, server by server
+  auto client = ps::Client::create(po);
+  const int n = comm->size(), r = comm->rank(), S = client->num_servers();
+  std::vector<int> counts = a.server_counts;
+  if (counts.empty()) {  // 1, 2, 4, ... and every server
+    for (int s = 1; s <= S; s *= 2) counts.push_back(s);
+    if (counts.back() != S) counts.push_back(S);
+  }
+  for (int s : counts)
+    if (s > S)
+      throw Error(Error::Kind::usage, "--servers " + std::to_string(s) + ": the job has " +
+                                          std::to_string(S) +
+                                          " PS servers ([ps] hosts and servers_per_host)");
+  const std::size_t es = size_of(a.dtype);
+  // Keys by the server they land on, handed out in order (the same on every rank).
+  std::vector<std::vector<std::uint64_t>> pool(static_cast<std::size_t>(S));
+  std::vector<std::size_t> used(static_cast<std::size_t>(S), 0);
+  std::uint64_t next_key = 1u << 20;
+  auto key_on = [&](int server) {
+    auto& p = pool[std::size_t(server)];
+    while (used[std::size_t(server)] >= p.size()) {
+      const std::uint64_t k = next_key++;
+      pool[std::size_t(client->server_of(k, 0))].push_back(k);
+    }
+    return p[used[std::size_t(server)]++];
+  };
+  if (r == 0 && !a.json) {
+    std::printf(
+        "# mltrain-comm-bench --mode ps: %d workers, %d PS servers (%s), %s, pieces of at most %zu B\n", n, S,
+        po.servers.empty() ? "" : po.servers[0].host.c_str(), client->sync() ? "sync" : "async", partition);
+    std::printf("# push_pull of each size through s servers, and ring allreduce (%s) of the same bytes;\n",
+                name_of(comm->algo()).data());
+    std::printf(
+        "# per worker: bytes / time; total: workers * bytes / time; ps speed: allreduce time / ps time\n");
+    std::printf("# iters %d, warmup %d, %s of interleaved rounds, the slowest worker's\n", a.iters, a.warmup,
+                a.median ? "median" : "mean");
+    std::printf("#%12s %7s %11s %10s %10s %11s %10s %8s %7s\n", "size", "servers", "ps time", "per-worker",
+                "total", "allreduce", "algbw", "ps speed", "#wrong");
+    std::printf("#%12s %7s %11s %10s %10s %11s %10s %8s %7s\n", "(B)", "", "(us)", "(GB/s)", "(GB/s)", "(us)",
+                "(GB/s)", "(x)", "");
+    std::fflush(stdout);
+  }
+  if (!client->sync())
+    throw Error(Error::Kind::usage, "--mode ps measures sync push_pull: set [ps] sync = true in the job");
+  for (double size = static_cast<double>(a.min_bytes); size <= static_cast<double>(a.max_bytes) * 1.0001;
+       size *= a.factor) {
+    const std::size_t total = std::max<std::size_t>(1, static_cast<std::size_t>(size) / es);
+    struct Variant {
+      int servers = 0;
+      std::vector<std::pair<std::uint64_t, std::size_t>> pieces;  // key, elements
+      std::vector<double> times;
+    };
+    std::vector<Variant> vs;
+    for (int s : counts) {
+      Variant v;
+      v.servers = s;
+      std::size_t k = std::max<std::size_t>(std::size_t(s), (total * es + partition - 1) / partition);
+      k = (k + std::size_t(s) - 1) / std::size_t(s) * std::size_t(s);
+      k = std::min(k, total);
+      const std::size_t per = (total + k - 1) / k;
+      for (std::size_t i = 0, off = 0; off < total; ++i, off += per) {
+        const std::size_t cnt = std::min(per, total - off);
+        const std::uint64_t key = key_on(int(i % std::size_t(s)));
+        client->declare(key, cnt, a.dtype);
+        v.pieces.emplace_back(key, cnt);
+      }
+      vs.push_back(std::move(v));
+    }
+    std::vector<std::byte> buf(total * es + 64), out(total * es + 64);
+    auto fill = [&] {
+      for (std::size_t i = 0; i < total; ++i)
+        detail::store_from_double(buf.data(), i, a.dtype, input_value(a, r, i));
+    };
+    auto push_pull = [&](const Variant& v) {
+      std::vector<ps::Handle> hs;
+      std::size_t off = 0;
+      for (const auto& [key, cnt] : v.pieces) {
+        hs.push_back(client->push_pull_async(key, buf.data() + off * es, out.data() + off * es));
+        off += cnt;
+      }
+      for (auto& h : hs) h.wait();
+    };
+    std::vector<double> ar_times;
+    fill();
+    for (int it = 0; it < a.warmup + a.iters; ++it) {
+      for (auto& v : vs) {
+        comm->barrier();
+        const auto t0 = std::chrono::steady_clock::now();
+        push_pull(v);
+        const double us =
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+        if (it >= a.warmup) v.times.push_back(us);
+      }
+      comm->barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      comm->allreduce(buf.data(), out.data(), total, a.dtype, ReduceOp::sum);
+      const double us =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      if (it >= a.warmup) ar_times.push_back(us);
+    }
+    auto stat = [&](std::vector<double> t) {
+      double v = 0;
+      if (a.median) {
+        std::sort(t.begin(), t.end());
+        v = t[t.size() / 2];
+      } else {
+        for (double x : t) v += x;
+        v /= double(t.size());
+      }
+      comm->allreduce(&v, 1, DataType::f64, ReduceOp::max);  // the slowest worker's
+      return v;
+    };
+    const double ar = stat(ar_times);
+    const double bytes = double(total * es);
+    for (auto& v : vs) {
+      const double us = stat(v.times);
+      std::int64_t wrong = 0;
+      if (a.check) {
+        push_pull(v);
+        for (std::size_t i = 0; i < total; ++i)
+          wrong += !close_enough(detail::load_as_double(out.data(), i, a.dtype),
+                                 expected_reduce(a, n, i, a.dtype), a.dtype);
+        comm->allreduce(&wrong, 1, DataType::i64, ReduceOp::sum);
+      }
+      if (r != 0) continue;
+      const double per_worker = bytes / us / 1e3, all = per_worker * n, ar_bw = bytes / ar / 1e3;
+      char wrong_text[24] = "N/A";
+      if (a.check) std::snprintf(wrong_text, sizeof wrong_text, "%lld", static_cast<long long>(wrong));
+      if (a.json)
+        std::printf(
+            "{\"schema\":1,\"op\":\"push_pull\",\"workers\":%d,\"servers\":%d,\"size\":%.0f,\"type\":\"%s\","
+            "\"time_us\":%.2f,\"per_worker\":%.4f,\"total\":%.4f,\"allreduce_us\":%.2f,"
+            "\"allreduce_algbw\":%.4f,\"ratio\":%.3f,\"wrong\":%s}\n",
+            n, v.servers, bytes, name_of(a.dtype).data(), us, per_worker, all, ar, ar_bw, ar / us,
+            a.check ? wrong_text : "null");
+      else
+        std::printf(" %12.0f %7d %11.2f %10.3f %10.3f %11.2f %10.3f %8.2f %7s\n", bytes, v.servers, us,
+                    per_worker, all, ar, ar_bw, ar / us, wrong_text);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int bench_main(int argc, char** argv) {
@@ -281,6 +458,7 @@ int bench_main(int argc, char** argv) {
     return 2;
   }
   try {
+    if (a.ps) return bench_ps(a);
     // As torchrun-style workers: the device of this local rank is current before init.
     if (a.device) {
       const char* local = std::getenv("LOCAL_RANK");
