@@ -330,10 +330,13 @@ int bench_ps(const Args& a) {
     return p[used[std::size_t(server)]++];
   };
   if (r == 0 && !a.json) {
+    std::string hosts;
+    for (const auto& sv : po.servers)
+      if (hosts.find(sv.host) == std::string::npos) hosts += (hosts.empty() ? "" : ", ") + sv.host;
     std::printf(
-        "# mltrain-comm-bench --mode ps: %d workers, %d PS servers (%s), %s, pieces of at most %zu B\n", n, S,
-        po.servers.empty() ? "" : po.servers[0].host.c_str(), client->sync() ? "sync" : "async", partition);
-    std::printf("# push_pull of each size through s servers, and ring allreduce (%s) of the same bytes;\n",
+        "# mltrain-comm-bench --mode ps: %d workers, %d PS servers (on %s), %s, pieces of at most %zu B\n", n,
+        S, hosts.c_str(), client->sync() ? "sync" : "async", partition);
+    std::printf("# push_pull of each size through s servers, and allreduce (%s) of the same bytes;\n",
                 name_of(comm->algo()).data());
     std::printf(
         "# per worker: bytes / time; total: workers * bytes / time; ps speed: allreduce time / ps time\n");

@@ -9,6 +9,8 @@
 //     momentum, weight_decay; without one the push is added); pull returns the latest value.
 // A key larger than partition_bytes is split into parts spread over the servers; every worker must
 // declare the same keys with the same count and dtype (the first declaration's value wins).
+// Requests from one client on one key are applied in the order they were made (one connection
+// per server, served in order): a pull_async right after a push_async sees that push's round.
 //
 // Contract: one Client per process, thread-safe. Buffers are read and written in place (no copy on
 // the worker) and must stay valid and untouched until the handle's wait() returns. Every
