@@ -78,16 +78,7 @@ int guarded(mltrain_comm_t* comm, F&& f) {
     last_error = "mltrain-comm: null communicator";
     return MLTRAIN_COMM_EUSAGE;
   }
-  try {
-    f(*comm->impl);
-    return MLTRAIN_COMM_OK;
-  } catch (const mltrain::comm::Error& e) {
-    last_error = e.what();
-    return code_of(e.kind());
-  } catch (const std::exception& e) {  // e.g. bad_alloc: must not cross the C boundary
-    last_error = std::string("mltrain-comm: ") + e.what();
-    return MLTRAIN_COMM_EINTERNAL;
-  }
+  return catching([&] { f(*comm->impl); });
 }
 
 mltrain::comm::DataType dt(int v) { return static_cast<mltrain::comm::DataType>(v); }
@@ -103,18 +94,7 @@ int mltrain_comm_init_from_env(mltrain_comm_t** out) {
     return MLTRAIN_COMM_EUSAGE;
   }
   *out = nullptr;
-  auto holder = std::make_unique<mltrain_comm>();
-  try {
-    holder->impl = mltrain::comm::Communicator::init_from_env();
-  } catch (const mltrain::comm::Error& e) {
-    last_error = e.what();
-    return code_of(e.kind());
-  } catch (const std::exception& e) {
-    last_error = std::string("mltrain-comm: ") + e.what();
-    return MLTRAIN_COMM_EINTERNAL;
-  }
-  *out = holder.release();
-  return MLTRAIN_COMM_OK;
+  return catching([&] { *out = new mltrain_comm{mltrain::comm::Communicator::init_from_env()}; });
 }
 
 int mltrain_comm_destroy(mltrain_comm_t* comm) {

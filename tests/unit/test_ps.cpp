@@ -218,3 +218,18 @@ TEST_CASE("a server that goes away fails the waiting worker, naming it; a timeou
   CHECK_THROWS_WITH_AS(c->push_pull(2, y.data(), y.data()), doctest::Contains("PS server 0 (s0, 127.0.0.1:"),
                        Error);
 }
+
+TEST_CASE("workers declaring one key at once: a pull never sees a value still arriving") {
+  const int W = 4;
+  Servers s(1, W, true);
+  const std::size_t n = 2u << 20;  // 8 MiB in one part: its bytes take many reads
+  workers(W, [&](int w) {
+    auto c = ps::Client::create(s.options(w, W, 64u << 20));
+    std::vector<std::int32_t> init(n);
+    std::iota(init.begin(), init.end(), 1);
+    c->declare(1, n, DataType::i32, init.data());
+    std::vector<std::int32_t> got(n, 0);
+    c->pull(1, got.data());
+    expect(got == init, "worker " + std::to_string(w) + " pulled a partial initial value");
+  });
+}

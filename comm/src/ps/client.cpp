@@ -255,10 +255,15 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
   }
 
   // The client is broken: every connection shuts down, every request in flight fails.
-  void fail(Error::Kind kind, const std::string& why, const std::string& host) {
+  void fail(Error::Kind first_kind, const std::string& first_why, const std::string& first_host) {
+    Error::Kind kind;
+    std::string why, host;
     {
+      // The first cause is what every request in flight fails with (a closed connection's
+      // receiver also wakes up here, after the shutdown below).
       std::lock_guard<std::mutex> lock(broken_m);
-      if (!broken) broken = true, broken_kind = kind, broken_why = why, broken_host = host;
+      if (!broken) broken = true, broken_kind = first_kind, broken_why = first_why, broken_host = first_host;
+      kind = broken_kind, why = broken_why, host = broken_host;
     }
     for (auto& c : conns) {
       std::unordered_map<std::uint32_t, Pending> pending;

@@ -81,7 +81,7 @@ struct PartKeyHash {
   }
 };
 
-enum class Then { none, declare_new, discard_ok, discard_error, push, declare_check };
+enum class Then { none, declare_new, discard_error, push, declare_check };
 
 struct Conn {
   std::uint64_t serial = 0;
@@ -272,13 +272,9 @@ struct PsServer::State {
     };
     if (q.op == kDeclare) {
       if (it == parts.end()) {
-        Part p;
-        p.dtype = dtype, p.count = q.count, p.bytes = bytes;
-        p.value = take(bytes);
-        if (config.sync) p.pushes.assign(std::size_t(config.num_workers), 0);
-        c.dst = p.value.get();
-        parts.emplace(PartKey{q.key, q.part}, std::move(p));
-        ++keys;
+        // Into the connection's buffer: the part exists once its value is whole (another worker's
+        // declaration may finish first; then that one's value stays).
+        use_scratch(c, bytes);
         c.then = Then::declare_new;
       } else if (mismatch(it->second)) {
         c.then = Then::discard_error, c.error_status = kMismatch;
@@ -306,11 +302,7 @@ struct PsServer::State {
         c.error = what(q) + " is " + std::string(name_of(dtype)) + ", but the server's optimizer " +
                   config.optimizer + " needs floating point";
       } else {
-        if (c.scratch_bytes != bytes) {
-          give(std::move(c.scratch), c.scratch_bytes);
-          c.scratch = take(bytes), c.scratch_bytes = bytes;
-        }
-        c.dst = c.scratch.get();
+        use_scratch(c, bytes);
         if (config.sync) c.round = p.pushes[std::size_t(c.worker)] + 1;
         c.then = Then::push;
       }
@@ -324,6 +316,38 @@ struct PsServer::State {
     c.left = bytes, c.got = 0;
   }
 
+  void use_scratch(Conn& c, std::size_t bytes) {
+    if (c.scratch_bytes != bytes || !c.scratch) {
+      give(std::move(c.scratch), c.scratch_bytes);
+      c.scratch = take(bytes), c.scratch_bytes = bytes;
+    }
+    c.dst = c.scratch.get();
+  }
+
+  void declare(Conn& c) {
+    const Request& q = c.req;
+    const auto dtype = static_cast<DataType>(q.dtype);
+    auto it = parts.find({q.key, q.part});
+    if (it != parts.end()) {
+      if (it->second.count != q.count || it->second.dtype != dtype)
+        reply(c, q.id, kMismatch,
+              what(q) + " is declared as " + std::to_string(it->second.count) + " " +
+                  std::string(name_of(it->second.dtype)) + ", but worker " + std::to_string(c.worker) +
+                  " declares it as " + std::to_string(q.count) + " " + std::string(name_of(dtype)));
+      else
+        reply(c, q.id, kOk);
+      return;
+    }
+    Part p;
+    p.dtype = dtype, p.count = q.count, p.bytes = c.scratch_bytes;
+    p.value = std::move(c.scratch);
+    c.scratch_bytes = 0;
+    if (config.sync) p.pushes.assign(std::size_t(config.num_workers), 0);
+    parts.emplace(PartKey{q.key, q.part}, std::move(p));
+    ++keys;
+    reply(c, q.id, kOk);
+  }
+
   // The request's payload is in.
   void finish(Conn& c) {
     c.in_payload = false;
@@ -332,8 +356,9 @@ struct PsServer::State {
       case Then::none:
         return;
       case Then::declare_new:
+        declare(c);
+        return;
       case Then::declare_check:
-      case Then::discard_ok:
         reply(c, q.id, kOk);
         return;
       case Then::discard_error:
