@@ -303,7 +303,7 @@ int bench_ps(const Args& a) {
   auto comm = Communicator::init_from_env();
   ps::Options po = ps::Options::from_env();
   const std::size_t partition = po.partition_bytes;
-  po.partition_bytes = std::size_t(1) << 40;  // the bench splits, server by server
+  po.partition_bytes = std::size_t(1) << 30;  // the most: the bench splits, server by server
   auto client = ps::Client::create(po);
   const int n = comm->size(), r = comm->rank(), S = client->num_servers();
   std::vector<int> counts = a.server_counts;

@@ -28,6 +28,7 @@ import ctypes
 import hashlib
 import queue
 import threading
+import traceback
 import weakref
 
 from . import _capi
@@ -123,6 +124,14 @@ def _filled(count, dtype_code, value):
     return numpy.full(count, value, dtype=_DTYPE_NAMES[dtype_code])
 
 
+def _run_callback(cb, handle):
+    """A done-callback's error is printed, not raised: it must not stop the handles after it."""
+    try:
+        cb(handle)
+    except Exception:  # noqa: B902
+        traceback.print_exc()
+
+
 # --- handles --------------------------------------------------------------------------------------
 
 class Handle:
@@ -159,7 +168,7 @@ class Handle:
             self._finished.set()
             callbacks, self._callbacks = self._callbacks, []
         for cb in callbacks:
-            cb(self)
+            _run_callback(cb, self)
 
     def done(self):
         if self._finished.is_set():
@@ -275,7 +284,10 @@ class Client:
             h = self._waitq.get()
             if h is None:
                 return
-            h._finish()
+            try:
+                h._finish()
+            except BaseException:  # noqa: B902 - the handles after it must still finish
+                traceback.print_exc()
 
     # arguments
     def _declared(self, key, what):

@@ -68,6 +68,7 @@ class PsHookState:
         self.prefix = str(prefix)
         self.client = client
         self.keys = {}  # (bucket index, numel, dtype) -> key, declared
+        self.staging = {}  # key -> a CPU tensor a GPU bucket travels through
 
 
 def _ps_state(state):
@@ -104,17 +105,29 @@ def ps_hook(state, bucket):
     t = bucket.buffer()
     ident = (bucket.index(), t.numel(), str(t.dtype))
     key = st.keys.get(ident)
+    # The servers take CPU memory: a GPU bucket travels through a CPU tensor kept per key (pinned,
+    # so the copies run at the bus's speed), as BytePS stages GPU gradients.
+    staged = t.device.type != "cpu"
+    buf = t
+    if staged:
+        buf = st.staging.get(ident)
+        if buf is None:
+            buf = torch.empty(t.numel(), dtype=t.dtype, device="cpu", pin_memory=torch.cuda.is_available())
+            st.staging[ident] = buf
+        buf.copy_(t)  # waits for the gradients on the current stream
     if key is None:
         key = ps.key_of("mltrain.torch.ps_hook/%s/%d/%d/%s" % ((st.prefix,) + ident))
-        client.declare(key, t)  # zeros; blocking, once per bucket shape
+        client.declare(key, buf)  # zeros; blocking, once per bucket shape
         st.keys[ident] = key
     n = client.num_workers
 
     def finish():
+        if staged:
+            t.copy_(buf)
         t.div_(n)
         return t
 
-    return _future_of(client.push_pull_async(key, t), finish)
+    return _future_of(client.push_pull_async(key, buf), finish)
 
 
 class FixedPoint:

@@ -72,13 +72,13 @@ void Agent::start_ps(const msg::Prepare& m, msg::Prepared& out) {
     }
   }
   host->failure_said.assign(host->servers.size(), false);
-  for (size_t i = 0; i < host->servers.size(); ++i) {
-    host->servers[i]->start();
+  // Said before the threads start: from then on only they (under the lock) add lines.
+  for (size_t i = 0; i < host->servers.size(); ++i)
     host->lines.emplace_back(host->numbers[i], "listening on port " +
                                                    std::to_string(host->servers[i]->port()) + " for " +
                                                    std::to_string(m.ps_workers) + " workers (" +
                                                    (m.ps_sync ? "sync" : "async") + ")");
-  }
+  for (auto& server : host->servers) server->start();
   ps_ = std::move(host);
   pump_ps();
 }

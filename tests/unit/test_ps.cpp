@@ -19,9 +19,10 @@ using mltrain::comm::detail::ServerConfig;
 namespace {
 
 struct Servers {
-  std::vector<std::unique_ptr<PsServer>> list;
+  // The log first: the servers (declared after it, so destroyed before it) log until they stop.
   std::vector<std::string> log;
   std::mutex m;
+  std::vector<std::unique_ptr<PsServer>> list;
   Servers(int n, int workers, bool sync, std::string optimizer = {}, double lr = 0.1, double momentum = 0) {
     for (int i = 0; i < n; ++i) {
       ServerConfig c;
@@ -157,6 +158,12 @@ TEST_CASE("async: each push is applied at once; sgd moves the value against the 
     b->push(3, one.data());
     a->pull(3, got.data());
     CHECK(got == std::vector<std::int64_t>(10, 3));
+    // push_pull: the value with this push applied, in one reply.
+    a->push_pull(3, one.data(), got.data());
+    CHECK(got == std::vector<std::int64_t>(10, 4));
+    auto h = b->push_pull_async(3, one.data(), got.data());
+    h.wait();
+    CHECK(got == std::vector<std::int64_t>(10, 5));
   }
   {
     Servers s(2, 1, false, "sgd", 0.5, 0.0);
@@ -232,4 +239,40 @@ TEST_CASE("workers declaring one key at once: a pull never sees a value still ar
     c->pull(1, got.data());
     expect(got == init, "worker " + std::to_string(w) + " pulled a partial initial value");
   });
+}
+
+TEST_CASE("a server gone while another streams replies: every wait ends, with the first cause") {
+  // Replies buffered on a healthy server's connection arrive after the client broke: they must
+  // not stall the client's threads (every wait ends, the client can be destroyed).
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    Servers s(2, 1, true);
+    ps::Options o = s.options(0, 1, 1 << 20);
+    o.timeout = std::chrono::seconds(10);
+    auto c = ps::Client::create(o);
+    std::uint64_t on0 = 0, on1 = 0;
+    for (std::uint64_t k = 1; on0 == 0 || on1 == 0; ++k) (c->server_of(k, 0) == 0 ? on0 : on1) = k;
+    std::vector<float> x(1024, 1.0f);
+    c->declare(on0, x.size(), DataType::f32);
+    c->declare(on1, x.size(), DataType::f32);
+    std::vector<std::vector<float>> outs(400, std::vector<float>(x.size()));
+    std::vector<ps::Handle> hs;
+    for (std::size_t i = 0; i < outs.size(); ++i)
+      hs.push_back(c->push_pull_async(on1, x.data(), outs[i].data()));
+    s.list[0]->stop();
+    std::string first;
+    try {
+      c->push_pull(on0, x.data(), x.data());
+    } catch (const Error& e) {
+      first = e.what();
+    }
+    CHECK(first.find("PS server 0 (s0") != std::string::npos);
+    for (auto& h : hs) {
+      try {
+        h.wait();
+      } catch (const Error& e) {
+        CHECK(std::string(e.what()).find("PS server 0 (s0") != std::string::npos);
+      }
+    }
+    c.reset();  // joins its threads: no hang
+  }
 }

@@ -45,12 +45,15 @@ struct Pending {
   std::shared_ptr<Handle::State> handle;
   char* dst = nullptr;
   std::uint64_t len = 0;  // expected bytes back
+  bool sent = false;      // its bytes left: its reply may now be written (into the buffer it was sent from)
 };
 
 struct Send {
   std::string head;
   const char* data = nullptr;
   std::size_t len = 0;
+  std::shared_ptr<Handle::State> handle;  // counted down once its bytes left (or never will)
+  std::uint32_t id = 0;
 };
 
 struct Key {
@@ -80,6 +83,14 @@ void complete(const Pending& p, bool ok, Error::Kind kind = Error::Kind::interna
   p.handle->cv.notify_all();
 }
 
+// A request's bytes were handed to the kernel (or dropped): the caller's send buffer is free again.
+// A request is done when it was sent and answered: a reply can come before sendmsg returns.
+void sent(Handle::State& h) {
+  std::lock_guard<std::mutex> lock(h.m);
+  if (h.left > 0) --h.left;
+  h.cv.notify_all();
+}
+
 bool read_full(int fd, void* data, std::size_t n) {
   auto* p = static_cast<char*>(data);
   while (n > 0) {
@@ -90,6 +101,17 @@ bool read_full(int fd, void* data, std::size_t n) {
       return false;
     }
     p += k, n -= std::size_t(k);
+  }
+  return true;
+}
+
+// Reads and drops n bytes (the rest of an overlong message).
+bool skip(int fd, std::uint64_t n) {
+  char buf[4096];
+  while (n > 0) {
+    const std::size_t k = std::size_t(std::min<std::uint64_t>(n, sizeof buf));
+    if (!read_full(fd, buf, k)) return false;
+    n -= k;
   }
   return true;
 }
@@ -166,13 +188,21 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
       char head[HelloReply::kSize];
       recv_all(c->fd.get(), head, sizeof head, deadline, who);
       HelloReply r = HelloReply::from(head);
-      std::string message(std::min<std::uint32_t>(r.message_len, 1u << 16), '\0');
+      if (r.message_len > (1u << 16))
+        throw Error(Error::Kind::peer_closed, who + " is not an mltrain PS server (an overlong reply)", -1,
+                    c->addr.host);
+      std::string message(r.message_len, '\0');
       if (!message.empty()) recv_all(c->fd.get(), message.data(), message.size(), deadline, who);
       if (r.magic != kMagic)
         throw Error(Error::Kind::peer_closed, who + " is not an mltrain PS server", -1, c->addr.host);
       if (r.status != kOk)
         throw Error(r.status == kBadToken ? Error::Kind::store : Error::Kind::mismatch,
                     who + " refused worker " + std::to_string(o.worker) + ": " + message, -1, c->addr.host);
+      if (r.server != int(s))
+        throw Error(Error::Kind::mismatch,
+                    who + " says it is PS server " + std::to_string(r.server) +
+                        ": MLTRAIN_PS_SERVERS does not list the job's servers in order (mltrain run sets it)",
+                    -1, c->addr.host);
       const int flags = ::fcntl(c->fd.get(), F_GETFL);
       ::fcntl(c->fd.get(), F_SETFL, flags & ~O_NONBLOCK);
       conns.push_back(std::move(c));
@@ -194,7 +224,16 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
         s = std::move(c.queue.front());
         c.queue.pop_front();
       }
-      if (!write_full(c.fd.get(), s)) {
+      const bool ok = write_full(c.fd.get(), s);
+      const int err = errno;
+      {
+        std::lock_guard<std::mutex> lock(c.m);
+        if (auto it = c.pending.find(s.id); it != c.pending.end()) it->second.sent = true;
+      }
+      c.cv.notify_all();
+      sent(*s.handle);
+      errno = err;
+      if (!ok) {
         fail(Error::Kind::peer_closed,
              name(c.index) + ": sending failed (" + std::strerror(errno) +
                  "): the server's host or its mltrain agent is gone",
@@ -211,21 +250,38 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
       if (!read_full(c.fd.get(), head, sizeof head)) break;
       Reply r = Reply::from(head);
       Pending p;
+      bool known = false, closed = false;
       {
-        std::lock_guard<std::mutex> lock(c.m);
-        auto it = c.pending.find(r.id);
-        if (it == c.pending.end()) {
+        // A reply can come before the sender's sendmsg returned: an in-place push_pull must not
+        // land in the buffer before the sender is done with it.
+        std::unique_lock<std::mutex> lock(c.m);
+        c.cv.wait(lock, [&] {
+          auto it = c.pending.find(r.id);
+          return c.closed || it == c.pending.end() || it->second.sent;
+        });
+        closed = c.closed;
+        if (auto it = c.pending.find(r.id); it != c.pending.end()) {
+          p = std::move(it->second);
+          c.pending.erase(it);
+          known = true;
+        }
+      }
+      if (!known) {
+        // After fail() the kernel still hands over replies it buffered: their requests failed already.
+        if (!closed)
           fail(Error::Kind::internal,
                name(c.index) + " answered request " + std::to_string(r.id) + ", which is unknown",
                c.addr.host);
-          return;
-        }
-        p = std::move(it->second);
-        c.pending.erase(it);
+        return;
       }
       if (r.status != kOk) {
         message.resize(std::size_t(std::min<std::uint64_t>(r.len, 1u << 20)));
-        if (!read_full(c.fd.get(), message.data(), message.size())) break;
+        if (!read_full(c.fd.get(), message.data(), message.size()) ||
+            !skip(c.fd.get(), r.len - message.size())) {
+          complete(p, false, Error::Kind::peer_closed,
+                   p.handle->what + ": " + name(c.index) + " closed the connection", c.addr.host);
+          break;
+        }
         const Error::Kind kind = r.status == kMismatch ? Error::Kind::mismatch : Error::Kind::usage;
         complete(p, false, kind,
                  p.handle->what + ": " + name(c.index) + ": " + std::string(message.begin(), message.end()),
@@ -267,14 +323,16 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
     }
     for (auto& c : conns) {
       std::unordered_map<std::uint32_t, Pending> pending;
+      std::deque<Send> unsent;
       {
         std::lock_guard<std::mutex> lock(c->m);
         c->closed = true;
         pending.swap(c->pending);
-        c->queue.clear();
+        unsent.swap(c->queue);
       }
       c->cv.notify_all();
       ::shutdown(c->fd.get(), SHUT_RDWR);
+      for (auto& u : unsent) sent(*u.handle);
       for (auto& [id, p] : pending) complete(p, false, kind, p.handle->what + ": " + why, host);
     }
   }
@@ -286,6 +344,11 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
       if (c->sender.joinable() && c->sender.get_id() != std::this_thread::get_id()) c->sender.join();
       if (c->receiver.joinable() && c->receiver.get_id() != std::this_thread::get_id()) c->receiver.join();
     }
+  }
+
+  bool is_broken() {
+    std::lock_guard<std::mutex> lock(broken_m);
+    return broken;
   }
 
   void throw_if_broken() {
@@ -313,16 +376,20 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
     q.put_to(send.head);
     send.data = static_cast<const char*>(payload);
     send.len = payload_len;
+    send.handle = h;
+    send.id = q.id;
     {
       std::lock_guard<std::mutex> lock(c.m);
       if (c.closed) {
+        std::lock_guard<std::mutex> broken_lock(broken_m);
+        sent(*h);
         complete(Pending{h, nullptr, 0}, false, broken_kind, h->what + ": " + broken_why, broken_host);
         return;
       }
       c.pending[q.id] = Pending{h, static_cast<char*>(dst), dst_len};
       c.queue.push_back(std::move(send));
     }
-    c.cv.notify_one();
+    c.cv.notify_all();  // the sender, and not the receiver waiting on the same variable
   }
 
   // One request per part of `key`.
@@ -334,7 +401,7 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
     if (k.count > 0 && ((sends && send == nullptr) || (receives && recv == nullptr)))
       throw Error(Error::Kind::usage, std::string(what) + " of key " + std::to_string(key) + ": null buffer");
     auto h = std::make_shared<Handle::State>();
-    h->left = k.parts;
+    h->left = 2 * k.parts;  // each part: sent, and answered
     h->what = std::string(what) + " of key " + std::to_string(key);
     h->timeout = o.timeout;
     h->impl = shared_from_this();
@@ -427,7 +494,7 @@ void Handle::wait() {
   const std::string error = s.error, host = s.host;
   lock.unlock();
   if (failed) {
-    if (kind == Error::Kind::peer_closed || kind == Error::Kind::internal) s.impl->join_all();
+    if (s.impl->is_broken()) s.impl->join_all();  // then no thread touches the caller's buffers
     throw Error(kind, error, -1, host);
   }
 }
@@ -439,8 +506,8 @@ std::unique_ptr<Client> Client::create(const Options& options) {
   if (options.num_workers < 1 || options.worker < 0 || options.worker >= options.num_workers)
     throw Error(Error::Kind::usage, "PS mode: worker " + std::to_string(options.worker) + " of " +
                                         std::to_string(options.num_workers) + " is out of range");
-  if (options.partition_bytes == 0)
-    throw Error(Error::Kind::usage, "PS mode: partition_bytes must be more than 0");
+  if (options.partition_bytes == 0 || options.partition_bytes > kMaxPartBytes)
+    throw Error(Error::Kind::usage, "PS mode: partition_bytes must be more than 0 and at most 1 GiB");
   auto impl = std::make_shared<Impl>();
   impl->o = options;
   impl->connect_all();

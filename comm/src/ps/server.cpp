@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -124,6 +125,7 @@ struct PsServer::State {
   std::atomic<std::uint32_t> workers{0}, queue_depth{0}, max_queue_depth{0};
   mutable std::mutex failure_m;
   std::string failure;
+  bool said_fd_limit = false;
 
   void log(const std::string& line) {
     if (config.log) config.log(line);
@@ -247,17 +249,21 @@ struct PsServer::State {
   // A request's header is in: where its payload goes.
   void begin(Conn& c) {
     Request& q = c.req;
+    // What cannot be framed ends the connection, with a reply saying why.
+    auto refuse = [&](const std::string& why) {
+      log("closing " + who(c) + ": " + why);
+      reply(c, q.id, kBadRequest, why + "; the connection is closed");
+      c.closing = true;
+    };
     if (q.dtype > std::uint8_t(DataType::u8) || q.op < kDeclare || q.op > kPushPull) {
-      log("closing " + who(c) + ": a request with op " + std::to_string(q.op) + " dtype " +
-          std::to_string(q.dtype) + " (not this wire version's)");
-      c.closing = true, c.out.clear();
+      refuse("a request with op " + std::to_string(q.op) + " dtype " + std::to_string(q.dtype) +
+             ", which PS wire version " + std::to_string(kVersion) + " does not have");
       return;
     }
     const auto dtype = static_cast<DataType>(q.dtype);
     const std::uint64_t bytes = q.count * size_of(dtype);
     if (q.count > kMaxPartBytes || bytes > kMaxPartBytes) {
-      log("closing " + who(c) + ": a part of " + std::to_string(bytes) + " bytes (at most 1 GiB)");
-      c.closing = true, c.out.clear();
+      refuse(what(q) + ": a part of " + std::to_string(q.count) + " elements (at most 1 GiB)");
       return;
     }
     ++requests;
@@ -389,8 +395,8 @@ struct PsServer::State {
       if (q.op == kPushPull) pull(c, p, q.id);
     } else {
       apply(p, c.scratch.get());
-      reply(c, q.id, kOk);
-      if (q.op == kPushPull) pull(c, p, q.id);
+      if (q.op == kPush) reply(c, q.id, kOk);
+      if (q.op == kPushPull) pull(c, p, q.id);  // the value with this push applied
     }
   }
 
@@ -592,17 +598,19 @@ void PsServer::serve() {
   try {
     std::vector<pollfd> fds;
     std::vector<std::uint64_t> serials;
+    std::chrono::steady_clock::time_point listen_again{};
     for (;;) {
       fds.clear(), serials.clear();
       fds.push_back({s.stop_pipe[0], POLLIN, 0});
-      fds.push_back({s.listener.get(), POLLIN, 0});
+      const bool listening = std::chrono::steady_clock::now() >= listen_again;
+      fds.push_back({listening ? s.listener.get() : -1, POLLIN, 0});
       for (auto& [serial, c] : s.conns) {
         short ev = c.closing ? 0 : POLLIN;
         if (!c.out.empty()) ev |= POLLOUT;
         fds.push_back({c.fd.get(), ev, 0});
         serials.push_back(serial);
       }
-      if (::poll(fds.data(), fds.size(), -1) < 0) {
+      if (::poll(fds.data(), fds.size(), listening ? -1 : 100) < 0) {
         if (errno == EINTR) continue;
         throw Error(Error::Kind::internal, std::string("poll: ") + std::strerror(errno));
       }
@@ -610,7 +618,17 @@ void PsServer::serve() {
       if (fds[1].revents & POLLIN) {
         for (;;) {
           int fd = ::accept4(s.listener.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-          if (fd < 0) break;
+          if (fd < 0) {
+            if (errno == EMFILE || errno == ENFILE) {
+              // Out of descriptors: say so once, and wait a little rather than spin on the listener.
+              if (!s.said_fd_limit)
+                s.log(std::string("cannot accept a worker: ") + std::strerror(errno) +
+                      " (raise the open files limit, ulimit -n, on this host)");
+              s.said_fd_limit = true;
+              listen_again = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+            }
+            break;
+          }
           Conn c;
           c.serial = s.next_serial++;
           c.fd = Fd(fd);
@@ -651,6 +669,7 @@ void PsServer::serve() {
     s.log(std::string("failed: ") + e.what());
   }
   s.conns.clear();
+  s.listener.reset();  // no worker connects to a server that no longer serves
 }
 
 }  // namespace mltrain::comm::detail
