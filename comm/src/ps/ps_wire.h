@@ -14,6 +14,8 @@
 #include <cstring>
 #include <string>
 
+#include "rendezvous/store_wire.h"
+
 namespace mltrain::comm::detail::pswire {
 
 inline constexpr std::uint32_t kMagic = 0x53504c4d;  // "MLPS"
@@ -33,16 +35,8 @@ enum Status : std::uint16_t {
   kStale = 7,       // the hello's generation is older than the server's
 };
 
-template <class T>
-void put(std::string& out, T v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof v);
-}
-template <class T>
-T get(const char* p) {
-  T v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
+using wire::get;  // the store's field encoders (host byte order)
+using wire::put;
 
 struct Hello {
   static constexpr std::size_t kSize = 24;
