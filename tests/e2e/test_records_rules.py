@@ -76,8 +76,8 @@ def test_gc_keep_older_than_and_dry_run(ml):
 
 RUN_FIELDS = {"schema", "id", "name", "status", "exit_code", "launcher_pid", "launcher_start", "started_at",
               "ended_at", "duration_s", "spec_file", "workdir", "git_commit", "argv", "master_addr",
-              "master_port", "restarts", "max_restarts", "detached", "slurm_job_id", "log_prefix", "hosts", "ranks",
-              "failure", "spec"}
+              "master_port", "restarts", "max_restarts", "detached", "slurm_job_id", "ps_servers", "log_prefix",
+              "hosts", "ranks", "failure", "spec"}
 RANK_FIELDS = {"rank", "host", "node_rank", "local_rank", "pid", "exit_code", "signal", "host_lost", "env"}
 
 
@@ -119,6 +119,7 @@ def test_every_json_output_follows_the_documented_schema(ml):
         assert isinstance(p["world_size"], int) and isinstance(p["master_port"], int)
         assert all(isinstance(k["host"], str) for k in p["ranks"])
         assert all(h["user"] is None and h["port"] is None for h in p["hosts"])
+        assert p["ps"] is None and all(h["ps_servers"] == 0 for h in p["hosts"])  # not PS mode
     k = json.loads(ml("knobs", "--json", env={"MLTRAIN_TOKEN": "abc"}).stdout)
     assert k["schema"] == 1
     assert {x["name"]: x["value"] for x in k["knobs"]}["MLTRAIN_TOKEN"] == "<secret>"
