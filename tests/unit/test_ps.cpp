@@ -11,6 +11,7 @@
 #include "doctest/doctest.h"
 #include "mltrain/ps.hpp"
 #include "ps/server.h"
+#include "transport/socket.h"
 
 using namespace mltrain::comm;
 using mltrain::comm::detail::PsServer;
@@ -188,6 +189,23 @@ TEST_CASE("bad use gets a clear error naming the key and the server") {
   a->declare(5, 8, DataType::f32);
   CHECK_THROWS_WITH_AS(b->declare(5, 9, DataType::f32),
                        doctest::Contains("declared as 8 f32, but worker 1 declares it as 9 f32"), Error);
+  // A connection that never says hello is closed after the server's hello_timeout.
+  {
+    ServerConfig c;
+    c.num_workers = 1, c.token = "secret", c.hello_timeout = std::chrono::milliseconds(200);
+    PsServer quiet(c);
+    quiet.start();
+    auto fd = mltrain::comm::detail::connect_tcp(
+        "127.0.0.1", quiet.port(), std::chrono::steady_clock::now() + std::chrono::seconds(5), "test");
+    char byte = 0;
+    try {
+      mltrain::comm::detail::recv_all(fd.get(), &byte, 1,
+                                      std::chrono::steady_clock::now() + std::chrono::seconds(5), "stranger");
+      FAIL("the server said something to a connection without a hello");
+    } catch (const Error& e) {
+      CHECK(e.kind() == Error::Kind::peer_closed);  // closed by the server, not our 5 s running out
+    }
+  }
   // A wrong token is refused at the hello.
   ps::Options bad = s.options(0, 2, 1 << 20);
   bad.token = "guess";

@@ -10,6 +10,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -88,6 +89,7 @@ struct Conn {
   std::uint64_t serial = 0;
   Fd fd;
   std::string peer;
+  std::chrono::steady_clock::time_point accepted{};  // a hello must come within hello_timeout
   int worker = -1;
   std::uint32_t generation = 0;
   bool hello = false;
@@ -610,7 +612,11 @@ void PsServer::serve() {
         fds.push_back({c.fd.get(), ev, 0});
         serials.push_back(serial);
       }
-      if (::poll(fds.data(), fds.size(), listening ? -1 : 100) < 0) {
+      // While a connection owes its hello, wake up to enforce the deadline.
+      const bool strangers = std::any_of(s.conns.begin(), s.conns.end(), [](const auto& kv) {
+        return !kv.second.hello && !kv.second.closing;
+      });
+      if (::poll(fds.data(), fds.size(), listening && !strangers ? -1 : 100) < 0) {
         if (errno == EINTR) continue;
         throw Error(Error::Kind::internal, std::string("poll: ") + std::strerror(errno));
       }
@@ -634,6 +640,7 @@ void PsServer::serve() {
           c.fd = Fd(fd);
           set_nodelay(fd);
           c.peer = peer_name(fd);
+          c.accepted = std::chrono::steady_clock::now();
           s.conns.emplace(c.serial, std::move(c));
         }
       }
@@ -657,7 +664,14 @@ void PsServer::serve() {
           s.drop(serial, "disconnected");
           continue;
         }
-        if (c.closing && c.out.empty()) s.drop(serial, "was closed");
+        if (c.closing && c.out.empty()) {
+          s.drop(serial, "was closed");
+        } else if (!c.hello && !c.closing &&
+                   std::chrono::steady_clock::now() - c.accepted > s.config.hello_timeout) {
+          s.log("closing " + c.peer + ": no hello within " + std::to_string(s.config.hello_timeout.count()) +
+                " ms (not an mltrain worker?)");
+          s.drop(serial, "was closed");
+        }
       }
       s.recycle();
     }

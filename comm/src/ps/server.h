@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -22,6 +23,8 @@ struct ServerConfig {
   bool sync = true;
   std::string optimizer;  // async: "" (a push is added) or "sgd"
   double lr = 0.01, momentum = 0, weight_decay = 0;
+  // A connection that has not proved the token by then is closed (a stranger holds no descriptor).
+  std::chrono::milliseconds hello_timeout{10000};
   // Called on the server's thread with one line (no newline) for the server's log.
   std::function<void(std::string_view)> log;
 };
