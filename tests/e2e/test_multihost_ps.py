@@ -316,12 +316,11 @@ def first_failure(err_text):
     return lines[0]
 
 
-def test_server_host_agent_killed_fails_the_job_naming_the_host(mh, cluster):
-    p, err, m, before = start_loop(mh, cluster, "ps-kill-server")
+def kill_and_wait(p, err, pid, what):
+    """SIGKILLs pid, waits (40 s at most) for the job to end; returns (exit code, seconds it took,
+    stdout). The job is killed if it still runs, and its output is collected either way."""
     try:
-        agents = agents_on(cluster, "h3", before["h3"])
-        assert len(agents) == 1, f"expected one mltrain-agent on h3: {[(a, _cmdline(a)) for a in agents]}"
-        os.kill(agents[0], signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
         t_kill = time.monotonic()
         try:
             p.wait(40)
@@ -329,12 +328,26 @@ def test_server_host_agent_killed_fails_the_job_naming_the_host(mh, cluster):
             pass
         took = time.monotonic() - t_kill
         rc = p.poll()
-        assert rc is not None, f"the job still runs {took:.0f} s after h3's agent was killed: {err.text()[-3000:]}"
+        assert rc is not None, f"the job still runs {took:.0f} s after {what} was killed: {err.text()[-3000:]}"
     finally:
         if p.poll() is None:
             p.kill()
         out, _ = communicate(p, 30)
         err.join()
+    return rc, took, out
+
+
+def test_server_host_agent_killed_fails_the_job_naming_the_host(mh, cluster):
+    p, err, m, before = start_loop(mh, cluster, "ps-kill-server")
+    try:
+        agents = agents_on(cluster, "h3", before["h3"])
+        assert len(agents) == 1, f"expected one mltrain-agent on h3: {[(a, _cmdline(a)) for a in agents]}"
+    except BaseException:
+        p.kill()
+        communicate(p, 30)
+        err.join()
+        raise
+    rc, took, out = kill_and_wait(p, err, agents[0], "h3's agent")
     text = err.text()
     assert rc == 255, f"exit {rc} (want 255, a host lost): {text[-3000:]}"
     # Well below the workers' comm timeout (20 s): the lost connection is seen at once.
@@ -364,20 +377,12 @@ def test_worker_killed_fails_the_job_naming_it_and_stops_the_servers(mh, cluster
             env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
         rank = int(env[b"RANK"])
         assert rank in (2, 3), rank
-        os.kill(victim, signal.SIGKILL)
-        t_kill = time.monotonic()
-        try:
-            p.wait(40)
-        except subprocess.TimeoutExpired:
-            pass
-        took = time.monotonic() - t_kill
-        rc = p.poll()
-        assert rc is not None, f"the job still runs {took:.0f} s after rank {rank} was killed: {err.text()[-3000:]}"
-    finally:
-        if p.poll() is None:
-            p.kill()
-        out, _ = communicate(p, 30)
+    except BaseException:
+        p.kill()
+        communicate(p, 30)
         err.join()
+        raise
+    rc, took, out = kill_and_wait(p, err, victim, f"rank {rank}")
     text = err.text()
     assert rc == 128 + signal.SIGKILL, f"exit {rc}: {text[-3000:]}"
     assert took < 10.0, f"the job ended {took:.1f} s after rank {rank} was killed: {text[-3000:]}"
