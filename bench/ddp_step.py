@@ -34,9 +34,12 @@ WARMUP = int(os.environ.get("WARMUP", "2"))
 CLUSTER_DIR = os.environ.get("MLTRAIN_CLUSTER_DIR", "/tmp/mltrain-cluster")
 
 
-def run_one(comm, where, work, home):
+def run_one(peer, where, work, home):
+    comm, *knobs = peer.split(":")
     worker = work / "ddp_step_worker.py"
     cmd = [BIN, "run", "--name", f"ddp-step-{comm}", "--env", "OMP_NUM_THREADS=1", "--env", "OPENBLAS_NUM_THREADS=1"]
+    for k in knobs:
+        cmd += ["--env", k]
     if where == "cluster":
         hostfile = work / "hostfile"
         cmd += ["--hostfile", str(hostfile), "--ssh-config", f"{CLUSTER_DIR}/ssh_config", "--workdir", "/tmp"]
@@ -69,11 +72,11 @@ def main():
                 subprocess.run([str(ROOT / "tests/cluster/up.sh"), "-n", "4"], check=True,
                                stdout=subprocess.DEVNULL)
             (work / "hostfile").write_text("h1 slots=1\nh2 slots=1\nh3 slots=1\nh4 slots=1\n")
-        peers = ["gloo", "mltrain"]
+        peers = ["gloo", "mltrain"] + [v for v in os.environ.get("VARIANTS", "").split() if v]
         runs = {c: [] for c in peers}
         run_one("mltrain", where, work, home)  # untimed: the agent copy, cold caches
         for r in range(ROUNDS):
-            order = peers if r % 2 == 0 else peers[::-1]
+            order = peers[r % len(peers):] + peers[:r % len(peers)]
             for c in order:
                 runs[c].append(run_one(c, where, work, home))
                 print(f"# round {r + 1}/{ROUNDS} {c}: step {runs[c][-1]['step_s'] * 1e3:.1f} ms", file=sys.stderr)
@@ -81,17 +84,19 @@ def main():
         what = "4 ranks, one per test-cluster host" if where == "cluster" else "4 ranks on this host"
         print(f"DDP steps, {what}: 8 x Linear(2048,2048), batch 8, {grad_mb:.0f} MB of gradients a step; "
               f"median of {ROUNDS} interleaved rounds x {STEPS} steps")
-        print(f"{'comm':<10}{'step_ms':>10}{'steps/s':>10}{'compute_ms':>12}{'comm_share':>12}")
+        w = max(10, max(len(c) for c in peers) + 2)
+        print(f"{'comm':<{w}}{'step_ms':>10}{'steps/s':>10}{'compute_ms':>12}{'comm_share':>12}")
         med = {}
         for c in peers:
             step = statistics.median(x["step_s"] for x in runs[c])
             comp = statistics.median(x["compute_s"] for x in runs[c])
             med[c] = step
             share = max(0.0, (step - comp) / step)
-            print(f"{c:<10}{step * 1e3:>10.1f}{1 / step:>10.2f}{comp * 1e3:>12.1f}{share * 100:>11.0f}%")
-        per_round = [g["step_s"] / m["step_s"] for g, m in zip(runs["gloo"], runs["mltrain"])]
-        print(f"mltrain = {med['gloo'] / med['mltrain']:.2f} x gloo steps/s "
-              f"(per round: {' '.join(f'{x:.2f}' for x in per_round)})")
+            print(f"{c:<{w}}{step * 1e3:>10.1f}{1 / step:>10.2f}{comp * 1e3:>12.1f}{share * 100:>11.0f}%")
+        for c in peers[1:]:
+            per_round = [g["step_s"] / m["step_s"] for g, m in zip(runs["gloo"], runs[c])]
+            print(f"{c} = {med['gloo'] / med[c]:.2f} x gloo steps/s "
+                  f"(per round: {' '.join(f'{x:.2f}' for x in per_round)})")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

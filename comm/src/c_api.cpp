@@ -115,6 +115,18 @@ int mltrain_comm_allreduce(mltrain_comm_t* comm, const void* send, void* recv, s
   return guarded(comm, [&](auto& c) { c.allreduce(send, recv, count, dt(dtype), op(redop)); });
 }
 
+int mltrain_comm_allreduce_shared(mltrain_comm_t* comm, void* buf, size_t count, int dtype, int redop,
+                                  unsigned long long key, const void** result) {
+  return guarded(comm, [&](auto& c) {
+    const void* at = c.allreduce_shared(buf, count, dt(dtype), op(redop), key);
+    if (result != nullptr) *result = at;
+  });
+}
+
+int mltrain_comm_release_shared(mltrain_comm_t* comm, unsigned long long key) {
+  return guarded(comm, [&](auto& c) { c.release_shared(key); });
+}
+
 int mltrain_comm_broadcast(mltrain_comm_t* comm, void* buf, size_t count, int dtype, int root) {
   return guarded(comm, [&](auto& c) { c.broadcast(buf, count, dt(dtype), root); });
 }

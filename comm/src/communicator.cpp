@@ -27,6 +27,7 @@
 #include "mltrain/comm_stats.h"
 #include "rendezvous/store.h"
 #include "transport/nccl.h"
+#include "transport/shm_group.h"
 #include "transport/shm_link.h"
 #include "transport/tcp_link.h"
 
@@ -256,8 +257,9 @@ struct Communicator::Impl {
   Bell* bell = &local_bell;
   std::vector<PeerInfo> peers;
   std::map<int, std::unique_ptr<Link>> links;
-  std::map<int, Fd> accepted;  // connections from lower ranks not claimed yet
-  struct PendingLink {         // accepted, its hello not complete yet
+  std::unique_ptr<ShmGroup> group;  // algo direct: every rank's shared memory on this host
+  std::map<int, Fd> accepted;       // connections from lower ranks not claimed yet
+  struct PendingLink {              // accepted, its hello not complete yet
     Fd fd;
     std::string from, got;
     Clock::time_point by;
@@ -283,6 +285,7 @@ struct Communicator::Impl {
     return "rank " + std::to_string(peer) + " (" + peers[static_cast<std::size_t>(peer)].host + ")";
   }
   Link* link(int peer);
+  bool join_group(Deadline dl);  // false: rank 0 could not reserve it (every rank then uses the ring)
   Fd accept_from(int peer);
   bool wants_shm(int peer) const { return shm_between(opt.rank, peer); }
   bool shm_between(int a, int b) const;  // whether ranks a and b talk through shared memory
@@ -393,10 +396,13 @@ Communicator::Impl::Impl(const Options& o) : opt(o) {
   bool crosses = false;
   for (int p = 0; p < opt.world_size; ++p) crosses |= !shm_between(p, (p + 1) % opt.world_size);
   const bool pow2 = (opt.world_size & (opt.world_size - 1)) == 0;
+  // On one host, the direct allreduce through one shared segment (algorithms/direct.cpp).
   algo = opt.algo;
-  if (algo == Algo::automatic) algo = !crosses ? Algo::ring : pow2 ? Algo::hd : Algo::bidir;
+  if (algo == Algo::automatic) algo = !crosses ? Algo::direct : pow2 ? Algo::hd : Algo::bidir;
+  if (algo == Algo::direct && (crosses || opt.world_size < 2)) algo = Algo::ring;
   if (algo == Algo::hd && !pow2) algo = Algo::ring;
-  if (opt.world_size < 3) algo = Algo::ring;  // with 2 ranks every algorithm is this one
+  if (opt.world_size < 3 && algo != Algo::direct) algo = Algo::ring;  // with 2 ranks, one ring
+  if (algo == Algo::direct && !join_group(dl)) algo = Algo::ring;
   // Ring neighbours now, so later failures are about collectives, not setup.
   link((opt.rank + 1) % opt.world_size);
   link((opt.rank + opt.world_size - 1) % opt.world_size);
@@ -411,6 +417,8 @@ Communicator::Impl::Impl(const Options& o) : opt(o) {
   } catch (const Error& e) {
     throw Error(e.kind(), "mltrain-comm: " + me() + ": joining: " + e.what(), e.peer_rank(), e.peer_host());
   }
+  // Every rank has mapped the group now: nothing is left behind in /dev/shm if one dies.
+  if (group && opt.rank == 0) group->mapping().unlink();
   settle_backend(dl);
 }
 
@@ -483,6 +491,7 @@ bool Communicator::Impl::on_device(const void* a, const void* b) const {
 }
 
 Communicator::Impl::~Impl() {
+  if (group) group->close();
   for (auto& [peer, l] : links) l->close();
   links.clear();
 }
@@ -627,6 +636,37 @@ Link* Communicator::Impl::link(int peer) {
   return raw;
 }
 
+bool Communicator::Impl::join_group(Deadline dl) {
+  const std::string name = shm_base + "-group";
+  const std::size_t bytes = ShmGroup::segment_bytes(opt.world_size, opt.shm_bytes);
+  std::unique_ptr<ShmMapping> segment;
+  if (opt.rank == 0) {
+    try {
+      segment = std::make_unique<ShmMapping>(name, bytes, true, /*reserve=*/true);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "mltrain-comm: %s: %s; the large allreduce uses the ring instead\n", me().c_str(),
+                   e.what());
+      store->set("shm/group", "", dl);
+      return false;
+    }
+    ShmGroup::init_segment(segment->data(), opt.world_size, opt.shm_bytes);
+    store->set("shm/group", name, dl);
+  } else {
+    if (store->wait("shm/group", dl).empty()) return false;
+    segment = std::make_unique<ShmMapping>(name, bytes, false);
+    ShmGroup::check_segment(segment->data(), opt.world_size, opt.shm_bytes);
+  }
+  std::vector<ShmGroup::Peer> members(static_cast<std::size_t>(opt.world_size));
+  for (int p = 0; p < opt.world_size; ++p) {
+    auto& m = members[static_cast<std::size_t>(p)];
+    m.pid = p == opt.rank ? 0 : peers[static_cast<std::size_t>(p)].pid;
+    m.label = p == opt.rank ? me() : label(p);
+    m.host = p == opt.rank ? host : peers[static_cast<std::size_t>(p)].host;
+  }
+  group = std::make_unique<ShmGroup>(std::move(segment), shm_base, opt.rank, std::move(members));
+  return true;
+}
+
 Context Communicator::Impl::context(Coll coll, DataType dtype, ReduceOp op, int root, std::size_t count) {
   Context ctx;
   ctx.rank = opt.rank;
@@ -639,6 +679,7 @@ Context Communicator::Impl::context(Coll coll, DataType dtype, ReduceOp op, int 
   ctx.small_bytes = opt.small_bytes;
   ctx.algo = algo;
   ctx.scratch = &scratch;
+  ctx.group = group.get();
   ctx.header.coll = static_cast<std::uint8_t>(coll);
   ctx.header.dtype = static_cast<std::uint8_t>(dtype);
   ctx.header.redop = static_cast<std::uint8_t>(op);
@@ -773,6 +814,7 @@ void Communicator::Impl::fail(Coll coll, const Error& e) {
     }
   }
   if (nccl) nccl->abort();
+  if (group) group->close();
   for (auto& [peer, l] : links) l->close();
   std::string msg =
       "mltrain-comm: " + me() + ": " + coll_name(coll) + " #" + std::to_string(seq) + ": " + detail;
@@ -814,6 +856,26 @@ void Communicator::allreduce(const void* send, void* recv, std::size_t count, Da
     else
       detail::allreduce(ctx, send, recv, count, dtype, op);
   });
+}
+
+const void* Communicator::allreduce_shared(void* buf, std::size_t count, DataType dtype, ReduceOp op,
+                                           std::uint64_t key) {
+  const void* result = buf;
+  impl_->collective(Coll::allreduce, dtype, op, 0, count, [&](Context& ctx) {
+    require(count == 0 || buf != nullptr, "null buffer");
+    auto* bytes = static_cast<std::byte*>(buf);
+    if (impl_->on_device(buf, buf))
+      impl_->nccl->allreduce(buf, buf, count, dtype, op);
+    else if (ctx.group != nullptr)
+      result = detail::allreduce_direct(ctx, bytes, bytes, count, dtype, op, &key);
+    else
+      detail::allreduce(ctx, buf, buf, count, dtype, op);
+  });
+  return result;
+}
+
+void Communicator::release_shared(std::uint64_t key) noexcept {
+  if (impl_->group) impl_->group->release_result(key);
 }
 
 void Communicator::broadcast(void* buf, std::size_t count, DataType dtype, int root) {

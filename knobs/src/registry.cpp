@@ -165,9 +165,9 @@ const Knob kKnobs[] = {
     {"MLTRAIN_COMM_SPIN_US", Kind::integer, "50",
      "microseconds a waiting rank spins (yielding) before it sleeps", comm},
     {"MLTRAIN_COMM_ALGO", Kind::choice, "auto",
-     "large allreduce, 3+ ranks (auto: ring on one host; across hosts hd on power-of-two worlds, "
-     "else bidir); every rank must use the same",
-     comm, "auto|ring|bidir|hd"},
+     "large allreduce (auto: direct when every rank shares one host; across hosts hd on "
+     "power-of-two worlds, else bidir); every rank must use the same",
+     comm, "auto|ring|bidir|hd|direct"},
     {"MLTRAIN_COMM_BACKEND", Kind::choice, "auto",
      "auto: NCCL for device buffers when every rank has its own GPU and NCCL loads on every host, "
      "else the CPU backend (tcp: shared memory and TCP); every rank resolves it the same way",

@@ -287,6 +287,28 @@ class Communicator:
     def allreduce_async(self, x, op="sum"):
         return self._async(self._allreduce_fn(x, op), x)
 
+    def _allreduce_shared_async(self, t, op, key, box):
+        """allreduce_async of a CPU tensor whose result may come back in shared memory
+        (Communicator::allreduce_shared in mltrain/comm.hpp): once done, box[0] is t or a tensor
+        over the key's shared region, valid until this rank's next call with the key or
+        _release_shared(key). For mltrain.torch.allreduce_hook."""
+        addr, n, dt = _view(t, "allreduce", True, self)
+        code = _op_code(op)
+        p = self._ptr_or_raise()
+        out = ctypes.c_void_p()
+
+        def run():
+            self._call(self._lib.mltrain_comm_allreduce_shared, p, addr, n, dt, code, key, ctypes.byref(out))
+            if out.value is not None and out.value != addr:
+                import torch
+                raw = (ctypes.c_char * (n * t.element_size())).from_address(out.value)
+                box[0] = torch.frombuffer(raw, dtype=t.dtype).view(t.shape)
+        return self._async(run, t)
+
+    def _release_shared(self, key):
+        if self._ptr is not None:
+            self._call(self._lib.mltrain_comm_release_shared, self._ptr, key)
+
     def broadcast(self, x, root=0):
         """Copies root's x into x on every rank, in place. Returns x."""
         self._blocking(self._broadcast_fn(x, root))

@@ -51,12 +51,67 @@ def _future_of(handle, finish):
     return fut.then(result)
 
 
+class _SharedResults:
+    """Keys of allreduce_hook's shared results, one per (bucket index, size, dtype, occurrence in
+    this backward pass): every rank numbers them alike, and two DDP models in one backward pass
+    get regions of their own. A region unused for KEEP passes (DDP rebuilt its buckets) is
+    released."""
+
+    KEEP = 8
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.keys = {}  # (index, numel, dtype, occurrence) -> key
+        self.last = {}  # key -> the pass that last used it
+        self.uses = {}  # (index, numel, dtype) -> uses in this pass
+        self.passes = 0
+        self.next = 1
+        self.queued = False
+
+    def key(self, ident):
+        """The key for this bucket, or None outside a backward pass (no end to count from)."""
+        if not self.queued:
+            try:
+                torch.autograd.Variable._execution_engine.queue_callback(self._end_of_pass)
+            except RuntimeError:
+                return None
+            self.queued = True
+        occurrence = self.uses.get(ident, 0)
+        self.uses[ident] = occurrence + 1
+        k = ident + (occurrence,)
+        key = self.keys.get(k)
+        if key is None:
+            key = self.keys[k] = self.next
+            self.next += 1
+        self.last[key] = self.passes
+        return key
+
+    def _end_of_pass(self):
+        self.queued = False
+        self.uses.clear()
+        self.passes += 1
+        for k, key in list(self.keys.items()):
+            if self.passes - self.last[key] > self.KEEP:
+                del self.keys[k], self.last[key]
+                self.comm._release_shared(key)
+
+
 def allreduce_hook(state, bucket):
     """DDP communication hook: the bucket's gradients averaged over every rank through mltrain
     (op avg: summed, divided once in the library's last pass over the data, no pass of its own).
-    Asynchronous: the backward pass keeps computing while the bucket travels."""
+    Asynchronous: the backward pass keeps computing while the bucket travels. When every rank
+    shares one host, the result comes back in shared memory that DDP copies into the gradients
+    itself (no copy back into the bucket: Communicator::allreduce_shared)."""
     comm = _comm_of(state)
     t = bucket.buffer()
+    if t.device.type == "cpu":
+        shared = getattr(comm, "_shared_results", None)
+        if shared is None:
+            shared = comm._shared_results = _SharedResults(comm)
+        key = shared.key((bucket.index(), t.numel(), str(t.dtype)))
+        if key is not None:
+            box = [t]
+            return _future_of(comm._allreduce_shared_async(t, "avg", key, box), lambda: box[0])
     return _future_of(comm.allreduce_async(t, "avg"), lambda: t)
 
 

@@ -47,7 +47,7 @@ def test_json_has_each_knob_once_with_its_current_value(ml):
     assert len(names) == len(set(names))
     by_name = {k["name"]: k for k in knobs}
     assert by_name["MLTRAIN_COMM_ALGO"]["value"] == "hd"
-    assert by_name["MLTRAIN_COMM_ALGO"]["kind"] == "auto|ring|bidir|hd"
+    assert by_name["MLTRAIN_COMM_ALGO"]["kind"] == "auto|ring|bidir|hd|direct"
     assert by_name["MLTRAIN_COMM_TIMEOUT"]["value"] is None
     assert by_name["MLTRAIN_COMM_TIMEOUT"]["kind"] == "duration"
 

@@ -459,6 +459,182 @@ TEST_CASE("allreduce: algorithms ring, bidir and hd give the reference result (b
   }
 }
 
+TEST_CASE(
+    "allreduce: direct (one shared segment on one host) gives the reference result, bitwise equal on all "
+    "ranks") {
+  // Slots of 8 KiB + 40 bytes: many chunks, chunk and segment edges at odd places; small_bytes 0
+  // so every size takes it, down to chunks with fewer elements than ranks (empty segments).
+  const std::size_t slot = (8u << 10) + 40;
+  for (int n : {2, 3, 4, 8}) {
+    for (bool inplace : {false, true}) {
+      for (auto [dt, op] : {std::pair{DataType::f32, ReduceOp::sum}, std::pair{DataType::f64, ReduceOp::avg},
+                            std::pair{DataType::f16, ReduceOp::sum}, std::pair{DataType::bf16, ReduceOp::avg},
+                            std::pair{DataType::i32, ReduceOp::max}, std::pair{DataType::i64, ReduceOp::min},
+                            std::pair{DataType::u8, ReduceOp::prod}}) {
+        const std::size_t es = size_of(dt);
+        const std::size_t chunk = slot / es;
+        for (std::size_t count : {std::size_t{1}, std::size_t{5}, 3 * chunk + 2, std::size_t{100003}}) {
+          CAPTURE(n);
+          CAPTURE(inplace);
+          CAPTURE(name_of(dt));
+          CAPTURE(name_of(op));
+          CAPTURE(count);
+          std::vector<std::vector<std::byte>> got(static_cast<std::size_t>(n));
+          std::atomic<int> direct{0};
+          run_ranks(
+              n, Transport::shm,
+              [&](Communicator& c) {
+                direct += c.algo() == Algo::direct;
+                std::vector<std::byte> in(count * es), out(count * es);
+                for (std::size_t i = 0; i < count; ++i)
+                  detail::store_from_double(in.data(), i, dt, input(dt, op, c.rank(), i));
+                // Twice: the second call's chunks continue the first's counters.
+                for (int rep = 0; rep < 2; ++rep) {
+                  std::vector<std::byte> buf = in;
+                  if (inplace) {
+                    c.allreduce(buf.data(), count, dt, op);
+                    out = buf;
+                  } else {
+                    c.allreduce(in.data(), out.data(), count, dt, op);
+                  }
+                }
+                got[static_cast<std::size_t>(c.rank())] = std::move(out);
+              },
+              20s,
+              [&](Options& o) {
+                o.shm_bytes = slot;
+                o.small_bytes = 0;
+              });
+          CHECK(direct == n);
+          for (int r = 1; r < n; ++r) CHECK(got[static_cast<std::size_t>(r)] == got[0]);
+          std::size_t bad = 0;
+          std::string first;
+          for (std::size_t i = 0; i < count; ++i) {
+            const std::string why = check_reduced(dt, op, n, i, detail::load_as_double(got[0].data(), i, dt));
+            if (!why.empty() && bad++ == 0) first = why;
+          }
+          CHECK_MESSAGE(bad == 0, first);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("allreduce_shared: on one host the result lands in one shared region, buf keeps its input") {
+  const std::size_t slot = (8u << 10) + 40;
+  for (int n : {2, 3, 4}) {
+    for (auto [dt, op] : {std::pair{DataType::f32, ReduceOp::avg}, std::pair{DataType::i64, ReduceOp::sum},
+                          std::pair{DataType::bf16, ReduceOp::sum}}) {
+      CAPTURE(n);
+      CAPTURE(name_of(dt));
+      const std::size_t es = size_of(dt);
+      std::atomic<int> bad{0};
+      std::mutex mu;
+      std::vector<std::vector<std::byte>> got(static_cast<std::size_t>(n));
+      run_ranks(
+          n, Transport::shm,
+          [&](Communicator& c) {
+            auto fill = [&](std::size_t count, int salt) {
+              std::vector<std::byte> v(count * es);
+              for (std::size_t i = 0; i < count; ++i)
+                detail::store_from_double(v.data(), i, dt, input(dt, op, c.rank(), i + salt));
+              return v;
+            };
+            auto reference_ok = [&](const void* at, std::size_t count, int salt) {
+              for (std::size_t i = 0; i < count; ++i)
+                if (!check_reduced(dt, op, n, i + salt, detail::load_as_double(at, i, dt)).empty())
+                  return false;
+              return true;
+            };
+            const std::size_t count = 5 * (slot / es) + 7;
+            const void* first = nullptr;
+            for (int rep = 0; rep < 3; ++rep) {
+              auto buf = fill(count, rep);
+              const auto before = buf;
+              const void* at = c.allreduce_shared(buf.data(), count, dt, op, 7);
+              if (at == buf.data() || buf != before || !reference_ok(at, count, rep)) ++bad;
+              if (rep == 0) first = at;
+              if (at != first) ++bad;  // the key's region is kept while its size is
+              // A plain allreduce between shared ones: the chunk counters stay in step.
+              auto plain = fill(count / 2 + 1, 3);
+              c.allreduce(plain.data(), count / 2 + 1, dt, op);
+              if (!reference_ok(plain.data(), count / 2 + 1, 3)) ++bad;
+            }
+            // The same key with another size, and a second key alive at once.
+            auto small = fill(100, 0), other = fill(count, 1);
+            const void* a = c.allreduce_shared(small.data(), 100, dt, op, 7);
+            const void* b = c.allreduce_shared(other.data(), count, dt, op, 8);
+            if (a == b || !reference_ok(a, 100, 0) || !reference_ok(b, count, 1)) ++bad;
+            std::lock_guard lock(mu);
+            got[static_cast<std::size_t>(c.rank())].assign(static_cast<const std::byte*>(b),
+                                                           static_cast<const std::byte*>(b) + count * es);
+            c.release_shared(7);
+            c.release_shared(8);
+          },
+          20s,
+          [&](Options& o) {
+            o.shm_bytes = slot;
+            o.small_bytes = 0;
+          });
+      CHECK(bad == 0);
+      for (int r = 1; r < n; ++r) CHECK(got[static_cast<std::size_t>(r)] == got[0]);
+    }
+  }
+}
+
+TEST_CASE("allreduce_shared: across the links (no group) it reduces buf in place and returns it") {
+  std::atomic<int> bad{0};
+  run_ranks(3, Transport::tcp, [&](Communicator& c) {
+    std::vector<float> v(100000);
+    for (std::size_t i = 0; i < v.size(); ++i)
+      v[i] = static_cast<float>(input(DataType::f32, ReduceOp::sum, c.rank(), i));
+    if (c.allreduce_shared(v.data(), v.size(), DataType::f32, ReduceOp::sum, 1) != v.data()) ++bad;
+    for (std::size_t i = 0; i < v.size(); i += 997)
+      if (!check_reduced(DataType::f32, ReduceOp::sum, 3, i, v[i]).empty()) ++bad;
+  });
+  CHECK(bad == 0);
+}
+
+TEST_CASE("allreduce_shared: ranks that pass different keys fail naming both calls") {
+  std::atomic<int> named{0};
+  run_ranks(
+      2, Transport::shm,
+      [&](Communicator& c) {
+        std::vector<float> v(100000);
+        try {
+          c.allreduce_shared(v.data(), v.size(), DataType::f32, ReduceOp::sum, c.rank() == 0 ? 1 : 2);
+        } catch (const Error& e) {
+          const std::string what = e.what();
+          if (e.kind() == Error::Kind::mismatch && what.find("shared result 1") != std::string::npos &&
+              what.find("shared result 2") != std::string::npos)
+            ++named;
+        }
+      },
+      5s);
+  CHECK(named == 2);
+}
+
+TEST_CASE("allreduce: on one host, ranks that disagree on direct and ring fail naming it, no hang") {
+  std::atomic<int> named{0}, failed{0};
+  run_ranks(
+      4, Transport::shm,
+      [&](Communicator& c) {
+        std::vector<float> v(100000);
+        try {
+          c.allreduce(v.data(), v.size(), DataType::f32, ReduceOp::sum);
+        } catch (const Error& e) {
+          ++failed;
+          const std::string what = e.what();
+          if (what.find("MLTRAIN_COMM_ALGO=direct") != std::string::npos &&
+              what.find("MLTRAIN_COMM_ALGO=ring") != std::string::npos)
+            ++named;
+        }
+      },
+      5s, [](Options& o) { o.algo = o.rank == 0 ? Algo::direct : Algo::ring; });
+  CHECK(failed == 4);
+  CHECK(named >= 1);
+}
+
 TEST_CASE("allreduce: ranks that disagree on MLTRAIN_COMM_ALGO fail naming it, no hang") {
   std::atomic<int> named{0}, failed{0};
   run_ranks(
@@ -697,7 +873,8 @@ TEST_CASE("options: knobs parse from the environment") {
   ::setenv("MLTRAIN_COMM_ALGO", "hd", 1);
   CHECK(Options::from_env().algo == Algo::hd);
   ::setenv("MLTRAIN_COMM_ALGO", "tree", 1);
-  CHECK_THROWS_WITH_AS(Options::from_env(), doctest::Contains("expected auto, ring, bidir or hd"), Error);
+  CHECK_THROWS_WITH_AS(Options::from_env(), doctest::Contains("expected auto, ring, bidir, hd or direct"),
+                       Error);
   for (const char* k : {"MLTRAIN_COMM_TIMEOUT", "MLTRAIN_COMM_TRANSPORT", "MLTRAIN_COMM_SHM_BYTES",
                         "MLTRAIN_STORE_ADDR", "MLTRAIN_COMM_ALGO"})
     ::unsetenv(k);

@@ -59,7 +59,7 @@ TEST_CASE("knobs: the registry") {
   CHECK(timeout->kind == Kind::duration);
   CHECK(readers_text(timeout->readers) == "comm");
   CHECK(find("MLTRAIN_NO_SUCH_KNOB") == nullptr);
-  CHECK(kind_text(*find("MLTRAIN_COMM_ALGO")) == "auto|ring|bidir|hd");
+  CHECK(kind_text(*find("MLTRAIN_COMM_ALGO")) == "auto|ring|bidir|hd|direct");
   CHECK(readers_text(launcher | agent) == "launcher,agent");
   std::set<std::string_view> names;
   for (const Knob& k : all()) {
@@ -91,7 +91,7 @@ TEST_CASE("knobs: getters read the environment and name a bad value") {
 
   ::setenv("MLTRAIN_COMM_ALGO", "tree", 1);
   CHECK_THROWS_WITH_AS(get_choice("MLTRAIN_COMM_ALGO"),
-                       "MLTRAIN_COMM_ALGO='tree' (expected auto, ring, bidir or hd)", BadValue);
+                       "MLTRAIN_COMM_ALGO='tree' (expected auto, ring, bidir, hd or direct)", BadValue);
   ::setenv("MLTRAIN_COMM_ALGO", "", 1);  // empty reads as unset
   CHECK(get_choice("MLTRAIN_COMM_ALGO") == "auto");
   CHECK_FALSE(is_set("MLTRAIN_COMM_ALGO"));

@@ -38,6 +38,11 @@ int mltrain_comm_rank(const mltrain_comm_t* comm);
 int mltrain_comm_size(const mltrain_comm_t* comm);
 int mltrain_comm_allreduce(mltrain_comm_t* comm, const void* send, void* recv, size_t count, int dtype,
                            int op);
+/* Communicator::allreduce_shared: *result gets where the reduced elements are (a shared region
+ * valid until the next call with this key or mltrain_comm_release_shared, or buf itself). */
+int mltrain_comm_allreduce_shared(mltrain_comm_t* comm, void* buf, size_t count, int dtype, int op,
+                                  unsigned long long key, const void** result);
+int mltrain_comm_release_shared(mltrain_comm_t* comm, unsigned long long key);
 int mltrain_comm_broadcast(mltrain_comm_t* comm, void* buf, size_t count, int dtype, int root);
 int mltrain_comm_allgather(mltrain_comm_t* comm, const void* send, void* recv, size_t count, int dtype);
 int mltrain_comm_reduce_scatter(mltrain_comm_t* comm, const void* send, void* recv, size_t recv_count,

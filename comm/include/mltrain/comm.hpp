@@ -31,7 +31,7 @@ enum class Backend : int { automatic = 0, tcp = 1, nccl = 2 };
 // connection carries data both ways); hd (recursive halving then doubling: each round one
 // partner, both ways; power-of-two worlds, else ring). automatic: ring on one host; across hosts
 // hd on power-of-two worlds, else bidir.
-enum class Algo : int { automatic = 0, ring = 1, bidir = 2, hd = 3 };
+enum class Algo : int { automatic = 0, ring = 1, bidir = 2, hd = 3, direct = 4 };
 
 std::size_t size_of(DataType dtype);
 std::string_view name_of(DataType dtype);
@@ -114,6 +114,15 @@ class Communicator {
   void allreduce(void* buf, std::size_t count, DataType dtype, ReduceOp op) {
     allreduce(buf, buf, count, dtype, op);
   }
+  // Allreduce of buf whose result may land in shared memory instead: when every rank shares
+  // this host (MLTRAIN_COMM_ALGO direct), the reduced elements go to a region all of them map,
+  // one per key, and the call returns it, saving each rank the copy back into buf (which keeps
+  // its input). Valid until this rank calls again with the same key or releases it; every rank
+  // must pass the same key. Elsewhere (or when /dev/shm cannot hold the region) buf is reduced
+  // in place and returned. For DDP hooks (mltrain.torch.allreduce_hook), whose framework copies
+  // the result out anyway.
+  const void* allreduce_shared(void* buf, std::size_t count, DataType dtype, ReduceOp op, std::uint64_t key);
+  void release_shared(std::uint64_t key) noexcept;  // unmaps the key's region here
   void broadcast(void* buf, std::size_t count, DataType dtype, int root);
   // recv holds size()*count elements; rank i's send lands at recv + i*count. send may alias it.
   void allgather(const void* send, void* recv, std::size_t count, DataType dtype);

@@ -23,21 +23,6 @@ struct Segments {
   std::size_t length(int i) const { return offset(i + 1) - offset(i); }
 };
 
-std::string describe(const WireHeader& h) {
-  std::string out = coll_name(static_cast<Coll>(h.coll));
-  out += "(count=" + std::to_string(h.count);
-  if (h.dtype < 7) out += ", " + std::string(name_of(static_cast<DataType>(h.dtype)));
-  const auto coll = static_cast<Coll>(h.coll);
-  if ((coll == Coll::allreduce || coll == Coll::reduce_scatter) && h.redop < 5)
-    out += ", " + std::string(name_of(static_cast<ReduceOp>(h.redop)));
-  if (coll == Coll::broadcast) out += ", root=" + std::to_string(h.root);
-  if (h.algo >= 1 && h.algo <= 3) {
-    const char* names[] = {"", "ring", "bidir", "hd"};
-    out += std::string(", MLTRAIN_COMM_ALGO=") + names[h.algo];
-  }
-  return out + ") #" + std::to_string(h.seq);
-}
-
 // Holds the headers received during one collective (deque: stable addresses).
 struct HeaderBox {
   std::deque<WireHeader> received;
@@ -237,18 +222,39 @@ const char* coll_name(Coll coll) {
   return "?";
 }
 
-void check_header(const WireHeader& mine, const WireHeader& theirs, const Link& from) {
+std::string describe(const WireHeader& h) {
+  std::string out = coll_name(static_cast<Coll>(h.coll));
+  out += "(count=" + std::to_string(h.count);
+  if (h.dtype < 7) out += ", " + std::string(name_of(static_cast<DataType>(h.dtype)));
+  const auto coll = static_cast<Coll>(h.coll);
+  if ((coll == Coll::allreduce || coll == Coll::reduce_scatter) && h.redop < 5)
+    out += ", " + std::string(name_of(static_cast<ReduceOp>(h.redop)));
+  if (coll == Coll::broadcast) out += ", root=" + std::to_string(h.root);
+  if (coll == Coll::allreduce && h.reserved[0] == 1) out += ", shared result " + std::to_string(h.root);
+  if (h.algo >= 1 && h.algo <= 4) {
+    const char* names[] = {"", "ring", "bidir", "hd", "direct"};
+    out += std::string(", MLTRAIN_COMM_ALGO=") + names[h.algo];
+  }
+  return out + ") #" + std::to_string(h.seq);
+}
+
+void check_header(const WireHeader& mine, const WireHeader& theirs, const std::string& label, int rank,
+                  const std::string& host) {
   if (theirs.magic != kCollMagic || theirs.version != kCollVersion)
     throw Error(Error::Kind::mismatch,
-                from.peer_label() + " speaks another wire format (magic " + std::to_string(theirs.magic) +
-                    ", version " + std::to_string(theirs.version) + "; this rank: version " +
-                    std::to_string(kCollVersion) + ")",
-                from.peer_rank(), from.peer_host());
+                label + " speaks another wire format (magic " + std::to_string(theirs.magic) + ", version " +
+                    std::to_string(theirs.version) + "; this rank: version " + std::to_string(kCollVersion) +
+                    ")",
+                rank, host);
   if (std::memcmp(&mine, &theirs, sizeof mine) != 0)
     throw Error(Error::Kind::mismatch,
-                "mismatched collective: this rank called " + describe(mine) + " but " + from.peer_label() +
-                    " called " + describe(theirs),
-                from.peer_rank(), from.peer_host());
+                "mismatched collective: this rank called " + describe(mine) + " but " + label + " called " +
+                    describe(theirs),
+                rank, host);
+}
+
+void check_header(const WireHeader& mine, const WireHeader& theirs, const Link& from) {
+  check_header(mine, theirs, from.peer_label(), from.peer_rank(), from.peer_host());
 }
 
 void allreduce(Context& ctx, const void* send_v, void* recv_v, std::size_t count, DataType dtype,
@@ -307,6 +313,10 @@ void allreduce(Context& ctx, const void* send_v, void* recv_v, std::size_t count
   }
 
   const Algo algo = bytes <= ctx.small_bytes ? Algo::ring : ctx.algo;
+  if (algo == Algo::direct && ctx.group != nullptr) {
+    allreduce_direct(ctx, send, recv, count, dtype, op);
+    return;
+  }
   ctx.header.algo = static_cast<std::uint8_t>(algo);
   if (algo == Algo::hd) {
     add_hd_allreduce(steps, box, ctx, count, es, send, recv, op == ReduceOp::avg);

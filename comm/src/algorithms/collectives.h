@@ -32,13 +32,15 @@ struct WireHeader {
   std::uint8_t coll = 0;
   std::uint8_t dtype = 0;
   std::uint8_t redop = 0;
-  std::uint8_t algo = 0;  // large allreduce: Algo (1 ring, 2 bidir, 3 hd); else 0
+  std::uint8_t algo = 0;  // large allreduce: Algo (1 ring, 2 bidir, 3 hd, 4 direct); else 0
   std::uint8_t reserved[2] = {};
   std::int32_t root = 0;
   std::uint64_t count = 0;
   std::uint64_t seq = 0;
 };
 static_assert(sizeof(WireHeader) == 32);
+
+class ShmGroup;
 
 struct Context {
   int rank = 0;
@@ -48,13 +50,23 @@ struct Context {
   std::size_t small_bytes = 64u << 10;
   Algo algo = Algo::ring;  // large allreduce on 3+ ranks (resolved: never automatic)
   std::vector<std::byte>* scratch = nullptr;
-  WireHeader header;  // this rank's view of the call (seq, coll, dtype, ...)
+  ShmGroup* group = nullptr;  // every rank on this host: the direct allreduce's shared memory
+  WireHeader header;          // this rank's view of the call (seq, coll, dtype, ...)
 };
 
 // Throws Error(mismatch) naming both calls when theirs differs from mine.
 void check_header(const WireHeader& mine, const WireHeader& theirs, const Link& from);
+void check_header(const WireHeader& mine, const WireHeader& theirs, const std::string& label, int rank,
+                  const std::string& host);
+// "allreduce(count=10, f32, sum) #3": a call, for messages.
+std::string describe(const WireHeader& h);
 
 void allreduce(Context& ctx, const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op);
+// Large allreduce through ctx.group (algorithms/direct.cpp). With shared_key, the result goes to
+// the key's region that every rank maps (ShmGroup::map_result) and that is returned, else (or
+// when the region could not be made) to recv, which is returned.
+std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv, std::size_t count,
+                            DataType dtype, ReduceOp op, const std::uint64_t* shared_key = nullptr);
 void broadcast(Context& ctx, void* buf, std::size_t count, DataType dtype, int root);
 void allgather(Context& ctx, const void* send, void* recv, std::size_t count, DataType dtype);
 void reduce_scatter(Context& ctx, const void* send, void* recv, std::size_t recv_count, DataType dtype,

@@ -40,10 +40,11 @@ Options read_options() {
   o.small_bytes = knobs::get_bytes("MLTRAIN_COMM_SMALL_BYTES");
   o.spin_us = static_cast<int>(knobs::get_int("MLTRAIN_COMM_SPIN_US"));
   const std::string algo = knobs::get_choice("MLTRAIN_COMM_ALGO");
-  o.algo = algo == "ring"    ? Algo::ring
-           : algo == "bidir" ? Algo::bidir
-           : algo == "hd"    ? Algo::hd
-                             : Algo::automatic;
+  o.algo = algo == "ring"     ? Algo::ring
+           : algo == "bidir"  ? Algo::bidir
+           : algo == "hd"     ? Algo::hd
+           : algo == "direct" ? Algo::direct
+                              : Algo::automatic;
   const std::string backend = knobs::get_choice("MLTRAIN_COMM_BACKEND");
   o.backend = backend == "tcp" ? Backend::tcp : backend == "nccl" ? Backend::nccl : Backend::automatic;
   o.host = knobs::get_string("MLTRAIN_COMM_HOST");

@@ -9,7 +9,7 @@ namespace {
 constexpr std::array<std::string_view, 7> kDtypeNames{"f32", "f64", "f16", "bf16", "i32", "i64", "u8"};
 constexpr std::array<std::size_t, 7> kDtypeSizes{4, 8, 2, 2, 4, 8, 1};
 constexpr std::array<std::string_view, 5> kOpNames{"sum", "prod", "min", "max", "avg"};
-constexpr std::array<std::string_view, 4> kAlgoNames{"auto", "ring", "bidir", "hd"};
+constexpr std::array<std::string_view, 5> kAlgoNames{"auto", "ring", "bidir", "hd", "direct"};
 }  // namespace
 
 std::size_t size_of(DataType dtype) { return kDtypeSizes.at(static_cast<std::size_t>(dtype)); }

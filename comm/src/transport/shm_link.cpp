@@ -59,7 +59,7 @@ struct Layout {
 };
 }  // namespace
 
-ShmMapping::ShmMapping(const std::string& name, std::size_t bytes, bool create) : name_(name) {
+ShmMapping::ShmMapping(const std::string& name, std::size_t bytes, bool create, bool reserve) : name_(name) {
   const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC | (create ? O_CREAT | O_EXCL : 0), 0600);
   if (fd < 0)
     throw Error(
@@ -74,6 +74,14 @@ ShmMapping::ShmMapping(const std::string& name, std::size_t bytes, bool create) 
     ::close(fd);
     ::shm_unlink(name.c_str());
     throw Error(Error::Kind::internal, "ftruncate(" + name + "): " + std::strerror(err));
+  }
+  if (create && reserve) {
+    if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
+      ::close(fd);
+      ::shm_unlink(name.c_str());
+      throw Error(Error::Kind::internal, "cannot reserve " + std::to_string(bytes) +
+                                             " bytes of /dev/shm for " + name + ": " + std::strerror(err));
+    }
   }
   if (!create) {
     struct stat st {};
@@ -100,6 +108,11 @@ ShmMapping::ShmMapping(const std::string& name, std::size_t bytes, bool create) 
 ShmMapping::~ShmMapping() {
   if (data_ != nullptr) ::munmap(data_, bytes_);
   if (linked_) ::shm_unlink(name_.c_str());
+}
+
+void ShmMapping::unlink_quietly() noexcept {
+  if (linked_) ::shm_unlink(name_.c_str());
+  linked_ = false;
 }
 
 void ShmMapping::unlink() {

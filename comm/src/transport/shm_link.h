@@ -19,7 +19,9 @@ inline constexpr std::uint16_t kShmVersion = 1;
 class ShmMapping {
  public:
   // create: O_CREAT|O_EXCL of `bytes`; otherwise opens an existing object of at least `bytes`.
-  ShmMapping(const std::string& name, std::size_t bytes, bool create);
+  // reserve (with create): allocate the pages now (posix_fallocate), so a full /dev/shm is an
+  // error here rather than a SIGBUS on first touch.
+  ShmMapping(const std::string& name, std::size_t bytes, bool create, bool reserve = false);
   ~ShmMapping();
   ShmMapping(const ShmMapping&) = delete;
   ShmMapping& operator=(const ShmMapping&) = delete;
@@ -27,6 +29,7 @@ class ShmMapping {
   std::size_t size() const { return bytes_; }
   const std::string& name() const { return name_; }
   void unlink();
+  void unlink_quietly() noexcept;  // unlink if still named here; errors ignored
 
  private:
   std::string name_;

@@ -1,0 +1,159 @@
+// The direct allreduce, for worlds whose ranks all share one host (docs/comm.md, "One host"):
+// through the group's shared memory instead of the pairwise rings. Each chunk of the buffer
+// (one slot) goes in three stages:
+//   A. every rank copies the chunk into its own slot (all but its own segment);
+//   B. rank r reduces segment r of the chunk from every slot (its own from its input), in rank
+//      order, into its slot, and divides there for avg;
+//   C. every rank copies each segment j out of rank j's slot into its output.
+// A rank moves 2.75N bytes in and 2N out per N reduced (the ring: 3.75N and 3N), and waits on
+// its peers three times a chunk, where the ring hands off 2(n-1) pieces one by one. Stages run
+// B(k), A(k+1), C(k), so a rank's next copy-in overlaps its peers finishing their reductions;
+// two slots per rank let A(k+1) fill one while C(k) still reads the other.
+// With a shared result (allreduce_shared), B writes straight into a region every rank maps and
+// there is no C: 1.75N in and 1N out per rank.
+#include <cstring>
+
+#include "algorithms/collectives.h"
+#include "transport/shm_group.h"
+
+namespace mltrain::comm::detail {
+
+std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv, std::size_t count,
+                            DataType dtype, ReduceOp op, const std::uint64_t* shared_key) {
+  ShmGroup& g = *ctx.group;
+  const int n = ctx.size, r = ctx.rank;
+  const std::size_t es = size_of(dtype);
+  const ReduceFn fn = reduce_fn(dtype, op);
+  ctx.header.algo = static_cast<std::uint8_t>(Algo::direct);
+  if (shared_key != nullptr) {
+    ctx.header.reserved[0] = 1;  // every rank must ask for the same shared result
+    ctx.header.root =
+        static_cast<std::int32_t>(static_cast<std::uint32_t>(*shared_key ^ (*shared_key >> 32)));
+  }
+
+  // A rank that started a collective over the links meanwhile disagrees with this one: its
+  // header arrives on a ring neighbour's link while this rank waits here. (A neighbour that
+  // closed its links has set its closed flag in the group too, if it failed; one that finished
+  // is no reason to fail.)
+  ShmGroup::WaitConfig wc;
+  wc.spin_us = ctx.engine.spin_us;
+  wc.timeout = ctx.engine.timeout;
+  wc.on_idle = [&ctx, n, r] {
+    for (const int j : {(r + 1) % n, (r + n - 1) % n}) {
+      Link* l = ctx.link(j);
+      if (!l->can_recv()) continue;
+      std::span<const std::byte> bytes;
+      try {
+        bytes = l->peek();
+      } catch (const Error&) {
+        continue;  // closed, nothing left to read
+      }
+      if (bytes.empty()) continue;
+      const std::size_t pad = (8 - l->rx_pos() % 8) % 8;  // headers start 8-byte aligned
+      WireHeader theirs;
+      if (bytes.size() >= pad + sizeof theirs) {
+        std::memcpy(&theirs, bytes.data() + pad, sizeof theirs);
+        check_header(ctx.header, theirs, *l);
+      }
+      throw Error(Error::Kind::mismatch,
+                  l->peer_label() + " sent data over its link while this rank ran a direct allreduce (" +
+                      describe(ctx.header) + ")",
+                  l->peer_rank(), l->peer_host());
+    }
+  };
+
+  if (shared_key != nullptr && r == 0) g.make_result(*shared_key, count * es);
+  g.post_header(&ctx.header);
+  g.publish(ShmGroup::posted, ctx.header.seq);
+  for (int j = 0; j < n; ++j) {
+    if (j == r) continue;
+    g.wait(j, ShmGroup::posted, ctx.header.seq, wc);
+    WireHeader theirs;
+    g.read_header(j, &theirs);
+    check_header(ctx.header, theirs, g.peer(j).label, j, g.peer(j).host);
+  }
+  // The shared result, unless rank 0 could not reserve it: then in place, like any call.
+  std::byte* shared = nullptr;
+  if (shared_key != nullptr)
+    if (const std::uint64_t id = g.posted_result(); id != 0)
+      shared = g.map_result(*shared_key, id, count * es);
+  std::byte* const out = shared != nullptr ? shared : recv;
+
+  const std::size_t chunk = std::max<std::size_t>(1, g.slot_bytes() / es);
+  const std::size_t chunks = (count + chunk - 1) / chunk;
+  const std::uint64_t base = g.chunks;
+  g.chunks += chunks;
+  auto elems_of = [&](std::size_t k) { return std::min(chunk, count - k * chunk); };
+  auto seg_of = [&](std::size_t k, int j) {  // (offset, length) of segment j of chunk k, in elements
+    const std::size_t m = elems_of(k), q = m / static_cast<std::size_t>(n),
+                      extra = m % static_cast<std::size_t>(n);
+    const auto u = static_cast<std::size_t>(j);
+    return std::pair{u * q + std::min(u, extra), q + (u < extra ? 1 : 0)};
+  };
+  auto slot_of = [](std::size_t k) { return static_cast<int>(k % ShmGroup::kSlots); };
+
+  auto copy_in = [&](std::size_t k) {
+    const std::uint64_t id = base + k;  // chunk id; this slot last held chunk id - kSlots
+    if (id + 1 > ShmGroup::kSlots) {
+      // Every rank must be done reading it: reduced it, and with stage C copied out of it too.
+      const std::uint64_t need = id + 1 - ShmGroup::kSlots;
+      const auto counter = shared != nullptr && need > base ? ShmGroup::reduced : ShmGroup::copied;
+      for (int j = 0; j < n; ++j)
+        if (j != r) g.wait(j, counter, need, wc);
+    }
+    std::byte* slot = g.slot(r, slot_of(k));
+    const std::byte* in = send + k * chunk * es;
+    const auto [off, len] = seg_of(k, r);
+    std::memcpy(slot, in, off * es);  // everything but segment r, which only this rank reads
+    const std::size_t after = off + len;
+    std::memcpy(slot + after * es, in + after * es, (elems_of(k) - after) * es);
+    g.publish(ShmGroup::written, id + 1);
+  };
+  auto reduce = [&](std::size_t k) {
+    const std::uint64_t id = base + k;
+    const auto [off, len] = seg_of(k, r);
+    std::byte* dst = shared != nullptr ? shared + (k * chunk + off) * es : g.slot(r, slot_of(k)) + off * es;
+    auto source = [&](int j) -> const std::byte* {
+      if (j == r) return send + (k * chunk + off) * es;
+      g.wait(j, ShmGroup::written, id + 1, wc);
+      return g.slot(j, slot_of(k)) + off * es;
+    };
+    if (len > 0) {
+      const std::byte* first = source(0);
+      fn(dst, first, source(1), len);
+      for (int j = 2; j < n; ++j) fn(dst, dst, source(j), len);
+      if (op == ReduceOp::avg) finalize_avg(dst, len, dtype, n);
+    } else {
+      for (int j = 0; j < n; ++j) source(j);  // nothing to reduce: still in step with the others
+    }
+    g.publish(ShmGroup::reduced, id + 1);
+  };
+  auto copy_out = [&](std::size_t k) {
+    const std::uint64_t id = base + k;
+    std::byte* dst = recv + k * chunk * es;
+    for (int i = 0; i < n; ++i) {
+      const int j = (r + i) % n;  // own segment first: it is ready
+      if (j != r) g.wait(j, ShmGroup::reduced, id + 1, wc);
+      const auto [off, len] = seg_of(k, j);
+      std::memcpy(dst + off * es, g.slot(j, slot_of(k)) + off * es, len * es);
+    }
+    g.publish(ShmGroup::copied, id + 1);
+  };
+
+  if (chunks > 0) copy_in(0);
+  for (std::size_t k = 0; k < chunks; ++k) {
+    reduce(k);
+    if (k + 1 < chunks) copy_in(k + 1);
+    if (shared == nullptr) copy_out(k);
+  }
+  if (shared != nullptr) {
+    // Done when every segment is in: then nobody reads a slot of this call any more.
+    for (int j = 0; j < n; ++j)
+      if (j != r) g.wait(j, ShmGroup::reduced, base + chunks, wc);
+    if (r == 0) g.unlink_result(*shared_key);  // every rank has mapped it (before reducing)
+    g.publish(ShmGroup::copied, base + chunks);
+  }
+  return out;
+}
+
+}  // namespace mltrain::comm::detail

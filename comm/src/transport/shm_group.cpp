@@ -1,0 +1,217 @@
+#include "transport/shm_group.h"
+
+#include <sched.h>
+#include <signal.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "mltrain/comm.hpp"
+
+namespace mltrain::comm::detail {
+
+namespace {
+
+constexpr std::uint32_t kGroupMagic = 0x4d4c4752;  // "MLGR"
+constexpr std::uint16_t kGroupVersion = 1;
+constexpr std::size_t kCtlBytes = 256;
+constexpr std::size_t kCtlStart = 256;
+
+struct GroupHeader {
+  std::uint32_t magic;
+  std::uint16_t version;
+  std::uint16_t reserved;
+  std::uint32_t size;
+  std::uint32_t reserved2;
+  std::uint64_t slot_bytes;
+  alignas(64) Bell bell;
+};
+static_assert(sizeof(GroupHeader) <= kCtlStart);
+
+std::size_t data_offset(int size) {
+  const std::size_t end = kCtlStart + static_cast<std::size_t>(size) * kCtlBytes;
+  return (end + 4095) & ~std::size_t{4095};
+}
+
+}  // namespace
+
+struct ShmGroup::Ctl {
+  std::atomic<std::uint64_t> counters[4];
+  std::atomic<std::uint32_t> closed;
+  alignas(8) unsigned char header[kHeaderBytes];
+  std::atomic<std::uint64_t> result;  // rank 0: the result region of its posted call (0: none)
+};
+
+std::size_t ShmGroup::segment_bytes(int size, std::size_t slot_bytes) {
+  return data_offset(size) + static_cast<std::size_t>(size) * kSlots * slot_bytes;
+}
+
+void ShmGroup::init_segment(void* base, int size, std::size_t slot_bytes) {
+  auto* h = new (base) GroupHeader{};
+  h->magic = kGroupMagic;
+  h->version = kGroupVersion;
+  h->size = static_cast<std::uint32_t>(size);
+  h->slot_bytes = slot_bytes;
+  for (int r = 0; r < size; ++r) {
+    auto* c = new (static_cast<std::byte*>(base) + kCtlStart + static_cast<std::size_t>(r) * kCtlBytes) Ctl{};
+    for (auto& v : c->counters) v.store(0);
+    c->closed.store(0);
+    c->result.store(0);
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+void ShmGroup::check_segment(const void* base, int size, std::size_t slot_bytes) {
+  const auto* h = static_cast<const GroupHeader*>(base);
+  if (h->magic != kGroupMagic || h->version != kGroupVersion)
+    throw Error(Error::Kind::mismatch, "the shared memory of rank 0's group has another wire version");
+  if (h->size != static_cast<std::uint32_t>(size) || h->slot_bytes != slot_bytes)
+    throw Error(Error::Kind::mismatch,
+                "rank 0's shared-memory group holds " + std::to_string(h->size) + " ranks with slots of " +
+                    std::to_string(h->slot_bytes) + " bytes; this rank expects " + std::to_string(size) +
+                    " and " + std::to_string(slot_bytes) + " (MLTRAIN_COMM_SHM_BYTES differs)",
+                0);
+}
+
+ShmGroup::ShmGroup(std::unique_ptr<ShmMapping> segment, std::string base, int rank, std::vector<Peer> peers)
+    : segment_(std::move(segment)),
+      base_(std::move(base)),
+      rank_(rank),
+      size_(static_cast<int>(peers.size())),
+      peers_(std::move(peers)) {
+  auto* start = static_cast<std::byte*>(segment_->data());
+  auto* h = reinterpret_cast<GroupHeader*>(start);
+  slot_bytes_ = h->slot_bytes;
+  bell_ = &h->bell;
+  data_ = start + data_offset(size_);
+}
+
+ShmGroup::~ShmGroup() { close(); }
+
+ShmGroup::Ctl* ShmGroup::ctl(int rank) const {
+  static_assert(sizeof(Ctl) <= kCtlBytes);
+  return reinterpret_cast<Ctl*>(static_cast<std::byte*>(segment_->data()) + kCtlStart +
+                                static_cast<std::size_t>(rank) * kCtlBytes);
+}
+
+std::byte* ShmGroup::slot(int rank, int k) const {
+  return data_ + (static_cast<std::size_t>(rank) * kSlots + static_cast<std::size_t>(k)) * slot_bytes_;
+}
+
+std::uint64_t ShmGroup::load(int rank, Counter c) const {
+  return ctl(rank)->counters[c].load(std::memory_order_acquire);
+}
+
+void ShmGroup::publish(Counter c, std::uint64_t value) {
+  ctl(rank_)->counters[c].store(value, std::memory_order_release);
+  ring_bell(bell_);
+}
+
+void ShmGroup::post_header(const void* header) { std::memcpy(ctl(rank_)->header, header, kHeaderBytes); }
+
+void ShmGroup::read_header(int rank, void* header) const {
+  std::memcpy(header, ctl(rank)->header, kHeaderBytes);
+}
+
+std::uint64_t ShmGroup::make_result(std::uint64_t key, std::size_t bytes) {
+  auto it = results_.find(key);
+  if (it != results_.end() && it->second.map->size() == std::max<std::size_t>(bytes, 1)) {
+    ctl(rank_)->result.store(it->second.id, std::memory_order_relaxed);
+    return it->second.id;
+  }
+  if (it != results_.end()) results_.erase(it);
+  const std::uint64_t id = next_result_++;
+  Region region;
+  region.id = id;
+  try {
+    region.map = std::make_unique<ShmMapping>(base_ + "-res-" + std::to_string(id),
+                                              std::max<std::size_t>(bytes, 1), true, /*reserve=*/true);
+  } catch (const Error&) {
+    ctl(rank_)->result.store(0, std::memory_order_relaxed);  // the call falls back to buf
+    return 0;
+  }
+  results_[key] = std::move(region);
+  ctl(rank_)->result.store(id, std::memory_order_relaxed);
+  return id;
+}
+
+std::uint64_t ShmGroup::posted_result() const { return ctl(0)->result.load(std::memory_order_acquire); }
+
+std::byte* ShmGroup::map_result(std::uint64_t key, std::uint64_t id, std::size_t bytes) {
+  auto it = results_.find(key);
+  if (it == results_.end() || it->second.id != id) {
+    Region region;
+    region.id = id;
+    region.map = std::make_unique<ShmMapping>(base_ + "-res-" + std::to_string(id),
+                                              std::max<std::size_t>(bytes, 1), false);
+    it = results_.insert_or_assign(key, std::move(region)).first;
+  }
+  return static_cast<std::byte*>(it->second.map->data());
+}
+
+void ShmGroup::unlink_result(std::uint64_t key) {
+  if (auto it = results_.find(key); it != results_.end()) it->second.map->unlink_quietly();
+}
+
+void ShmGroup::release_result(std::uint64_t key) { results_.erase(key); }
+
+void ShmGroup::close() {
+  if (closed_here_) return;
+  closed_here_ = true;
+  ctl(rank_)->closed.store(1, std::memory_order_seq_cst);
+  ring_bell(bell_);
+}
+
+void ShmGroup::wait(int j, Counter c, std::uint64_t value, const WaitConfig& cfg) {
+  const auto& counter = ctl(j)->counters[c];
+  if (counter.load(std::memory_order_acquire) >= value) return;
+  const auto start = std::chrono::steady_clock::now();
+  const auto spin = std::chrono::microseconds(cfg.spin_us);
+  const Peer& p = peer(j);
+  for (unsigned loops = 0;; ++loops) {
+    if (counter.load(std::memory_order_acquire) >= value) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - start < spin) {
+      if (loops > 8) sched_yield();  // share the core with peers on oversubscribed hosts
+      continue;
+    }
+    // Closed or gone, and the value will never come (re-read after seeing the flag: it may
+    // have published its last counters just before closing or exiting).
+    if (ctl(j)->closed.load(std::memory_order_acquire) != 0) {
+      if (counter.load(std::memory_order_acquire) >= value) return;
+      throw Error(Error::Kind::peer_closed, p.label + " closed the connection", j, p.host);
+    }
+    if (p.pid > 0 && ::kill(p.pid, 0) != 0 && errno == ESRCH) {
+      if (counter.load(std::memory_order_acquire) >= value) return;
+      throw Error(Error::Kind::peer_closed, p.label + ": its process is gone", j, p.host);
+    }
+    if (cfg.on_idle) {
+      try {
+        cfg.on_idle();
+      } catch (const Error&) {
+        // A peer that finished this collective may already have moved on: what on_idle saw only
+        // counts if the value is still missing (read after it, so its writes are visible).
+        if (counter.load(std::memory_order_acquire) >= value) return;
+        throw;
+      }
+    }
+    if (now - start >= cfg.timeout) {
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%.1f s", static_cast<double>(cfg.timeout.count()) / 1000.0);
+      throw Error(
+          Error::Kind::timeout,
+          p.label + " made no progress for " + secs + " (stuck or dead? timeout: MLTRAIN_COMM_TIMEOUT)", j,
+          p.host);
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(cfg.timeout - (now - start));
+    bell_->waiters.fetch_add(1, std::memory_order_seq_cst);
+    const std::uint32_t seen = bell_->seq.load(std::memory_order_seq_cst);
+    if (counter.load(std::memory_order_seq_cst) < value &&
+        ctl(j)->closed.load(std::memory_order_seq_cst) == 0)
+      sleep_on_bell(bell_, seen, static_cast<int>(std::clamp<long long>(left.count() + 1, 1, 100)));
+    bell_->waiters.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+}  // namespace mltrain::comm::detail
