@@ -157,7 +157,9 @@ const Knob kKnobs[] = {
     {"MLTRAIN_COMM_STATS", Kind::flag, "1",
      "keep per-rank time-in-collective counters in /dev/shm for mltrain top (0: off)", comm},
     {"MLTRAIN_COMM_SHM_BYTES", Kind::bytes, "1M",
-     "shared-memory ring capacity per direction per pair of ranks", comm},
+     "shared-memory ring capacity per direction per pair of ranks, and the direct allreduce's "
+     "staging slot (two per rank)",
+     comm},
     {"MLTRAIN_COMM_CHUNK_BYTES", Kind::bytes, "256K", "pipeline piece (TCP links: twice that, at least 512K)",
      comm},
     {"MLTRAIN_COMM_SMALL_BYTES", Kind::bytes, "64K",
