@@ -3,8 +3,9 @@
 
 The same stock DDP job (bench/ddp_step_worker.py: 8 x Linear(2048, 2048), batch 8, SGD; 134 MB of
 gradients a step) runs with DDP's own gloo allreduce and with
-`ddp.register_comm_hook(None, mltrain.torch.allreduce_hook)`, ROUNDS times each, interleaved, the
-order rotated every round. Each run reports the median step time over STEPS steps (after
+`ddp.register_comm_hook(None, mltrain.torch.allreduce_hook)`, and with no communication at all
+("none": a hook that returns the bucket as it is, the floor of any transport: DDP's own copies
+stay), ROUNDS (7) times each, interleaved, the order rotated every round. Each run reports the median step time over STEPS steps (after
 WARMUP) and the median of the same step under ddp.no_sync() (compute alone); the table shows the
 median over rounds, steps/s, the share of the step spent in communication the step could not
 hide ((step - compute) / step), and the ratio mltrain/gloo in every round so the spread shows.
@@ -12,6 +13,10 @@ hide ((step - compute) / step), and the ratio mltrain/gloo in every round so the
     bench/ddp_step.py                          # 4 ranks on this host
     bench/ddp_step.py --cluster                # 4 ranks, one on each test-cluster host
     ROUNDS=3 STEPS=6 bench/ddp_step.py
+    VARIANTS="mltrain:MLTRAIN_COMM_ALGO=ring" bench/ddp_step.py   # more rows: the hook with knobs
+
+VARIANTS adds rows: mltrain runs with the given KEY=VALUE settings (colon-separated) in the ranks'
+environment, interleaved with the others.
 
 --cluster needs root and the test cluster (tests/cluster/up.sh -n 4; brought up when it is not);
 its ranks run as the cluster's login user from a copy of the worker in a world-readable folder.
@@ -28,14 +33,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = os.environ.get("MLTRAIN_BIN", str(ROOT / "build" / "mltrain"))
-ROUNDS = int(os.environ.get("ROUNDS", "5"))
+ROUNDS = int(os.environ.get("ROUNDS", "7"))
 STEPS = int(os.environ.get("STEPS", "10"))
 WARMUP = int(os.environ.get("WARMUP", "2"))
 CLUSTER_DIR = os.environ.get("MLTRAIN_CLUSTER_DIR", "/tmp/mltrain-cluster")
 
 
 def run_one(peer, where, work, home):
-    comm, *knobs = peer.split(":")
+    comm, *knobs = peer.split(":")  # "mltrain:KEY=VALUE:...": knobs in the ranks' environment
     worker = work / "ddp_step_worker.py"
     cmd = [BIN, "run", "--name", f"ddp-step-{comm}", "--env", "OMP_NUM_THREADS=1", "--env", "OPENBLAS_NUM_THREADS=1"]
     for k in knobs:
@@ -72,7 +77,7 @@ def main():
                 subprocess.run([str(ROOT / "tests/cluster/up.sh"), "-n", "4"], check=True,
                                stdout=subprocess.DEVNULL)
             (work / "hostfile").write_text("h1 slots=1\nh2 slots=1\nh3 slots=1\nh4 slots=1\n")
-        peers = ["gloo", "mltrain"] + [v for v in os.environ.get("VARIANTS", "").split() if v]
+        peers = ["gloo", "mltrain", "none"] + [v for v in os.environ.get("VARIANTS", "").split() if v]
         runs = {c: [] for c in peers}
         run_one("mltrain", where, work, home)  # untimed: the agent copy, cold caches
         for r in range(ROUNDS):
@@ -95,8 +100,10 @@ def main():
             print(f"{c:<{w}}{step * 1e3:>10.1f}{1 / step:>10.2f}{comp * 1e3:>12.1f}{share * 100:>11.0f}%")
         for c in peers[1:]:
             per_round = [g["step_s"] / m["step_s"] for g, m in zip(runs["gloo"], runs[c])]
-            print(f"{c} = {med['gloo'] / med[c]:.2f} x gloo steps/s "
+            what = " (no communication: the most any transport can reach)" if c == "none" else ""
+            print(f"{c} = {med['gloo'] / med[c]:.2f} x gloo steps/s{what} "
                   f"(per round: {' '.join(f'{x:.2f}' for x in per_round)})")
+        print(f"mltrain's step takes {med['mltrain'] / med['none']:.2f} x the no-communication step's time")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -1,6 +1,8 @@
 """One rank of bench/ddp_step.py: DDP training steps of a communication-heavy model (LAYERS x
-Linear(WIDTH, WIDTH), batch BATCH, SGD), gradients through gloo (DDP's own allreduce) or through
-mltrain (mltrain.torch.allreduce_hook). Each step with gradient sync is followed by one under
+Linear(WIDTH, WIDTH), batch BATCH, SGD), gradients through gloo (DDP's own allreduce), through
+mltrain (mltrain.torch.allreduce_hook), or nowhere ("none": a hook that hands DDP its bucket back at
+once, so the step keeps all of DDP's own work but no communication: the floor any transport can
+reach). Each step with gradient sync is followed by one under
 ddp.no_sync() (the same compute, no communication): the median of the first is the step time, of
 the second the compute time; their difference is the communication the step could not hide.
 Rank 0 prints one line: DDP-STEP {"comm": ..., "step_s": ..., "compute_s": ...}.
@@ -17,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--comm", choices=["gloo", "mltrain"], required=True)
+    ap.add_argument("--comm", choices=["gloo", "mltrain", "none"], required=True)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--width", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=8)
@@ -35,6 +37,12 @@ def main():
     if args.comm == "mltrain":
         import mltrain.torch
         ddp.register_comm_hook(None, mltrain.torch.allreduce_hook)
+    elif args.comm == "none":
+        def no_communication(state, bucket):
+            fut = torch.futures.Future()
+            fut.set_result(bucket.buffer())
+            return fut
+        ddp.register_comm_hook(None, no_communication)
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-4)
     x = torch.randn(args.batch, args.width)
 

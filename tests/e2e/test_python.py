@@ -90,6 +90,23 @@ def test_ddp_hook_and_optimizer_match_gloo(ml, tmp_path):
 
 
 @needs_torch
+def test_two_ddp_models_in_one_backward_pass_keep_their_results_apart(ml, tmp_path):
+    """The hook hands DDP its results in shared memory, one region per bucket: the buckets of two
+    models of the same shape are in flight at once and must not share one."""
+    import numpy as np
+    out = tmp_path / "out"
+    out.mkdir()
+    w = {}
+    for mode in ("twin-gloo", "twin-hook"):
+        r = ml("run", "-n", "4", "--env", f"OUT={out}", "--env", "OMP_NUM_THREADS=1", "--",
+               PY, WORKERS / "ddp.py", "--mode", mode, timeout=180)
+        assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+        w[mode] = _weights(out, mode, 4)
+    diff = float(np.abs(w["twin-hook"] - w["twin-gloo"]).max())
+    assert diff <= WEIGHT_TOL, f"max |w - w_gloo| = {diff}"
+
+
+@needs_torch
 def test_rank_killed_mid_step_raises_on_the_others_naming_it(ml, tmp_path):
     out = tmp_path / "out"
     out.mkdir()

@@ -5,6 +5,8 @@ whose gradients travel through --mode:
   fixed       mltrain.torch.fixed_point_hook
   gloo-fixed  the same fixed-point reduction through gloo (torch.distributed.all_reduce on int64)
   optimizer   no DDP: mltrain.torch.broadcast_parameters + DistributedOptimizer
+  twin-gloo   two DDP models of the same shape (other weights, one loss, one backward pass): gloo
+  twin-hook   the same through mltrain.torch.allreduce_hook (their buckets in flight at once)
 Writes its final weights (float32 bytes) to $OUT/weights-<mode>-<rank>.bin. With --kill-at K,
 rank 1 SIGKILLs itself in step K between forward and backward; the others report what the
 backward pass raised ("RAISED <type>: <message>") and exit 3.
@@ -59,6 +61,21 @@ def main():
         net = model
         opt = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
         assert isinstance(opt, torch.optim.SGD)
+    elif args.mode.startswith("twin-"):
+        torch.manual_seed(7)
+        twin = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.Tanh(), torch.nn.Linear(128, 64),
+                                   torch.nn.Tanh(), torch.nn.Linear(64, 1))
+        a, b = DDP(model, bucket_cap_mb=0.01), DDP(twin, bucket_cap_mb=0.01)
+        if args.mode == "twin-hook":
+            a.register_comm_hook(None, mt.allreduce_hook)
+            b.register_comm_hook(None, mt.allreduce_hook)
+        elif args.mode != "twin-gloo":
+            sys.exit(f"unknown mode {args.mode}")
+
+        def net(x):
+            return a(x) + 0.5 * b(x)
+        opt = torch.optim.SGD(list(a.parameters()) + list(b.parameters()), lr=0.05, momentum=0.9)
+        model = torch.nn.ModuleList([model, twin])  # both models' weights are written
     else:
         net = DDP(model, bucket_cap_mb=0.01)  # several buckets, several hooks per step
         if args.mode == "hook":
