@@ -614,43 +614,29 @@ TEST_CASE("allreduce_shared: ranks that pass different keys fail naming both cal
   CHECK(named == 2);
 }
 
-TEST_CASE("allreduce: on one host, ranks that disagree on direct and ring fail naming it, no hang") {
-  std::atomic<int> named{0}, failed{0};
-  run_ranks(
-      4, Transport::shm,
-      [&](Communicator& c) {
-        std::vector<float> v(100000);
-        try {
-          c.allreduce(v.data(), v.size(), DataType::f32, ReduceOp::sum);
-        } catch (const Error& e) {
-          ++failed;
-          const std::string what = e.what();
-          if (what.find("MLTRAIN_COMM_ALGO=direct") != std::string::npos &&
-              what.find("MLTRAIN_COMM_ALGO=ring") != std::string::npos)
-            ++named;
-        }
-      },
-      5s, [](Options& o) { o.algo = o.rank == 0 ? Algo::direct : Algo::ring; });
-  CHECK(failed == 4);
-  CHECK(named >= 1);
-}
-
 TEST_CASE("allreduce: ranks that disagree on MLTRAIN_COMM_ALGO fail naming it, no hang") {
-  std::atomic<int> named{0}, failed{0};
-  run_ranks(
-      4, Transport::tcp,
-      [&](Communicator& c) {
-        std::vector<float> v(100000);
-        try {
-          c.allreduce(v.data(), v.size(), DataType::f32, ReduceOp::sum);
-        } catch (const Error& e) {
-          ++failed;
-          if (std::string(e.what()).find("MLTRAIN_COMM_ALGO=hd") != std::string::npos) ++named;
-        }
-      },
-      5s, [](Options& o) { o.algo = o.rank == 0 ? Algo::hd : Algo::ring; });
-  CHECK(failed == 4);
-  CHECK(named >= 1);
+  // Over TCP rank 0 runs hd and the others the ring; on one host rank 0 runs the direct
+  // allreduce (through the group segment) and the others the ring (over the links).
+  for (auto [transport, mine, named_as] :
+       {std::tuple{Transport::tcp, Algo::hd, "MLTRAIN_COMM_ALGO=hd"},
+        std::tuple{Transport::shm, Algo::direct, "MLTRAIN_COMM_ALGO=direct"}}) {
+    CAPTURE(named_as);
+    std::atomic<int> named{0}, failed{0};
+    run_ranks(
+        4, transport,
+        [&](Communicator& c) {
+          std::vector<float> v(100000);
+          try {
+            c.allreduce(v.data(), v.size(), DataType::f32, ReduceOp::sum);
+          } catch (const Error& e) {
+            ++failed;
+            if (std::string(e.what()).find(named_as) != std::string::npos) ++named;
+          }
+        },
+        5s, [&](Options& o) { o.algo = o.rank == 0 ? mine : Algo::ring; });
+    CHECK(failed == 4);
+    CHECK(named >= 1);
+  }
 }
 
 TEST_CASE("mismatched counts are detected and named") {
