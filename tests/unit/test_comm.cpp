@@ -181,6 +181,23 @@ std::string check_reduced(DataType dt, ReduceOp op, int n, std::size_t i, double
          " +- " + std::to_string(tol);
 }
 
+// Rank r's input elements salt .. salt+count-1, stored in the dtype.
+std::vector<std::byte> inputs(DataType dt, ReduceOp op, int r, std::size_t count, std::size_t salt = 0) {
+  std::vector<std::byte> v(count * size_of(dt));
+  for (std::size_t i = 0; i < count; ++i)
+    detail::store_from_double(v.data(), i, dt, input(dt, op, r, i + salt));
+  return v;
+}
+
+// The first wrong element of a reduced result of inputs(..., salt) over n ranks, or empty.
+std::string first_wrong(DataType dt, ReduceOp op, int n, const void* got, std::size_t count,
+                        std::size_t salt = 0) {
+  for (std::size_t i = 0; i < count; ++i)
+    if (auto why = check_reduced(dt, op, n, i + salt, detail::load_as_double(got, i, dt)); !why.empty())
+      return why;
+  return {};
+}
+
 const DataType kDtypes[] = {DataType::f32, DataType::f64, DataType::f16, DataType::bf16,
                             DataType::i32, DataType::i64, DataType::u8};
 const ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg};
@@ -433,9 +450,7 @@ TEST_CASE("allreduce: algorithms ring, bidir and hd give the reference result (b
           run_ranks(
               n, Transport::tcp,
               [&](Communicator& c) {
-                std::vector<std::byte> in(count * es), out(count * es);
-                for (std::size_t i = 0; i < count; ++i)
-                  detail::store_from_double(in.data(), i, dt, input(dt, op, c.rank(), i));
+                std::vector<std::byte> in = inputs(dt, op, c.rank(), count), out(count * es);
                 if (inplace) {
                   c.allreduce(in.data(), count, dt, op);
                   out = in;
@@ -446,13 +461,8 @@ TEST_CASE("allreduce: algorithms ring, bidir and hd give the reference result (b
               },
               20s, [&](Options& o) { o.algo = algo; });
           for (int r = 1; r < n; ++r) CHECK(got[static_cast<std::size_t>(r)] == got[0]);
-          std::size_t bad = 0;
-          std::string first;
-          for (std::size_t i = 0; i < count; ++i) {
-            const std::string why = check_reduced(dt, op, n, i, detail::load_as_double(got[0].data(), i, dt));
-            if (!why.empty() && bad++ == 0) first = why;
-          }
-          CHECK_MESSAGE(bad == 0, first);
+          const std::string wrong = first_wrong(dt, op, n, got[0].data(), count);
+          CHECK_MESSAGE(wrong.empty(), wrong);
         }
       }
     }
@@ -485,9 +495,7 @@ TEST_CASE(
               n, Transport::shm,
               [&](Communicator& c) {
                 direct += c.algo() == Algo::direct;
-                std::vector<std::byte> in(count * es), out(count * es);
-                for (std::size_t i = 0; i < count; ++i)
-                  detail::store_from_double(in.data(), i, dt, input(dt, op, c.rank(), i));
+                std::vector<std::byte> in = inputs(dt, op, c.rank(), count), out(count * es);
                 // Twice: the second call's chunks continue the first's counters.
                 for (int rep = 0; rep < 2; ++rep) {
                   std::vector<std::byte> buf = in;
@@ -507,13 +515,8 @@ TEST_CASE(
               });
           CHECK(direct == n);
           for (int r = 1; r < n; ++r) CHECK(got[static_cast<std::size_t>(r)] == got[0]);
-          std::size_t bad = 0;
-          std::string first;
-          for (std::size_t i = 0; i < count; ++i) {
-            const std::string why = check_reduced(dt, op, n, i, detail::load_as_double(got[0].data(), i, dt));
-            if (!why.empty() && bad++ == 0) first = why;
-          }
-          CHECK_MESSAGE(bad == 0, first);
+          const std::string wrong = first_wrong(dt, op, n, got[0].data(), count);
+          CHECK_MESSAGE(wrong.empty(), wrong);
         }
       }
     }
@@ -534,17 +537,9 @@ TEST_CASE("allreduce_shared: on one host the result lands in one shared region, 
       run_ranks(
           n, Transport::shm,
           [&](Communicator& c) {
-            auto fill = [&](std::size_t count, int salt) {
-              std::vector<std::byte> v(count * es);
-              for (std::size_t i = 0; i < count; ++i)
-                detail::store_from_double(v.data(), i, dt, input(dt, op, c.rank(), i + salt));
-              return v;
-            };
+            auto fill = [&](std::size_t count, int salt) { return inputs(dt, op, c.rank(), count, salt); };
             auto reference_ok = [&](const void* at, std::size_t count, int salt) {
-              for (std::size_t i = 0; i < count; ++i)
-                if (!check_reduced(dt, op, n, i + salt, detail::load_as_double(at, i, dt)).empty())
-                  return false;
-              return true;
+              return first_wrong(dt, op, n, at, count, salt).empty();
             };
             const std::size_t count = 5 * (slot / es) + 7;
             const void* first = nullptr;

@@ -10,19 +10,6 @@ namespace {
 
 int mod(int a, int n) { return ((a % n) + n) % n; }
 
-// Element range of segment i when count elements are split into n near-equal segments.
-struct Segments {
-  std::size_t count;
-  int n;
-  std::size_t offset(int i) const {
-    const std::size_t base = count / static_cast<std::size_t>(n);
-    const std::size_t extra = count % static_cast<std::size_t>(n);
-    const auto u = static_cast<std::size_t>(i);
-    return u * base + std::min(u, extra);
-  }
-  std::size_t length(int i) const { return offset(i + 1) - offset(i); }
-};
-
 // Holds the headers received during one collective (deque: stable addresses).
 struct HeaderBox {
   std::deque<WireHeader> received;

@@ -3,6 +3,7 @@
 // allgather/reduce-scatter, and a barrier. They see links and the engine only, never sockets.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -39,6 +40,19 @@ struct WireHeader {
   std::uint64_t seq = 0;
 };
 static_assert(sizeof(WireHeader) == 32);
+
+// Element range of segment i when count elements are split into n near-equal segments.
+struct Segments {
+  std::size_t count;
+  int n;
+  std::size_t offset(int i) const {
+    const std::size_t base = count / static_cast<std::size_t>(n);
+    const std::size_t extra = count % static_cast<std::size_t>(n);
+    const auto u = static_cast<std::size_t>(i);
+    return u * base + std::min(u, extra);
+  }
+  std::size_t length(int i) const { return offset(i + 1) - offset(i); }
+};
 
 class ShmGroup;
 

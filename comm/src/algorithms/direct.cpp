@@ -85,10 +85,8 @@ std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv
   g.chunks += chunks;
   auto elems_of = [&](std::size_t k) { return std::min(chunk, count - k * chunk); };
   auto seg_of = [&](std::size_t k, int j) {  // (offset, length) of segment j of chunk k, in elements
-    const std::size_t m = elems_of(k), q = m / static_cast<std::size_t>(n),
-                      extra = m % static_cast<std::size_t>(n);
-    const auto u = static_cast<std::size_t>(j);
-    return std::pair{u * q + std::min(u, extra), q + (u < extra ? 1 : 0)};
+    const Segments seg{elems_of(k), n};
+    return std::pair{seg.offset(j), seg.length(j)};
   };
   auto slot_of = [](std::size_t k) { return static_cast<int>(k % ShmGroup::kSlots); };
 

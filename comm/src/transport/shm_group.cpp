@@ -99,10 +99,6 @@ std::byte* ShmGroup::slot(int rank, int k) const {
   return data_ + (static_cast<std::size_t>(rank) * kSlots + static_cast<std::size_t>(k)) * slot_bytes_;
 }
 
-std::uint64_t ShmGroup::load(int rank, Counter c) const {
-  return ctl(rank)->counters[c].load(std::memory_order_acquire);
-}
-
 void ShmGroup::publish(Counter c, std::uint64_t value) {
   ctl(rank_)->counters[c].store(value, std::memory_order_release);
   ring_bell(bell_);

@@ -71,7 +71,6 @@ class ShmGroup {
   // Chunks this rank has started, over all direct collectives (the same on every rank).
   std::uint64_t chunks = 0;
 
-  std::uint64_t load(int rank, Counter c) const;
   // Sets this rank's counter (release) and rings the bell.
   void publish(Counter c, std::uint64_t value);
   // Waits until rank j's counter c reaches value; throws Error naming j when j closed, its
