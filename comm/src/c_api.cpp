@@ -123,6 +123,15 @@ int mltrain_comm_allreduce_shared(mltrain_comm_t* comm, void* buf, size_t count,
   });
 }
 
+int mltrain_comm_allreduce_shared_file(mltrain_comm_t* comm, void* buf, size_t count, int dtype, int redop,
+                                       unsigned long long key, int fd, size_t offset, const void** result) {
+  return guarded(comm, [&](auto& c) {
+    const mltrain::comm::SharedFile file{fd, offset};
+    const void* at = c.allreduce_shared(buf, count, dt(dtype), op(redop), key, fd >= 0 ? &file : nullptr);
+    if (result != nullptr) *result = at;
+  });
+}
+
 int mltrain_comm_release_shared(mltrain_comm_t* comm, unsigned long long key) {
   return guarded(comm, [&](auto& c) { c.release_shared(key); });
 }

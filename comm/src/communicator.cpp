@@ -859,7 +859,7 @@ void Communicator::allreduce(const void* send, void* recv, std::size_t count, Da
 }
 
 const void* Communicator::allreduce_shared(void* buf, std::size_t count, DataType dtype, ReduceOp op,
-                                           std::uint64_t key) {
+                                           std::uint64_t key, const SharedFile* file) {
   const void* result = buf;
   impl_->collective(Coll::allreduce, dtype, op, 0, count, [&](Context& ctx) {
     require(count == 0 || buf != nullptr, "null buffer");
@@ -867,7 +867,7 @@ const void* Communicator::allreduce_shared(void* buf, std::size_t count, DataTyp
     if (impl_->on_device(buf, buf))
       impl_->nccl->allreduce(buf, buf, count, dtype, op);
     else if (ctx.group != nullptr)
-      result = detail::allreduce_direct(ctx, bytes, bytes, count, dtype, op, &key);
+      result = detail::allreduce_direct(ctx, bytes, bytes, count, dtype, op, &key, file);
     else
       detail::allreduce(ctx, buf, buf, count, dtype, op);
   });

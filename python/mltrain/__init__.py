@@ -287,18 +287,21 @@ class Communicator:
     def allreduce_async(self, x, op="sum"):
         return self._async(self._allreduce_fn(x, op), x)
 
-    def _allreduce_shared_async(self, t, op, key, box):
+    def _allreduce_shared_async(self, t, op, key, box, file=None):
         """allreduce_async of a CPU tensor whose result may come back in shared memory
         (Communicator::allreduce_shared in mltrain/comm.hpp): once done, box[0] is t or a tensor
         over the key's shared region, valid until this rank's next call with the key or
-        _release_shared(key). For mltrain.torch.allreduce_hook."""
+        _release_shared(key). file: (fd, offset) when t lies in a shared file (its peers on this
+        host then read it there). For mltrain.torch.allreduce_hook."""
         addr, n, dt = _view(t, "allreduce", True, self)
         code = _op_code(op)
         p = self._ptr_or_raise()
         out = ctypes.c_void_p()
+        fd, offset = file if file is not None else (-1, 0)
 
         def run():
-            self._call(self._lib.mltrain_comm_allreduce_shared, p, addr, n, dt, code, key, ctypes.byref(out))
+            self._call(self._lib.mltrain_comm_allreduce_shared_file, p, addr, n, dt, code, key, fd, offset,
+                       ctypes.byref(out))
             if out.value is not None and out.value != addr:
                 import torch
                 raw = (ctypes.c_char * (n * t.element_size())).from_address(out.value)

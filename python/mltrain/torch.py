@@ -18,6 +18,8 @@ result does not depend on the order of reduction (ring, halving-doubling, host l
 ps_hook sends the buckets to the job's parameter servers instead ([ps] in the job spec, sync
 servers), BytePS-style: ddp.register_comm_hook(None, mltrain.torch.ps_hook).
 """
+import os
+
 import torch
 
 import mltrain as _ml
@@ -86,6 +88,30 @@ class _SharedResults:
         self.last[key] = self.passes
         return key
 
+    def file_of(self, t):
+        """(fd, offset) of t in a shared file, moving its storage there on first sight, or None.
+        t is a DDP bucket: torch's share_memory_ swaps the storage's memory in place, so every
+        view DDP keeps of the bucket follows it. Only when every rank shares this host (peers
+        read the bucket where it lies) and /dev/shm has room to spare: twice every local rank's
+        copy plus the result (a full tmpfs would kill the process on first touch, not raise)."""
+        comm = self.comm
+        if comm.size < 2 or comm.local_size != comm.size:
+            return None
+        try:
+            if hasattr(t, "untyped_storage"):
+                st = t.untyped_storage()
+            else:  # torch 1.x: a TypedStorage over the untyped one
+                st = t.storage()
+                st = getattr(st, "_storage", st)
+            if not st.is_shared():
+                vfs = os.statvfs("/dev/shm")
+                if vfs.f_bavail * vfs.f_frsize < 2 * (comm.local_size + 1) * st.nbytes():
+                    return None
+            fd, _ = st._share_fd_cpu_()
+        except (AttributeError, OSError, RuntimeError):
+            return None  # another torch, no /dev/shm, or a storage shared by file name
+        return fd, t.data_ptr() - st.data_ptr()
+
     def _end_of_pass(self):
         self.queued = False
         self.uses.clear()
@@ -101,7 +127,8 @@ def allreduce_hook(state, bucket):
     (op avg: summed, divided once in the library's last pass over the data, no pass of its own).
     Asynchronous: the backward pass keeps computing while the bucket travels. When every rank
     shares one host, the result comes back in shared memory that DDP copies into the gradients
-    itself (no copy back into the bucket: Communicator::allreduce_shared)."""
+    itself (no copy back into the bucket: Communicator::allreduce_shared), and the bucket itself
+    moves to shared memory on first use, where the other ranks read it (no copy in either)."""
     comm = _comm_of(state)
     t = bucket.buffer()
     if t.device.type == "cpu":
@@ -111,7 +138,8 @@ def allreduce_hook(state, bucket):
         key = shared.key((bucket.index(), t.numel(), str(t.dtype)))
         if key is not None:
             box = [t]
-            return _future_of(comm._allreduce_shared_async(t, "avg", key, box), lambda: box[0])
+            file = shared.file_of(t)
+            return _future_of(comm._allreduce_shared_async(t, "avg", key, box, file), lambda: box[0])
     return _future_of(comm.allreduce_async(t, "avg"), lambda: t)
 
 

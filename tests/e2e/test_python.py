@@ -90,6 +90,28 @@ def test_ddp_hook_and_optimizer_match_gloo(ml, tmp_path):
 
 
 @needs_torch
+def test_ddp_hook_reads_buckets_where_they_lie_and_stages_when_dev_shm_is_full(ml, tmp_path):
+    """On one host the hook moves DDP's buckets into shared memory, where the other ranks read
+    them; when /dev/shm looks too small it leaves them and stages. Both reduce in the same
+    order: the same weights, bit for bit."""
+    out = tmp_path / "out"
+    out.mkdir()
+    w = {}
+    for mode in ("hook", "hook-staged"):
+        r = ml("run", "-n", "4", "--env", f"OUT={out}", "--env", "OMP_NUM_THREADS=1", "--",
+               PY, WORKERS / "ddp.py", "--mode", mode, timeout=180)
+        assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+        counts = [(int(a), int(b)) for a, b in re.findall(r"BUCKETS (\d+) OF (\d+)", r.stdout)]
+        assert len(counts) == 4 and all(calls > 0 for _, calls in counts), r.stdout[-2000:]
+        if mode == "hook":
+            assert all(shared == calls for shared, calls in counts), counts
+        else:
+            assert all(shared == 0 for shared, _ in counts), counts
+        w[mode] = _weights(out, mode, 4)
+    assert w["hook"].tobytes() == w["hook-staged"].tobytes()
+
+
+@needs_torch
 def test_two_ddp_models_in_one_backward_pass_keep_their_results_apart(ml, tmp_path):
     """The hook hands DDP its results in shared memory, one region per bucket: the buckets of two
     models of the same shape are in flight at once and must not share one."""

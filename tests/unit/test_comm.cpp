@@ -577,6 +577,132 @@ TEST_CASE("allreduce_shared: on one host the result lands in one shared region, 
   }
 }
 
+namespace {
+
+// A rank's input in a shared file (a memfd named after the rank), at a byte offset of its own.
+struct InputFile {
+  int fd = -1;
+  std::byte* map = nullptr;
+  std::size_t len = 0, offset = 0;
+  InputFile(int rank, std::size_t bytes)
+      : len(64 * 8 + bytes + 1), offset(64 * static_cast<std::size_t>(rank + 1)) {
+    const std::string name = "mltrain-test-input-" + std::to_string(rank);
+    fd = ::memfd_create(name.c_str(), MFD_CLOEXEC);
+    REQUIRE(fd >= 0);
+    REQUIRE(::ftruncate(fd, static_cast<off_t>(len)) == 0);
+    void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    REQUIRE(p != MAP_FAILED);
+    map = static_cast<std::byte*>(p);
+  }
+  ~InputFile() {
+    ::munmap(map, len);
+    ::close(fd);
+  }
+  std::byte* buf() const { return map + offset; }
+  SharedFile file() const { return {fd, offset}; }
+};
+
+// How many mappings of rank r's input file this process holds.
+int mappings_of_input(int r) {
+  std::FILE* f = std::fopen("/proc/self/maps", "r");
+  REQUIRE(f != nullptr);
+  const std::string name = "memfd:mltrain-test-input-" + std::to_string(r) + " ";
+  int found = 0;
+  char line[512];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    std::string l(line);
+    if (l.find(name) != std::string::npos ||
+        l.find(name.substr(0, name.size() - 1) + "\n") != std::string::npos)
+      ++found;
+  }
+  std::fclose(f);
+  return found;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "allreduce_shared: inputs in shared files are read where they lie, with the staged path's result bit "
+    "for bit") {
+  // Blocks of 256 KiB: a count past three of them puts block edges inside every segment.
+  for (int n : {2, 3, 4}) {
+    for (auto [dt, op] : {std::pair{DataType::f32, ReduceOp::avg}, std::pair{DataType::i64, ReduceOp::sum},
+                          std::pair{DataType::bf16, ReduceOp::sum}, std::pair{DataType::u8, ReduceOp::max}}) {
+      const std::size_t es = size_of(dt);
+      for (std::size_t count : {std::size_t{1}, std::size_t{5}, 3 * n * ((256u << 10) / es) + 7}) {
+        CAPTURE(n);
+        CAPTURE(name_of(dt));
+        CAPTURE(count);
+        std::atomic<int> bad{0}, mapped{0};
+        std::mutex mu;
+        std::vector<std::vector<std::byte>> got(static_cast<std::size_t>(n));
+        run_ranks(n, Transport::shm, [&](Communicator& c) {
+          const int r = c.rank();
+          InputFile in(r, count * es);
+          const auto input = inputs(dt, op, r, count);
+          std::memcpy(in.buf(), input.data(), input.size());
+          const SharedFile file = in.file();
+          const void* at = nullptr;
+          for (int rep = 0; rep < 2; ++rep) {  // the second call reuses the peers' mappings
+            at = c.allreduce_shared(in.buf(), count, dt, op, 5, &file);
+            if (at == in.buf() || std::memcmp(in.buf(), input.data(), input.size()) != 0 ||
+                !first_wrong(dt, op, n, at, count).empty())
+              ++bad;
+          }
+          std::vector<std::byte> mine(static_cast<const std::byte*>(at),
+                                      static_cast<const std::byte*>(at) + count * es);
+          // The staged path (no file) reduces in the same order: the same bytes.
+          auto plain = input;
+          const void* staged = c.allreduce_shared(plain.data(), count, dt, op, 6);
+          if (std::memcmp(staged, mine.data(), mine.size()) != 0) ++bad;
+          c.barrier();
+          // Every peer mapped this rank's file: its own mapping and one per peer, in this process.
+          if (mappings_of_input(r) == n) ++mapped;
+          c.barrier();
+          c.release_shared(5);
+          c.release_shared(6);
+          std::lock_guard lock(mu);
+          got[static_cast<std::size_t>(r)] = std::move(mine);
+        });
+        CHECK(bad == 0);
+        CHECK(mapped == n);
+        for (int r = 1; r < n; ++r) CHECK(got[static_cast<std::size_t>(r)] == got[0]);
+      }
+    }
+  }
+}
+
+TEST_CASE("allreduce_shared: one rank without a shared file (none, or a pipe) makes every rank stage") {
+  // Rank 1 passes no file, or a pipe: every rank stages (the peers never map rank 0's file).
+  for (bool pipe_fd : {false, true}) {
+    CAPTURE(pipe_fd);
+    const int n = 3;
+    const std::size_t count = 300001;
+    std::atomic<int> bad{0}, unmapped{0};
+    run_ranks(n, Transport::shm, [&](Communicator& c) {
+      const int r = c.rank();
+      InputFile in(r, count * sizeof(float));
+      const auto input = inputs(DataType::f32, ReduceOp::sum, r, count);
+      std::memcpy(in.buf(), input.data(), input.size());
+      int p[2] = {-1, -1};
+      REQUIRE(::pipe(p) == 0);
+      SharedFile file = in.file();
+      if (r == 1) file = {p[0], 0};
+      const void* at = c.allreduce_shared(in.buf(), count, DataType::f32, ReduceOp::sum, 9,
+                                          r == 1 && !pipe_fd ? nullptr : &file);
+      if (!first_wrong(DataType::f32, ReduceOp::sum, n, at, count).empty()) ++bad;
+      c.barrier();
+      if (mappings_of_input(r) == 1) ++unmapped;
+      c.barrier();
+      c.release_shared(9);
+      ::close(p[0]);
+      ::close(p[1]);
+    });
+    CHECK(bad == 0);
+    CHECK(unmapped == n);
+  }
+}
+
 TEST_CASE("allreduce_shared: across the links (no group) it reduces buf in place and returns it") {
   std::atomic<int> bad{0};
   run_ranks(3, Transport::tcp, [&](Communicator& c) {

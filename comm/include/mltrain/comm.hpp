@@ -56,6 +56,15 @@ class Error : public std::runtime_error {
   std::string peer_host_;
 };
 
+// Where an allreduce_shared input lies in a shared file: byte `offset` of the file open as fd,
+// mapped MAP_SHARED (a torch storage after share_memory_(), a memfd, a file in /dev/shm). The
+// ranks on one host then read each other's inputs where they lie instead of copying them into
+// staging slots first. fd stays open and the buffer unchanged until the call returns.
+struct SharedFile {
+  int fd = -1;
+  std::size_t offset = 0;
+};
+
 // Everything init needs. from_env() reads the variables listed in docs/comm.md.
 struct Options {
   int rank = 0;
@@ -120,8 +129,11 @@ class Communicator {
   // its input). Valid until this rank calls again with the same key or releases it; every rank
   // must pass the same key. Elsewhere (or when /dev/shm cannot hold the region) buf is reduced
   // in place and returned. For DDP hooks (mltrain.torch.allreduce_hook), whose framework copies
-  // the result out anyway.
-  const void* allreduce_shared(void* buf, std::size_t count, DataType dtype, ReduceOp op, std::uint64_t key);
+  // the result out anyway. With `file` on every rank (buf lies in a shared file), each rank reduces
+  // its part straight from its peers' buffers: no staging copy, two waits a call. When any rank
+  // passes none or cannot map a peer's file, the call stages as without it.
+  const void* allreduce_shared(void* buf, std::size_t count, DataType dtype, ReduceOp op, std::uint64_t key,
+                               const SharedFile* file = nullptr);
   void release_shared(std::uint64_t key) noexcept;  // unmaps the key's region here
   void broadcast(void* buf, std::size_t count, DataType dtype, int root);
   // recv holds size()*count elements; rank i's send lands at recv + i*count. send may alias it.

@@ -11,15 +11,42 @@
 // two slots per rank let A(k+1) fill one while C(k) still reads the other.
 // With a shared result (allreduce_shared), B writes straight into a region every rank maps and
 // there is no C: 1.75N in and 1N out per rank.
+// When moreover every rank's input lies in a shared file that every rank can map (SharedFile: a
+// DDP bucket after share_memory_()), there is no A either: rank r reduces its segment of the whole
+// buffer straight from the peers' inputs into the region, 1N in and N/n out per rank, and the
+// call waits on its peers twice (posted, reduced) instead of three times a chunk.
 #include <cstring>
+#include <vector>
 
 #include "algorithms/collectives.h"
 #include "transport/shm_group.h"
 
 namespace mltrain::comm::detail {
 
+namespace {
+
+// Rank r's segment of the whole buffer from every rank's input (src, in rank order) into out,
+// in blocks that stay in this core's cache across the n-1 passes.
+void reduce_mapped(const std::vector<const std::byte*>& src, std::byte* out, std::size_t count, int n, int r,
+                   DataType dtype, ReduceOp op, ReduceFn fn) {
+  const std::size_t es = size_of(dtype);
+  const Segments seg{count, n};
+  const std::size_t off = seg.offset(r), len = seg.length(r);
+  const std::size_t block = std::max<std::size_t>(1, (std::size_t{256} << 10) / es);
+  for (std::size_t b = 0; b < len; b += block) {
+    const std::size_t m = std::min(block, len - b), at = (off + b) * es;
+    std::byte* dst = out + at;
+    fn(dst, src[0] + at, src[1] + at, m);
+    for (int j = 2; j < n; ++j) fn(dst, dst, src[static_cast<std::size_t>(j)] + at, m);
+    if (op == ReduceOp::avg) finalize_avg(dst, m, dtype, n);
+  }
+}
+
+}  // namespace
+
 std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv, std::size_t count,
-                            DataType dtype, ReduceOp op, const std::uint64_t* shared_key) {
+                            DataType dtype, ReduceOp op, const std::uint64_t* shared_key,
+                            const SharedFile* file) {
   ShmGroup& g = *ctx.group;
   const int n = ctx.size, r = ctx.rank;
   const std::size_t es = size_of(dtype);
@@ -63,6 +90,8 @@ std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv
   };
 
   if (shared_key != nullptr && r == 0) g.make_result(*shared_key, count * es);
+  if (shared_key != nullptr)
+    g.post_input(file != nullptr ? file->fd : -1, file != nullptr ? file->offset : 0);
   g.post_header(&ctx.header);
   g.publish(ShmGroup::posted, ctx.header.seq);
   for (int j = 0; j < n; ++j) {
@@ -78,6 +107,29 @@ std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv
     if (const std::uint64_t id = g.posted_result(); id != 0)
       shared = g.map_result(*shared_key, id, count * es);
   std::byte* const out = shared != nullptr ? shared : recv;
+
+  // Inputs where they lie, when every rank posted one (all see the same) and all can map them.
+  bool all_posted = shared != nullptr;
+  for (int j = 0; j < n && all_posted; ++j) all_posted = g.has_input(j);
+  if (all_posted) {
+    std::vector<const std::byte*> src(static_cast<std::size_t>(n), send);
+    bool ok = true;
+    for (int j = 0; j < n && ok; ++j)
+      if (j != r)
+        ok = (src[static_cast<std::size_t>(j)] = g.map_input(*shared_key, j, count * es)) != nullptr;
+    if (g.vote(ok, ctx.header.seq, wc)) {
+      const std::uint64_t id = g.chunks++;  // one chunk, so the counters run on alike
+      if (n > 1) reduce_mapped(src, shared, count, n, r, dtype, op, fn);
+      g.publish(ShmGroup::written, id + 1);
+      g.publish(ShmGroup::reduced, id + 1);
+      // Done when every segment is in: then nobody reads this rank's input any more.
+      for (int j = 0; j < n; ++j)
+        if (j != r) g.wait(j, ShmGroup::reduced, id + 1, wc);
+      if (r == 0) g.unlink_result(*shared_key);
+      g.publish(ShmGroup::copied, id + 1);
+      return shared;
+    }
+  }
 
   const std::size_t chunk = std::max<std::size_t>(1, g.slot_bytes() / es);
   const std::size_t chunks = (count + chunk - 1) / chunk;

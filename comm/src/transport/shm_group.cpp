@@ -1,7 +1,11 @@
 #include "transport/shm_group.h"
 
+#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -14,7 +18,7 @@ namespace mltrain::comm::detail {
 namespace {
 
 constexpr std::uint32_t kGroupMagic = 0x4d4c4752;  // "MLGR"
-constexpr std::uint16_t kGroupVersion = 1;
+constexpr std::uint16_t kGroupVersion = 2;
 constexpr std::size_t kCtlBytes = 256;
 constexpr std::size_t kCtlStart = 256;
 
@@ -37,10 +41,14 @@ std::size_t data_offset(int size) {
 }  // namespace
 
 struct ShmGroup::Ctl {
-  std::atomic<std::uint64_t> counters[4];
+  std::atomic<std::uint64_t> counters[5];
   std::atomic<std::uint32_t> closed;
+  std::atomic<std::uint32_t> vote;  // 1: this rank can read every peer's input (set before voted)
   alignas(8) unsigned char header[kHeaderBytes];
   std::atomic<std::uint64_t> result;  // rank 0: the result region of its posted call (0: none)
+  // The input of the posted call, when it lies in a shared file (post_input; fd -1: it does not).
+  std::int64_t in_fd;
+  std::uint64_t in_dev, in_ino, in_size, in_offset;
 };
 
 std::size_t ShmGroup::segment_bytes(int size, std::size_t slot_bytes) {
@@ -57,6 +65,8 @@ void ShmGroup::init_segment(void* base, int size, std::size_t slot_bytes) {
     auto* c = new (static_cast<std::byte*>(base) + kCtlStart + static_cast<std::size_t>(r) * kCtlBytes) Ctl{};
     for (auto& v : c->counters) v.store(0);
     c->closed.store(0);
+    c->vote.store(0);
+    c->in_fd = -1;
     c->result.store(0);
   }
   std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -150,7 +160,72 @@ void ShmGroup::unlink_result(std::uint64_t key) {
   if (auto it = results_.find(key); it != results_.end()) it->second.map->unlink_quietly();
 }
 
-void ShmGroup::release_result(std::uint64_t key) { results_.erase(key); }
+void ShmGroup::release_result(std::uint64_t key) {
+  results_.erase(key);
+  for (int j = 0; j < size_; ++j) inputs_.erase({key, j});
+}
+
+ShmGroup::PeerInput::~PeerInput() {
+  if (addr != nullptr) ::munmap(addr, len);
+}
+
+void ShmGroup::post_input(int fd, std::size_t offset) {
+  Ctl* c = ctl(rank_);
+  struct stat st {};
+  if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    c->in_fd = -1;
+    return;
+  }
+  c->in_fd = fd;
+  c->in_dev = static_cast<std::uint64_t>(st.st_dev);
+  c->in_ino = static_cast<std::uint64_t>(st.st_ino);
+  c->in_size = static_cast<std::uint64_t>(st.st_size);
+  c->in_offset = offset;
+}
+
+bool ShmGroup::has_input(int j) const { return ctl(j)->in_fd >= 0; }
+
+const std::byte* ShmGroup::map_input(std::uint64_t key, int j, std::size_t bytes) {
+  const Ctl* c = ctl(j);
+  const Peer& p = peer(j);
+  if (c->in_fd < 0 || p.pid <= 0 || c->in_offset > c->in_size || bytes > c->in_size - c->in_offset)
+    return nullptr;
+  auto& slot = inputs_[{key, j}];
+  if (!slot || slot->dev != c->in_dev || slot->ino != c->in_ino || slot->len != c->in_size) {
+    slot.reset();
+    const std::string path = "/proc/" + std::to_string(p.pid) + "/fd/" + std::to_string(c->in_fd);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return nullptr;
+    struct stat st {};
+    void* addr = MAP_FAILED;
+    // The same file the peer posted (its fd number may since name another), of the posted size.
+    if (::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_dev) == c->in_dev &&
+        static_cast<std::uint64_t>(st.st_ino) == c->in_ino &&
+        static_cast<std::uint64_t>(st.st_size) == c->in_size && c->in_size > 0)
+      addr = ::mmap(nullptr, c->in_size, PROT_READ, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (addr == MAP_FAILED) return nullptr;
+    slot = std::make_unique<PeerInput>();
+    slot->dev = c->in_dev;
+    slot->ino = c->in_ino;
+    slot->addr = addr;
+    slot->len = c->in_size;
+  }
+  return static_cast<const std::byte*>(slot->addr) + c->in_offset;
+}
+
+bool ShmGroup::vote(bool ok, std::uint64_t seq, const WaitConfig& cfg) {
+  ctl(rank_)->vote.store(ok ? 1 : 0, std::memory_order_relaxed);
+  publish(voted, seq);
+  bool all = ok;
+  for (int j = 0; j < size_; ++j) {
+    if (j == rank_) continue;
+    wait(j, voted, seq, cfg);
+    // Stable until every rank is past this collective, which needs this rank's later counters.
+    all = all && ctl(j)->vote.load(std::memory_order_relaxed) == 1;
+  }
+  return all;
+}
 
 void ShmGroup::close() {
   if (closed_here_) return;

@@ -32,6 +32,7 @@ class ShmGroup {
     written = 1,  // chunks this rank has copied into its slot
     reduced = 2,  // chunks whose own segment this rank has reduced (in its slot)
     copied = 3,   // chunks this rank has copied out of every slot (its slot may be reused)
+    voted = 4,    // the seq of the collective this rank voted in (vote())
   };
 
   struct Peer {
@@ -88,8 +89,20 @@ class ShmGroup {
   std::uint64_t make_result(std::uint64_t key, std::size_t bytes);  // rank 0; before post_header
   std::uint64_t posted_result() const;                              // rank 0's posted id
   std::byte* map_result(std::uint64_t key, std::uint64_t id, std::size_t bytes);
-  void unlink_result(std::uint64_t key);  // rank 0, once every rank has mapped it
-  void release_result(std::uint64_t key);
+  void unlink_result(std::uint64_t key);   // rank 0, once every rank has mapped it
+  void release_result(std::uint64_t key);  // also unmaps the peers' inputs of the key
+
+  // Inputs read where they lie: a rank whose buffer sits at `offset` of a shared file open as fd
+  // posts where (before post_header; fd < 0: it has none); a peer maps that file through
+  // /proc/<pid>/fd/<fd> once per key (checked to be the same file by device and inode) and reads
+  // the buffer there. map_input returns rank j's buffer of `bytes`, or nullptr when j posted none
+  // or it cannot be mapped here (another pid namespace, /proc restricted, a closed fd).
+  void post_input(int fd, std::size_t offset);
+  bool has_input(int j) const;  // rank j posted one (read after its header)
+  const std::byte* map_input(std::uint64_t key, int j, std::size_t bytes);
+  // Every rank says whether it can read every peer's input; true when all can (the same answer on
+  // every rank). seq: the collective's.
+  bool vote(bool ok, std::uint64_t seq, const WaitConfig& cfg);
 
  private:
   struct Ctl;
@@ -98,9 +111,19 @@ class ShmGroup {
     std::uint64_t id = 0;
     std::unique_ptr<ShmMapping> map;
   };
+  struct PeerInput {  // a peer's shared file, mapped read-only
+    std::uint64_t dev = 0, ino = 0;
+    void* addr = nullptr;
+    std::size_t len = 0;
+    PeerInput() = default;
+    PeerInput(const PeerInput&) = delete;
+    PeerInput& operator=(const PeerInput&) = delete;
+    ~PeerInput();
+  };
   std::unique_ptr<ShmMapping> segment_;
   std::string base_;
   std::map<std::uint64_t, Region> results_;
+  std::map<std::pair<std::uint64_t, int>, std::unique_ptr<PeerInput>> inputs_;  // (key, rank)
   std::uint64_t next_result_ = 1;
   int rank_;
   int size_;

@@ -2,12 +2,14 @@
 whose gradients travel through --mode:
   gloo        DDP's own allreduce (gloo)
   hook        mltrain.torch.allreduce_hook
+  hook-staged the same with /dev/shm looking full to the hook: buckets stay in private memory
   fixed       mltrain.torch.fixed_point_hook
   gloo-fixed  the same fixed-point reduction through gloo (torch.distributed.all_reduce on int64)
   optimizer   no DDP: mltrain.torch.broadcast_parameters + DistributedOptimizer
   twin-gloo   two DDP models of the same shape (other weights, one loss, one backward pass): gloo
   twin-hook   the same through mltrain.torch.allreduce_hook (their buckets in flight at once)
-Writes its final weights (float32 bytes) to $OUT/weights-<mode>-<rank>.bin. With --kill-at K,
+Writes its final weights (float32 bytes) to $OUT/weights-<mode>-<rank>.bin; the hook modes print
+"BUCKETS <in shared memory> OF <hook calls>" after the first step (DDP's rebuilt buckets). With --kill-at K,
 rank 1 SIGKILLs itself in step K between forward and backward; the others report what the
 backward pass raised ("RAISED <type>: <message>") and exit 3.
 """
@@ -78,8 +80,17 @@ def main():
         model = torch.nn.ModuleList([model, twin])  # both models' weights are written
     else:
         net = DDP(model, bucket_cap_mb=0.01)  # several buckets, several hooks per step
-        if args.mode == "hook":
-            net.register_comm_hook(None, mt.allreduce_hook)
+        if args.mode in ("hook", "hook-staged"):
+            if args.mode == "hook-staged":
+                class Full:
+                    f_bavail = f_frsize = 0
+                mt.os = type("os", (), {"statvfs": staticmethod(lambda path: Full)})
+
+            def hook(state, bucket):
+                fut = mt.allreduce_hook(state, bucket)
+                seen.append(bucket.buffer().is_shared())  # after the hook: where it left the bucket
+                return fut
+            net.register_comm_hook(None, hook)
         elif args.mode == "fixed":
             net.register_comm_hook(mt.FixedPoint(32), mt.fixed_point_hook)
         elif args.mode == "gloo-fixed":
@@ -88,6 +99,7 @@ def main():
             sys.exit(f"unknown mode {args.mode}")
         opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
 
+    seen = []  # per hook call: the bucket in shared memory
     g = torch.Generator().manual_seed(1000 + rank)
     w_true = torch.linspace(-1, 1, 32)
     for step in range(args.steps):
@@ -100,12 +112,16 @@ def main():
         try:
             loss.backward()
             opt.step()
+            if step == 0:
+                seen.clear()  # DDP rebuilds its buckets after the first step
         except Exception as e:  # noqa: BLE001 - what a training script would see
             print(f"RAISED {type(e).__name__}: {e}", flush=True)
             sys.exit(3)
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).to(torch.float32)
     with open(os.path.join(os.environ["OUT"], f"weights-{args.mode}-{rank}.bin"), "wb") as f:
         f.write(flat.numpy().tobytes())
+    if args.mode.startswith("hook"):
+        print(f"BUCKETS {sum(seen)} OF {len(seen)}", flush=True)
     print(f"DDP-DONE {args.mode} rank {rank} loss {loss.item():.6f}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
