@@ -589,6 +589,7 @@ Link* Communicator::Impl::link(int peer) {
   const Deadline dl = deadline();
   const int r = opt.rank;
   std::unique_ptr<Link> made;
+  std::string congestion;  // what set_congestion chose for a TCP link
   if (wants_shm(peer)) {
     const int a = std::min(r, peer), b = std::max(r, peer);
     const std::string pair = std::to_string(a) + "-" + std::to_string(b);
@@ -620,6 +621,7 @@ Link* Communicator::Impl::link(int peer) {
     } else {
       fd = accept_from(peer);
     }
+    congestion = set_congestion(fd.get(), opt.tcp_congestion);
     made = std::make_unique<TcpLink>(std::move(fd), peer, pi.host,
                                      std::max<std::size_t>(4 * opt.chunk_bytes, 1u << 20));
   }
@@ -628,8 +630,8 @@ Link* Communicator::Impl::link(int peer) {
                       : wants_shm(peer)                     ? "same boot id and /dev/shm"
                       : opt.host_splits_shm ? "different boot id, /dev/shm or MLTRAIN_COMM_HOST"
                                             : "different boot id or /dev/shm";
-    std::fprintf(stderr, "mltrain-comm: %s: link to %s: %s (%s)\n", me().c_str(), label(peer).c_str(),
-                 made->kind(), why);
+    std::fprintf(stderr, "mltrain-comm: %s: link to %s: %s (%s)%s%s\n", me().c_str(), label(peer).c_str(),
+                 made->kind(), why, congestion.empty() ? "" : ", congestion control ", congestion.c_str());
   }
   Link* raw = made.get();
   links[peer] = std::move(made);

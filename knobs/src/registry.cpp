@@ -166,6 +166,11 @@ const Knob kKnobs[] = {
      "allreduce at or below this size uses recursive doubling (power-of-two worlds)", comm},
     {"MLTRAIN_COMM_SPIN_US", Kind::integer, "50",
      "microseconds a waiting rank spins (yielding) before it sleeps", comm},
+    {"MLTRAIN_COMM_TCP_CC", Kind::string, "auto",
+     "congestion control of the TCP links between ranks: auto (the host's, except bbr, which without "
+     "the fq qdisc paces every packet with a kernel timer: then cubic or reno, whichever the host "
+     "allows), system (the host's), or an algorithm the host allows",
+     comm},
     {"MLTRAIN_COMM_ALGO", Kind::choice, "auto",
      "large allreduce (auto: direct when every rank shares one host; across hosts hd on "
      "power-of-two worlds, else bidir); every rank must use the same",

@@ -89,6 +89,14 @@ def test_ddp_hook_and_optimizer_match_gloo(ml, tmp_path):
     ddp_modes(run, out, 4)
 
 
+def _ddp_on_4_ranks(ml, out, mode):
+    """py_workers/ddp.py in one mode on 4 ranks of this host; its output, once it succeeded."""
+    r = ml("run", "-n", "4", "--env", f"OUT={out}", "--env", "OMP_NUM_THREADS=1", "--",
+           PY, WORKERS / "ddp.py", "--mode", mode, timeout=180)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    return r.stdout
+
+
 @needs_torch
 def test_ddp_hook_reads_buckets_where_they_lie_and_stages_when_dev_shm_is_full(ml, tmp_path):
     """On one host the hook moves DDP's buckets into shared memory, where the other ranks read
@@ -98,11 +106,9 @@ def test_ddp_hook_reads_buckets_where_they_lie_and_stages_when_dev_shm_is_full(m
     out.mkdir()
     w = {}
     for mode in ("hook", "hook-staged"):
-        r = ml("run", "-n", "4", "--env", f"OUT={out}", "--env", "OMP_NUM_THREADS=1", "--",
-               PY, WORKERS / "ddp.py", "--mode", mode, timeout=180)
-        assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-        counts = [(int(a), int(b)) for a, b in re.findall(r"BUCKETS (\d+) OF (\d+)", r.stdout)]
-        assert len(counts) == 4 and all(calls > 0 for _, calls in counts), r.stdout[-2000:]
+        stdout = _ddp_on_4_ranks(ml, out, mode)
+        counts = [(int(a), int(b)) for a, b in re.findall(r"BUCKETS (\d+) OF (\d+)", stdout)]
+        assert len(counts) == 4 and all(calls > 0 for _, calls in counts), stdout[-2000:]
         if mode == "hook":
             assert all(shared == calls for shared, calls in counts), counts
         else:
@@ -120,9 +126,7 @@ def test_two_ddp_models_in_one_backward_pass_keep_their_results_apart(ml, tmp_pa
     out.mkdir()
     w = {}
     for mode in ("twin-gloo", "twin-hook"):
-        r = ml("run", "-n", "4", "--env", f"OUT={out}", "--env", "OMP_NUM_THREADS=1", "--",
-               PY, WORKERS / "ddp.py", "--mode", mode, timeout=180)
-        assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+        _ddp_on_4_ranks(ml, out, mode)
         w[mode] = _weights(out, mode, 4)
     diff = float(np.abs(w["twin-hook"] - w["twin-gloo"]).max())
     assert diff <= WEIGHT_TOL, f"max |w - w_gloo| = {diff}"

@@ -3,7 +3,10 @@
 // semantics: integers exact (wrapping), floats within n*u*sum|x| (docs/comm.md).
 #include <doctest/doctest.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -24,6 +27,7 @@
 #include "rendezvous/store.h"
 #include "rendezvous/store_wire.h"
 #include "transport/nccl.h"
+#include "transport/socket.h"
 
 using namespace mltrain::comm;
 using namespace std::chrono_literals;
@@ -1033,4 +1037,44 @@ TEST_CASE("stats: each rank's time in collectives is in shared memory; the slow 
   CHECK(seen[1].comm_ns * 4 < seen[2].comm_ns);
   // Gone with the communicators.
   CHECK(::shm_open(("/mltrain-" + run + "-stats-0").c_str(), O_RDONLY, 0) < 0);
+}
+
+TEST_CASE(
+    "TCP links: congestion control auto turns bbr into cubic or reno; a name the host refuses is an error") {
+  auto socket = [] {
+    detail::Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    REQUIRE(fd);
+    return fd;
+  };
+  auto use = [](int fd, const std::string& cc) {
+    return ::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc.data(), static_cast<socklen_t>(cc.size())) == 0;
+  };
+  auto now = [](int fd) {
+    char b[32] = {};
+    socklen_t len = sizeof b - 1;
+    REQUIRE(::getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, b, &len) == 0);
+    return std::string(b);
+  };
+  const detail::Fd paced = socket(), plain = socket(), kept = socket(), named = socket();
+  REQUIRE(use(paced.get(), "bbr"));  // the test hosts' default; the tests run as root
+  const std::string set = detail::set_congestion(paced.get(), "auto");
+  CHECK((set == "cubic" || set == "reno"));
+  CHECK(now(paced.get()) == set);
+  REQUIRE(use(plain.get(), "reno"));
+  CHECK(detail::set_congestion(plain.get(), "auto").empty());  // not bbr: the host's stays
+  CHECK(now(plain.get()) == "reno");
+  REQUIRE(use(kept.get(), "bbr"));
+  CHECK(detail::set_congestion(kept.get(), "system").empty());
+  CHECK(now(kept.get()) == "bbr");
+  CHECK(detail::set_congestion(named.get(), "reno") == "reno");
+  CHECK(now(named.get()) == "reno");
+  std::string what;
+  try {
+    detail::set_congestion(named.get(), "no-such-cc");
+  } catch (const Error& e) {
+    what = e.what();
+    CHECK(e.kind() == Error::Kind::usage);
+  }
+  CHECK(what.find("MLTRAIN_COMM_TCP_CC=no-such-cc: the kernel refused it") != std::string::npos);
+  CHECK(what.find("; this host allows ") != std::string::npos);
 }

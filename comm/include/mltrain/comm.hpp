@@ -78,9 +78,13 @@ struct Options {
   std::size_t chunk_bytes = 256u << 10;        // pipeline piece (TCP links use 2x, >= 512K)
   std::size_t small_bytes = 64u << 10;         // below: latency-oriented algorithm
   int spin_us = 50;                            // spin (with yields) before blocking
-  Algo algo = Algo::automatic;                 // all ranks must agree (checked on every call)
-  Backend backend = Backend::automatic;        // MLTRAIN_COMM_BACKEND
-  std::string host;                            // name in messages; default gethostname()
+  // Congestion control of the TCP links between ranks: "auto" (the host's, except bbr, which
+  // without the fq qdisc paces each packet with a kernel timer: then cubic, or reno, whichever
+  // the host allows), "system" (the host's), or an algorithm the host allows.
+  std::string tcp_congestion = "auto";
+  Algo algo = Algo::automatic;           // all ranks must agree (checked on every call)
+  Backend backend = Backend::automatic;  // MLTRAIN_COMM_BACKEND
+  std::string host;                      // name in messages; default gethostname()
   // Set: ranks must also have equal `host` to share memory (splits one machine for tests).
   bool host_splits_shm = false;
   bool debug_links = false;  // MLTRAIN_COMM_DEBUG: say on stderr which transport each link uses

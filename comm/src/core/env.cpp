@@ -39,6 +39,7 @@ Options read_options() {
   o.chunk_bytes = knobs::get_bytes("MLTRAIN_COMM_CHUNK_BYTES");
   o.small_bytes = knobs::get_bytes("MLTRAIN_COMM_SMALL_BYTES");
   o.spin_us = static_cast<int>(knobs::get_int("MLTRAIN_COMM_SPIN_US"));
+  o.tcp_congestion = knobs::get_string("MLTRAIN_COMM_TCP_CC");
   const std::string algo = knobs::get_choice("MLTRAIN_COMM_ALGO");
   o.algo = algo == "ring"     ? Algo::ring
            : algo == "bidir"  ? Algo::bidir

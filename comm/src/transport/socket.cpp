@@ -10,8 +10,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "core/sys_check.h"
 #include "mltrain/comm.hpp"
@@ -65,6 +68,34 @@ void set_nodelay(int fd) {
   int one = 1;
   check_sys(::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one), "setsockopt(TCP_NODELAY)",
             "fd " + std::to_string(fd));
+}
+
+std::string set_congestion(int fd, const std::string& choice) {
+  if (choice == "system") return {};
+  std::vector<std::string> tries{choice};
+  if (choice == "auto") {
+    char now[32] = {};
+    socklen_t len = sizeof now - 1;
+    if (::getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, now, &len) != 0 || std::string(now) != "bbr") return {};
+    tries = {"cubic", "reno"};
+  }
+  int err = 0;
+  for (const std::string& t : tries) {
+    if (::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, t.data(), static_cast<socklen_t>(t.size())) == 0)
+      return t;
+    err = errno;
+  }
+  if (choice == "auto") return {};
+  std::string allowed;
+  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/tcp_allowed_congestion_control", "r")) {
+    char line[256] = {};
+    if (std::fgets(line, sizeof line, f) != nullptr) allowed = line;
+    std::fclose(f);
+    while (!allowed.empty() && (allowed.back() == '\n' || allowed.back() == ' ')) allowed.pop_back();
+  }
+  throw Error(Error::Kind::usage, "MLTRAIN_COMM_TCP_CC=" + choice + ": the kernel refused it (" +
+                                      errno_text(err) + "); this host allows " +
+                                      (allowed.empty() ? "?" : allowed) + " (auto or system keep working)");
 }
 
 std::pair<Fd, int> listen_tcp(int port, int backlog, bool loopback_only) {

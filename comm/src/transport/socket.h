@@ -44,6 +44,10 @@ Fd accept_tcp(int listen_fd, Deadline deadline);
 
 void set_nonblocking(int fd);
 void set_nodelay(int fd);
+// Sets a link's congestion control from Options::tcp_congestion; returns the algorithm it set,
+// or "" where it kept the host's. A name the kernel refuses throws Error(usage) naming what the
+// host allows (net.ipv4.tcp_allowed_congestion_control); under auto a refusal keeps the host's.
+std::string set_congestion(int fd, const std::string& choice);
 std::string local_ip(int fd);
 std::string peer_name(int fd);
 
