@@ -829,6 +829,7 @@ Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 Communicator::~Communicator() = default;
 
 std::unique_ptr<Communicator> Communicator::create(const Options& options) {
+  detail::check_congestion(options.tcp_congestion);
   return std::unique_ptr<Communicator>(new Communicator(std::make_unique<Impl>(options)));
 }
 

@@ -1077,4 +1077,8 @@ TEST_CASE(
   }
   CHECK(what.find("MLTRAIN_COMM_TCP_CC=no-such-cc: the kernel refused it") != std::string::npos);
   CHECK(what.find("; this host allows ") != std::string::npos);
+  // Init refuses it at once, before it joins anyone.
+  Options o;
+  o.tcp_congestion = "no-such-cc";
+  CHECK_THROWS_WITH_AS(Communicator::create(o), doctest::Contains("MLTRAIN_COMM_TCP_CC=no-such-cc"), Error);
 }

@@ -98,6 +98,12 @@ std::string set_congestion(int fd, const std::string& choice) {
                                       (allowed.empty() ? "?" : allowed) + " (auto or system keep working)");
 }
 
+void check_congestion(const std::string& choice) {
+  if (choice == "auto" || choice == "system") return;
+  Fd probe(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (probe) set_congestion(probe.get(), choice);
+}
+
 std::pair<Fd, int> listen_tcp(int port, int backlog, bool loopback_only) {
   Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd) throw Error(Error::Kind::internal, "socket(): " + errno_text(errno));

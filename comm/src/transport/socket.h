@@ -48,6 +48,9 @@ void set_nodelay(int fd);
 // or "" where it kept the host's. A name the kernel refuses throws Error(usage) naming what the
 // host allows (net.ipv4.tcp_allowed_congestion_control); under auto a refusal keeps the host's.
 std::string set_congestion(int fd, const std::string& choice);
+// Init's check of a named choice on a socket of its own, so a refused name fails every job at
+// init, whether or not it has TCP links.
+void check_congestion(const std::string& choice);
 std::string local_ip(int fd);
 std::string peer_name(int fd);
 
