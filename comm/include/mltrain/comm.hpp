@@ -134,7 +134,7 @@ class Communicator {
   // must pass the same key. Elsewhere (or when /dev/shm cannot hold the region) buf is reduced
   // in place and returned. For DDP hooks (mltrain.torch.allreduce_hook), whose framework copies
   // the result out anyway. With `file` on every rank (buf lies in a shared file), each rank reduces
-  // its part straight from its peers' buffers: no staging copy, two waits a call. When any rank
+  // its part straight from its peers' buffers: no staging copy, three waits a call. When any rank
   // passes none or cannot map a peer's file, the call stages as without it.
   const void* allreduce_shared(void* buf, std::size_t count, DataType dtype, ReduceOp op, std::uint64_t key,
                                const SharedFile* file = nullptr);

@@ -14,7 +14,7 @@
 // When moreover every rank's input lies in a shared file that every rank can map (SharedFile: a
 // DDP bucket after share_memory_()), there is no A either: rank r reduces its segment of the whole
 // buffer straight from the peers' inputs into the region, 1N in and N/n out per rank, and the
-// call waits on its peers twice (posted, reduced) instead of three times a chunk.
+// call waits on its peers three times (posted, voted, reduced) instead of three times a chunk.
 #include <cstring>
 #include <vector>
 
