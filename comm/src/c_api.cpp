@@ -117,10 +117,7 @@ int mltrain_comm_allreduce(mltrain_comm_t* comm, const void* send, void* recv, s
 
 int mltrain_comm_allreduce_shared(mltrain_comm_t* comm, void* buf, size_t count, int dtype, int redop,
                                   unsigned long long key, const void** result) {
-  return guarded(comm, [&](auto& c) {
-    const void* at = c.allreduce_shared(buf, count, dt(dtype), op(redop), key);
-    if (result != nullptr) *result = at;
-  });
+  return mltrain_comm_allreduce_shared_file(comm, buf, count, dtype, redop, key, -1, 0, result);
 }
 
 int mltrain_comm_allreduce_shared_file(mltrain_comm_t* comm, void* buf, size_t count, int dtype, int redop,

@@ -25,6 +25,17 @@ namespace mltrain::comm::detail {
 
 namespace {
 
+// len elements of every rank's part (source(j): rank j's, fetched in rank order) into dst, then
+// divided for avg. Both paths reduce through here, so they give the same bytes.
+template <typename Source>
+void reduce_in_rank_order(std::byte* dst, std::size_t len, int n, DataType dtype, ReduceOp op, ReduceFn fn,
+                          Source source) {
+  const std::byte* first = source(0);
+  fn(dst, first, source(1), len);
+  for (int j = 2; j < n; ++j) fn(dst, dst, source(j), len);
+  if (op == ReduceOp::avg) finalize_avg(dst, len, dtype, n);
+}
+
 // Rank r's segment of the whole buffer from every rank's input (src, in rank order) into out,
 // in blocks that stay in this core's cache across the n-1 passes.
 void reduce_mapped(const std::vector<const std::byte*>& src, std::byte* out, std::size_t count, int n, int r,
@@ -35,10 +46,8 @@ void reduce_mapped(const std::vector<const std::byte*>& src, std::byte* out, std
   const std::size_t block = std::max<std::size_t>(1, (std::size_t{256} << 10) / es);
   for (std::size_t b = 0; b < len; b += block) {
     const std::size_t m = std::min(block, len - b), at = (off + b) * es;
-    std::byte* dst = out + at;
-    fn(dst, src[0] + at, src[1] + at, m);
-    for (int j = 2; j < n; ++j) fn(dst, dst, src[static_cast<std::size_t>(j)] + at, m);
-    if (op == ReduceOp::avg) finalize_avg(dst, m, dtype, n);
+    reduce_in_rank_order(out + at, m, n, dtype, op, fn,
+                         [&](int j) { return src[static_cast<std::size_t>(j)] + at; });
   }
 }
 
@@ -107,6 +116,15 @@ std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv
     if (const std::uint64_t id = g.posted_result(); id != 0)
       shared = g.map_result(*shared_key, id, count * es);
   std::byte* const out = shared != nullptr ? shared : recv;
+  // The end of a call with a shared result: done when every segment is in (chunk counter
+  // `done`), then nobody reads this rank's input or slots any more. Every rank mapped the
+  // region before reducing, so rank 0 unlinks its name.
+  auto finish_shared = [&](std::uint64_t done) {
+    for (int j = 0; j < n; ++j)
+      if (j != r) g.wait(j, ShmGroup::reduced, done, wc);
+    if (r == 0) g.unlink_result(*shared_key);
+    g.publish(ShmGroup::copied, done);
+  };
 
   // Inputs where they lie, when every rank posted one (all see the same) and all can map them.
   bool all_posted = shared != nullptr;
@@ -122,11 +140,7 @@ std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv
       if (n > 1) reduce_mapped(src, shared, count, n, r, dtype, op, fn);
       g.publish(ShmGroup::written, id + 1);
       g.publish(ShmGroup::reduced, id + 1);
-      // Done when every segment is in: then nobody reads this rank's input any more.
-      for (int j = 0; j < n; ++j)
-        if (j != r) g.wait(j, ShmGroup::reduced, id + 1, wc);
-      if (r == 0) g.unlink_result(*shared_key);
-      g.publish(ShmGroup::copied, id + 1);
+      finish_shared(id + 1);
       return shared;
     }
   }
@@ -169,10 +183,7 @@ std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv
       return g.slot(j, slot_of(k)) + off * es;
     };
     if (len > 0) {
-      const std::byte* first = source(0);
-      fn(dst, first, source(1), len);
-      for (int j = 2; j < n; ++j) fn(dst, dst, source(j), len);
-      if (op == ReduceOp::avg) finalize_avg(dst, len, dtype, n);
+      reduce_in_rank_order(dst, len, n, dtype, op, fn, source);
     } else {
       for (int j = 0; j < n; ++j) source(j);  // nothing to reduce: still in step with the others
     }
@@ -196,13 +207,7 @@ std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv
     if (k + 1 < chunks) copy_in(k + 1);
     if (shared == nullptr) copy_out(k);
   }
-  if (shared != nullptr) {
-    // Done when every segment is in: then nobody reads a slot of this call any more.
-    for (int j = 0; j < n; ++j)
-      if (j != r) g.wait(j, ShmGroup::reduced, base + chunks, wc);
-    if (r == 0) g.unlink_result(*shared_key);  // every rank has mapped it (before reducing)
-    g.publish(ShmGroup::copied, base + chunks);
-  }
+  if (shared != nullptr) finish_shared(base + chunks);
   return out;
 }
 

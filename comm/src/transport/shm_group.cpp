@@ -190,28 +190,32 @@ const std::byte* ShmGroup::map_input(std::uint64_t key, int j, std::size_t bytes
   const Peer& p = peer(j);
   if (c->in_fd < 0 || p.pid <= 0 || c->in_offset > c->in_size || bytes > c->in_size - c->in_offset)
     return nullptr;
-  auto& slot = inputs_[{key, j}];
-  if (!slot || slot->dev != c->in_dev || slot->ino != c->in_ino || slot->len != c->in_size) {
-    slot.reset();
-    const std::string path = "/proc/" + std::to_string(p.pid) + "/fd/" + std::to_string(c->in_fd);
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return nullptr;
-    struct stat st {};
-    void* addr = MAP_FAILED;
-    // The same file the peer posted (its fd number may since name another), of the posted size.
-    if (::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_dev) == c->in_dev &&
-        static_cast<std::uint64_t>(st.st_ino) == c->in_ino &&
-        static_cast<std::uint64_t>(st.st_size) == c->in_size && c->in_size > 0)
-      addr = ::mmap(nullptr, c->in_size, PROT_READ, MAP_SHARED, fd, 0);
-    ::close(fd);
-    if (addr == MAP_FAILED) return nullptr;
-    slot = std::make_unique<PeerInput>();
-    slot->dev = c->in_dev;
-    slot->ino = c->in_ino;
-    slot->addr = addr;
-    slot->len = c->in_size;
+  if (auto it = inputs_.find({key, j}); it != inputs_.end()) {
+    const PeerInput& in = *it->second;
+    if (in.dev == c->in_dev && in.ino == c->in_ino && in.len == c->in_size)
+      return static_cast<const std::byte*>(in.addr) + c->in_offset;
+    inputs_.erase(it);  // the key's buffer moved to another file
   }
-  return static_cast<const std::byte*>(slot->addr) + c->in_offset;
+  const std::string path = "/proc/" + std::to_string(p.pid) + "/fd/" + std::to_string(c->in_fd);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  struct stat st {};
+  void* addr = MAP_FAILED;
+  // The same file the peer posted (its fd number may since name another), of the posted size.
+  if (::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_dev) == c->in_dev &&
+      static_cast<std::uint64_t>(st.st_ino) == c->in_ino &&
+      static_cast<std::uint64_t>(st.st_size) == c->in_size && c->in_size > 0)
+    addr = ::mmap(nullptr, c->in_size, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (addr == MAP_FAILED) return nullptr;
+  auto in = std::make_unique<PeerInput>();
+  in->dev = c->in_dev;
+  in->ino = c->in_ino;
+  in->addr = addr;
+  in->len = c->in_size;
+  const auto* at = static_cast<const std::byte*>(addr) + c->in_offset;
+  inputs_[{key, j}] = std::move(in);
+  return at;
 }
 
 bool ShmGroup::vote(bool ok, std::uint64_t seq, const WaitConfig& cfg) {
