@@ -326,6 +326,41 @@ TEST_CASE("reduce kernels: f16/bf16 conversions round to nearest even") {
   CHECK(std::isnan(detail::bf16_to_f32(detail::f32_to_bf16(std::nanf("")))));
 }
 
+TEST_CASE(
+    "reduce kernels: the fused n-source kernel gives the bytes of the binary passes, dst as src[0] too") {
+  const DataType dtypes[] = {DataType::f32, DataType::f64, DataType::f16, DataType::bf16,
+                             DataType::i32, DataType::i64, DataType::u8};
+  const ReduceOp ops[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg};
+  for (const DataType dt : dtypes)
+    for (const ReduceOp op : ops)
+      for (int n = 1; n <= 9; ++n)
+        for (const std::size_t count : {std::size_t{1}, std::size_t{5}, std::size_t{67}}) {
+          CAPTURE(static_cast<int>(dt));
+          CAPTURE(static_cast<int>(op));
+          CAPTURE(n);
+          CAPTURE(count);
+          const std::size_t bytes = count * size_of(dt);
+          std::vector<std::vector<std::byte>> in(static_cast<std::size_t>(n), std::vector<std::byte>(bytes));
+          std::vector<const void*> src;
+          for (int j = 0; j < n; ++j) {
+            for (std::size_t i = 0; i < count; ++i)
+              detail::store_from_double(in[static_cast<std::size_t>(j)].data(), i, dt, input(dt, op, j, i));
+            src.push_back(in[static_cast<std::size_t>(j)].data());
+          }
+          // The reference: binary passes in rank order, then the divide.
+          std::vector<std::byte> want(in[0]);
+          const detail::ReduceFn fn = detail::reduce_fn(dt, op);
+          for (int j = 1; j < n; ++j) fn(want.data(), want.data(), src[static_cast<std::size_t>(j)], count);
+          if (op == ReduceOp::avg) detail::finalize_avg(want.data(), count, dt, n);
+
+          std::vector<std::byte> got(bytes, std::byte{0x5a});
+          detail::reduce_many_fn(dt, op)(got.data(), src.data(), n, count);
+          CHECK(got == want);
+          detail::reduce_many_fn(dt, op)(in[0].data(), src.data(), n, count);  // in place over rank 0's input
+          CHECK(in[0] == want);
+        }
+}
+
 TEST_CASE("store: set/get/wait/add, and a wrong token is refused") {
   detail::StoreServer server(0, "tok");
   const std::string addr = "127.0.0.1:" + std::to_string(server.port());

@@ -25,29 +25,29 @@ namespace mltrain::comm::detail {
 
 namespace {
 
-// len elements of every rank's part (source(j): rank j's, fetched in rank order) into dst, then
-// divided for avg. Both paths reduce through here, so they give the same bytes.
+// len elements of every rank's part (source(j): rank j's, fetched in rank order) into dst, divided
+// for avg, in one pass over memory for up to four ranks. Both paths reduce through here, so they
+// give the same bytes. ptrs: n entries of scratch.
 template <typename Source>
-void reduce_in_rank_order(std::byte* dst, std::size_t len, int n, DataType dtype, ReduceOp op, ReduceFn fn,
-                          Source source) {
-  const std::byte* first = source(0);
-  fn(dst, first, source(1), len);
-  for (int j = 2; j < n; ++j) fn(dst, dst, source(j), len);
-  if (op == ReduceOp::avg) finalize_avg(dst, len, dtype, n);
+void reduce_in_rank_order(std::byte* dst, std::size_t len, int n, ReduceManyFn many, Source source,
+                          std::vector<const void*>& ptrs) {
+  for (int j = 0; j < n; ++j) ptrs[static_cast<std::size_t>(j)] = source(j);
+  many(dst, ptrs.data(), n, len);
 }
 
 // Rank r's segment of the whole buffer from every rank's input (src, in rank order) into out,
-// in blocks that stay in this core's cache across the n-1 passes.
+// in blocks that stay in this core's cache across the passes (worlds past four take several).
 void reduce_mapped(const std::vector<const std::byte*>& src, std::byte* out, std::size_t count, int n, int r,
-                   DataType dtype, ReduceOp op, ReduceFn fn) {
+                   DataType dtype, ReduceManyFn many) {
   const std::size_t es = size_of(dtype);
   const Segments seg{count, n};
   const std::size_t off = seg.offset(r), len = seg.length(r);
   const std::size_t block = std::max<std::size_t>(1, (std::size_t{256} << 10) / es);
+  std::vector<const void*> ptrs(static_cast<std::size_t>(n));
   for (std::size_t b = 0; b < len; b += block) {
     const std::size_t m = std::min(block, len - b), at = (off + b) * es;
-    reduce_in_rank_order(out + at, m, n, dtype, op, fn,
-                         [&](int j) { return src[static_cast<std::size_t>(j)] + at; });
+    reduce_in_rank_order(
+        out + at, m, n, many, [&](int j) { return src[static_cast<std::size_t>(j)] + at; }, ptrs);
   }
 }
 
@@ -59,7 +59,7 @@ std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv
   ShmGroup& g = *ctx.group;
   const int n = ctx.size, r = ctx.rank;
   const std::size_t es = size_of(dtype);
-  const ReduceFn fn = reduce_fn(dtype, op);
+  const ReduceManyFn many = reduce_many_fn(dtype, op);
   ctx.header.algo = static_cast<std::uint8_t>(Algo::direct);
   if (shared_key != nullptr) {
     ctx.header.reserved[0] = 1;  // every rank must ask for the same shared result
@@ -137,7 +137,7 @@ std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv
         ok = (src[static_cast<std::size_t>(j)] = g.map_input(*shared_key, j, count * es)) != nullptr;
     if (g.vote(ok, ctx.header.seq, wc)) {
       const std::uint64_t id = g.chunks++;  // one chunk, so the counters run on alike
-      if (n > 1) reduce_mapped(src, shared, count, n, r, dtype, op, fn);
+      if (n > 1) reduce_mapped(src, shared, count, n, r, dtype, many);
       g.publish(ShmGroup::written, id + 1);
       g.publish(ShmGroup::reduced, id + 1);
       finish_shared(id + 1);
@@ -173,6 +173,7 @@ std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv
     std::memcpy(slot + after * es, in + after * es, (elems_of(k) - after) * es);
     g.publish(ShmGroup::written, id + 1);
   };
+  std::vector<const void*> ptrs(static_cast<std::size_t>(n));
   auto reduce = [&](std::size_t k) {
     const std::uint64_t id = base + k;
     const auto [off, len] = seg_of(k, r);
@@ -183,7 +184,7 @@ std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv
       return g.slot(j, slot_of(k)) + off * es;
     };
     if (len > 0) {
-      reduce_in_rank_order(dst, len, n, dtype, op, fn, source);
+      reduce_in_rank_order(dst, len, n, many, source, ptrs);
     } else {
       for (int j = 0; j < n; ++j) source(j);  // nothing to reduce: still in step with the others
     }

@@ -1,5 +1,6 @@
 #include "core/reduce.h"
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -157,6 +158,97 @@ ReduceFn pick(DataType dtype) {
   throw Error(Error::Kind::usage, "unknown dtype " + std::to_string(static_cast<int>(dtype)));
 }
 
+// One pass of reduce_many: acc = S::step(acc, src[k][i]) over K sources, where acc starts from the
+// first source (First) or from dst (a later pass, for worlds past four); then divided (Div). The
+// same operations in the same order per element as the binary passes, so the same bytes.
+template <class T, class S, int K, bool First, bool Div>
+void many_pass(T* __restrict dst, const T* const* src, std::size_t n, int world) {
+  const T* __restrict s0 = src[0];
+  const T* __restrict s1 = K > 1 ? src[1] : nullptr;
+  const T* __restrict s2 = K > 2 ? src[2] : nullptr;
+  const T* __restrict s3 = K > 3 ? src[3] : nullptr;
+  for (std::size_t i = 0; i < n; ++i) {
+    T v = First ? s0[i] : S::step(dst[i], s0[i]);
+    if constexpr (K > 1) v = S::step(v, s1[i]);
+    if constexpr (K > 2) v = S::step(v, s2[i]);
+    if constexpr (K > 3) v = S::step(v, s3[i]);
+    if constexpr (Div) v = S::div(v, world);
+    dst[i] = v;
+  }
+}
+
+template <class T, class S, bool First, bool Div>
+void many_pass_of(int k, T* dst, const T* const* src, std::size_t n, int world) {
+  switch (k) {
+    case 1:
+      return many_pass<T, S, 1, First, Div>(dst, src, n, world);
+    case 2:
+      return many_pass<T, S, 2, First, Div>(dst, src, n, world);
+    case 3:
+      return many_pass<T, S, 3, First, Div>(dst, src, n, world);
+    default:
+      return many_pass<T, S, 4, First, Div>(dst, src, n, world);
+  }
+}
+
+// Up to four sources a pass: the first pass reads four inputs and writes dst once, where the
+// binary kernel would pass over dst three times; later passes (worlds past four) fold three more
+// into dst each.
+template <class T, class S, bool Avg>
+void reduce_many(void* dst_v, const void* const* src_v, int n, std::size_t count) {
+  T* dst = static_cast<T*>(dst_v);
+  const T* const* src = reinterpret_cast<const T* const*>(src_v);
+  int done = std::min(n, 4);
+  if (done == n)
+    many_pass_of<T, S, true, Avg>(done, dst, src, count, n);
+  else
+    many_pass_of<T, S, true, false>(done, dst, src, count, n);
+  while (done < n) {
+    const int k = std::min(n - done, 3);
+    if (done + k == n)
+      many_pass_of<T, S, false, Avg>(k, dst, src + done, count, n);
+    else
+      many_pass_of<T, S, false, false>(k, dst, src + done, count, n);
+    done += k;
+  }
+}
+
+template <class T, class Op>
+struct NativeStep {
+  static T step(T a, T b) { return Op::apply(a, b); }
+  static T div(T v, int world) { return static_cast<T>(v / static_cast<T>(world)); }
+};
+template <class H, class Op>
+struct HalfStep {  // rounded back to 16 bits after every step, as the binary kernel does
+  static std::uint16_t step(std::uint16_t a, std::uint16_t b) {
+    return H::store(Op::apply(H::load(a), H::load(b)));
+  }
+  static std::uint16_t div(std::uint16_t v, int world) {
+    return H::store(H::load(v) / static_cast<float>(world));
+  }
+};
+
+template <class Op, bool Avg>
+ReduceManyFn pick_many(DataType dtype) {
+  switch (dtype) {
+    case DataType::f32:
+      return reduce_many<float, NativeStep<float, Op>, Avg>;
+    case DataType::f64:
+      return reduce_many<double, NativeStep<double, Op>, Avg>;
+    case DataType::f16:
+      return reduce_many<std::uint16_t, HalfStep<F16, Op>, Avg>;
+    case DataType::bf16:
+      return reduce_many<std::uint16_t, HalfStep<BF16, Op>, Avg>;
+    case DataType::i32:
+      return reduce_many<std::int32_t, NativeStep<std::int32_t, Op>, Avg>;
+    case DataType::i64:
+      return reduce_many<std::int64_t, NativeStep<std::int64_t, Op>, Avg>;
+    case DataType::u8:
+      return reduce_many<std::uint8_t, NativeStep<std::uint8_t, Op>, Avg>;
+  }
+  throw Error(Error::Kind::usage, "unknown dtype " + std::to_string(static_cast<int>(dtype)));
+}
+
 template <class T>
 void divide(T* buf, std::size_t n, int world) {
   for (std::size_t i = 0; i < n; ++i) buf[i] = static_cast<T>(buf[i] / static_cast<T>(world));
@@ -179,6 +271,22 @@ ReduceFn reduce_fn(DataType dtype, ReduceOp op) {
       return pick<Min>(dtype);
     case ReduceOp::max:
       return pick<Max>(dtype);
+  }
+  throw Error(Error::Kind::usage, "unknown reduce op " + std::to_string(static_cast<int>(op)));
+}
+
+ReduceManyFn reduce_many_fn(DataType dtype, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+      return pick_many<Sum, false>(dtype);
+    case ReduceOp::avg:
+      return pick_many<Sum, true>(dtype);
+    case ReduceOp::prod:
+      return pick_many<Prod, false>(dtype);
+    case ReduceOp::min:
+      return pick_many<Min, false>(dtype);
+    case ReduceOp::max:
+      return pick_many<Max, false>(dtype);
   }
   throw Error(Error::Kind::usage, "unknown reduce op " + std::to_string(static_cast<int>(op)));
 }

@@ -14,6 +14,12 @@ using ReduceFn = void (*)(void* dst, const void* own, const void* in, std::size_
 
 // Reduction used while combining (avg combines as sum; finalize_avg divides at the end).
 ReduceFn reduce_fn(DataType dtype, ReduceOp op);
+// dst[i] = src[0][i] op src[1][i] op ... op src[n-1][i], folded left in that order, then divided
+// by n for avg: the same bytes as n-1 ReduceFn passes and finalize_avg, in one pass over memory
+// for up to four sources (three more per later pass). dst may be src[0] (element i is read
+// before it is written); it overlaps no other source. n >= 1.
+using ReduceManyFn = void (*)(void* dst, const void* const* src, int n, std::size_t count);
+ReduceManyFn reduce_many_fn(DataType dtype, ReduceOp op);
 // buf[i] /= world for avg (integers truncate toward zero).
 void finalize_avg(void* buf, std::size_t count, DataType dtype, int world);
 
