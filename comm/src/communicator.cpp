@@ -253,6 +253,9 @@ struct Communicator::Impl {
   Fd listener;
   int listen_port = 0;
   std::unique_ptr<ShmMapping> bell_map;
+  // Each shared-memory peer's bell, mapped at init so every name can go before init returns;
+  // moved into the peer's link when it is made.
+  std::vector<std::unique_ptr<ShmMapping>> peer_bells;
   Bell local_bell;  // used when shared memory is off
   Bell* bell = &local_bell;
   std::vector<PeerInfo> peers;
@@ -403,6 +406,11 @@ Communicator::Impl::Impl(const Options& o) : opt(o) {
   if (algo == Algo::hd && !pow2) algo = Algo::ring;
   if (opt.world_size < 3 && algo != Algo::direct) algo = Algo::ring;  // with 2 ranks, one ring
   if (algo == Algo::direct && !join_group(dl)) algo = Algo::ring;
+  peer_bells.resize(static_cast<std::size_t>(opt.world_size));
+  for (int p = 0; p < opt.world_size; ++p)
+    if (p != opt.rank && wants_shm(p))
+      peer_bells[static_cast<std::size_t>(p)] =
+          std::make_unique<ShmMapping>(shm_base + "-bell-" + std::to_string(p), 4096, false);
   // Ring neighbours now, so later failures are about collectives, not setup.
   link((opt.rank + 1) % opt.world_size);
   link((opt.rank + opt.world_size - 1) % opt.world_size);
@@ -417,8 +425,10 @@ Communicator::Impl::Impl(const Options& o) : opt(o) {
   } catch (const Error& e) {
     throw Error(e.kind(), "mltrain-comm: " + me() + ": joining: " + e.what(), e.peer_rank(), e.peer_host());
   }
-  // Every rank has mapped the group now: nothing is left behind in /dev/shm if one dies.
+  // Every rank has mapped the group and its peers' bells now: nothing is left behind in
+  // /dev/shm if one dies.
   if (group && opt.rank == 0) group->mapping().unlink();
+  if (bell_map) bell_map->unlink_quietly();
   settle_backend(dl);
 }
 
@@ -606,9 +616,9 @@ Link* Communicator::Impl::link(int peer) {
       segment->unlink();  // both ends mapped: nothing left behind if a process dies
       ShmLink::check_segment(segment->data(), opt.shm_bytes, label(peer));
     }
-    auto peer_bell = std::make_unique<ShmMapping>(shm_base + "-bell-" + std::to_string(peer), 4096, false);
-    made = std::make_unique<ShmLink>(std::move(segment), r == a ? 0 : 1, bell, std::move(peer_bell), pi.pid,
-                                     peer, pi.host);
+    made = std::make_unique<ShmLink>(std::move(segment), r == a ? 0 : 1, bell,
+                                     std::move(peer_bells[static_cast<std::size_t>(peer)]), pi.pid, peer,
+                                     pi.host);
   } else {
     Fd fd;
     if (r < peer) {

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <mutex>
 #include <random>
@@ -881,6 +882,40 @@ void fault(Transport transport, bool hang, int world = 3) {
   CHECK(named == world - 1);
 }
 }  // namespace
+
+TEST_CASE("shared memory: once init returns nothing of the job is named in /dev/shm but the counters for top") {
+  // A rank killed later (SIGKILL: no destructor) then leaves nothing behind, agent or not.
+  const std::string run = "shm-names-" + std::to_string(::getpid());
+  auto named = [&run] {
+    std::vector<std::string> out;
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+      const std::string n = e.path().filename().string();
+      if (n.find(run) != std::string::npos && n.find("-stats-") == std::string::npos) out.push_back(n);
+    }
+    return out;
+  };
+  std::mutex mu;
+  std::vector<std::string> seen;
+  run_ranks(
+      4, Transport::shm,
+      [&](Communicator& c) {
+        c.barrier();
+        {
+          std::lock_guard lock(mu);
+          for (auto& n : named()) seen.push_back(std::move(n));
+        }
+        c.barrier();
+        // Links made after init (rank 0 and rank 2 pair up in recursive doubling; not ring
+        // neighbours) still ring their peer's bell, mapped at init.
+        std::int64_t v = c.rank() + 1;
+        c.allreduce(&v, &v, 1, DataType::i64, ReduceOp::sum);
+        CHECK(v == 10);
+      },
+      20s, [&run](Options& o) { o.run_id = run; });
+  std::string left;
+  for (const auto& n : seen) left += " " + n;
+  CHECK_MESSAGE(seen.empty(), "left in /dev/shm:" << left);
+}
 
 TEST_CASE("fault: a rank that closes mid-job is named by the others (shm and TCP)") {
   fault(Transport::shm, false);
