@@ -8,6 +8,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "knobs/parse.h"
@@ -288,6 +289,24 @@ using Handler = std::function<void(const toml::node&)>;
 // Where each visited key was written; the spec being loaded (or its profile) owns it.
 thread_local std::map<std::string, std::string>* g_origins = nullptr;
 
+// Keys users bring from other launchers (torchrun, mpirun, SkyPilot) that mltrain spells in
+// another section: where they go instead, or empty.
+std::string elsewhere(const std::string& section, const std::string& key) {
+  static const std::set<std::string> ranks{"ranks", "nprocs", "np", "nproc", "n", "world_size", "num_procs"};
+  static const std::set<std::string> per_host{"nproc_per_node", "procs_per_host", "ppn", "slots"};
+  const bool top = section.empty() || section == "run";
+  if (top && ranks.count(key)) return "the number of ranks is [cluster] nprocs (or -n)";
+  if (top && per_host.count(key)) return "ranks per host are [cluster] procs_per_host";
+  if (top && (key == "hosts" || key == "hostfile" || key == "nodes"))
+    return "hosts are [cluster] hosts = [...] or hostfile = \"...\"";
+  if (section.empty() && (key == "command" || key == "argv" || key == "env" || key == "workdir"))
+    return "'" + key + "' goes under [run]";
+  if (section == "run" && (key == "cmd" || key == "script"))
+    return "the command is 'command' (a string, run by /bin/sh -c) or 'argv' (a list)";
+  if (section == "run" && key == "args") return "a list runs without a shell as argv = [...]";
+  return {};
+}
+
 // Visits each key of `table` with its handler; an unknown key is an error with a suggestion.
 void visit(const toml::table& table, const std::string& section,
            const std::map<std::string, Handler>& handlers) {
@@ -300,6 +319,7 @@ void visit(const toml::table& table, const std::string& section,
       const std::string shown = text::excerpt(k);
       std::string what = section.empty() ? "unknown key '" + shown + "'"
                                          : "unknown key '" + shown + "' in [" + section + "]";
+      if (const std::string there = elsewhere(section, k); !there.empty()) fail(key.source(), what, there);
       fail(key.source(), what + text::did_you_mean(k, known), "see docs/spec.md for every key");
     }
     if (g_origins) (*g_origins)[section.empty() ? k : section + "." + k] = where(node.source());
@@ -345,6 +365,9 @@ void apply(const toml::table& root, JobSpec& s, const std::string& base_dir, boo
                    {
                        {"command",
                         [&](const toml::node& v) {
+                          if (v.is_array())
+                            fail(v.source(), "'command' must be a string, not an array",
+                                 "a list runs the program without a shell: write argv = [...] instead");
                           s.run.command = get_string(v, "command");
                           s.run.argv.clear();
                         }},

@@ -223,6 +223,36 @@ TEST_CASE("spec: malformed specs give one-line errors with their location") {
   }
 }
 
+TEST_CASE("spec: keys from other launchers point to where mltrain spells them") {
+  struct Case {
+    const char* text;
+    const char* expected;  // a part of the message
+    const char* hint;      // a part of the hint
+  };
+  const Case cases[] = {
+      {"[run]\ncommand = 'x'\nranks = 4\n", "job.toml:3:1: unknown key 'ranks' in [run]",
+       "[cluster] nprocs (or -n)"},
+      {"nproc_per_node = 2\n[run]\ncommand = 'x'\n", "unknown key 'nproc_per_node'",
+       "[cluster] procs_per_host"},
+      {"[run]\ncommand = 'x'\nhosts = ['a']\n", "unknown key 'hosts' in [run]", "[cluster] hosts = [...]"},
+      {"command = 'x'\n", "job.toml:1:1: unknown key 'command'", "'command' goes under [run]"},
+      {"[run]\ncommand = ['python3', 'x.py']\n", "job.toml:2:11: 'command' must be a string, not an array",
+       "write argv = [...] instead"},
+      {"[run]\nargs = ['x']\n", "unknown key 'args' in [run]", "argv = [...]"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.text);
+    TempDir d;
+    try {
+      spec::check(spec::load_file(d.write("job.toml", c.text)));
+      FAIL("no error");
+    } catch (const Error& e) {
+      CHECK_MESSAGE(std::string(e.what()).find(c.expected) != std::string::npos, e.what());
+      CHECK_MESSAGE(e.hint().find(c.hint) != std::string::npos, e.hint());
+    }
+  }
+}
+
 TEST_CASE("spec: NCCL takes one GPU per rank; sharing GPUs needs another backend") {
   TempDir d;
   const char* shared = "[run]\ncommand = 'x'\n[gpus]\nprocs_per_gpu = 2\n";
