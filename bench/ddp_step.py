@@ -16,7 +16,9 @@ hide ((step - compute) / step), and the ratio mltrain/gloo in every round so the
     VARIANTS="mltrain:MLTRAIN_COMM_ALGO=ring" bench/ddp_step.py   # more rows: the hook with knobs
 
 VARIANTS adds rows: mltrain runs with the given KEY=VALUE settings (colon-separated) in the ranks'
-environment, interleaved with the others.
+environment, interleaved with the others. "mltrain:DDP_STEP_HOOK=sync" is the hook's
+synchronization alone (a one-element allreduce per bucket, the bucket handed back as it is): what
+waiting for the other ranks costs, apart from moving and reducing the data.
 
 --cluster needs root and the test cluster (tests/cluster/up.sh -n 4; brought up when it is not);
 its ranks run as the cluster's login user from a copy of the worker in a world-readable folder.

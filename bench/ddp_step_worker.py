@@ -9,6 +9,7 @@ Rank 0 prints one line: DDP-STEP {"comm": ..., "step_s": ..., "compute_s": ...}.
 """
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -34,7 +35,17 @@ def main():
         layers += [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
     model = torch.nn.Sequential(*layers)
     ddp = DDP(model)
-    if args.comm == "mltrain":
+    if args.comm == "mltrain" and os.environ.get("DDP_STEP_HOOK") == "sync":
+        # A diagnostic row (VARIANTS="mltrain:DDP_STEP_HOOK=sync"): the hook's synchronization
+        # alone, a one-element allreduce per bucket, and the bucket handed back as it is.
+        import mltrain.torch
+        one = torch.zeros(1)
+
+        def sync_only(state, bucket):
+            t = bucket.buffer()
+            return mltrain.torch._future_of(mltrain.init().allreduce_async(one, "sum"), lambda: t)
+        ddp.register_comm_hook(None, sync_only)
+    elif args.comm == "mltrain":
         import mltrain.torch
         ddp.register_comm_hook(None, mltrain.torch.allreduce_hook)
     elif args.comm == "none":
