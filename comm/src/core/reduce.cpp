@@ -198,11 +198,16 @@ template <class T, class S, bool Avg>
 void reduce_many(void* dst_v, const void* const* src_v, int n, std::size_t count) {
   T* dst = static_cast<T*>(dst_v);
   const T* const* src = reinterpret_cast<const T* const*>(src_v);
-  int done = std::min(n, 4);
-  if (done == n)
-    many_pass_of<T, S, true, Avg>(done, dst, src, count, n);
-  else
-    many_pass_of<T, S, true, false>(done, dst, src, count, n);
+  int done = 1;  // in place over src[0]: dst already holds it (no aliased __restrict pointers)
+  if (dst != src[0]) {
+    done = std::min(n, 4);
+    if (done == n)
+      many_pass_of<T, S, true, Avg>(done, dst, src, count, n);
+    else
+      many_pass_of<T, S, true, false>(done, dst, src, count, n);
+  } else if (n == 1 && Avg) {
+    for (std::size_t i = 0; i < count; ++i) dst[i] = S::div(dst[i], 1);  // as finalize_avg does
+  }
   while (done < n) {
     const int k = std::min(n - done, 3);
     if (done + k == n)
