@@ -883,7 +883,8 @@ void fault(Transport transport, bool hang, int world = 3) {
 }
 }  // namespace
 
-TEST_CASE("shared memory: once init returns nothing of the job is named in /dev/shm but the counters for top") {
+TEST_CASE(
+    "shared memory: once init returns nothing of the job is named in /dev/shm but the counters for top") {
   // A rank killed later (SIGKILL: no destructor) then leaves nothing behind, agent or not.
   const std::string run = "shm-names-" + std::to_string(::getpid());
   auto named = [&run] {
