@@ -15,7 +15,6 @@
 #include <cctype>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <random>
@@ -56,9 +55,7 @@ std::string this_host() {
 // host hash uses it) and see the same /dev/shm (its device and inode): host names prove neither,
 // since cloned machines often share one. Without a boot id, the host name is all there is.
 std::string memory_identity(const std::string& host) {
-  std::string boot;
-  std::ifstream f("/proc/sys/kernel/random/boot_id");
-  std::getline(f, boot);
+  std::string boot = first_line("/proc/sys/kernel/random/boot_id");
   if (boot.empty()) boot = "host:" + host;
   struct stat st {};
   if (::stat("/dev/shm", &st) == 0)
@@ -107,10 +104,7 @@ class StatRecorder {
   // A first (ticks, ns) pair; start() takes the scale from the span since.
   void begin() {
 #if defined(__x86_64__)
-    std::ifstream f("/sys/devices/system/clocksource/clocksource0/current_clocksource");
-    std::string source;
-    std::getline(f, source);
-    tsc_ = source == "tsc";
+    tsc_ = first_line("/sys/devices/system/clocksource/clocksource0/current_clocksource") == "tsc";
 #endif
     if (tsc_) base_ = pair();
   }

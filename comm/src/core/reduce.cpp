@@ -158,6 +158,21 @@ ReduceFn pick(DataType dtype) {
   throw Error(Error::Kind::usage, "unknown dtype " + std::to_string(static_cast<int>(dtype)));
 }
 
+template <class T, class Op>
+struct NativeStep {
+  static T step(T a, T b) { return Op::apply(a, b); }
+  static T div(T v, int world) { return static_cast<T>(v / static_cast<T>(world)); }
+};
+template <class H, class Op>
+struct HalfStep {  // rounded back to 16 bits after every step, as the binary kernel does
+  static std::uint16_t step(std::uint16_t a, std::uint16_t b) {
+    return H::store(Op::apply(H::load(a), H::load(b)));
+  }
+  static std::uint16_t div(std::uint16_t v, int world) {
+    return H::store(H::load(v) / static_cast<float>(world));
+  }
+};
+
 // One pass of reduce_many: acc = S::step(acc, src[k][i]) over K sources, where acc starts from the
 // first source (First) or from dst (a later pass, for worlds past four); then divided (Div). The
 // same operations in the same order per element as the binary passes, so the same bytes.
@@ -218,21 +233,6 @@ void reduce_many(void* dst_v, const void* const* src_v, int n, std::size_t count
   }
 }
 
-template <class T, class Op>
-struct NativeStep {
-  static T step(T a, T b) { return Op::apply(a, b); }
-  static T div(T v, int world) { return static_cast<T>(v / static_cast<T>(world)); }
-};
-template <class H, class Op>
-struct HalfStep {  // rounded back to 16 bits after every step, as the binary kernel does
-  static std::uint16_t step(std::uint16_t a, std::uint16_t b) {
-    return H::store(Op::apply(H::load(a), H::load(b)));
-  }
-  static std::uint16_t div(std::uint16_t v, int world) {
-    return H::store(H::load(v) / static_cast<float>(world));
-  }
-};
-
 template <class Op, bool Avg>
 ReduceManyFn pick_many(DataType dtype) {
   switch (dtype) {
@@ -254,13 +254,10 @@ ReduceManyFn pick_many(DataType dtype) {
   throw Error(Error::Kind::usage, "unknown dtype " + std::to_string(static_cast<int>(dtype)));
 }
 
-template <class T>
+// finalize_avg's divide: the same S::div the fused kernel applies in its last pass.
+template <class T, class S>
 void divide(T* buf, std::size_t n, int world) {
-  for (std::size_t i = 0; i < n; ++i) buf[i] = static_cast<T>(buf[i] / static_cast<T>(world));
-}
-template <class H>
-void divide_half(std::uint16_t* buf, std::size_t n, int world) {
-  for (std::size_t i = 0; i < n; ++i) buf[i] = H::store(H::load(buf[i]) / static_cast<float>(world));
+  for (std::size_t i = 0; i < n; ++i) buf[i] = S::div(buf[i], world);
 }
 
 }  // namespace
@@ -299,19 +296,19 @@ ReduceManyFn reduce_many_fn(DataType dtype, ReduceOp op) {
 void finalize_avg(void* buf, std::size_t n, DataType dtype, int world) {
   switch (dtype) {
     case DataType::f32:
-      return divide(static_cast<float*>(buf), n, world);
+      return divide<float, NativeStep<float, Sum>>(static_cast<float*>(buf), n, world);
     case DataType::f64:
-      return divide(static_cast<double*>(buf), n, world);
+      return divide<double, NativeStep<double, Sum>>(static_cast<double*>(buf), n, world);
     case DataType::f16:
-      return divide_half<F16>(static_cast<std::uint16_t*>(buf), n, world);
+      return divide<std::uint16_t, HalfStep<F16, Sum>>(static_cast<std::uint16_t*>(buf), n, world);
     case DataType::bf16:
-      return divide_half<BF16>(static_cast<std::uint16_t*>(buf), n, world);
+      return divide<std::uint16_t, HalfStep<BF16, Sum>>(static_cast<std::uint16_t*>(buf), n, world);
     case DataType::i32:
-      return divide(static_cast<std::int32_t*>(buf), n, world);
+      return divide<std::int32_t, NativeStep<std::int32_t, Sum>>(static_cast<std::int32_t*>(buf), n, world);
     case DataType::i64:
-      return divide(static_cast<std::int64_t*>(buf), n, world);
+      return divide<std::int64_t, NativeStep<std::int64_t, Sum>>(static_cast<std::int64_t*>(buf), n, world);
     case DataType::u8:
-      return divide(static_cast<std::uint8_t*>(buf), n, world);
+      return divide<std::uint8_t, NativeStep<std::uint8_t, Sum>>(static_cast<std::uint8_t*>(buf), n, world);
   }
 }
 

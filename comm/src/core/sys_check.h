@@ -2,6 +2,7 @@
 // what it worked on and errno's text, e.g. "setsockopt(TCP_NODELAY) fd 7: Bad file descriptor".
 #pragma once
 
+#include <string>
 #include <string_view>
 
 #include "mltrain/comm.hpp"
@@ -17,5 +18,9 @@ Rc check_sys(Rc rc, std::string_view call, std::string_view where, Error::Kind k
   if (rc < 0) throw_sys(call, where, kind);
   return rc;
 }
+
+// The first line of a small system file (/proc, /sys), without trailing whitespace; "" when it
+// cannot be read.
+std::string first_line(const char* path);
 
 }  // namespace mltrain::comm::detail

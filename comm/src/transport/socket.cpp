@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -86,13 +85,7 @@ std::string set_congestion(int fd, const std::string& choice) {
     err = errno;
   }
   if (choice == "auto") return {};
-  std::string allowed;
-  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/tcp_allowed_congestion_control", "r")) {
-    char line[256] = {};
-    if (std::fgets(line, sizeof line, f) != nullptr) allowed = line;
-    std::fclose(f);
-    while (!allowed.empty() && (allowed.back() == '\n' || allowed.back() == ' ')) allowed.pop_back();
-  }
+  const std::string allowed = first_line("/proc/sys/net/ipv4/tcp_allowed_congestion_control");
   throw Error(Error::Kind::usage, "MLTRAIN_COMM_TCP_CC=" + choice + ": the kernel refused it (" +
                                       errno_text(err) + "); this host allows " +
                                       (allowed.empty() ? "?" : allowed) + " (auto or system keep working)");
