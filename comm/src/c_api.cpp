@@ -129,6 +129,13 @@ int mltrain_comm_allreduce_shared_file(mltrain_comm_t* comm, void* buf, size_t c
   });
 }
 
+int mltrain_comm_allreduce_mapped(mltrain_comm_t* comm, void* buf, size_t count, int dtype, int redop,
+                                  unsigned long long key, int fd, size_t offset) {
+  return guarded(comm, [&](auto& c) {
+    c.allreduce_mapped(buf, count, dt(dtype), op(redop), key, mltrain::comm::SharedFile{fd, offset});
+  });
+}
+
 int mltrain_comm_release_shared(mltrain_comm_t* comm, unsigned long long key) {
   return guarded(comm, [&](auto& c) { c.release_shared(key); });
 }

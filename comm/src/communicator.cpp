@@ -881,6 +881,20 @@ const void* Communicator::allreduce_shared(void* buf, std::size_t count, DataTyp
   return result;
 }
 
+void Communicator::allreduce_mapped(void* buf, std::size_t count, DataType dtype, ReduceOp op,
+                                    std::uint64_t key, const SharedFile& file) {
+  impl_->collective(Coll::allreduce, dtype, op, 0, count, [&](Context& ctx) {
+    require(count == 0 || buf != nullptr, "null buffer");
+    auto* bytes = static_cast<std::byte*>(buf);
+    if (impl_->on_device(buf, buf))
+      impl_->nccl->allreduce(buf, buf, count, dtype, op);
+    else if (ctx.group != nullptr)
+      detail::allreduce_direct(ctx, bytes, bytes, count, dtype, op, &key, &file, /*into_inputs=*/true);
+    else
+      detail::allreduce(ctx, buf, buf, count, dtype, op);
+  });
+}
+
 void Communicator::release_shared(std::uint64_t key) noexcept {
   if (impl_->group) impl_->group->release_result(key);
 }

@@ -308,6 +308,17 @@ class Communicator:
                 box[0] = torch.frombuffer(raw, dtype=t.dtype).view(t.shape)
         return self._async(run, t)
 
+    def _allreduce_mapped_async(self, t, op, key, file):
+        """allreduce_async of a CPU tensor lying in a shared file (file: (fd, offset)): ranks on
+        this host read and write each other's tensors there (Communicator::allreduce_mapped).
+        For mltrain.torch.allreduce_hook on buckets that DDP's gradients view."""
+        addr, n, dt = _view(t, "allreduce", True, self)
+        code = _op_code(op)
+        p = self._ptr_or_raise()
+        fd, offset = file
+        return self._async(lambda: self._call(self._lib.mltrain_comm_allreduce_mapped, p, addr, n, dt, code,
+                                              key, fd, offset), t)
+
     def _release_shared(self, key):
         if self._ptr is not None:
             self._call(self._lib.mltrain_comm_release_shared, self._ptr, key)

@@ -58,6 +58,7 @@ def load():
             "mltrain_comm_size": ([p], i),
             "mltrain_comm_allreduce": ([p, p, p, sz, i, i], i),
             "mltrain_comm_allreduce_shared_file": ([p, p, sz, i, i, ctypes.c_ulonglong, i, sz, ctypes.POINTER(p)], i),
+            "mltrain_comm_allreduce_mapped": ([p, p, sz, i, i, ctypes.c_ulonglong, i, sz], i),
             "mltrain_comm_release_shared": ([p, ctypes.c_ulonglong], i),
             "mltrain_comm_broadcast": ([p, p, sz, i, i], i),
             "mltrain_comm_allgather": ([p, p, p, sz, i], i),

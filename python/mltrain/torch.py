@@ -128,7 +128,10 @@ def allreduce_hook(state, bucket):
     Asynchronous: the backward pass keeps computing while the bucket travels. When every rank
     shares one host, the result comes back in shared memory that DDP copies into the gradients
     itself (no copy back into the bucket: Communicator::allreduce_shared), and the bucket itself
-    moves to shared memory on first use, where the other ranks read it (no copy in either)."""
+    moves to shared memory on first use, where the other ranks read it (no copy in either).
+    When the gradients are views into the bucket (DDP's gradient_as_bucket_view=True), DDP would
+    copy a result held elsewhere back into the bucket: there every rank writes its reduced part
+    into every rank's bucket instead (Communicator::allreduce_mapped), and DDP copies nothing."""
     comm = _comm_of(state)
     t = bucket.buffer()
     if t.device.type == "cpu":
@@ -137,10 +140,32 @@ def allreduce_hook(state, bucket):
             shared = comm._shared_results = _SharedResults(comm)
         key = shared.key((bucket.index(), t.numel(), str(t.dtype)))
         if key is not None:
-            box = [t]
             file = shared.file_of(t)
+            if file is not None and _grads_view(bucket, t):
+                return _future_of(comm._allreduce_mapped_async(t, "avg", key, file), lambda: t)
+            box = [t]
             return _future_of(comm._allreduce_shared_async(t, "avg", key, box, file), lambda: box[0])
     return _future_of(comm.allreduce_async(t, "avg"), lambda: t)
+
+
+def _grads_view(bucket, t):
+    """True when a gradient of the bucket's parameters lies inside the bucket buffer t (DDP's
+    gradient_as_bucket_view=True: DDP then copies the hook's result into the bucket unless the
+    result is the bucket itself). By the time DDP calls the hook, every gradient a rank computed
+    views its bucket, so every rank of one DDP model answers alike (a rank that computed none of
+    a bucket's gradients, with find_unused_parameters, could differ: the call then fails as a
+    mismatched collective naming both kinds)."""
+    try:
+        params = bucket.parameters()
+    except (AttributeError, RuntimeError):
+        return False
+    start = t.data_ptr()
+    end = start + t.numel() * t.element_size()
+    for p in params:
+        g = p.grad
+        if g is not None and g.device == t.device and start <= g.data_ptr() < end:
+            return True
+    return False
 
 
 class PsHookState:

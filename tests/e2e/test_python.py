@@ -100,21 +100,27 @@ def _ddp_on_4_ranks(ml, out, mode):
 @needs_torch
 def test_ddp_hook_reads_buckets_where_they_lie_and_stages_when_dev_shm_is_full(ml, tmp_path):
     """On one host the hook moves DDP's buckets into shared memory, where the other ranks read
-    them; when /dev/shm looks too small it leaves them and stages. Both reduce in the same
+    them; when /dev/shm looks too small it leaves them and stages; with gradient_as_bucket_view
+    every rank writes its part of the result into every rank's bucket. All reduce in the same
     order: the same weights, bit for bit."""
     out = tmp_path / "out"
     out.mkdir()
     w = {}
-    for mode in ("hook", "hook-staged"):
+    for mode in ("hook", "hook-staged", "hook-view"):
         stdout = _ddp_on_4_ranks(ml, out, mode)
         counts = [(int(a), int(b)) for a, b in re.findall(r"BUCKETS (\d+) OF (\d+)", stdout)]
+        views = [(int(a), int(b)) for a, b in re.findall(r"VIEWS (\d+) OF (\d+)", stdout)]
         assert len(counts) == 4 and all(calls > 0 for _, calls in counts), stdout[-2000:]
-        if mode == "hook":
-            assert all(shared == calls for shared, calls in counts), counts
-        else:
+        if mode == "hook-staged":
             assert all(shared == 0 for shared, _ in counts), counts
+        else:
+            assert all(shared == calls for shared, calls in counts), counts
+        # hook-view: gradients are views into the buckets, so the hook writes every rank's result
+        # into every rank's bucket (allreduce_mapped); the others get the result in a region.
+        assert all(v == (calls if mode == "hook-view" else 0) for v, calls in views), (mode, views)
         w[mode] = _weights(out, mode, 4)
     assert w["hook"].tobytes() == w["hook-staged"].tobytes()
+    assert w["hook-view"].tobytes() == w["hook"].tobytes()
 
 
 @needs_torch

@@ -743,6 +743,99 @@ TEST_CASE("allreduce_shared: one rank without a shared file (none, or a pipe) ma
   }
 }
 
+TEST_CASE(
+    "allreduce_mapped: each rank's part lands in every rank's shared file, the staged path's bytes, "
+    "in place") {
+  for (int n : {2, 3, 4}) {
+    for (auto [dt, op] : {std::pair{DataType::f32, ReduceOp::avg}, std::pair{DataType::i64, ReduceOp::sum},
+                          std::pair{DataType::bf16, ReduceOp::sum}, std::pair{DataType::u8, ReduceOp::max}}) {
+      const std::size_t es = size_of(dt);
+      for (std::size_t count : {std::size_t{1}, std::size_t{5}, 3 * n * ((256u << 10) / es) + 7}) {
+        CAPTURE(n);
+        CAPTURE(name_of(dt));
+        CAPTURE(count);
+        std::atomic<int> bad{0}, mapped{0};
+        std::mutex mu;
+        std::vector<std::vector<std::byte>> got(static_cast<std::size_t>(n));
+        run_ranks(n, Transport::shm, [&](Communicator& c) {
+          const int r = c.rank();
+          InputFile in(r, count * es);
+          const auto input = inputs(dt, op, r, count);
+          const SharedFile file = in.file();
+          for (int rep = 0; rep < 2; ++rep) {                   // the second call reuses the peers' mappings
+            std::memcpy(in.buf(), input.data(), input.size());  // nobody writes it after the call
+            c.allreduce_mapped(in.buf(), count, dt, op, 5, file);
+            if (!first_wrong(dt, op, n, in.buf(), count).empty()) ++bad;
+          }
+          // The staged path reduces in the same order: the same bytes.
+          auto plain = input;
+          const void* staged = c.allreduce_shared(plain.data(), count, dt, op, 6);
+          if (std::memcmp(staged, in.buf(), count * es) != 0) ++bad;
+          c.barrier();
+          // Every peer mapped this rank's file, for writing: one mapping per peer and its own.
+          if (mappings_of_input(r) == n) ++mapped;
+          c.barrier();
+          c.release_shared(5);
+          c.release_shared(6);
+          std::lock_guard lock(mu);
+          got[static_cast<std::size_t>(r)].assign(in.buf(), in.buf() + count * es);
+        });
+        CHECK(bad == 0);
+        CHECK(mapped == n);
+        for (int r = 1; r < n; ++r) CHECK(got[static_cast<std::size_t>(r)] == got[0]);
+      }
+    }
+  }
+}
+
+TEST_CASE("allreduce_mapped: a rank whose file cannot be mapped makes every rank stage, in place") {
+  const int n = 3;
+  const std::size_t count = 300001;
+  std::atomic<int> bad{0}, unmapped{0};
+  run_ranks(n, Transport::shm, [&](Communicator& c) {
+    const int r = c.rank();
+    InputFile in(r, count * sizeof(float));
+    const auto input = inputs(DataType::f32, ReduceOp::sum, r, count);
+    std::memcpy(in.buf(), input.data(), input.size());
+    int p[2] = {-1, -1};
+    REQUIRE(::pipe(p) == 0);
+    const SharedFile file = r == 1 ? SharedFile{p[0], 0} : in.file();
+    c.allreduce_mapped(in.buf(), count, DataType::f32, ReduceOp::sum, 9, file);
+    if (!first_wrong(DataType::f32, ReduceOp::sum, n, in.buf(), count).empty()) ++bad;
+    c.barrier();
+    if (mappings_of_input(r) == 1) ++unmapped;
+    c.barrier();
+    c.release_shared(9);
+    ::close(p[0]);
+    ::close(p[1]);
+  });
+  CHECK(bad == 0);
+  CHECK(unmapped == n);
+}
+
+TEST_CASE("allreduce_mapped: a rank calling allreduce_shared meanwhile fails naming both calls") {
+  std::atomic<int> named{0};
+  run_ranks(
+      2, Transport::shm,
+      [&](Communicator& c) {
+        InputFile in(c.rank(), 100000 * sizeof(float));
+        const SharedFile file = in.file();
+        try {
+          if (c.rank() == 0)
+            c.allreduce_mapped(in.buf(), 100000, DataType::f32, ReduceOp::sum, 3, file);
+          else
+            c.allreduce_shared(in.buf(), 100000, DataType::f32, ReduceOp::sum, 3, &file);
+        } catch (const Error& e) {
+          const std::string what = e.what();
+          if (e.kind() == Error::Kind::mismatch && what.find("mapped buffer 3") != std::string::npos &&
+              what.find("shared result 3") != std::string::npos)
+            ++named;
+        }
+      },
+      5s);
+  CHECK(named == 2);
+}
+
 TEST_CASE("allreduce_shared: across the links (no group) it reduces buf in place and returns it") {
   std::atomic<int> bad{0};
   run_ranks(3, Transport::tcp, [&](Communicator& c) {

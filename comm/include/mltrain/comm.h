@@ -46,6 +46,10 @@ int mltrain_comm_allreduce_shared(mltrain_comm_t* comm, void* buf, size_t count,
  * SharedFile): ranks on one host read it where it lies. fd < 0: as mltrain_comm_allreduce_shared. */
 int mltrain_comm_allreduce_shared_file(mltrain_comm_t* comm, void* buf, size_t count, int dtype, int op,
                                        unsigned long long key, int fd, size_t offset, const void** result);
+/* Communicator::allreduce_mapped: buf reduced in place, lying at byte `offset` of the shared file
+ * open as fd on every rank; ranks on one host read and write each other's buffers there. */
+int mltrain_comm_allreduce_mapped(mltrain_comm_t* comm, void* buf, size_t count, int dtype, int op,
+                                  unsigned long long key, int fd, size_t offset);
 int mltrain_comm_release_shared(mltrain_comm_t* comm, unsigned long long key);
 int mltrain_comm_broadcast(mltrain_comm_t* comm, void* buf, size_t count, int dtype, int root);
 int mltrain_comm_allgather(mltrain_comm_t* comm, const void* send, void* recv, size_t count, int dtype);

@@ -138,7 +138,15 @@ class Communicator {
   // passes none or cannot map a peer's file, the call stages as without it.
   const void* allreduce_shared(void* buf, std::size_t count, DataType dtype, ReduceOp op, std::uint64_t key,
                                const SharedFile* file = nullptr);
-  void release_shared(std::uint64_t key) noexcept;  // unmaps the key's region here
+  // Allreduce of buf in place, buf lying in `file` on every rank: when every rank shares this
+  // host and can map every peer's file for writing, each rank reduces its part straight from the
+  // peers' buffers and writes it into all of them (no staging copy, no copy back, three waits a
+  // call). Else as allreduce(buf, ...). Every rank must pass the same key (peers' files stay
+  // mapped per key until release_shared). For a DDP bucket that its gradients view
+  // (gradient_as_bucket_view=True): the framework copies nothing out of it.
+  void allreduce_mapped(void* buf, std::size_t count, DataType dtype, ReduceOp op, std::uint64_t key,
+                        const SharedFile& file);
+  void release_shared(std::uint64_t key) noexcept;  // unmaps the key's region and peers' files here
   void broadcast(void* buf, std::size_t count, DataType dtype, int root);
   // recv holds size()*count elements; rank i's send lands at recv + i*count. send may alias it.
   void allgather(const void* send, void* recv, std::size_t count, DataType dtype);

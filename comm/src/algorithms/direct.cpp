@@ -15,6 +15,10 @@
 // DDP bucket after share_memory_()), there is no A either: rank r reduces its segment of the whole
 // buffer straight from the peers' inputs into the region, 1N in and N/n out per rank, and the
 // call waits on its peers three times (posted, voted, reduced) instead of three times a chunk.
+// With the result in the inputs themselves (allreduce_mapped: every rank maps every peer's file
+// for writing), there is no region either: rank r reduces its segment into a block that stays in
+// its cache and copies the block into every rank's buffer, 1N in and 1N out per rank, and the
+// buffers hold the result where the caller wants it (a DDP bucket its gradients view).
 #include <cstring>
 #include <vector>
 
@@ -51,18 +55,39 @@ void reduce_mapped(const std::vector<const std::byte*>& src, std::byte* out, std
   }
 }
 
+// As reduce_mapped, each block reduced into this rank's cache (tmp) and copied into every rank's
+// buffer at once: dst[j] is rank j's, which src[j] reads too (the same memory; disjoint segments
+// per rank, so nobody reads what another rank writes during the call).
+void reduce_mapped_into(const std::vector<const std::byte*>& src, const std::vector<std::byte*>& dst,
+                        std::size_t count, int n, int r, DataType dtype, ReduceManyFn many) {
+  const std::size_t es = size_of(dtype);
+  const Segments seg{count, n};
+  const std::size_t off = seg.offset(r), len = seg.length(r);
+  const std::size_t block = std::max<std::size_t>(1, (std::size_t{256} << 10) / es);
+  std::vector<std::byte> tmp(std::min(block, len) * es);
+  std::vector<const void*> ptrs(static_cast<std::size_t>(n));
+  for (std::size_t b = 0; b < len; b += block) {
+    const std::size_t m = std::min(block, len - b), at = (off + b) * es;
+    reduce_in_rank_order(
+        tmp.data(), m, n, many, [&](int j) { return src[static_cast<std::size_t>(j)] + at; }, ptrs);
+    for (int i = 0; i < n; ++i)
+      std::memcpy(dst[static_cast<std::size_t>((r + i) % n)] + at, tmp.data(), m * es);
+  }
+}
+
 }  // namespace
 
 std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv, std::size_t count,
                             DataType dtype, ReduceOp op, const std::uint64_t* shared_key,
-                            const SharedFile* file) {
+                            const SharedFile* file, bool into_inputs) {
   ShmGroup& g = *ctx.group;
   const int n = ctx.size, r = ctx.rank;
   const std::size_t es = size_of(dtype);
   const ReduceManyFn many = reduce_many_fn(dtype, op);
   ctx.header.algo = static_cast<std::uint8_t>(Algo::direct);
+  into_inputs = into_inputs && shared_key != nullptr && file != nullptr && send == recv;
   if (shared_key != nullptr) {
-    ctx.header.reserved[0] = 1;  // every rank must ask for the same shared result
+    ctx.header.reserved[0] = into_inputs ? 2 : 1;  // every rank must ask for the same result
     ctx.header.root =
         static_cast<std::int32_t>(static_cast<std::uint32_t>(*shared_key ^ (*shared_key >> 32)));
   }
@@ -98,7 +123,7 @@ std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv
     }
   };
 
-  if (shared_key != nullptr && r == 0) g.make_result(*shared_key, count * es);
+  if (shared_key != nullptr && r == 0 && !into_inputs) g.make_result(*shared_key, count * es);
   if (shared_key != nullptr)
     g.post_input(file != nullptr ? file->fd : -1, file != nullptr ? file->offset : 0);
   g.post_header(&ctx.header);
@@ -112,7 +137,7 @@ std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv
   }
   // The shared result, unless rank 0 could not reserve it: then in place, like any call.
   std::byte* shared = nullptr;
-  if (shared_key != nullptr)
+  if (shared_key != nullptr && !into_inputs)
     if (const std::uint64_t id = g.posted_result(); id != 0)
       shared = g.map_result(*shared_key, id, count * es);
   std::byte* const out = shared != nullptr ? shared : recv;
@@ -122,26 +147,32 @@ std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv
   auto finish_shared = [&](std::uint64_t done) {
     for (int j = 0; j < n; ++j)
       if (j != r) g.wait(j, ShmGroup::reduced, done, wc);
-    if (r == 0) g.unlink_result(*shared_key);
+    if (r == 0 && shared != nullptr) g.unlink_result(*shared_key);
     g.publish(ShmGroup::copied, done);
   };
 
   // Inputs where they lie, when every rank posted one (all see the same) and all can map them.
-  bool all_posted = shared != nullptr;
+  bool all_posted = shared != nullptr || into_inputs;
   for (int j = 0; j < n && all_posted; ++j) all_posted = g.has_input(j);
   if (all_posted) {
-    std::vector<const std::byte*> src(static_cast<std::size_t>(n), send);
+    std::vector<std::byte*> bufs(static_cast<std::size_t>(n), recv);
     bool ok = true;
     for (int j = 0; j < n && ok; ++j)
       if (j != r)
-        ok = (src[static_cast<std::size_t>(j)] = g.map_input(*shared_key, j, count * es)) != nullptr;
+        ok = (bufs[static_cast<std::size_t>(j)] = g.map_input(*shared_key, j, count * es, into_inputs)) !=
+             nullptr;
     if (g.vote(ok, ctx.header.seq, wc)) {
       const std::uint64_t id = g.chunks++;  // one chunk, so the counters run on alike
-      if (n > 1) reduce_mapped(src, shared, count, n, r, dtype, many);
+      std::vector<const std::byte*> src(bufs.begin(), bufs.end());
+      src[static_cast<std::size_t>(r)] = send;
+      if (n > 1 && into_inputs)
+        reduce_mapped_into(src, bufs, count, n, r, dtype, many);
+      else if (n > 1)
+        reduce_mapped(src, shared, count, n, r, dtype, many);
       g.publish(ShmGroup::written, id + 1);
       g.publish(ShmGroup::reduced, id + 1);
       finish_shared(id + 1);
-      return shared;
+      return out;
     }
   }
 

@@ -185,19 +185,19 @@ void ShmGroup::post_input(int fd, std::size_t offset) {
 
 bool ShmGroup::has_input(int j) const { return ctl(j)->in_fd >= 0; }
 
-const std::byte* ShmGroup::map_input(std::uint64_t key, int j, std::size_t bytes) {
+std::byte* ShmGroup::map_input(std::uint64_t key, int j, std::size_t bytes, bool writable) {
   const Ctl* c = ctl(j);
   const Peer& p = peer(j);
   if (c->in_fd < 0 || p.pid <= 0 || c->in_offset > c->in_size || bytes > c->in_size - c->in_offset)
     return nullptr;
   if (auto it = inputs_.find({key, j}); it != inputs_.end()) {
     const PeerInput& in = *it->second;
-    if (in.dev == c->in_dev && in.ino == c->in_ino && in.len == c->in_size)
-      return static_cast<const std::byte*>(in.addr) + c->in_offset;
-    inputs_.erase(it);  // the key's buffer moved to another file
+    if (in.dev == c->in_dev && in.ino == c->in_ino && in.len == c->in_size && (in.writable || !writable))
+      return static_cast<std::byte*>(in.addr) + c->in_offset;
+    inputs_.erase(it);  // the key's buffer moved to another file, or is to be written now
   }
   const std::string path = "/proc/" + std::to_string(p.pid) + "/fd/" + std::to_string(c->in_fd);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
   if (fd < 0) return nullptr;
   struct stat st {};
   void* addr = MAP_FAILED;
@@ -205,7 +205,7 @@ const std::byte* ShmGroup::map_input(std::uint64_t key, int j, std::size_t bytes
   if (::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_dev) == c->in_dev &&
       static_cast<std::uint64_t>(st.st_ino) == c->in_ino &&
       static_cast<std::uint64_t>(st.st_size) == c->in_size && c->in_size > 0)
-    addr = ::mmap(nullptr, c->in_size, PROT_READ, MAP_SHARED, fd, 0);
+    addr = ::mmap(nullptr, c->in_size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
   ::close(fd);
   if (addr == MAP_FAILED) return nullptr;
   auto in = std::make_unique<PeerInput>();
@@ -213,7 +213,8 @@ const std::byte* ShmGroup::map_input(std::uint64_t key, int j, std::size_t bytes
   in->ino = c->in_ino;
   in->addr = addr;
   in->len = c->in_size;
-  const auto* at = static_cast<const std::byte*>(addr) + c->in_offset;
+  in->writable = writable;
+  auto* at = static_cast<std::byte*>(addr) + c->in_offset;
   inputs_[{key, j}] = std::move(in);
   return at;
 }

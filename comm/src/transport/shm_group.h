@@ -97,9 +97,11 @@ class ShmGroup {
   // /proc/<pid>/fd/<fd> once per key (checked to be the same file by device and inode) and reads
   // the buffer there. map_input returns rank j's buffer of `bytes`, or nullptr when j posted none
   // or it cannot be mapped here (another pid namespace, /proc restricted, a closed fd).
+  // writable: mapped for writing too (allreduce_mapped writes each rank's reduced part into every
+  // rank's buffer); a read-only mapping of the key is replaced.
   void post_input(int fd, std::size_t offset);
   bool has_input(int j) const;  // rank j posted one (read after its header)
-  const std::byte* map_input(std::uint64_t key, int j, std::size_t bytes);
+  std::byte* map_input(std::uint64_t key, int j, std::size_t bytes, bool writable = false);
   // Every rank says whether it can read every peer's input; true when all can (the same answer on
   // every rank). seq: the collective's.
   bool vote(bool ok, std::uint64_t seq, const WaitConfig& cfg);
@@ -111,10 +113,11 @@ class ShmGroup {
     std::uint64_t id = 0;
     std::unique_ptr<ShmMapping> map;
   };
-  struct PeerInput {  // a peer's shared file, mapped read-only
+  struct PeerInput {  // a peer's shared file, mapped read-only unless writable
     std::uint64_t dev = 0, ino = 0;
     void* addr = nullptr;
     std::size_t len = 0;
+    bool writable = false;
     PeerInput() = default;
     PeerInput(const PeerInput&) = delete;
     PeerInput& operator=(const PeerInput&) = delete;

@@ -3,13 +3,15 @@ whose gradients travel through --mode:
   gloo        DDP's own allreduce (gloo)
   hook        mltrain.torch.allreduce_hook
   hook-staged the same with /dev/shm looking full to the hook: buckets stay in private memory
+  hook-view   the hook with gradient_as_bucket_view=True: results written into every rank's bucket
   fixed       mltrain.torch.fixed_point_hook
   gloo-fixed  the same fixed-point reduction through gloo (torch.distributed.all_reduce on int64)
   optimizer   no DDP: mltrain.torch.broadcast_parameters + DistributedOptimizer
   twin-gloo   two DDP models of the same shape (other weights, one loss, one backward pass): gloo
   twin-hook   the same through mltrain.torch.allreduce_hook (their buckets in flight at once)
 Writes its final weights (float32 bytes) to $OUT/weights-<mode>-<rank>.bin; the hook modes print
-"BUCKETS <in shared memory> OF <hook calls>" after the first step (DDP's rebuilt buckets). With --kill-at K,
+"BUCKETS <in shared memory> OF <hook calls>" after the first step (DDP's rebuilt buckets), and
+"VIEWS <calls whose bucket the gradients view> OF <hook calls>". With --kill-at K,
 rank 1 SIGKILLs itself in step K between forward and backward; the others report what the
 backward pass raised ("RAISED <type>: <message>") and exit 3.
 """
@@ -79,8 +81,9 @@ def main():
         opt = torch.optim.SGD(list(a.parameters()) + list(b.parameters()), lr=0.05, momentum=0.9)
         model = torch.nn.ModuleList([model, twin])  # both models' weights are written
     else:
-        net = DDP(model, bucket_cap_mb=0.01)  # several buckets, several hooks per step
-        if args.mode in ("hook", "hook-staged"):
+        # Several buckets, several hooks per step.
+        net = DDP(model, bucket_cap_mb=0.01, gradient_as_bucket_view=args.mode == "hook-view")
+        if args.mode in ("hook", "hook-staged", "hook-view"):
             if args.mode == "hook-staged":
                 class Full:
                     f_bavail = f_frsize = 0
@@ -89,6 +92,7 @@ def main():
             def hook(state, bucket):
                 fut = mt.allreduce_hook(state, bucket)
                 seen.append(bucket.buffer().is_shared())  # after the hook: where it left the bucket
+                views.append(mt._grads_view(bucket, bucket.buffer()))
                 return fut
             net.register_comm_hook(None, hook)
         elif args.mode == "fixed":
@@ -100,6 +104,7 @@ def main():
         opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
 
     seen = []  # per hook call: the bucket in shared memory
+    views = []  # per hook call: the gradients view the bucket
     g = torch.Generator().manual_seed(1000 + rank)
     w_true = torch.linspace(-1, 1, 32)
     for step in range(args.steps):
@@ -114,6 +119,7 @@ def main():
             opt.step()
             if step == 0:
                 seen.clear()  # DDP rebuilds its buckets after the first step
+                views.clear()
         except Exception as e:  # noqa: BLE001 - what a training script would see
             print(f"RAISED {type(e).__name__}: {e}", flush=True)
             sys.exit(3)
@@ -122,6 +128,7 @@ def main():
         f.write(flat.numpy().tobytes())
     if args.mode.startswith("hook"):
         print(f"BUCKETS {sum(seen)} OF {len(seen)}", flush=True)
+        print(f"VIEWS {sum(views)} OF {len(views)}", flush=True)
     print(f"DDP-DONE {args.mode} rank {rank} loss {loss.item():.6f}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
