@@ -34,7 +34,9 @@ def main():
     for _ in range(args.layers):
         layers += [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
     model = torch.nn.Sequential(*layers)
-    ddp = DDP(model)
+    # DDP_STEP_BUCKET_VIEW=1 (a VARIANTS knob): gradients as views into DDP's buckets, PyTorch's
+    # setting that skips DDP's copies between gradients and buckets.
+    ddp = DDP(model, gradient_as_bucket_view=os.environ.get("DDP_STEP_BUCKET_VIEW") == "1")
     if args.comm == "mltrain" and os.environ.get("DDP_STEP_HOOK") == "sync":
         # A diagnostic row (VARIANTS="mltrain:DDP_STEP_HOOK=sync"): the hook's synchronization
         # alone, a one-element allreduce per bucket, and the bucket handed back as it is.
