@@ -788,6 +788,33 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("shared-file calls on one key: a new file on one rank, or writing where it read, maps again") {
+  // Calls 2 and 5 find everything as the call before left it (no vote); the others must not.
+  const int n = 3;
+  const std::size_t count = 200003;
+  std::atomic<int> bad{0};
+  run_ranks(n, Transport::shm, [&](Communicator& c) {
+    const int r = c.rank();
+    InputFile a(r, count * sizeof(float)), b(r, count * sizeof(float));
+    const auto input = inputs(DataType::f32, ReduceOp::sum, r, count);
+    for (int call = 1; call <= 6; ++call) {
+      const InputFile& in = (call == 3 || call == 6) && r == 1 ? b : a;  // rank 1 moves, and back
+      std::memcpy(in.buf(), input.data(), input.size());
+      const SharedFile file = in.file();
+      const void* at = in.buf();
+      if (call <= 3)
+        at = c.allreduce_shared(in.buf(), count, DataType::f32, ReduceOp::sum, 11, &file);
+      else
+        c.allreduce_mapped(in.buf(), count, DataType::f32, ReduceOp::sum, 11, file);
+      if (!first_wrong(DataType::f32, ReduceOp::sum, n, at, count).empty()) ++bad;
+      if (call <= 3 && std::memcmp(in.buf(), input.data(), input.size()) != 0) ++bad;  // kept its input
+    }
+    c.barrier();
+    c.release_shared(11);
+  });
+  CHECK(bad == 0);
+}
+
 TEST_CASE("allreduce_mapped: a rank whose file cannot be mapped makes every rank stage, in place") {
   const int n = 3;
   const std::size_t count = 300001;

@@ -125,7 +125,8 @@ std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv
 
   if (shared_key != nullptr && r == 0 && !into_inputs) g.make_result(*shared_key, count * es);
   if (shared_key != nullptr)
-    g.post_input(file != nullptr ? file->fd : -1, file != nullptr ? file->offset : 0);
+    g.post_input(file != nullptr ? file->fd : -1, file != nullptr ? file->offset : 0, *shared_key, count * es,
+                 into_inputs);
   g.post_header(&ctx.header);
   g.publish(ShmGroup::posted, ctx.header.seq);
   for (int j = 0; j < n; ++j) {
@@ -155,13 +156,18 @@ std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv
   bool all_posted = shared != nullptr || into_inputs;
   for (int j = 0; j < n && all_posted; ++j) all_posted = g.has_input(j);
   if (all_posted) {
+    // Every rank read the key's last call mapped and nothing changed since: no vote (ShmGroup).
+    const bool agreed = g.all_agreed();
     std::vector<std::byte*> bufs(static_cast<std::size_t>(n), recv);
     bool ok = true;
     for (int j = 0; j < n && ok; ++j)
       if (j != r)
         ok = (bufs[static_cast<std::size_t>(j)] = g.map_input(*shared_key, j, count * es, into_inputs)) !=
              nullptr;
-    if (g.vote(ok, ctx.header.seq, wc)) {
+    if (agreed && !ok)  // the peers read mapped now: this rank cannot fall back alone
+      throw Error(Error::Kind::internal, "a peer's shared file mapped in the last call of this key is gone");
+    if (agreed || g.vote(ok, ctx.header.seq, wc)) {
+      g.remember(*shared_key, into_inputs);
       const std::uint64_t id = g.chunks++;  // one chunk, so the counters run on alike
       std::vector<const std::byte*> src(bufs.begin(), bufs.end());
       src[static_cast<std::size_t>(r)] = send;
@@ -176,6 +182,7 @@ std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv
     }
   }
 
+  if (shared_key != nullptr) g.forget(*shared_key);  // staged: the next call of the key votes
   const std::size_t chunk = std::max<std::size_t>(1, g.slot_bytes() / es);
   const std::size_t chunks = (count + chunk - 1) / chunk;
   const std::uint64_t base = g.chunks;

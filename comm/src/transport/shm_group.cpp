@@ -18,7 +18,7 @@ namespace mltrain::comm::detail {
 namespace {
 
 constexpr std::uint32_t kGroupMagic = 0x4d4c4752;  // "MLGR"
-constexpr std::uint16_t kGroupVersion = 2;
+constexpr std::uint16_t kGroupVersion = 3;
 constexpr std::size_t kCtlBytes = 256;
 constexpr std::size_t kCtlStart = 256;
 
@@ -49,6 +49,7 @@ struct ShmGroup::Ctl {
   // The input of the posted call, when it lies in a shared file (post_input; fd -1: it does not).
   std::int64_t in_fd;
   std::uint64_t in_dev, in_ino, in_size, in_offset;
+  std::uint32_t in_agreed;  // 1: the last call of the key was read mapped, and that still holds
 };
 
 std::size_t ShmGroup::segment_bytes(int size, std::size_t slot_bytes) {
@@ -67,6 +68,7 @@ void ShmGroup::init_segment(void* base, int size, std::size_t slot_bytes) {
     c->closed.store(0);
     c->vote.store(0);
     c->in_fd = -1;
+    c->in_agreed = 0;
     c->result.store(0);
   }
   std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -162,6 +164,7 @@ void ShmGroup::unlink_result(std::uint64_t key) {
 
 void ShmGroup::release_result(std::uint64_t key) {
   results_.erase(key);
+  agreed_.erase(key);
   for (int j = 0; j < size_; ++j) inputs_.erase({key, j});
 }
 
@@ -169,8 +172,9 @@ ShmGroup::PeerInput::~PeerInput() {
   if (addr != nullptr) ::munmap(addr, len);
 }
 
-void ShmGroup::post_input(int fd, std::size_t offset) {
+void ShmGroup::post_input(int fd, std::size_t offset, std::uint64_t key, std::size_t bytes, bool writable) {
   Ctl* c = ctl(rank_);
+  c->in_agreed = 0;
   struct stat st {};
   if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     c->in_fd = -1;
@@ -181,6 +185,28 @@ void ShmGroup::post_input(int fd, std::size_t offset) {
   c->in_ino = static_cast<std::uint64_t>(st.st_ino);
   c->in_size = static_cast<std::uint64_t>(st.st_size);
   c->in_offset = offset;
+  const auto it = agreed_.find(key);
+  if (it == agreed_.end()) return;
+  const Agreed& a = it->second;
+  bool same = a.dev == c->in_dev && a.ino == c->in_ino && a.size == c->in_size && a.writable == writable &&
+              offset <= c->in_size && bytes <= c->in_size - offset;
+  for (int j = 0; j < size_ && same; ++j) {
+    if (j == rank_) continue;
+    const auto in = inputs_.find({key, j});
+    same = in != inputs_.end() && (in->second->writable || !writable);
+  }
+  c->in_agreed = same ? 1 : 0;
+}
+
+bool ShmGroup::all_agreed() const {
+  for (int j = 0; j < size_; ++j)
+    if (ctl(j)->in_fd < 0 || ctl(j)->in_agreed != 1) return false;
+  return true;
+}
+
+void ShmGroup::remember(std::uint64_t key, bool writable) {
+  const Ctl* c = ctl(rank_);
+  agreed_[key] = Agreed{c->in_dev, c->in_ino, c->in_size, writable};
 }
 
 bool ShmGroup::has_input(int j) const { return ctl(j)->in_fd >= 0; }

@@ -99,12 +99,23 @@ class ShmGroup {
   // or it cannot be mapped here (another pid namespace, /proc restricted, a closed fd).
   // writable: mapped for writing too (allreduce_mapped writes each rank's reduced part into every
   // rank's buffer); a read-only mapping of the key is replaced.
-  void post_input(int fd, std::size_t offset);
+  // key, bytes, writable: the call's, for the vote skip below.
+  void post_input(int fd, std::size_t offset, std::uint64_t key = 0, std::size_t bytes = 0,
+                  bool writable = false);
   bool has_input(int j) const;  // rank j posted one (read after its header)
   std::byte* map_input(std::uint64_t key, int j, std::size_t bytes, bool writable = false);
   // Every rank says whether it can read every peer's input; true when all can (the same answer on
   // every rank). seq: the collective's.
   bool vote(bool ok, std::uint64_t seq, const WaitConfig& cfg);
+  // The vote is skipped on a key whose last call every rank read mapped: after that call each
+  // rank remembers the key (its file's device, inode and size, and whether the peers' files were
+  // mapped for writing); post_input then posts "agreed" when this call's input lies in the same
+  // file, within it, and this rank still holds every peer's mapping of the key as needed. When
+  // every rank posted agreed (all_agreed, read after every header), every mapping of the last
+  // call still serves and nobody votes. Any other outcome forgets the key on every rank alike.
+  bool all_agreed() const;
+  void remember(std::uint64_t key, bool writable);
+  void forget(std::uint64_t key) { agreed_.erase(key); }
 
  private:
   struct Ctl;
@@ -127,6 +138,11 @@ class ShmGroup {
   std::string base_;
   std::map<std::uint64_t, Region> results_;
   std::map<std::pair<std::uint64_t, int>, std::unique_ptr<PeerInput>> inputs_;  // (key, rank)
+  struct Agreed {  // this rank's input of a key's last call, which every rank read mapped
+    std::uint64_t dev = 0, ino = 0, size = 0;
+    bool writable = false;
+  };
+  std::map<std::uint64_t, Agreed> agreed_;
   std::uint64_t next_result_ = 1;
   int rank_;
   int size_;
