@@ -13,10 +13,15 @@ hide ((step - compute) / step), and the ratio mltrain/gloo in every round so the
     bench/ddp_step.py                          # 4 ranks on this host
     bench/ddp_step.py --cluster                # 4 ranks, one on each test-cluster host
     ROUNDS=3 STEPS=6 bench/ddp_step.py
+    BUCKET_VIEW=0 bench/ddp_step.py            # DDP's defaults only
     VARIANTS="mltrain:MLTRAIN_COMM_ALGO=ring" bench/ddp_step.py   # more rows: the hook with knobs
 
-VARIANTS adds rows: mltrain runs with the given KEY=VALUE settings (colon-separated) in the ranks'
-environment, interleaved with the others. "mltrain:DDP_STEP_HOOK=sync" is the hook's
+The three run twice: with DDP's defaults, and with gradient_as_bucket_view=True (rows
+":DDP_STEP_BUCKET_VIEW=1"; PyTorch's setting that spares DDP its copies between gradients and
+buckets), each setting against gloo with the same setting. BUCKET_VIEW=0 leaves the second out.
+VARIANTS adds rows: a comm (gloo, mltrain, none) run with the given KEY=VALUE settings
+(colon-separated) in the ranks' environment, interleaved with the others.
+"mltrain:DDP_STEP_HOOK=sync" is the hook's
 synchronization alone (a one-element allreduce per bucket, the bucket handed back as it is): what
 waiting for the other ranks costs, apart from moving and reducing the data.
 
@@ -79,7 +84,10 @@ def main():
                 subprocess.run([str(ROOT / "tests/cluster/up.sh"), "-n", "4"], check=True,
                                stdout=subprocess.DEVNULL)
             (work / "hostfile").write_text("h1 slots=1\nh2 slots=1\nh3 slots=1\nh4 slots=1\n")
-        peers = ["gloo", "mltrain", "none"] + [v for v in os.environ.get("VARIANTS", "").split() if v]
+        peers = ["gloo", "mltrain", "none"]
+        if os.environ.get("BUCKET_VIEW", "1") != "0":
+            peers += [c + ":DDP_STEP_BUCKET_VIEW=1" for c in peers]
+        peers += [v for v in os.environ.get("VARIANTS", "").split() if v]
         runs = {c: [] for c in peers}
         run_one("mltrain", where, work, home)  # untimed: the agent copy, cold caches
         for r in range(ROUNDS):
@@ -100,12 +108,26 @@ def main():
             med[c] = step
             share = max(0.0, (step - comp) / step)
             print(f"{c:<{w}}{step * 1e3:>10.1f}{1 / step:>10.2f}{comp * 1e3:>12.1f}{share * 100:>11.0f}%")
-        for c in peers[1:]:
-            per_round = [g["step_s"] / m["step_s"] for g, m in zip(runs["gloo"], runs[c])]
-            what = " (no communication: the most any transport can reach)" if c == "none" else ""
-            print(f"{c} = {med['gloo'] / med[c]:.2f} x gloo steps/s{what} "
+        # A row with knobs against gloo with the same knobs (the hook's own aside), when that
+        # row runs too.
+        def knobs(c):
+            return ":".join(k for k in c.split(":")[1:] if not k.startswith("DDP_STEP_HOOK="))
+
+        def base(c):
+            g = "gloo:" + knobs(c) if knobs(c) else "gloo"
+            return g if g in runs else "gloo"
+        for c in peers:
+            if c == base(c):
+                continue
+            g = base(c)
+            per_round = [a["step_s"] / m["step_s"] for a, m in zip(runs[g], runs[c])]
+            what = " (no communication: the most any transport can reach)" if c.startswith("none") else ""
+            print(f"{c} = {med[g] / med[c]:.2f} x {g} steps/s{what} "
                   f"(per round: {' '.join(f'{x:.2f}' for x in per_round)})")
-        print(f"mltrain's step takes {med['mltrain'] / med['none']:.2f} x the no-communication step's time")
+        for c in peers:
+            floor = "none:" + knobs(c) if knobs(c) else "none"
+            if c.startswith("mltrain") and floor in med:
+                print(f"{c}'s step takes {med[c] / med[floor]:.2f} x {floor}'s (no communication)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

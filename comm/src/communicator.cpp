@@ -865,34 +865,33 @@ void Communicator::allreduce(const void* send, void* recv, std::size_t count, Da
   });
 }
 
-const void* Communicator::allreduce_shared(void* buf, std::size_t count, DataType dtype, ReduceOp op,
-                                           std::uint64_t key, const SharedFile* file) {
+namespace {
+// allreduce_shared and allreduce_mapped: through the group when there is one, else in place.
+const void* keyed_allreduce(Communicator::Impl& impl, void* buf, std::size_t count, DataType dtype,
+                            ReduceOp op, std::uint64_t key, const SharedFile* file, bool into_inputs) {
   const void* result = buf;
-  impl_->collective(Coll::allreduce, dtype, op, 0, count, [&](Context& ctx) {
+  impl.collective(Coll::allreduce, dtype, op, 0, count, [&](Context& ctx) {
     require(count == 0 || buf != nullptr, "null buffer");
     auto* bytes = static_cast<std::byte*>(buf);
-    if (impl_->on_device(buf, buf))
-      impl_->nccl->allreduce(buf, buf, count, dtype, op);
+    if (impl.on_device(buf, buf))
+      impl.nccl->allreduce(buf, buf, count, dtype, op);
     else if (ctx.group != nullptr)
-      result = detail::allreduce_direct(ctx, bytes, bytes, count, dtype, op, &key, file);
+      result = detail::allreduce_direct(ctx, bytes, bytes, count, dtype, op, &key, file, into_inputs);
     else
       detail::allreduce(ctx, buf, buf, count, dtype, op);
   });
   return result;
 }
+}  // namespace
+
+const void* Communicator::allreduce_shared(void* buf, std::size_t count, DataType dtype, ReduceOp op,
+                                           std::uint64_t key, const SharedFile* file) {
+  return keyed_allreduce(*impl_, buf, count, dtype, op, key, file, false);
+}
 
 void Communicator::allreduce_mapped(void* buf, std::size_t count, DataType dtype, ReduceOp op,
                                     std::uint64_t key, const SharedFile& file) {
-  impl_->collective(Coll::allreduce, dtype, op, 0, count, [&](Context& ctx) {
-    require(count == 0 || buf != nullptr, "null buffer");
-    auto* bytes = static_cast<std::byte*>(buf);
-    if (impl_->on_device(buf, buf))
-      impl_->nccl->allreduce(buf, buf, count, dtype, op);
-    else if (ctx.group != nullptr)
-      detail::allreduce_direct(ctx, bytes, bytes, count, dtype, op, &key, &file, /*into_inputs=*/true);
-    else
-      detail::allreduce(ctx, buf, buf, count, dtype, op);
-  });
+  keyed_allreduce(*impl_, buf, count, dtype, op, key, &file, true);
 }
 
 void Communicator::release_shared(std::uint64_t key) noexcept {

@@ -662,60 +662,68 @@ int mappings_of_input(int r) {
 }  // namespace
 
 TEST_CASE(
-    "allreduce_shared: inputs in shared files are read where they lie, with the staged path's result bit "
-    "for bit") {
+    "inputs in shared files: allreduce_shared reads them where they lie, allreduce_mapped writes every "
+    "rank's result into them; the staged path's bytes") {
   // Blocks of 256 KiB: a count past three of them puts block edges inside every segment.
-  for (int n : {2, 3, 4}) {
-    for (auto [dt, op] : {std::pair{DataType::f32, ReduceOp::avg}, std::pair{DataType::i64, ReduceOp::sum},
-                          std::pair{DataType::bf16, ReduceOp::sum}, std::pair{DataType::u8, ReduceOp::max}}) {
-      const std::size_t es = size_of(dt);
-      for (std::size_t count : {std::size_t{1}, std::size_t{5}, 3 * n * ((256u << 10) / es) + 7}) {
-        CAPTURE(n);
-        CAPTURE(name_of(dt));
-        CAPTURE(count);
-        std::atomic<int> bad{0}, mapped{0};
-        std::mutex mu;
-        std::vector<std::vector<std::byte>> got(static_cast<std::size_t>(n));
-        run_ranks(n, Transport::shm, [&](Communicator& c) {
-          const int r = c.rank();
-          InputFile in(r, count * es);
-          const auto input = inputs(dt, op, r, count);
-          std::memcpy(in.buf(), input.data(), input.size());
-          const SharedFile file = in.file();
-          const void* at = nullptr;
-          for (int rep = 0; rep < 2; ++rep) {  // the second call reuses the peers' mappings
-            at = c.allreduce_shared(in.buf(), count, dt, op, 5, &file);
-            if (at == in.buf() || std::memcmp(in.buf(), input.data(), input.size()) != 0 ||
-                !first_wrong(dt, op, n, at, count).empty())
-              ++bad;
-          }
-          std::vector<std::byte> mine(static_cast<const std::byte*>(at),
-                                      static_cast<const std::byte*>(at) + count * es);
-          // The staged path (no file) reduces in the same order: the same bytes.
-          auto plain = input;
-          const void* staged = c.allreduce_shared(plain.data(), count, dt, op, 6);
-          if (std::memcmp(staged, mine.data(), mine.size()) != 0) ++bad;
-          c.barrier();
-          // Every peer mapped this rank's file: its own mapping and one per peer, in this process.
-          if (mappings_of_input(r) == n) ++mapped;
-          c.barrier();
-          c.release_shared(5);
-          c.release_shared(6);
-          std::lock_guard lock(mu);
-          got[static_cast<std::size_t>(r)] = std::move(mine);
-        });
-        CHECK(bad == 0);
-        CHECK(mapped == n);
-        for (int r = 1; r < n; ++r) CHECK(got[static_cast<std::size_t>(r)] == got[0]);
+  for (bool into_inputs : {false, true}) {
+    for (int n : {2, 3, 4}) {
+      for (auto [dt, op] :
+           {std::pair{DataType::f32, ReduceOp::avg}, std::pair{DataType::i64, ReduceOp::sum},
+            std::pair{DataType::bf16, ReduceOp::sum}, std::pair{DataType::u8, ReduceOp::max}}) {
+        const std::size_t es = size_of(dt);
+        for (std::size_t count : {std::size_t{1}, std::size_t{5}, 3 * n * ((256u << 10) / es) + 7}) {
+          CAPTURE(into_inputs);
+          CAPTURE(n);
+          CAPTURE(name_of(dt));
+          CAPTURE(count);
+          std::atomic<int> bad{0}, mapped{0};
+          std::mutex mu;
+          std::vector<std::vector<std::byte>> got(static_cast<std::size_t>(n));
+          run_ranks(n, Transport::shm, [&](Communicator& c) {
+            const int r = c.rank();
+            InputFile in(r, count * es);
+            const auto input = inputs(dt, op, r, count);
+            const SharedFile file = in.file();
+            const void* at = in.buf();
+            for (int rep = 0; rep < 2; ++rep) {  // the second call reuses the peers' mappings
+              std::memcpy(in.buf(), input.data(), input.size());  // nobody writes it after a call
+              if (into_inputs) {
+                c.allreduce_mapped(in.buf(), count, dt, op, 5, file);
+              } else {
+                at = c.allreduce_shared(in.buf(), count, dt, op, 5, &file);
+                if (at == in.buf() || std::memcmp(in.buf(), input.data(), input.size()) != 0) ++bad;
+              }
+              if (!first_wrong(dt, op, n, at, count).empty()) ++bad;
+            }
+            std::vector<std::byte> mine(static_cast<const std::byte*>(at),
+                                        static_cast<const std::byte*>(at) + count * es);
+            // The staged path (no file) reduces in the same order: the same bytes.
+            auto plain = input;
+            const void* staged = c.allreduce_shared(plain.data(), count, dt, op, 6);
+            if (std::memcmp(staged, mine.data(), mine.size()) != 0) ++bad;
+            c.barrier();
+            // Every peer mapped this rank's file: its own mapping and one per peer, in this process.
+            if (mappings_of_input(r) == n) ++mapped;
+            c.barrier();
+            c.release_shared(5);
+            c.release_shared(6);
+            std::lock_guard lock(mu);
+            got[static_cast<std::size_t>(r)] = std::move(mine);
+          });
+          CHECK(bad == 0);
+          CHECK(mapped == n);
+          for (int r = 1; r < n; ++r) CHECK(got[static_cast<std::size_t>(r)] == got[0]);
+        }
       }
     }
   }
 }
 
-TEST_CASE("allreduce_shared: one rank without a shared file (none, or a pipe) makes every rank stage") {
-  // Rank 1 passes no file, or a pipe: every rank stages (the peers never map rank 0's file).
-  for (bool pipe_fd : {false, true}) {
-    CAPTURE(pipe_fd);
+TEST_CASE("shared files: one rank without one (none, or a pipe) makes every rank stage") {
+  // Rank 1 passes no file (allreduce_shared only), or a pipe: every rank stages (the peers never
+  // map rank 0's file); allreduce_mapped stages in place.
+  for (int mode : {0, 1, 2}) {  // shared without a file, shared with a pipe, mapped with a pipe
+    CAPTURE(mode);
     const int n = 3;
     const std::size_t count = 300001;
     std::atomic<int> bad{0}, unmapped{0};
@@ -726,10 +734,13 @@ TEST_CASE("allreduce_shared: one rank without a shared file (none, or a pipe) ma
       std::memcpy(in.buf(), input.data(), input.size());
       int p[2] = {-1, -1};
       REQUIRE(::pipe(p) == 0);
-      SharedFile file = in.file();
-      if (r == 1) file = {p[0], 0};
-      const void* at = c.allreduce_shared(in.buf(), count, DataType::f32, ReduceOp::sum, 9,
-                                          r == 1 && !pipe_fd ? nullptr : &file);
+      const SharedFile file = r == 1 ? SharedFile{p[0], 0} : in.file();
+      const void* at = in.buf();
+      if (mode == 2)
+        c.allreduce_mapped(in.buf(), count, DataType::f32, ReduceOp::sum, 9, file);
+      else
+        at = c.allreduce_shared(in.buf(), count, DataType::f32, ReduceOp::sum, 9,
+                                r == 1 && mode == 0 ? nullptr : &file);
       if (!first_wrong(DataType::f32, ReduceOp::sum, n, at, count).empty()) ++bad;
       c.barrier();
       if (mappings_of_input(r) == 1) ++unmapped;
@@ -740,51 +751,6 @@ TEST_CASE("allreduce_shared: one rank without a shared file (none, or a pipe) ma
     });
     CHECK(bad == 0);
     CHECK(unmapped == n);
-  }
-}
-
-TEST_CASE(
-    "allreduce_mapped: each rank's part lands in every rank's shared file, the staged path's bytes, "
-    "in place") {
-  for (int n : {2, 3, 4}) {
-    for (auto [dt, op] : {std::pair{DataType::f32, ReduceOp::avg}, std::pair{DataType::i64, ReduceOp::sum},
-                          std::pair{DataType::bf16, ReduceOp::sum}, std::pair{DataType::u8, ReduceOp::max}}) {
-      const std::size_t es = size_of(dt);
-      for (std::size_t count : {std::size_t{1}, std::size_t{5}, 3 * n * ((256u << 10) / es) + 7}) {
-        CAPTURE(n);
-        CAPTURE(name_of(dt));
-        CAPTURE(count);
-        std::atomic<int> bad{0}, mapped{0};
-        std::mutex mu;
-        std::vector<std::vector<std::byte>> got(static_cast<std::size_t>(n));
-        run_ranks(n, Transport::shm, [&](Communicator& c) {
-          const int r = c.rank();
-          InputFile in(r, count * es);
-          const auto input = inputs(dt, op, r, count);
-          const SharedFile file = in.file();
-          for (int rep = 0; rep < 2; ++rep) {                   // the second call reuses the peers' mappings
-            std::memcpy(in.buf(), input.data(), input.size());  // nobody writes it after the call
-            c.allreduce_mapped(in.buf(), count, dt, op, 5, file);
-            if (!first_wrong(dt, op, n, in.buf(), count).empty()) ++bad;
-          }
-          // The staged path reduces in the same order: the same bytes.
-          auto plain = input;
-          const void* staged = c.allreduce_shared(plain.data(), count, dt, op, 6);
-          if (std::memcmp(staged, in.buf(), count * es) != 0) ++bad;
-          c.barrier();
-          // Every peer mapped this rank's file, for writing: one mapping per peer and its own.
-          if (mappings_of_input(r) == n) ++mapped;
-          c.barrier();
-          c.release_shared(5);
-          c.release_shared(6);
-          std::lock_guard lock(mu);
-          got[static_cast<std::size_t>(r)].assign(in.buf(), in.buf() + count * es);
-        });
-        CHECK(bad == 0);
-        CHECK(mapped == n);
-        for (int r = 1; r < n; ++r) CHECK(got[static_cast<std::size_t>(r)] == got[0]);
-      }
-    }
   }
 }
 
@@ -813,31 +779,6 @@ TEST_CASE("shared-file calls on one key: a new file on one rank, or writing wher
     c.release_shared(11);
   });
   CHECK(bad == 0);
-}
-
-TEST_CASE("allreduce_mapped: a rank whose file cannot be mapped makes every rank stage, in place") {
-  const int n = 3;
-  const std::size_t count = 300001;
-  std::atomic<int> bad{0}, unmapped{0};
-  run_ranks(n, Transport::shm, [&](Communicator& c) {
-    const int r = c.rank();
-    InputFile in(r, count * sizeof(float));
-    const auto input = inputs(DataType::f32, ReduceOp::sum, r, count);
-    std::memcpy(in.buf(), input.data(), input.size());
-    int p[2] = {-1, -1};
-    REQUIRE(::pipe(p) == 0);
-    const SharedFile file = r == 1 ? SharedFile{p[0], 0} : in.file();
-    c.allreduce_mapped(in.buf(), count, DataType::f32, ReduceOp::sum, 9, file);
-    if (!first_wrong(DataType::f32, ReduceOp::sum, n, in.buf(), count).empty()) ++bad;
-    c.barrier();
-    if (mappings_of_input(r) == 1) ++unmapped;
-    c.barrier();
-    c.release_shared(9);
-    ::close(p[0]);
-    ::close(p[1]);
-  });
-  CHECK(bad == 0);
-  CHECK(unmapped == n);
 }
 
 TEST_CASE("allreduce_mapped: a rank calling allreduce_shared meanwhile fails naming both calls") {

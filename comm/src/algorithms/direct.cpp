@@ -14,7 +14,8 @@
 // When moreover every rank's input lies in a shared file that every rank can map (SharedFile: a
 // DDP bucket after share_memory_()), there is no A either: rank r reduces its segment of the whole
 // buffer straight from the peers' inputs into the region, 1N in and N/n out per rank, and the
-// call waits on its peers three times (posted, voted, reduced) instead of three times a chunk.
+// call waits on its peers three times (posted, voted, reduced) instead of three times a chunk;
+// twice when the key's last call was read the same way and nothing moved (ShmGroup::all_agreed).
 // With the result in the inputs themselves (allreduce_mapped: every rank maps every peer's file
 // for writing), there is no region either: rank r reduces its segment into a block that stays in
 // its cache and copies the block into every rank's buffer, 1N in and 1N out per rank, and the
