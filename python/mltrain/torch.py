@@ -152,9 +152,9 @@ def _grads_view(bucket, t):
     """True when a gradient of the bucket's parameters lies inside the bucket buffer t (DDP's
     gradient_as_bucket_view=True: DDP then copies the hook's result into the bucket unless the
     result is the bucket itself). By the time DDP calls the hook, every gradient a rank computed
-    views its bucket, so every rank of one DDP model answers alike (a rank that computed none of
-    a bucket's gradients, with find_unused_parameters, could differ: the call then fails as a
-    mismatched collective naming both kinds)."""
+    views its bucket. A rank that computed none of a bucket's gradients (find_unused_parameters,
+    gradients set to None) may answer otherwise than its peers: the call then puts the result
+    in every rank's bucket, as the ranks that asked want, and returns the bucket there too."""
     try:
         params = bucket.parameters()
     except (AttributeError, RuntimeError):

@@ -139,6 +139,22 @@ def test_two_ddp_models_in_one_backward_pass_keep_their_results_apart(ml, tmp_pa
 
 
 @needs_torch
+def test_ddp_hook_with_bucket_views_where_one_rank_computes_none_of_a_bucket(ml, tmp_path):
+    """gradient_as_bucket_view=True with gradients set to None each step: rank 1 never uses one
+    head, so its gradients of that bucket stay None and it cannot tell that they view the bucket
+    while its peers can. The call must still agree, and train as gloo does."""
+    import numpy as np
+    out = tmp_path / "out"
+    out.mkdir()
+    w = {}
+    for mode in ("branch-gloo", "branch-hook"):
+        _ddp_on_4_ranks(ml, out, mode)
+        w[mode] = _weights(out, mode, 4)
+    diff = float(np.abs(w["branch-hook"] - w["branch-gloo"]).max())
+    assert diff <= WEIGHT_TOL, f"max |w - w_gloo| = {diff}"
+
+
+@needs_torch
 def test_rank_killed_mid_step_raises_on_the_others_naming_it(ml, tmp_path):
     out = tmp_path / "out"
     out.mkdir()

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -781,27 +782,36 @@ TEST_CASE("shared-file calls on one key: a new file on one rank, or writing wher
   CHECK(bad == 0);
 }
 
-TEST_CASE("allreduce_mapped: a rank calling allreduce_shared meanwhile fails naming both calls") {
-  std::atomic<int> named{0};
-  run_ranks(
-      2, Transport::shm,
-      [&](Communicator& c) {
-        InputFile in(c.rank(), 100000 * sizeof(float));
-        const SharedFile file = in.file();
-        try {
-          if (c.rank() == 0)
-            c.allreduce_mapped(in.buf(), 100000, DataType::f32, ReduceOp::sum, 3, file);
-          else
-            c.allreduce_shared(in.buf(), 100000, DataType::f32, ReduceOp::sum, 3, &file);
-        } catch (const Error& e) {
-          const std::string what = e.what();
-          if (e.kind() == Error::Kind::mismatch && what.find("mapped buffer 3") != std::string::npos &&
-              what.find("shared result 3") != std::string::npos)
-            ++named;
-        }
-      },
-      5s);
-  CHECK(named == 2);
+TEST_CASE("allreduce_mapped beside allreduce_shared on one key: when one rank asks, all get it in place") {
+  // Call by call, which ranks call allreduce_mapped (the others allreduce_shared): rank 0 alone
+  // (rank 0 then makes no region), rank 2 alone (rank 0's region waits unused), nobody (the
+  // region again, buf keeps its input), everybody, and rank 1 without a file among mapped ranks.
+  const std::vector<std::vector<int>> mapped_by = {{0}, {2}, {}, {0, 1, 2}, {0, 2}};
+  const int n = 3;
+  const std::size_t count = 150001;
+  std::atomic<int> bad{0};
+  run_ranks(n, Transport::shm, [&](Communicator& c) {
+    const int r = c.rank();
+    InputFile in(r, count * sizeof(float));
+    const auto input = inputs(DataType::f32, ReduceOp::sum, r, count);
+    for (std::size_t call = 0; call < mapped_by.size(); ++call) {
+      const auto& m = mapped_by[call];
+      const bool anyone = !m.empty(), me = std::find(m.begin(), m.end(), r) != m.end();
+      std::memcpy(in.buf(), input.data(), input.size());
+      const SharedFile file = in.file();
+      const void* at = in.buf();
+      if (me)
+        c.allreduce_mapped(in.buf(), count, DataType::f32, ReduceOp::sum, 4, file);
+      else
+        at = c.allreduce_shared(in.buf(), count, DataType::f32, ReduceOp::sum, 4,
+                                call == 4 && r == 1 ? nullptr : &file);
+      if ((at == in.buf()) != anyone) ++bad;  // in place exactly when some rank asked for it
+      if (!first_wrong(DataType::f32, ReduceOp::sum, n, at, count).empty()) ++bad;
+    }
+    c.barrier();
+    c.release_shared(4);
+  });
+  CHECK(bad == 0);
 }
 
 TEST_CASE("allreduce_shared: across the links (no group) it reduces buf in place and returns it") {

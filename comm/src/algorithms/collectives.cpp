@@ -218,7 +218,6 @@ std::string describe(const WireHeader& h) {
     out += ", " + std::string(name_of(static_cast<ReduceOp>(h.redop)));
   if (coll == Coll::broadcast) out += ", root=" + std::to_string(h.root);
   if (coll == Coll::allreduce && h.reserved[0] == 1) out += ", shared result " + std::to_string(h.root);
-  if (coll == Coll::allreduce && h.reserved[0] == 2) out += ", mapped buffer " + std::to_string(h.root);
   if (h.algo >= 1 && h.algo <= 4) {
     const char* names[] = {"", "ring", "bidir", "hd", "direct"};
     out += std::string(", MLTRAIN_COMM_ALGO=") + names[h.algo];

@@ -80,8 +80,10 @@ void allreduce(Context& ctx, const void* send, void* recv, std::size_t count, Da
 // the key's region that every rank maps (ShmGroup::map_result) and that is returned, else (or
 // when the region could not be made) to recv, which is returned. With `file` too (send lies in a
 // shared file), the ranks read each other's inputs there when all of them can. into_inputs (with
-// key and file, send == recv): no region; each rank writes its reduced part straight into every
-// rank's buffer when all of them can map every peer's for writing, else the call stages in place.
+// key and file, send == recv): this rank wants the result in its buffer; when any rank does,
+// there is no region: each rank writes its reduced part straight into every rank's buffer when
+// all of them can map every peer's for writing, else the call stages in place, and every rank's
+// result is in its recv.
 std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv, std::size_t count,
                             DataType dtype, ReduceOp op, const std::uint64_t* shared_key = nullptr,
                             const SharedFile* file = nullptr, bool into_inputs = false);

@@ -86,9 +86,10 @@ std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv
   const std::size_t es = size_of(dtype);
   const ReduceManyFn many = reduce_many_fn(dtype, op);
   ctx.header.algo = static_cast<std::uint8_t>(Algo::direct);
-  into_inputs = into_inputs && shared_key != nullptr && file != nullptr && send == recv;
+  // This rank asks for the result in its buffer; when any rank does, every rank gets it there.
+  const bool wants_inputs = into_inputs && shared_key != nullptr && file != nullptr && send == recv;
   if (shared_key != nullptr) {
-    ctx.header.reserved[0] = into_inputs ? 2 : 1;  // every rank must ask for the same result
+    ctx.header.reserved[0] = 1;  // every rank must ask for a shared-file call of the same key
     ctx.header.root =
         static_cast<std::int32_t>(static_cast<std::uint32_t>(*shared_key ^ (*shared_key >> 32)));
   }
@@ -124,10 +125,15 @@ std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv
     }
   };
 
-  if (shared_key != nullptr && r == 0 && !into_inputs) g.make_result(*shared_key, count * es);
+  if (shared_key != nullptr && r == 0) {
+    if (wants_inputs)
+      g.post_no_result();
+    else
+      g.make_result(*shared_key, count * es);
+  }
   if (shared_key != nullptr)
     g.post_input(file != nullptr ? file->fd : -1, file != nullptr ? file->offset : 0, *shared_key, count * es,
-                 into_inputs);
+                 wants_inputs);
   g.post_header(&ctx.header);
   g.publish(ShmGroup::posted, ctx.header.seq);
   for (int j = 0; j < n; ++j) {
@@ -137,9 +143,11 @@ std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv
     g.read_header(j, &theirs);
     check_header(ctx.header, theirs, g.peer(j).label, j, g.peer(j).host);
   }
-  // The shared result, unless rank 0 could not reserve it: then in place, like any call.
+  // The shared result, unless rank 0 could not reserve it or some rank wants the result in its
+  // buffer: then in place, like any call (rank 0's region, if it made one, waits for a later call).
+  const bool into = shared_key != nullptr && g.any_wants_inputs();
   std::byte* shared = nullptr;
-  if (shared_key != nullptr && !into_inputs)
+  if (shared_key != nullptr && !into)
     if (const std::uint64_t id = g.posted_result(); id != 0)
       shared = g.map_result(*shared_key, id, count * es);
   std::byte* const out = shared != nullptr ? shared : recv;
@@ -154,25 +162,24 @@ std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv
   };
 
   // Inputs where they lie, when every rank posted one (all see the same) and all can map them.
-  bool all_posted = shared != nullptr || into_inputs;
+  bool all_posted = shared != nullptr || into;
   for (int j = 0; j < n && all_posted; ++j) all_posted = g.has_input(j);
   if (all_posted) {
     // Every rank read the key's last call mapped and nothing changed since: no vote (ShmGroup).
-    const bool agreed = g.all_agreed();
+    const bool agreed = g.all_agreed(into);
     std::vector<std::byte*> bufs(static_cast<std::size_t>(n), recv);
     bool ok = true;
     for (int j = 0; j < n && ok; ++j)
       if (j != r)
-        ok = (bufs[static_cast<std::size_t>(j)] = g.map_input(*shared_key, j, count * es, into_inputs)) !=
-             nullptr;
+        ok = (bufs[static_cast<std::size_t>(j)] = g.map_input(*shared_key, j, count * es, into)) != nullptr;
     if (agreed && !ok)  // the peers read mapped now: this rank cannot fall back alone
       throw Error(Error::Kind::internal, "a peer's shared file mapped in the last call of this key is gone");
     if (agreed || g.vote(ok, ctx.header.seq, wc)) {
-      g.remember(*shared_key, into_inputs);
+      g.remember(*shared_key);
       const std::uint64_t id = g.chunks++;  // one chunk, so the counters run on alike
       std::vector<const std::byte*> src(bufs.begin(), bufs.end());
       src[static_cast<std::size_t>(r)] = send;
-      if (n > 1 && into_inputs)
+      if (n > 1 && into)
         reduce_mapped_into(src, bufs, count, n, r, dtype, many);
       else if (n > 1)
         reduce_mapped(src, shared, count, n, r, dtype, many);

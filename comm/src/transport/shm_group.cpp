@@ -49,7 +49,10 @@ struct ShmGroup::Ctl {
   // The input of the posted call, when it lies in a shared file (post_input; fd -1: it does not).
   std::int64_t in_fd;
   std::uint64_t in_dev, in_ino, in_size, in_offset;
-  std::uint32_t in_agreed;  // 1: the last call of the key was read mapped, and that still holds
+  // The vote skip (ShmGroup::all_agreed): bit 0, the last call of the key was read mapped and
+  // that still holds; bit 1, for writing too.
+  std::uint32_t in_agreed;
+  std::uint32_t wants_inputs;  // 1: the result in this rank's own buffer (allreduce_mapped)
 };
 
 std::size_t ShmGroup::segment_bytes(int size, std::size_t slot_bytes) {
@@ -69,6 +72,7 @@ void ShmGroup::init_segment(void* base, int size, std::size_t slot_bytes) {
     c->vote.store(0);
     c->in_fd = -1;
     c->in_agreed = 0;
+    c->wants_inputs = 0;
     c->result.store(0);
   }
   std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -144,6 +148,8 @@ std::uint64_t ShmGroup::make_result(std::uint64_t key, std::size_t bytes) {
   return id;
 }
 
+void ShmGroup::post_no_result() { ctl(rank_)->result.store(0, std::memory_order_relaxed); }
+
 std::uint64_t ShmGroup::posted_result() const { return ctl(0)->result.load(std::memory_order_acquire); }
 
 std::byte* ShmGroup::map_result(std::uint64_t key, std::uint64_t id, std::size_t bytes) {
@@ -172,9 +178,11 @@ ShmGroup::PeerInput::~PeerInput() {
   if (addr != nullptr) ::munmap(addr, len);
 }
 
-void ShmGroup::post_input(int fd, std::size_t offset, std::uint64_t key, std::size_t bytes, bool writable) {
+void ShmGroup::post_input(int fd, std::size_t offset, std::uint64_t key, std::size_t bytes,
+                          bool wants_inputs) {
   Ctl* c = ctl(rank_);
   c->in_agreed = 0;
+  c->wants_inputs = wants_inputs ? 1 : 0;
   struct stat st {};
   if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     c->in_fd = -1;
@@ -188,25 +196,34 @@ void ShmGroup::post_input(int fd, std::size_t offset, std::uint64_t key, std::si
   const auto it = agreed_.find(key);
   if (it == agreed_.end()) return;
   const Agreed& a = it->second;
-  bool same = a.dev == c->in_dev && a.ino == c->in_ino && a.size == c->in_size && a.writable == writable &&
-              offset <= c->in_size && bytes <= c->in_size - offset;
-  for (int j = 0; j < size_ && same; ++j) {
+  bool read = a.dev == c->in_dev && a.ino == c->in_ino && a.size == c->in_size && offset <= c->in_size &&
+              bytes <= c->in_size - offset;
+  bool write = read;
+  for (int j = 0; j < size_ && read; ++j) {
     if (j == rank_) continue;
     const auto in = inputs_.find({key, j});
-    same = in != inputs_.end() && (in->second->writable || !writable);
+    read = in != inputs_.end();
+    write = write && read && in->second->writable;
   }
-  c->in_agreed = same ? 1 : 0;
+  c->in_agreed = (read ? 1u : 0u) | (write ? 2u : 0u);
 }
 
-bool ShmGroup::all_agreed() const {
+bool ShmGroup::all_agreed(bool writable) const {
+  const std::uint32_t need = writable ? 2u : 1u;
   for (int j = 0; j < size_; ++j)
-    if (ctl(j)->in_fd < 0 || ctl(j)->in_agreed != 1) return false;
+    if (ctl(j)->in_fd < 0 || (ctl(j)->in_agreed & need) == 0) return false;
   return true;
 }
 
-void ShmGroup::remember(std::uint64_t key, bool writable) {
+bool ShmGroup::any_wants_inputs() const {
+  for (int j = 0; j < size_; ++j)
+    if (ctl(j)->wants_inputs != 0) return true;
+  return false;
+}
+
+void ShmGroup::remember(std::uint64_t key) {
   const Ctl* c = ctl(rank_);
-  agreed_[key] = Agreed{c->in_dev, c->in_ino, c->in_size, writable};
+  agreed_[key] = Agreed{c->in_dev, c->in_ino, c->in_size};
 }
 
 bool ShmGroup::has_input(int j) const { return ctl(j)->in_fd >= 0; }

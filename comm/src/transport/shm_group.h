@@ -87,6 +87,7 @@ class ShmGroup {
   // e.g. /dev/shm is full); the others map the region of the id rank 0 posted. A region stays
   // until its key comes with another size or is released.
   std::uint64_t make_result(std::uint64_t key, std::size_t bytes);  // rank 0; before post_header
+  void post_no_result();                                            // rank 0; none this call
   std::uint64_t posted_result() const;                              // rank 0's posted id
   std::byte* map_result(std::uint64_t key, std::uint64_t id, std::size_t bytes);
   void unlink_result(std::uint64_t key);   // rank 0, once every rank has mapped it
@@ -99,22 +100,26 @@ class ShmGroup {
   // or it cannot be mapped here (another pid namespace, /proc restricted, a closed fd).
   // writable: mapped for writing too (allreduce_mapped writes each rank's reduced part into every
   // rank's buffer); a read-only mapping of the key is replaced.
-  // key, bytes, writable: the call's, for the vote skip below.
+  // key and bytes: the call's, for the vote skip below; wants_inputs: this rank asks for the
+  // result in its own buffer (allreduce_mapped), posted whether or not it has a file.
   void post_input(int fd, std::size_t offset, std::uint64_t key = 0, std::size_t bytes = 0,
-                  bool writable = false);
+                  bool wants_inputs = false);
   bool has_input(int j) const;  // rank j posted one (read after its header)
   std::byte* map_input(std::uint64_t key, int j, std::size_t bytes, bool writable = false);
+  // Some rank asked for the result in its buffer: then every rank gets it in its buffer (read
+  // after every header; the same answer on every rank).
+  bool any_wants_inputs() const;
   // Every rank says whether it can read every peer's input; true when all can (the same answer on
   // every rank). seq: the collective's.
   bool vote(bool ok, std::uint64_t seq, const WaitConfig& cfg);
   // The vote is skipped on a key whose last call every rank read mapped: after that call each
-  // rank remembers the key (its file's device, inode and size, and whether the peers' files were
-  // mapped for writing); post_input then posts "agreed" when this call's input lies in the same
-  // file, within it, and this rank still holds every peer's mapping of the key as needed. When
-  // every rank posted agreed (all_agreed, read after every header), every mapping of the last
+  // rank remembers the key (its file's device, inode and size); post_input then posts "agreed"
+  // when this call's input lies in the same file, within it, and this rank still holds every
+  // peer's mapping of the key, and "agreed for writing" when those mappings are writable too.
+  // When every rank posted it (all_agreed, read after every header), every mapping of the last
   // call still serves and nobody votes. Any other outcome forgets the key on every rank alike.
-  bool all_agreed() const;
-  void remember(std::uint64_t key, bool writable);
+  bool all_agreed(bool writable) const;
+  void remember(std::uint64_t key);
   void forget(std::uint64_t key) { agreed_.erase(key); }
 
  private:
@@ -140,7 +145,6 @@ class ShmGroup {
   std::map<std::pair<std::uint64_t, int>, std::unique_ptr<PeerInput>> inputs_;  // (key, rank)
   struct Agreed {  // this rank's input of a key's last call, which every rank read mapped
     std::uint64_t dev = 0, ino = 0, size = 0;
-    bool writable = false;
   };
   std::map<std::uint64_t, Agreed> agreed_;
   std::uint64_t next_result_ = 1;

@@ -9,6 +9,10 @@ whose gradients travel through --mode:
   optimizer   no DDP: mltrain.torch.broadcast_parameters + DistributedOptimizer
   twin-gloo   two DDP models of the same shape (other weights, one loss, one backward pass): gloo
   twin-hook   the same through mltrain.torch.allreduce_hook (their buckets in flight at once)
+  branch-gloo gradient_as_bucket_view=True, find_unused_parameters=True and gradients set to None
+              each step, where rank 1 never uses the second head (its gradients of that head's
+              bucket stay None, so it cannot tell that they view the bucket): gloo
+  branch-hook the same through mltrain.torch.allreduce_hook
 Writes its final weights (float32 bytes) to $OUT/weights-<mode>-<rank>.bin; the hook modes print
 "BUCKETS <in shared memory> OF <hook calls>" after the first step (DDP's rebuilt buckets), and
 "VIEWS <calls whose bucket the gradients view> OF <hook calls>". With --kill-at K,
@@ -80,6 +84,27 @@ def main():
             return a(x) + 0.5 * b(x)
         opt = torch.optim.SGD(list(a.parameters()) + list(b.parameters()), lr=0.05, momentum=0.9)
         model = torch.nn.ModuleList([model, twin])  # both models' weights are written
+    elif args.mode.startswith("branch-"):
+        # Used by every rank but rank 1. Its bias (1.2 MB) alone fills DDP's first bucket (1 MiB;
+        # with find_unused_parameters DDP keeps its first buckets), which rank 1 computes none of.
+        head = torch.nn.Linear(1, 300000)
+        inner = model
+
+        class Branch(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.body, self.head = inner, head
+
+            def forward(self, x):
+                y = self.body(x)
+                return y if rank == 1 else y + 0.1 * self.head(y).mean(dim=1, keepdim=True)
+        model = Branch()
+        net = DDP(model, bucket_cap_mb=0.01, gradient_as_bucket_view=True, find_unused_parameters=True)
+        if args.mode == "branch-hook":
+            net.register_comm_hook(None, mt.allreduce_hook)
+        elif args.mode != "branch-gloo":
+            sys.exit(f"unknown mode {args.mode}")
+        opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
     else:
         # Several buckets, several hooks per step.
         net = DDP(model, bucket_cap_mb=0.01, gradient_as_bucket_view=args.mode == "hook-view")
@@ -111,7 +136,7 @@ def main():
         x = torch.randn(16, 32, generator=g)
         y = torch.sin(x @ w_true).unsqueeze(1)
         loss = torch.nn.functional.mse_loss(net(x), y)
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=args.mode.startswith("branch-"))
         if step == args.kill_at and rank == 1:
             os.kill(os.getpid(), signal.SIGKILL)
         try:
