@@ -98,13 +98,13 @@ class ShmGroup {
   // /proc/<pid>/fd/<fd> once per key (checked to be the same file by device and inode) and reads
   // the buffer there. map_input returns rank j's buffer of `bytes`, or nullptr when j posted none
   // or it cannot be mapped here (another pid namespace, /proc restricted, a closed fd).
-  // writable: mapped for writing too (allreduce_mapped writes each rank's reduced part into every
-  // rank's buffer); a read-only mapping of the key is replaced.
   // key and bytes: the call's, for the vote skip below; wants_inputs: this rank asks for the
   // result in its own buffer (allreduce_mapped), posted whether or not it has a file.
   void post_input(int fd, std::size_t offset, std::uint64_t key = 0, std::size_t bytes = 0,
                   bool wants_inputs = false);
   bool has_input(int j) const;  // rank j posted one (read after its header)
+  // writable: mapped for writing too (allreduce_mapped writes each rank's reduced part into every
+  // rank's buffer); a read-only mapping of the key is replaced.
   std::byte* map_input(std::uint64_t key, int j, std::size_t bytes, bool writable = false);
   // Some rank asked for the result in its buffer: then every rank gets it in its buffer (read
   // after every header; the same answer on every rank).
