@@ -123,19 +123,25 @@ def test_ddp_hook_reads_buckets_where_they_lie_and_stages_when_dev_shm_is_full(m
     assert w["hook-view"].tobytes() == w["hook"].tobytes()
 
 
-@needs_torch
-def test_two_ddp_models_in_one_backward_pass_keep_their_results_apart(ml, tmp_path):
-    """The hook hands DDP its results in shared memory, one region per bucket: the buckets of two
-    models of the same shape are in flight at once and must not share one."""
+def _hook_trains_as_gloo(ml, tmp_path, what):
+    """py_workers/ddp.py as <what>-gloo and <what>-hook on 4 ranks: the same weights on every
+    rank, and the hook's within WEIGHT_TOL of gloo's."""
     import numpy as np
     out = tmp_path / "out"
     out.mkdir()
     w = {}
-    for mode in ("twin-gloo", "twin-hook"):
+    for mode in (f"{what}-gloo", f"{what}-hook"):
         _ddp_on_4_ranks(ml, out, mode)
         w[mode] = _weights(out, mode, 4)
-    diff = float(np.abs(w["twin-hook"] - w["twin-gloo"]).max())
+    diff = float(np.abs(w[f"{what}-hook"] - w[f"{what}-gloo"]).max())
     assert diff <= WEIGHT_TOL, f"max |w - w_gloo| = {diff}"
+
+
+@needs_torch
+def test_two_ddp_models_in_one_backward_pass_keep_their_results_apart(ml, tmp_path):
+    """The hook hands DDP its results in shared memory, one region per bucket: the buckets of two
+    models of the same shape are in flight at once and must not share one."""
+    _hook_trains_as_gloo(ml, tmp_path, "twin")
 
 
 @needs_torch
@@ -143,15 +149,7 @@ def test_ddp_hook_with_bucket_views_where_one_rank_computes_none_of_a_bucket(ml,
     """gradient_as_bucket_view=True with gradients set to None each step: rank 1 never uses one
     head, so its gradients of that bucket stay None and it cannot tell that they view the bucket
     while its peers can. The call must still agree, and train as gloo does."""
-    import numpy as np
-    out = tmp_path / "out"
-    out.mkdir()
-    w = {}
-    for mode in ("branch-gloo", "branch-hook"):
-        _ddp_on_4_ranks(ml, out, mode)
-        w[mode] = _weights(out, mode, 4)
-    diff = float(np.abs(w["branch-hook"] - w["branch-gloo"]).max())
-    assert diff <= WEIGHT_TOL, f"max |w - w_gloo| = {diff}"
+    _hook_trains_as_gloo(ml, tmp_path, "branch")
 
 
 @needs_torch
