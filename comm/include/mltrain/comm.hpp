@@ -131,18 +131,20 @@ class Communicator {
   // this host (MLTRAIN_COMM_ALGO direct), the reduced elements go to a region all of them map,
   // one per key, and the call returns it, saving each rank the copy back into buf (which keeps
   // its input). Valid until this rank calls again with the same key or releases it; every rank
-  // must pass the same key. Elsewhere (or when /dev/shm cannot hold the region) buf is reduced
-  // in place and returned. For DDP hooks (mltrain.torch.allreduce_hook), whose framework copies
-  // the result out anyway. With `file` on every rank (buf lies in a shared file), each rank reduces
-  // its part straight from its peers' buffers: no staging copy, three waits a call. When any rank
-  // passes none or cannot map a peer's file, the call stages as without it.
+  // must pass the same key. Elsewhere (or when /dev/shm cannot hold the region, or another rank
+  // called allreduce_mapped with the key: see there) buf is reduced in place and returned.
+  // For DDP hooks (mltrain.torch.allreduce_hook), whose framework copies the result out anyway.
+  // With `file` on every rank (buf lies in a shared file), each rank reduces its part straight
+  // from its peers' buffers: no staging copy, three waits a call (two once the key's calls
+  // repeat). When any rank passes none or cannot map a peer's file, the call stages as without.
   const void* allreduce_shared(void* buf, std::size_t count, DataType dtype, ReduceOp op, std::uint64_t key,
                                const SharedFile* file = nullptr);
   // Allreduce of buf in place, buf lying in `file` on every rank: when every rank shares this
   // host and can map every peer's file for writing, each rank reduces its part straight from the
   // peers' buffers and writes it into all of them (no staging copy, no copy back, three waits a
   // call). Else as allreduce(buf, ...). Every rank must pass the same key (peers' files stay
-  // mapped per key until release_shared). For a DDP bucket that its gradients view
+  // mapped per key until release_shared); ranks may call allreduce_shared with it meanwhile, and
+  // then get the result in their buf too. For a DDP bucket that its gradients view
   // (gradient_as_bucket_view=True): the framework copies nothing out of it.
   void allreduce_mapped(void* buf, std::size_t count, DataType dtype, ReduceOp op, std::uint64_t key,
                         const SharedFile& file);
