@@ -40,39 +40,28 @@ void reduce_in_rank_order(std::byte* dst, std::size_t len, int n, ReduceManyFn m
   many(dst, ptrs.data(), n, len);
 }
 
-// Rank r's segment of the whole buffer from every rank's input (src, in rank order) into out,
-// in blocks that stay in this core's cache across the passes (worlds past four take several).
-void reduce_mapped(const std::vector<const std::byte*>& src, std::byte* out, std::size_t count, int n, int r,
-                   DataType dtype, ReduceManyFn many) {
+// Rank r's segment of the whole buffer from every rank's input (src, in rank order), in blocks
+// that stay in this core's cache across the passes (worlds past four take several): into `out`,
+// or, with `into` (every rank's buffer, dst[j] rank j's, which src[j] reads too: the same memory,
+// disjoint segments per rank, so nobody reads what another rank writes during the call), each
+// block reduced into this core's cache and copied into all of them at once.
+void reduce_mapped(const std::vector<const std::byte*>& src, std::byte* out,
+                   const std::vector<std::byte*>* into, std::size_t count, int n, int r, DataType dtype,
+                   ReduceManyFn many) {
   const std::size_t es = size_of(dtype);
   const Segments seg{count, n};
   const std::size_t off = seg.offset(r), len = seg.length(r);
   const std::size_t block = std::max<std::size_t>(1, (std::size_t{256} << 10) / es);
+  std::vector<std::byte> tmp(into != nullptr ? std::min(block, len) * es : 0);
   std::vector<const void*> ptrs(static_cast<std::size_t>(n));
   for (std::size_t b = 0; b < len; b += block) {
     const std::size_t m = std::min(block, len - b), at = (off + b) * es;
     reduce_in_rank_order(
-        out + at, m, n, many, [&](int j) { return src[static_cast<std::size_t>(j)] + at; }, ptrs);
-  }
-}
-
-// As reduce_mapped, each block reduced into this rank's cache (tmp) and copied into every rank's
-// buffer at once: dst[j] is rank j's, which src[j] reads too (the same memory; disjoint segments
-// per rank, so nobody reads what another rank writes during the call).
-void reduce_mapped_into(const std::vector<const std::byte*>& src, const std::vector<std::byte*>& dst,
-                        std::size_t count, int n, int r, DataType dtype, ReduceManyFn many) {
-  const std::size_t es = size_of(dtype);
-  const Segments seg{count, n};
-  const std::size_t off = seg.offset(r), len = seg.length(r);
-  const std::size_t block = std::max<std::size_t>(1, (std::size_t{256} << 10) / es);
-  std::vector<std::byte> tmp(std::min(block, len) * es);
-  std::vector<const void*> ptrs(static_cast<std::size_t>(n));
-  for (std::size_t b = 0; b < len; b += block) {
-    const std::size_t m = std::min(block, len - b), at = (off + b) * es;
-    reduce_in_rank_order(
-        tmp.data(), m, n, many, [&](int j) { return src[static_cast<std::size_t>(j)] + at; }, ptrs);
-    for (int i = 0; i < n; ++i)
-      std::memcpy(dst[static_cast<std::size_t>((r + i) % n)] + at, tmp.data(), m * es);
+        into != nullptr ? tmp.data() : out + at, m, n, many,
+        [&](int j) { return src[static_cast<std::size_t>(j)] + at; }, ptrs);
+    if (into != nullptr)
+      for (int i = 0; i < n; ++i)
+        std::memcpy((*into)[static_cast<std::size_t>((r + i) % n)] + at, tmp.data(), m * es);
   }
 }
 
@@ -179,10 +168,7 @@ std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv
       const std::uint64_t id = g.chunks++;  // one chunk, so the counters run on alike
       std::vector<const std::byte*> src(bufs.begin(), bufs.end());
       src[static_cast<std::size_t>(r)] = send;
-      if (n > 1 && into)
-        reduce_mapped_into(src, bufs, count, n, r, dtype, many);
-      else if (n > 1)
-        reduce_mapped(src, shared, count, n, r, dtype, many);
+      if (n > 1) reduce_mapped(src, shared, into ? &bufs : nullptr, count, n, r, dtype, many);
       g.publish(ShmGroup::written, id + 1);
       g.publish(ShmGroup::reduced, id + 1);
       finish_shared(id + 1);
