@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "runner/common/error.h"
+
 namespace mltrain::text {
 
 namespace {
@@ -161,8 +163,13 @@ std::string shell_quote(std::string_view s) {
   return out;
 }
 
-std::string escape_console(std::string_view b) {
+namespace {
+
+// host_text and escape_console: one walk, `output` says whether tab and SGR codes pass.
+std::string sanitise(std::string_view b, bool output, size_t max) {
   std::string out;
+  const bool cut = max > 0 && b.size() > max;
+  if (cut) b = b.substr(0, max);
   out.reserve(b.size());
   auto hex = [&](unsigned char c) {
     char x[8];
@@ -171,7 +178,7 @@ std::string escape_console(std::string_view b) {
   };
   for (size_t i = 0; i < b.size();) {
     auto c = static_cast<unsigned char>(b[i]);
-    if (c == 0x1b) {  // colour (SGR) codes pass: ESC [ digits and ';' m
+    if (c == 0x1b && output) {  // colour (SGR) codes pass: ESC [ digits and ';' m
       size_t j = i + 1;
       if (j < b.size() && b[j] == '[') {
         ++j;
@@ -183,7 +190,10 @@ std::string escape_console(std::string_view b) {
         }
       }
       hex(c), ++i;
-    } else if ((c < 0x20 && c != '\t') || c == 0x7f) {
+    } else if (c == '\t') {
+      out += output ? "\t" : "\\t";
+      ++i;
+    } else if (c < 0x20 || c == 0x7f) {
       hex(c), ++i;
     } else if (c < 0x80) {
       out += char(c), ++i;
@@ -191,16 +201,58 @@ std::string escape_console(std::string_view b) {
       size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
       bool ok = len > 0 && i + len <= b.size();
       for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(b[i + k]) & 0xc0) == 0x80;
+      uint32_t cp = 0;
       if (ok) {
-        out.append(b.substr(i, len));
-        i += len;
-      } else {
-        hex(c), ++i;
+        cp = c & (0xff >> (len + 1));
+        for (size_t k = 1; k < len; ++k) cp = cp << 6 | (static_cast<unsigned char>(b[i + k]) & 0x3f);
+        // Overlong forms, surrogates and code points past U+10FFFF are not UTF-8.
+        ok = !(len == 3 && cp < 0x800) && !(len == 4 && (cp < 0x10000 || cp > 0x10ffff)) &&
+             !(cp >= 0xd800 && cp <= 0xdfff);
       }
+      if (!ok) {
+        hex(c), ++i;
+        continue;
+      }
+      // C1 controls (a terminal may take U+009B for CSI) and bidirectional overrides, which
+      // reorder what the rest of the line seems to say.
+      if (cp <= 0x9f || (cp >= 0x202a && cp <= 0x202e) || (cp >= 0x2066 && cp <= 0x2069)) {
+        char x[16];
+        std::snprintf(x, sizeof x, "\\u{%04x}", unsigned(cp));
+        out += x;
+      } else {
+        out.append(b.substr(i, len));
+      }
+      i += len;
     }
   }
+  if (cut) out += "...";
   return out;
 }
+
+}  // namespace
+
+std::optional<long long> parse_int_in(std::string_view s, long long lo, long long hi) {
+  long long v = 0;
+  if (!s.empty() && s[0] == '+') s.remove_prefix(1);
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || end != s.data() + s.size() || v < lo || v > hi) return std::nullopt;
+  return v;
+}
+
+long long parse_int_arg(std::string_view s, std::string_view what, long long lo, long long hi) {
+  if (auto v = parse_int_in(s, lo, hi)) return *v;
+  const std::string range = std::to_string(lo) + " to " + std::to_string(hi);
+  std::string_view digits = s.substr(!s.empty() && (s[0] == '-' || s[0] == '+') ? 1 : 0);
+  const bool number = !digits.empty() && digits.find_first_not_of("0123456789") == std::string_view::npos;
+  throw Error(std::string(what) + ": '" + host_text(s, 64) + "' " +
+                  (number ? "is out of range (a whole number from " + range + ")"
+                          : "is not a whole number (from " + range + ")"),
+              "give " + std::string(what) + " a whole number from " + range, exit_code::usage);
+}
+
+std::string host_text(std::string_view s, size_t max) { return sanitise(s, false, max); }
+
+std::string escape_console(std::string_view b) { return sanitise(b, true, 0); }
 
 size_t complete_utf8(std::string_view s) {
   size_t i = s.size();

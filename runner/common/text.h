@@ -30,6 +30,14 @@ std::string trim(std::string_view s);
 std::string join(const std::vector<std::string>& parts, std::string_view sep);
 bool starts_with(std::string_view s, std::string_view prefix);
 
+// The one parser of a whole number a user typed (an integer flag, the RANK of RUN:RANK:PATH):
+// `s` when it is one from `lo` to `hi`, else an Error (usage, exit 2) naming `what`, one message
+// for every flag: "--tail: '99999999999999999999' is out of range (a whole number from 0 to
+// 2147483647)", "--tail: 'x' is not a whole number (from 0 to 2147483647)".
+long long parse_int_arg(std::string_view s, std::string_view what, long long lo, long long hi);
+// The same without an error: nullopt when `s` is not a whole number from lo to hi.
+std::optional<long long> parse_int_in(std::string_view s, long long lo, long long hi);
+
 // Parses "0,3,5-7" into rank numbers; nullopt when malformed.
 std::optional<std::vector<int>> parse_int_list(std::string_view s);
 
@@ -40,8 +48,16 @@ std::string shell_quote(std::string_view s);
 // \xNN, "..." when cut (hostfile and spec errors quote user text this way).
 std::string excerpt(std::string_view s, size_t max = 120);
 
-// `bytes` as a terminal should show a rank's output: control bytes but tab and SGR colour codes,
-// and invalid UTF-8, as \xNN (the live console and `mltrain logs` alike).
+// The one sanitiser of text that came from a host (an agent's messages, problems, GPU names,
+// file names, versions; a rank's or a setup command's output), for a terminal or a record: every
+// control byte (NUL, ESC, newline, DEL ...) and invalid UTF-8 byte as \xNN, tab as \t, C1 controls
+// and bidirectional overrides as \u{NNNN}; printable UTF-8 passes. The result is valid UTF-8 with
+// no control byte, and sanitising it again changes nothing. At most `max` bytes of `s` are shown,
+// then "..." (0: all).
+std::string host_text(std::string_view s, size_t max = 0);
+
+// `bytes` as a terminal should show a rank's output: host_text, except that tab and SGR colour
+// codes pass (the live console, `mltrain logs` and [setup] output alike).
 std::string escape_console(std::string_view bytes);
 // How many bytes of `s` end before an incomplete UTF-8 sequence at its end.
 size_t complete_utf8(std::string_view s);

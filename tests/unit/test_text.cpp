@@ -69,3 +69,34 @@ TEST_CASE("text: excerpt keeps a message one short line") {
   CHECK(excerpt(std::string(1000, 'k'), 5) == "kkkkk...");
   CHECK(excerpt("\xc3\xa9") == "\\xc3\\xa9");
 }
+
+// The one sanitiser of host text (issue 31, item 12): nothing a terminal acts on passes, a NUL
+// does not end the text, the result is valid UTF-8 and sanitising it again changes nothing.
+TEST_CASE("text: host_text escapes what a terminal would act on") {
+  CHECK(host_text("NVIDIA H100 80GB HBM3") == "NVIDIA H100 80GB HBM3");
+  CHECK(host_text("caf\xc3\xa9 \xe2\x9c\x93") == "caf\xc3\xa9 \xe2\x9c\x93");  // printable UTF-8 passes
+  // A title-setting OSC and a screen clear, as an audit's GPU name carried them.
+  CHECK(host_text("GPU\x1b]0;pwned\x07\x1b[2J") == "GPU\\x1b]0;pwned\\x07\\x1b[2J");
+  CHECK(host_text("\x1b[31mred") == "\\x1b[31mred");  // host text gets no colour either
+  CHECK(host_text(std::string("a\0b", 3)) == "a\\x00b");
+  CHECK(host_text("one\ntwo\r\tx\x7f") == "one\\x0atwo\\x0d\\tx\\x7f");
+  CHECK(host_text("\xff\xc3") == "\\xff\\xc3");                               // invalid, cut
+  CHECK(host_text("\xc0\xaf \xed\xa0\x80") == "\\xc0\\xaf \\xed\\xa0\\x80");  // overlong, surrogate
+  CHECK(host_text("\xc2\x9b"
+                  "2J") == "\\u{009b}2J");  // C1 CSI
+  CHECK(host_text("abc\xe2\x80\xae"
+                  "fdp.exe") == "abc\\u{202e}fdp.exe");  // a bidi override
+  CHECK(host_text("abcdef", 3) == "abc...");
+  for (std::string s :
+       {std::string("\x1b]0;t\x07"), std::string("x\0y\xff\xe2\x80\xae", 6), std::string("\t\n")}) {
+    std::string once = host_text(s);
+    CHECK(host_text(once) == once);
+    for (char c : once) CHECK((static_cast<unsigned char>(c) >= 0x20 && c != 0x7f));
+  }
+}
+
+TEST_CASE("text: escape_console is host_text that keeps tab and colour") {
+  CHECK(escape_console("a\tb\x1b[1;31mred\x1b[0m\x1b]0;t\x07") == "a\tb\x1b[1;31mred\x1b[0m\\x1b]0;t\\x07");
+  CHECK(escape_console("\xc2\x9b"
+                       "2J") == "\\u{009b}2J");
+}
