@@ -4,12 +4,24 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
+#include "cli/job_flags.h"
 #include "runner/common/error.h"
 #include "runner/common/text.h"
 #include "runner/records/cleanup.h"
 #include "runner/records/views.h"
 
 namespace mltrain::cli {
+
+namespace {
+
+// A run id given as '' names no run (left out, the verb takes the newest): never a guess.
+void no_empty_run_id(const std::string& v) {
+  if (v.empty())
+    throw Error("an empty run id names no run",
+                "give a run id or a unique part of it ('mltrain ls' lists them), or 'latest'");
+}
+
+}  // namespace
 
 void register_logs(CLI::App& app, Global& g, std::function<int()>& handler) {
   static struct {
@@ -18,11 +30,11 @@ void register_logs(CLI::App& app, Global& g, std::function<int()>& handler) {
     int tail = -1;
   } f;
   auto* c = app.add_subcommand("logs", "Print a run's logs (the latest run by default)");
-  c->add_option("id", f.id, "Run id, a unique part of it, or 'latest'");
+  c->add_option("id", f.id, "Run id, a unique part of it, or 'latest'")->each(no_empty_run_id);
   c->add_flag("-f,--follow", f.follow, "Keep printing new lines until the run ends");
   c->add_option("-r,--rank", f.ranks, "Only these ranks, e.g. 0,3-5");
   c->add_option("-g,--grep", f.grep, "Only lines matching this regular expression");
-  c->add_option("-t,--tail", f.tail, "Only the last N lines of each rank")->check(CLI::NonNegativeNumber);
+  add_int_option(c, "-t,--tail", f.tail, 0, INT32_MAX, "Only the last N lines of each rank");
   c->add_flag("--no-prefix", f.no_prefix, "Print lines without the [rank] prefix");
   c->add_flag("--by-rank", f.by_rank,
               "Each rank's lines together, rank by rank (default: merged as they arrived)");
@@ -70,7 +82,7 @@ void register_show(CLI::App& app, Global&, std::function<int()>& handler) {
   static std::string id;
   static bool json = false;
   auto* c = app.add_subcommand("show", "Show one run: command, hosts, ranks and how each ended");
-  c->add_option("id", id, "Run id, a unique part of it, or 'latest'");
+  c->add_option("id", id, "Run id, a unique part of it, or 'latest'")->each(no_empty_run_id);
   c->add_flag("--json", json, "Print the run record (run.json)");
   c->footer("Example:\n  mltrain show latest");
   c->callback([&] {
@@ -85,7 +97,7 @@ void register_stop(CLI::App& app, Global&, std::function<int()>& handler) {
   static std::string id;
   auto* c = app.add_subcommand(
       "stop", "Stop a running job (every rank gets SIGTERM, then SIGKILL after the grace period)");
-  c->add_option("id", id, "Run id, a unique part of it, or 'latest'");
+  c->add_option("id", id, "Run id, a unique part of it, or 'latest'")->each(no_empty_run_id);
   c->footer("Example:\n  id=$(mltrain run -d job.toml); mltrain stop $id");
   c->callback([&] { handler = [&] { return records::stop_run(id); }; });
 }
@@ -93,7 +105,7 @@ void register_stop(CLI::App& app, Global&, std::function<int()>& handler) {
 void register_rm(CLI::App& app, Global&, std::function<int()>& handler) {
   static std::vector<std::string> ids;
   auto* c = app.add_subcommand("rm", "Remove the records of ended runs (never a running one)");
-  c->add_option("id", ids, "Run ids, unique parts of them, or 'latest'")->required();
+  c->add_option("id", ids, "Run ids, unique parts of them, or 'latest'")->required()->each(no_empty_run_id);
   c->footer(
       "Each id follows the rule of show/logs/stop: exact id, else a unique prefix; an id that\n"
       "matches several runs is refused. Nothing is removed unless every id names an ended run.\n"
@@ -107,7 +119,7 @@ void register_gc(CLI::App& app, Global&, std::function<int()>& handler) {
   static bool dry_run = false;
   auto* c = app.add_subcommand("gc", "Remove old run records (never a running run's)");
   c->add_option("--older-than", older_than, "Only runs started longer ago than this (e.g. 7d, 12h)");
-  c->add_option("--keep", keep, "Always keep the newest N runs")->check(CLI::NonNegativeNumber);
+  add_int_option(c, "--keep", keep, 0, INT32_MAX, "Always keep the newest N runs");
   c->add_flag("--dry-run", dry_run, "Only list what would be removed");
   c->footer(
       "With both options, a run goes when it is older than the limit and not among the newest N.\n"

@@ -138,8 +138,8 @@ void register_run(CLI::App& app, Global& g, std::function<int()>& handler) {
   auto* in = c->add_flag_callback(
       "--stdin", [&] { f.overrides.stdin_rank = std::max(f.overrides.stdin_rank, 0); },
       "Forward this terminal's stdin to rank 0 (e.g. for pdb); other ranks read /dev/null");
-  c->add_option("--stdin-rank", f.overrides.stdin_rank, "Forward stdin to rank N instead of rank 0")
-      ->check(CLI::Range(0, 1 << 20))
+  add_int_option(c, "--stdin-rank", f.overrides.stdin_rank, 0, 1 << 20,
+                 "Forward stdin to rank N instead of rank 0")
       ->excludes(in);
   c->footer(
       "Examples:\n"

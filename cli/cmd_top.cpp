@@ -51,8 +51,8 @@ void register_ssh(CLI::App& app, Global& g, std::function<int()>& handler) {
   auto* c = app.add_subcommand("ssh",
                                "A shell where a rank runs: its host, its working directory, its environment");
   c->add_option("run", req.run, "The run (id, prefix or name; default: the newest)");
-  c->add_option("-r,--rank", req.rank, "The rank whose host and environment to use (default 0)")
-      ->check(CLI::NonNegativeNumber);
+  add_int_option(c, "-r,--rank", req.rank, 0, INT32_MAX,
+                 "The rank whose host and environment to use (default 0)");
   c->add_option("--ssh-config", req.overrides.ssh_config, "ssh config file (default ~/.ssh/config)");
   c->add_flag("--accept-new-host-keys", req.overrides.accept_new_host_keys,
               "Trust hosts seen for the first time");
@@ -78,8 +78,7 @@ void register_sbatch(CLI::App& app, Global&, std::function<int()>& handler) {
   static bool print = false;
   auto* c = app.add_subcommand("sbatch", "Submit a job to Slurm: mltrain run inside the allocation");
   c->add_option("job", spec, "Job spec (TOML)")->required();
-  c->add_option("-N,--nodes", req.nodes, "Nodes (default: as many as the spec's hosts)")
-      ->check(CLI::Range(1, 4096));
+  add_int_option(c, "-N,--nodes", req.nodes, 1, 4096, "Nodes (default: as many as the spec's hosts)");
   c->add_option("-t,--time", req.time, "Time limit, as sbatch takes it (e.g. 2:00:00)");
   c->add_option("-p,--partition", req.partition, "Partition");
   c->add_option("-A,--account", req.account, "Account");

@@ -4,15 +4,29 @@
 #include <CLI/CLI.hpp>
 
 #include "runner/common/error.h"
+#include "runner/common/text.h"
 #include "runner/launch/launch.h"
 
 namespace mltrain::cli {
 
+CLI::Option* add_int_option(CLI::App* c, const std::string& names, int& value, long long lo, long long hi,
+                            const std::string& help) {
+  std::string flag;  // the longest name, as the user most likely wrote it
+  for (const auto& n : text::split(names, ','))
+    if (n.size() > flag.size()) flag = n;
+  return c
+      ->add_option_function<std::string>(
+          names,
+          [&value, flag, lo, hi](const std::string& v) { value = int(text::parse_int_arg(v, flag, lo, hi)); },
+          help)
+      ->type_name("INT");
+}
+
 void add_host_flags(CLI::App* c, launch::Overrides& f) {
-  c->add_option("-n,--nprocs", f.nprocs, "Number of ranks (on localhost, or over the hosts' slots)")
-      ->check(CLI::Range(1, 1 << 20));
-  c->add_option("--procs-per-host", f.procs_per_host, "Ranks on each host (alias --nproc-per-node)")
-      ->check(CLI::Range(1, 4096));
+  add_int_option(c, "-n,--nprocs", f.nprocs, 1, 1 << 20,
+                 "Number of ranks (on localhost, or over the hosts' slots)");
+  add_int_option(c, "--procs-per-host", f.procs_per_host, 1, 4096,
+                 "Ranks on each host (alias --nproc-per-node)");
   c->add_flag("--oversubscribe", f.oversubscribe, "Allow more ranks than the hosts have slots");
   c->add_option("--hostfile", f.hostfile, "Hostfile (DeepSpeed, Open MPI or Horovod format)");
   c->add_option_function<std::string>(
@@ -34,8 +48,8 @@ void add_job_flags(CLI::App* c, launch::Overrides& f) {
   c->add_option("-x", f.forward,
                 "Forward the launcher's value of K to every rank (-x K), or set it (-x K=V); repeatable")
       ->allow_extra_args(false);
-  c->add_option("--max-restarts", f.max_restarts, "Restart the whole gang up to N times on failure")
-      ->check(CLI::Range(0, 1000));
+  add_int_option(c, "--max-restarts", f.max_restarts, 0, 1000,
+                 "Restart the whole gang up to N times on failure");
   c->add_option("--timeout", f.timeout, "Stop the job after this long, e.g. 90s, 2h");
   c->add_option("--grace-period", f.grace, "Time between SIGTERM and SIGKILL when stopping ranks");
   c->add_option("--profile", f.profile, "Profile to merge under the spec (name or path)");
@@ -48,8 +62,8 @@ void add_job_flags(CLI::App* c, launch::Overrides& f) {
   c->add_option("--setup", f.setup, "When [setup] runs: auto (it or the synced files changed), always, never")
       ->check(CLI::IsMember({"auto", "always", "never"}));
   c->add_option("--workdir", f.workdir, "Working directory of every rank");
-  c->add_option("--master-port", f.master_port, "MASTER_PORT of the job (default: a free port)")
-      ->check(CLI::Range(1, 65535));
+  add_int_option(c, "--master-port", f.master_port, 1, 65535,
+                 "MASTER_PORT of the job (default: a free port)");
 }
 
 void add_console_flags(CLI::App* c, launch::Overrides& f) {

@@ -7,13 +7,20 @@
 
 namespace CLI {
 class App;
-}
+class Option;
+}  // namespace CLI
 
 namespace mltrain::launch {
 struct Overrides;
 }
 
 namespace mltrain::cli {
+
+// An integer flag: CLI11 takes the text, text::parse_int_arg the number, so every integer flag
+// says the same of a value out of range, negative or not a number (exit 2, the range named).
+// `names` as CLI11 takes them ("-t,--tail"); the message names the long one.
+CLI::Option* add_int_option(CLI::App* c, const std::string& names, int& value, long long lo, long long hi,
+                            const std::string& help);
 
 // Where ranks go: -n, --procs-per-host, --oversubscribe, -H, --hostfile, --include, --exclude,
 // --ssh-config, --accept-new-host-keys.

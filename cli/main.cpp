@@ -119,6 +119,15 @@ int run_main(int argc, char** argv) {
 }
 
 }  // namespace
+
+// An error's text as the terminal gets it: its lines kept, anything in them a host sent (or a
+// file held) that a terminal would act on escaped.
+std::string shown(const char* what) {
+  std::vector<std::string> lines = text::split(what, '\n');
+  for (auto& l : lines) l = text::host_text(l);
+  return text::join(lines, "\n");
+}
+
 }  // namespace mltrain::cli
 
 int main(int argc, char** argv) {
@@ -131,14 +140,15 @@ int main(int argc, char** argv) {
     return cli::run_main(argc, argv);
   } catch (const Error& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "mltrain: error: %s\n", e.what());
-    if (!e.hint().empty()) std::fprintf(stderr, "mltrain: hint: %s\n", e.hint().c_str());
+    std::fprintf(stderr, "mltrain: error: %s\n", cli::shown(e.what()).c_str());
+    if (!e.hint().empty()) std::fprintf(stderr, "mltrain: hint: %s\n", cli::shown(e.hint().c_str()).c_str());
     return e.code();
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "mltrain: fatal: out of memory\n");
     return exit_code::internal;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "mltrain: internal error: %s (please report this as a bug)\n", e.what());
+    std::fprintf(stderr, "mltrain: internal error: %s (please report this as a bug)\n",
+                 cli::shown(e.what()).c_str());
     return exit_code::internal;
   }
 }

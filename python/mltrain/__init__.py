@@ -60,6 +60,11 @@ def _is_torch(x):
     return type(x).__module__.startswith("torch")
 
 
+def _dtype_name(x):
+    """x's dtype as its library spells it (float64, torch.bfloat16)."""
+    return str(x.dtype) if _is_torch(x) else getattr(x.dtype, "name", str(x.dtype))
+
+
 def _view(x, what, writable, comm=None):
     """(address, element count, C dtype) of a contiguous numpy array or torch tensor; CUDA
     tensors only when `comm` uses the NCCL backend."""
@@ -253,7 +258,10 @@ class Communicator:
         if out is None:
             out = _empty_like(x, (self.size * x.shape[0],) + tuple(x.shape[1:]) if x.ndim else (self.size,))
         oaddr, on, odt = _view(out, "allgather output", True, self)
-        if odt != dt or on != n * self.size:
+        if odt != dt:
+            raise ValueError(f"allgather: the output is {_dtype_name(out)} and the input "
+                             f"{_dtype_name(x)}: give an output of the input's dtype")
+        if on != n * self.size:
             raise ValueError(f"allgather: the output needs {n * self.size} elements of the input's "
                              f"dtype, it has {on}")
         p = self._ptr_or_raise()
@@ -271,7 +279,10 @@ class Communicator:
                      if x.ndim and x.shape[0] % self.size == 0 else (rn,))
             out = _empty_like(x, shape)
         oaddr, on, odt = _view(out, "reduce_scatter output", True, self)
-        if odt != dt or on != rn:
+        if odt != dt:
+            raise ValueError(f"reduce_scatter: the output is {_dtype_name(out)} and the input "
+                             f"{_dtype_name(x)}: give an output of the input's dtype")
+        if on != rn:
             raise ValueError(f"reduce_scatter: the output needs {rn} elements of the input's "
                              f"dtype, it has {on}")
         code = _op_code(op)

@@ -445,7 +445,10 @@ void collect(const std::string& root, const std::string& rel_dir, const sync::Ru
              std::vector<std::string>& out) {
   std::string dir = rel_dir.empty() ? root : root + "/" + rel_dir;
   DIR* d = ::opendir(dir.c_str());
-  if (!d) return;
+  if (!d) {  // asked for, so listed all the same: its open says why it cannot be read, not "nothing matched"
+    if (all || rel_dir.empty()) out.push_back(rel_dir);
+    return;
+  }
   std::vector<std::string> names;
   while (dirent* e = ::readdir(d))
     if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..")) names.emplace_back(e->d_name);
@@ -455,7 +458,10 @@ void collect(const std::string& root, const std::string& rel_dir, const sync::Ru
     std::string rel = rel_dir.empty() ? n : rel_dir + "/" + n;
     if (rel == kState) continue;
     struct stat st {};
-    if (::lstat((root + "/" + rel).c_str(), &st) != 0) continue;
+    if (::lstat((root + "/" + rel).c_str(), &st) != 0) {
+      if (all || rules.check(rel, false) == sync::Rules::excluded) out.push_back(rel);  // as above
+      continue;
+    }
     bool hit = all || rules.check(rel, S_ISDIR(st.st_mode)) == sync::Rules::excluded;
     if (S_ISDIR(st.st_mode))
       collect(root, rel, rules, hit, out);

@@ -118,7 +118,7 @@ uint64_t copy(const CopyRequest& req) {
   int rank = 0;
   if (size_t c2 = path.find(':');
       c2 != std::string::npos && c2 > 0 && path.find_first_not_of("0123456789") == c2) {
-    rank = std::stoi(path.substr(0, c2));
+    rank = int(text::parse_int_arg(path.substr(0, c2), "cp: the rank in RUN:RANK:PATH", 0, INT32_MAX));
     path = path.substr(c2 + 1);
   }
   if (path.empty())

@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "runner/common/text.h"
 #include "runner/records/detail/telemetry_json.h"
 
 namespace mltrain::records {
@@ -201,7 +202,7 @@ std::string render_top(const telemetry::Snapshot& snap, const TopScreen& screen)
     if (snap.gpus.empty()) {
       std::string t = "no GPUs";
       for (const auto& h : snap.hosts)
-        if (!h.gpu_note.empty()) t += " (" + h.host + ": " + h.gpu_note + ")";
+        if (!h.gpu_note.empty()) t += " (" + h.host + ": " + text::host_text(h.gpu_note) + ")";
       sc.line(t.size() > 200 ? t.substr(0, 200) : t);
     } else {
       std::vector<const GpuRow*> rows;

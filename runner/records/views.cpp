@@ -274,7 +274,10 @@ int print_logs(const LogsOptions& o) {
   };
   // mltrain's own error (a run that failed before or beside its ranks), after their output.
   auto print_launcher_error = [&] {
-    std::fputs(launcher_error(id).c_str(), stdout);
+    std::string shown_error;  // what mltrain printed, hosts' words in it included: line by line, escaped
+    for (const auto& l : text::split(launcher_error(id), '\n')) shown_error += text::host_text(l) + "\n";
+    shown_error.pop_back();
+    std::fputs(shown_error.c_str(), stdout);
     std::fflush(stdout);
   };
   if (!o.follow) {
@@ -337,22 +340,24 @@ void print_show(const std::string& query, bool json) {
                 doc.substr(0, doc.find_last_not_of(" \n", end - 1) + 1).c_str(), util.c_str());
     return;
   }
+  // Every string of the record as text for a terminal: the record holds what hosts said.
+  std::deque<std::string> keep;
+  auto t = [&keep](const std::string& v) { return keep.emplace_back(text::host_text(v)).c_str(); };
   std::string status = r.status == "lost" ? "lost (the launcher died without recording an end)" : r.status;
-  std::printf("run        %s\n", r.id.c_str());
-  std::printf("name       %s\n", r.name.c_str());
-  std::printf("status     %s", status.c_str());
+  std::printf("run        %s\n", t(r.id));
+  std::printf("name       %s\n", t(r.name));
+  std::printf("status     %s", t(status));
   if (r.exit_code >= 0) std::printf(" (exit code %d)", r.exit_code);
-  std::printf("\nstarted    %s\n", age(r.started_at).c_str());
-  if (!r.ended_at.empty())
-    std::printf("ended      %s (%s)\n", age(r.ended_at).c_str(), duration_of(r).c_str());
-  if (!r.spec_file.empty()) std::printf("spec       %s\n", r.spec_file.c_str());
+  std::printf("\nstarted    %s\n", t(age(r.started_at)));
+  if (!r.ended_at.empty()) std::printf("ended      %s (%s)\n", t(age(r.ended_at)), duration_of(r).c_str());
+  if (!r.spec_file.empty()) std::printf("spec       %s\n", t(r.spec_file));
   std::vector<std::string> argv;
   for (const auto& a : r.argv) argv.push_back(text::shell_quote(a));
-  std::printf("command    %s\n", text::join(argv, " ").c_str());
-  std::printf("workdir    %s\n", r.workdir.c_str());
-  if (!r.git_commit.empty()) std::printf("git        %s\n", r.git_commit.c_str());
-  if (!r.slurm_job_id.empty()) std::printf("slurm job  %s\n", r.slurm_job_id.c_str());
-  std::printf("master     %s:%d\n", r.master_addr.c_str(), r.master_port);
+  std::printf("command    %s\n", t(text::join(argv, " ")));
+  std::printf("workdir    %s\n", t(r.workdir));
+  if (!r.git_commit.empty()) std::printf("git        %s\n", t(r.git_commit));
+  if (!r.slurm_job_id.empty()) std::printf("slurm job  %s\n", t(r.slurm_job_id));
+  std::printf("master     %s:%d\n", t(r.master_addr), r.master_port);
   std::printf("restarts   %d of %d\n", r.restarts, r.max_restarts);
   std::printf("logs       %s\n", run_dir(r.id).c_str());
   std::printf("\n%-6s %-20s %-6s %-8s %s\n", "RANK", "HOST", "LOCAL", "PID", "RESULT");
@@ -361,19 +366,22 @@ void print_show(const std::string& query, bool json) {
     std::string result = k.exit_code < 0 ? (status == "running" ? "running" : "-")
                          : k.signal      ? describe_status(k.signal)
                                          : "exit " + std::to_string(k.exit_code);
-    std::printf("%-6d %-20s %-6d %-8d %s\n", k.rank, host.c_str(), k.local_rank, k.pid, result.c_str());
+    std::printf("%-6d %-20s %-6d %-8d %s\n", k.rank, t(host), k.local_rank, k.pid, result.c_str());
   }
   if (!r.ps_servers.empty()) {
     std::printf("\n%-6s %-20s %-22s %10s %10s %9s %6s %s\n", "SERVER", "HOST", "ADDRESS", "IN", "OUT",
                 "REQUESTS", "KEYS", "MAX QUEUE");
     for (const auto& s : r.ps_servers)
-      std::printf("%-6d %-20s %-22s %10s %10s %9llu %6llu %u\n", s.server, s.host.c_str(), s.address.c_str(),
+      std::printf("%-6d %-20s %-22s %10s %10s %9llu %6llu %u\n", s.server, t(s.host), t(s.address),
                   human_bytes(s.bytes_in).c_str(), human_bytes(s.bytes_out).c_str(), s.requests, s.keys,
                   s.max_queue_depth);
   }
   if (r.failure) {
-    std::printf("\nfirst failure: %s\n", r.failure->message.c_str());
-    for (const auto& l : r.failure->tail) std::printf("    %s\n", l.c_str());
+    std::string message;  // its lines kept, each escaped
+    for (const auto& l : text::split(r.failure->message, '\n'))
+      message += (message.empty() ? "" : "\n") + text::host_text(l);
+    std::printf("\nfirst failure: %s\n", message.c_str());
+    for (const auto& l : r.failure->tail) std::printf("    %s\n", text::escape_console(l).c_str());
   }
   std::printf("%s", format_utilization(use).c_str());
   if (skipped) std::printf("(%zu lines of telemetry.jsonl could not be read)\n", skipped);

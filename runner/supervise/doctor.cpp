@@ -163,7 +163,9 @@ std::string format_doctor(const std::vector<HostReport>& reports, bool json) {
                    {"clock_offset_ms", probed ? J(r.clock_offset_ms) : J(nullptr)},
                    {"rtt_ms", probed ? J(r.rtt_ms) : J(nullptr)}});
     }
-    return J{{"schema", records::kJsonSchema}, {"hosts", a}}.dump(2) + "\n";
+    return J{{"schema", records::kJsonSchema}, {"hosts", a}}.dump(2, ' ', false,
+                                                                  J::error_handler_t::replace) +
+           "\n";
   }
   std::string out;
   char line[512];

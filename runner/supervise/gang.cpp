@@ -17,6 +17,7 @@
 #include "runner/common/status.h"
 #include "runner/common/text.h"
 #include "runner/records/telemetry_view.h"
+#include "runner/supervise/detail/host_text.h"
 
 namespace mltrain::supervise::detail {
 
@@ -438,7 +439,8 @@ void Gang::on_frame(size_t i, proto::Frame&& f) {
   uint32_t id = f.id;
   std::string error;
   auto m = proto::decode(std::move(f), error);
-  if (!m) return host_lost(i, "corrupt stream from the agent: " + error);
+  if (!m) return host_lost(i, "corrupt stream from the agent: " + text::host_text(error));
+  sanitise_host_text(*m);
   std::visit([&](auto& message) { on(i, id, message); }, *m);
 }
 

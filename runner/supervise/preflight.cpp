@@ -137,6 +137,10 @@ void Gang::on(size_t i, uint32_t, msg::Prepared& m) {
   Host& h = hosts_[i];
   if (h.state != HostState::preparing) return;
   h.prepared = std::move(m);
+  for (const auto& port : h.prepared.ports)  // a host's word, used as a number below
+    if (!text::parse_int_in(port, 1, 65535))
+      h.prepared.problems.push_back("the agent offered the port '" + text::host_text(port, 32) +
+                                    "', not a number from 1 to 65535");
   if (!h.prepared.problems.empty()) {
     host_failed(i, text::join(h.prepared.problems, "; "));
     h.cannot_start = h.prepared.cannot_start != 0;
@@ -266,7 +270,9 @@ void Gang::settle_rendezvous() {
     r.master_addr = master_;
     const auto& ports = hosts_[0].prepared.ports;
     size_t k = 0;
-    auto next = [&](int fallback) { return k < ports.size() ? std::stoi(ports[k++]) : fallback; };
+    auto next = [&](int fallback) {
+      return k < ports.size() ? int(*text::parse_int_in(ports[k++], 1, 65535)) : fallback;
+    };
     r.master_port = plan_.auto_master_port ? next(plan_.master_port) : plan_.master_port;
     r.store_port = next(plan_.master_port + 1);
     r.ps_port = plan_.ps_mode ? next(0) : 0;

@@ -9,6 +9,7 @@
 #include "runner/common/error.h"
 #include "runner/common/log.h"
 #include "runner/common/status.h"
+#include "runner/common/text.h"
 #include "runner/supervise/detail/gang.h"
 
 namespace mltrain::supervise::detail {
@@ -159,7 +160,8 @@ void Gang::print_summary(int code) {
               std::fprintf(stderr, "mltrain: rank %d's error file (%s on %s):\n", f.rank, v.c_str(),
                            f.host.c_str());
               std::istringstream lines(m);
-              for (std::string l; std::getline(lines, l);) std::fprintf(stderr, "    %s\n", l.c_str());
+              for (std::string l; std::getline(lines, l);)
+                std::fprintf(stderr, "    %s\n", text::host_text(l).c_str());  // the rank wrote it
             }
     } else {
       std::fprintf(stderr, "mltrain: first failure: %s%s\n", f.message.c_str(),

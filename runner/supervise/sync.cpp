@@ -241,6 +241,7 @@ void Gang::setup_output(size_t i, std::string_view bytes, bool end) {
   size_t start = 0;
   auto emit = [&](std::string line) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
+    line = text::escape_console(line);  // the host's bytes, shown as rank output is
     out_->before_message();
     std::fprintf(stderr, "[%s] %s\n", h.plan->host.name.c_str(), line.c_str());
     h.setup.tail.push_back(std::move(line));
@@ -394,7 +395,7 @@ void Gang::pull_finished() {
     }
     files += h.pull.files;
     bytes += h.pull.bytes;
-    for (const auto& p : h.pull.problems) problems.push_back(h.plan->host.name + ": " + p);
+    for (const auto& p : h.pull.problems) problems.push_back(h.plan->host.name + ": " + text::host_text(p));
     if (h.pull.done && h.pull.files == 0) none.push_back(h.plan->host.name);
   }
   pulled_files_ = files;

@@ -516,6 +516,28 @@ TEST_CASE("supervisor: a host that cannot be reached fails preflight; nothing st
 
 namespace {
 std::string env_value(const plan::RankPlan& r, const std::string& k) {
+// Issue 31, items 12 and 14: a host's words reach the error (and the record) escaped; a NUL in
+// them does not cut the list of problems.
+TEST_CASE("supervisor: a host's problem text is escaped and a NUL in it cuts nothing") {
+  FakeTransport t([&](int, int) { return Script{}; },
+                  {{"a", host_with_problem(std::string("bad \x1b]0;pwned\x07 name\0after the NUL", 33))},
+                   {"b", host_with_problem("second problem")}});
+  Run run;
+  try {
+    run.go("a:1,b:1", t);
+    FAIL("no error");
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    CHECK(what.find("a: bad \\x1b]0;pwned\\x07 name\\x00after the NUL") != std::string::npos);
+    CHECK(what.find("b: second problem") != std::string::npos);
+    CHECK(what.find('\x1b') == std::string::npos);
+  }
+  auto saved = records::load(run.rec.id);
+  REQUIRE(saved.failure);
+  CHECK(saved.failure->message.find("after the NUL") != std::string::npos);
+  CHECK(saved.failure->message.find('\x1b') == std::string::npos);
+}
+
   for (const auto& [ek, ev] : r.env)
     if (ek == k) return ev;
   return "<unset>";
