@@ -4,12 +4,47 @@
 // ($MLTRAIN_RUNTIME/bin/mltrain-comm-bench, linked to the delivered libmltrain-comm): nothing of
 // mltrain needs to be installed on the hosts.
 #include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdlib>
 
 #include "cli/commands.h"
 #include "cli/job_flags.h"
+#include "knobs/parse.h"
+#include "runner/common/error.h"
 #include "runner/launch/launch.h"
 
 namespace mltrain::cli {
+
+namespace {
+
+// -b, -e and -f as the benchmark takes them (comm/tools/bench.cpp checks the same), refused here
+// before any rank starts: nccl-tests' rules, sizes from -b to -e each the last times -f (a 0-byte
+// start is one row, then the sizes go on from one element), at most 1000 of them.
+void check_sizes(const std::string& min_text, const std::string& max_text, const std::string& factor_text) {
+  auto bytes = [](const std::string& v, const char* flag) {
+    auto b = knobs::parse_bytes(v);
+    if (!b)
+      throw Error(std::string(flag) + ": '" + v + "' is not a size", "write it like 0, 4096, 64K, 1M or 2G");
+    return *b;
+  };
+  const uint64_t lo = bytes(min_text, "-b"), hi = bytes(max_text, "-e");
+  if (lo > hi)
+    throw Error("-b " + min_text + " is more than -e " + max_text,
+                "give -b at most -e (the sizes grow from -b to -e)");
+  char* end = nullptr;
+  const double factor = std::strtod(factor_text.c_str(), &end);
+  if (factor_text.empty() || *end != 0 || !std::isfinite(factor) || factor <= 1.0)
+    throw Error("-f '" + factor_text + "' is not a number over 1",
+                "each size is the last times -f: give e.g. -f 2");
+  size_t rows = 0;
+  for (double size = lo == 0 ? 1 : double(lo); size <= double(hi) * 1.0001; size *= factor)
+    if (++rows > 1000)
+      throw Error(
+          "-b " + min_text + " to -e " + max_text + " by -f " + factor_text + " makes more than 1000 sizes",
+          "raise -f or narrow -b/-e");
+}
+
+}  // namespace
 
 void register_bench(CLI::App& app, Global& g, std::function<int()>& handler) {
   static struct {
@@ -31,8 +66,8 @@ void register_bench(CLI::App& app, Global& g, std::function<int()>& handler) {
   c->add_option("-b,--minbytes", f.min_bytes, "Smallest message (K/M/G suffixes)");
   c->add_option("-e,--maxbytes", f.max_bytes, "Largest message (default 256M; 64M with --mode ps)");
   c->add_option("-f,--stepfactor", f.factor, "Size multiplier between rows");
-  c->add_option("--iters", f.iters, "Timed iterations per size")->check(CLI::Range(1, 100000));
-  c->add_option("--warmup", f.warmup, "Untimed iterations per size")->check(CLI::Range(0, 100000));
+  add_int_option(c, "--iters", f.iters, 1, 100000, "Timed iterations per size");
+  add_int_option(c, "--warmup", f.warmup, 0, 100000, "Untimed iterations per size");
   c->add_option("--stat", f.stat, "Time statistic: median or mean")->check(CLI::IsMember({"median", "mean"}));
   c->add_option("--backend", f.backend,
                 "tcp: host buffers over shared memory and TCP; nccl: device buffers through NCCL "
@@ -56,6 +91,8 @@ void register_bench(CLI::App& app, Global& g, std::function<int()>& handler) {
       "algbw*2(n-1)/n.");
   c->callback([&] {
     handler = [&]() -> int {
+      check_sizes(f.min_bytes, f.max_bytes.empty() ? (f.mode == "ps" ? "64M" : "256M") : f.max_bytes,
+                  f.factor);
       // The benchmark is a job like any other, launched in this process.
       launch::JobRequest req;
       if (!f.job.empty()) req.specs = {f.job};

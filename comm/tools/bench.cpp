@@ -3,11 +3,13 @@
 #include "mltrain/bench.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -47,6 +49,42 @@ const char* kUsage =
     "         [--mode allreduce|ps] [--servers 1,2,4]\n"
     "  Sizes take K/M/G suffixes. Start one process per rank with RANK, WORLD_SIZE,\n"
     "  MLTRAIN_STORE_ADDR, MLTRAIN_TOKEN set (mltrain bench -n N does this).\n";
+
+constexpr int kMaxIters = 1000000;
+constexpr std::size_t kMaxRows = 1000;
+
+// A whole number flag from lo to hi, or a usage error that says so.
+int whole(const std::string& v, const char* flag, long lo, long hi) {
+  char* end = nullptr;
+  errno = 0;
+  const long n = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != 0 || errno == ERANGE || n < lo || n > hi)
+    throw Error(Error::Kind::usage, std::string(flag) + " '" + v + "' is not a whole number from " +
+                                        std::to_string(lo) + " to " + std::to_string(hi));
+  return static_cast<int>(n);
+}
+
+// The message sizes, in bytes, from -b up to -e, each the last times -f (nccl-tests). A 0-byte
+// start is one row of no elements, then the sizes go on from one element (0 times -f stays 0,
+// and a run would never end).
+std::vector<double> sizes(const Args& a) {
+  std::vector<double> out;
+  double size = static_cast<double>(a.min_bytes);
+  const double top = static_cast<double>(a.max_bytes) * 1.0001;
+  if (size == 0) {
+    out.push_back(0);
+    size = static_cast<double>(size_of(a.dtype));
+  }
+  for (; size <= top; size *= a.factor) {
+    out.push_back(size);
+    if (out.size() > kMaxRows)
+      throw Error(Error::Kind::usage, "-b " + std::to_string(a.min_bytes) + " to -e " +
+                                          std::to_string(a.max_bytes) + " by -f " + std::to_string(a.factor) +
+                                          " makes more than " + std::to_string(kMaxRows) +
+                                          " sizes: raise -f or narrow -b/-e");
+  }
+  return out;
+}
 
 Args parse(int argc, char** argv) {
   Args a;
@@ -99,11 +137,16 @@ Args parse(int argc, char** argv) {
         start = end + 1;
       }
     } else if (f == "-f" || f == "--stepfactor") {
-      a.factor = std::stod(need(i));
+      const std::string v = need(i);
+      char* end = nullptr;
+      a.factor = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != 0 || !std::isfinite(a.factor) || a.factor <= 1.0)
+        throw Error(Error::Kind::usage,
+                    "-f '" + v + "' is not a number over 1 (each size is the last times -f)");
     } else if (f == "-n" || f == "--iters") {
-      a.iters = std::stoi(need(i));
+      a.iters = whole(need(i), "-n", 1, kMaxIters);
     } else if (f == "-w" || f == "--warmup") {
-      a.warmup = std::stoi(need(i));
+      a.warmup = whole(need(i), "-w", 0, kMaxIters);
     } else if (f == "-c" || f == "--check") {
       a.check = true;
     } else if (f == "--json") {
@@ -117,7 +160,7 @@ Args parse(int argc, char** argv) {
     } else if (f == "--inplace") {
       a.inplace = true;
     } else if (f == "--root") {
-      a.root = std::stoi(need(i));
+      a.root = whole(need(i), "--root", 0, 1 << 20);
     } else if (f == "-h" || f == "--help") {
       std::fputs(kUsage, stdout);
       std::exit(0);
@@ -125,8 +168,11 @@ Args parse(int argc, char** argv) {
       throw Error(Error::Kind::usage, "unknown flag '" + f + "'\n" + kUsage);
     }
   }
-  if (a.factor <= 1.0) throw Error(Error::Kind::usage, "-f must be > 1");
-  if (a.iters < 1 || a.warmup < 0) throw Error(Error::Kind::usage, "bad -n/-w");
+  // nccl-tests refuses a start past the end alike.
+  if (a.min_bytes > a.max_bytes)
+    throw Error(Error::Kind::usage, "-b " + std::to_string(a.min_bytes) + " is more than -e " +
+                                        std::to_string(a.max_bytes) + ": give -b at most -e");
+  sizes(a);  // too many rows throws here, before any rank starts
   if (a.ps && (a.device || a.op != BenchOp::allreduce))
     throw Error(Error::Kind::usage, "--mode ps measures push_pull beside allreduce of host buffers");
   // The servers keep every size's keys: a lower default top size.
@@ -350,8 +396,7 @@ int bench_ps(const Args& a) {
   }
   if (!client->sync())
     throw Error(Error::Kind::usage, "--mode ps measures sync push_pull: set [ps] sync = true in the job");
-  for (double size = static_cast<double>(a.min_bytes); size <= static_cast<double>(a.max_bytes) * 1.0001;
-       size *= a.factor) {
+  for (double size : sizes(a)) {
     const std::size_t total = std::max<std::size_t>(1, static_cast<std::size_t>(size) / es);
     struct Variant {
       int servers = 0;
@@ -502,8 +547,7 @@ int bench_main(int argc, char** argv) {
       }
     }
     Buffers b;
-    for (double size = static_cast<double>(a.min_bytes); size <= static_cast<double>(a.max_bytes) * 1.0001;
-         size *= a.factor) {
+    for (double size : sizes(a)) {
       std::size_t total = static_cast<std::size_t>(size) / es;
       if (a.op == BenchOp::allgather || a.op == BenchOp::reduce_scatter)
         total -= total % static_cast<std::size_t>(n);
@@ -562,6 +606,10 @@ int bench_main(int argc, char** argv) {
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "mltrain-comm-bench: out of memory for messages of up to %llu bytes: lower -e\n",
+                 static_cast<unsigned long long>(a.max_bytes));
     return 1;
   }
 }

@@ -1,0 +1,131 @@
+"""Messages a user can act on (issue 31, items 10 and 14): every bad value gets one clear line and
+exit 2, never "internal error", a wrong flag name, a guess or a hang."""
+import json
+
+import pytest
+
+PY = "/usr/bin/python3"
+BIG = "99999999999999999999"
+I32 = 2147483647
+
+
+def usage_error(r, *wanted):
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "internal error" not in r.stderr and "unknown flag" not in r.stderr, r.stderr
+    for w in wanted:
+        assert w in r.stderr, r.stderr
+
+
+def test_cp_with_a_rank_out_of_range_is_a_usage_error(ml):
+    r = ml("cp", f"latest:{BIG}:x", str(ml.dir / "dest"))
+    usage_error(r, f"the rank in RUN:RANK:PATH: '{BIG}' is out of range (a whole number from 0 to {I32})")
+
+
+# Every integer flag of the CLI: one message for a value out of range or not a number.
+INT_FLAGS = [
+    (["logs"], "--tail", 0, I32),
+    (["logs"], "-t", 0, I32),
+    (["gc"], "--keep", 0, I32),
+    (["run", "--dry-run"], "--nprocs", 1, 1 << 20),
+    (["run", "--dry-run"], "--procs-per-host", 1, 4096),
+    (["run", "--dry-run"], "--max-restarts", 0, 1000),
+    (["run", "--dry-run"], "--master-port", 1, 65535),
+    (["run", "--dry-run"], "--stdin-rank", 0, 1 << 20),
+    (["bench"], "--iters", 1, 100000),
+    (["bench"], "--warmup", 0, 100000),
+    (["ssh"], "--rank", 0, I32),
+    (["sbatch", "job.toml"], "--nodes", 1, 4096),
+]
+
+
+def given(flag, value):
+    return [f"{flag}={value}"] if flag.startswith("--") else [flag, value]
+
+
+@pytest.mark.parametrize("verb,flag,lo,hi", INT_FLAGS, ids=[f"{v[0]}{f}" for v, f, _, _ in INT_FLAGS])
+def test_an_integer_flag_names_its_range(ml, verb, flag, lo, hi):
+    long = {"-t": "--tail"}.get(flag, flag)
+    tail = ["--", "true"] if verb[0] == "run" else []
+    for value, what in [(BIG, "is out of range (a whole number from"), (str(hi + 1), "is out of range"),
+                        ("abc", "is not a whole number (from"), ("1.5", "is not a whole number")]:
+        r = ml(*verb, *given(flag, value), *tail)
+        usage_error(r, f"{long}: '{value}' {what}", f"{lo} to {hi}")
+    if lo > 0:
+        r = ml(*verb, *given(flag, str(lo - 1)), *tail)
+        usage_error(r, f"{long}: '{lo - 1}' is out of range")
+
+
+def test_show_with_an_empty_run_id_is_an_error(ml):
+    assert ml("run", "-n", "1", "--", "true").returncode == 0
+    for verb in ("show", "logs", "stop", "rm"):
+        r = ml(verb, "")
+        usage_error(r, "an empty run id names no run")
+    assert ml("show", "latest").returncode == 0  # the run is still there
+
+
+# Arrays that pass for numpy's (this machine's python may have no numpy): what _view reads of one.
+FAKE_ARRAYS = """
+import types
+class Flags: c_contiguous = True; writeable = True
+def fake(name, n):
+    cls = type("ndarray", (), {"__module__": "numpy"})
+    a = cls()
+    a.dtype = types.SimpleNamespace(name=name); a.size = n; a.flags = Flags()
+    a.__array_interface__ = {"data": (4096, False)}; a.shape = (n,); a.ndim = 1
+    return a
+"""
+
+
+def test_allgather_into_an_output_of_another_dtype_says_so(ml):
+    import subprocess
+    from conftest import REPO
+    script = FAKE_ARRAYS + """
+import mltrain
+c = mltrain.Communicator.__new__(mltrain.Communicator)
+c.size, c._ptr, c.nccl = 2, None, False
+for call in (lambda: c._allgather_fn(fake("float32", 4), fake("float64", 8)),
+             lambda: c._reduce_scatter_fn(fake("float32", 8), "sum", fake("float64", 4))):
+    try:
+        call()
+    except ValueError as e:
+        print("ERR", e)
+"""
+    r = subprocess.run([PY, "-c", script], capture_output=True, text=True, timeout=30,
+                       env={"PYTHONPATH": str(REPO / "python"), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    assert "ERR allgather: the output is float64 and the input float32" in r.stdout, r.stdout
+    assert "ERR reduce_scatter: the output is float64 and the input float32" in r.stdout, r.stdout
+    assert "needs 8 elements" not in r.stdout
+
+
+# --- bench: nccl-tests' -b/-e/-f, never a hang (item 10) -----------------------------------------
+
+def test_bench_with_zero_sizes_runs_one_row_and_ends(ml):
+    r = ml("bench", "-n", "2", "-b", "0", "-e", "0", "--iters", "2", "--warmup", "0", "--json", timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert [(x["size"], x["count"]) for x in rows] == [(0, 0)], r.stdout
+    r = ml("bench", "-n", "2", "-b", "0", "-e", "16", "--iters", "1", "--warmup", "0", "--json", timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert [x["size"] for x in rows] == [0, 4, 8, 16], r.stdout
+
+
+@pytest.mark.parametrize("args,wanted", [
+    (["-b", "8K", "-e", "4K"], "-b 8K is more than -e 4K"),
+    (["-f", "1"], "-f '1' is not a number over 1"),
+    (["-f", "0"], "-f '0' is not a number over 1"),
+    (["-f", "nan"], "-f 'nan' is not a number over 1"),
+    (["-f", "1.0001"], "makes more than 1000 sizes"),
+    (["-b", "x"], "-b: 'x' is not a size"),
+    (["-e", BIG + "G"], "is not a size"),
+    (["-n", "0"], "--nprocs: '0' is out of range"),
+    (["-n", BIG], f"--nprocs: '{BIG}' is out of range"),
+    (["--iters", "0"], "--iters: '0' is out of range"),
+    (["--warmup", "-1"], "--warmup: '-1' is out of range"),
+], ids=["b-over-e", "f-1", "f-0", "f-nan", "too-many-rows", "b-junk", "e-huge", "n-0", "n-huge", "iters-0",
+        "warmup-negative"])
+def test_bench_refuses_degenerate_values_before_starting(ml, args, wanted):
+    r = ml("bench", *args, timeout=30)
+    usage_error(r, wanted)
+    assert not ml.run_dirs(), "nothing started"
