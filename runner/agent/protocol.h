@@ -512,10 +512,14 @@ struct Output {  // id = rank; the frame's flags carry the stream; the payload i
 struct Exited {  // id = rank
   static constexpr Type kType = Type::exited;
   bool operator==(const Exited&) const = default;
-  int32_t status = 0;      // as waitpid gives it
-  std::string error_file;  // what a failed rank wrote to its TORCHELASTIC_ERROR_FILE (capped), or ""
-  void put(Writer& w) const { w.i32(status).str(error_file); }
-  void get(Reader& r) { status = r.i32(), error_file = r.str(); }
+  int32_t status = 0;       // as waitpid gives it
+  std::string error_file;   // what a failed rank wrote to its TORCHELASTIC_ERROR_FILE (capped), or ""
+  uint32_t oom_killed = 0;  // 1: the kernel recorded killing it for memory (runner/agent/oom.h)
+  void put(Writer& w) const { w.i32(status).str(error_file).u32(oom_killed); }
+  void get(Reader& r) {
+    status = r.i32(), error_file = r.str();
+    if (r.left() > 0) oom_killed = r.u32();
+  }
 };
 struct Pong {
   static constexpr Type kType = Type::pong;

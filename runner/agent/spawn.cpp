@@ -15,6 +15,7 @@
 #include "runner/agent/detail/agent_impl.h"
 #include "runner/agent/protocol.h"
 
+#include "runner/agent/oom.h"
 extern char** environ;
 
 namespace mltrain::agent::detail {
@@ -136,7 +137,12 @@ void Agent::reap() {
       if (r.id == kSetupId)
         setup_exited(status);
       else
-        send(msg::Exited{status, take_error_file(r.error_file, status != 0)}, r.id);
+        send(msg::Exited{status, take_error_file(r.error_file, status != 0),
+                         WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL &&
+                                 oom_killed(pid, r.started_us, r.oom_kills_at_start)
+                             ? 1u
+                             : 0u},
+             r.id);
     }
   }
 }
@@ -311,6 +317,8 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
   }
   Rank r;
   r.id = id;
+  r.started_us = monotonic_us();  // for the kernel's OOM record of it, if it dies of SIGKILL
+  r.oom_kills_at_start = cgroup_oom_kills(::getpid());  // its cgroup is the agent's
   r.pid = pid;
   r.fds[0] = out[0];
   r.fds[1] = err[0];

@@ -20,14 +20,14 @@ std::string signal_name(int sig) {
   return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
 }
 
-std::string describe_status(int status) {
+std::string describe_status(int status, bool oom_killed) {
   if (status < 0) return "its host was lost";
   if (WIFEXITED(status)) return "exit code " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) {
     int sig = WTERMSIG(status);
     std::string s = signal_name(sig);
-    if (sig == SIGKILL)
-      s += " (killed: out of memory? check dmesg)";
+    if (sig == SIGKILL && oom_killed)  // only on the kernel's word: a SIGKILL has many senders
+      s += " (killed by the kernel: out of memory)";
     else if (sig == SIGSEGV || sig == SIGBUS)
       s += " (crashed)";
     return s;

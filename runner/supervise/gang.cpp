@@ -483,6 +483,7 @@ void Gang::on(size_t i, uint32_t id, msg::Exited& m) {
   out_->finish(int(id));
   int code = exit_code_of(r.status);
   rec_.ranks[id].exit_code = WIFEXITED(r.status) ? WEXITSTATUS(r.status) : code;
+  r.oom_killed = m.oom_killed != 0;
   rec_.ranks[id].signal = WIFSIGNALED(r.status) ? WTERMSIG(r.status) : 0;
   log::debug("supervise", "rank " + std::to_string(id) + " " + describe_status(r.status));
   if (code != 0 && phase_ == Phase::running) {
@@ -495,7 +496,7 @@ void Gang::on(size_t i, uint32_t id, msg::Exited& m) {
                                             "rank " + std::to_string(id)
                                       : h.link->describe() + ": the command";
     fail_first(int(id), h.plan->host.name, code, WIFSIGNALED(r.status) ? WTERMSIG(r.status) : 0,
-               who + " failed with " + describe_status(r.status) + " after " + after +
+               who + " failed with " + describe_status(r.status, r.oom_killed) + " after " + after +
                    (ending_ == Ending::none ? " (first failure)" : ""),
                WIFSIGNALED(r.status) ? "rank_signal" : "rank_exit");
   }
@@ -606,6 +607,7 @@ void Gang::fail_first(int rank, const std::string& host, int code, int sig, cons
   records::Failure f;
   f.rank = rank;
   f.host = host;
+  failed_at_ = clock_.now();
   f.exit_code = code;
   f.signal = sig;
   f.message = message;
@@ -653,9 +655,37 @@ void Gang::host_lost(size_t i, const std::string& why) {
   h.link->kill();
 }
 
+  else if (phase_ == Phase::stopping)
+    lost_before_failure(i, why);
 bool Gang::ranks_gone(size_t i) {
   // Ranks on a lost or closed host cannot be waited for; count them as gone.
   bool any = false;
+// A host lost while the gang stops after a rank's failure, silent since well before that failure
+// (two heartbeat intervals: a host that answers pings is never that quiet): it was lost first, and
+// the rank most likely failed for it (its peers vanished). The host becomes the first failure.
+void Gang::lost_before_failure(size_t i, const std::string& why) {
+  const Host& h = hosts_[i];
+  if (ending_ != Ending::failure || !rec_.failure || rec_.failure->rank < 0 ||
+      h.last_heard + 2 * opts_.heartbeat_interval >= failed_at_)
+    return;
+  const records::Failure later = *rec_.failure;
+  const auto silent = std::chrono::duration_cast<milliseconds>(failed_at_ - h.last_heard);
+  records::Failure f;
+  f.host = h.plan->host.name;
+  f.exit_code = exit_code::host_failure;
+  f.message = h.link->describe() + ": " + why + ps_note(i) + "; silent for " + text::format_duration(silent) +
+              " before rank " + std::to_string(later.rank) + " on " + later.host +
+              " failed, which most likely followed from it";
+  f.reason = "host_lost";
+  rec_.failure = f;
+  ending_ = Ending::host_failure;
+  ending_code_ = exit_code::host_failure;
+  out_->flush();
+  out_->before_message();
+  std::fprintf(stderr, "mltrain: %s\n", f.message.c_str());
+  std::fflush(stderr);
+}
+
   for (int r : hosts_[i].plan->ranks)
     if (!ranks_[size_t(r)].exited) {
       ranks_[size_t(r)].exited = true;

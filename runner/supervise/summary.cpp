@@ -146,7 +146,9 @@ void Gang::print_summary(int code) {
       // A rank's own exit 255 reads like mltrain's "host lost" code: say which it is.
       bool own_255 = f.signal == 0 && f.exit_code == exit_code::host_failure;
       std::fprintf(stderr, "mltrain: first failure: rank %d on %s: %s%s\n", f.rank, f.host.c_str(),
-                   describe_status(f.signal ? f.signal : (f.exit_code << 8)).c_str(),
+                   describe_status(f.signal ? f.signal : (f.exit_code << 8),
+                                   size_t(f.rank) < ranks_.size() && ranks_[size_t(f.rank)].oom_killed)
+                       .c_str(),
                    own_255 ? " (the rank's own exit code; its host was not lost)" : "");
       if (!f.tail.empty()) {
         std::fprintf(stderr, "mltrain: last lines of rank %d (%s):\n", f.rank,

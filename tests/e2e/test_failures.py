@@ -66,7 +66,9 @@ def test_examples_fail_fast(ml):
 
 # --- 5. the failure summary -------------------------------------------------------------------
 
-def test_summary_names_signal_with_oom_hint(ml):
+def test_summary_names_signal_without_an_oom_guess(ml):
+    # A SIGKILL the rank sent itself: no kernel record of an OOM kill, so no "out of memory" (issue
+    # 31, item 15); the guess is made only on the agent's evidence.
     m = ml.marker()
     script = ('if [ "$RANK" = 1 ]; then echo "step 1"; echo "step 2"; echo "allocating" >&2; '
               f'kill -KILL $$; fi; exec sleep {m}')
@@ -74,7 +76,7 @@ def test_summary_names_signal_with_oom_hint(ml):
     assert r.returncode == 137, r.stderr
     err = r.stderr
     assert "rank 1" in err and "SIGKILL" in err, err
-    assert "out of memory" in err.lower(), err
+    assert "out of memory" not in err.lower(), err
     assert "step 2" in err and "allocating" in err, err  # last lines of its log
     rec = json.loads(ml("show", "--json").stdout)
     assert rec["status"] == "failed" and rec["exit_code"] == 137

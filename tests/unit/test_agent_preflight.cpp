@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "runner/agent/gpu_inventory.h"
+#include "runner/agent/oom.h"
 #include "runner/agent/preflight.h"
 #include "temp_dir.h"
 
@@ -282,4 +283,25 @@ TEST_CASE("gpu inventory: nvidia-smi -L is the fallback; its failures are quoted
   inv = probe_gpus("", d.str() + "/bin");
   CHECK(inv.note ==
         "no GPU found: libnvidia-ml.so.1 not found, nvidia-smi -L exit 6 (No devices were found)");
+}
+
+// Issue 31, item 15: "out of memory" only on the kernel's word.
+TEST_CASE("oom: the kernel's records of an OOM kill, and nothing else, count") {
+  using namespace mltrain::agent::detail;
+  CHECK(kmsg_record_kills("3,812,5000000,-;Out of memory: Killed process 4242 (python3) total-vm:1kB", 4242));
+  CHECK(
+      kmsg_record_kills("3,813,5000000,-;Memory cgroup out of memory: Killed process 4242 (python3)", 4242));
+  CHECK(kmsg_record_kills(
+      "6,814,5000000,-;oom-kill:constraint=CONSTRAINT_MEMCG,task=python3,pid=4242,uid=1000", 4242));
+  CHECK_FALSE(kmsg_record_kills("3,815,5000000,-;Out of memory: Killed process 42421 (python3)", 4242));
+  CHECK_FALSE(kmsg_record_kills("3,816,5000000,-;Out of memory: Killed process 424 (python3)", 4242));
+  CHECK_FALSE(kmsg_record_kills("6,817,5000000,-;python3[4242]: segfault at 0", 4242));
+  // A record from before the rank began is of another process that had its pid.
+  CHECK_FALSE(
+      kmsg_record_kills("3,818,5000000,-;Out of memory: Killed process 4242 (python3)", 4242, 6000000));
+  CHECK(parse_oom_kill_count("low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\noom_group_kill 0\n") == 2u);
+  CHECK_FALSE(parse_oom_kill_count("low 0\nhigh 0\n").has_value());
+  CHECK(cgroup_v2_path("0::/user.slice/user-1000.slice\n") == "/user.slice/user-1000.slice");
+  CHECK(cgroup_v2_path("12:memory:/x\n0::/\n") == "/");
+  CHECK(cgroup_v2_path("12:memory:/x\n").empty());
 }

@@ -163,7 +163,7 @@ std::vector<std::string> one_of_each() {
   add(msg::Started{777}, 5);
   add(msg::SpawnFailed{"exec: No such file or directory"}, 5);
   add(msg::Output{2, std::string("a\0b\r\n", 5)}, 6);
-  add(msg::Exited{256, "{}"}, 6);
+  add(msg::Exited{256, "{}", 1}, 6);
   add(msg::Pong{99}, 0);
   add(msg::AgentError{"unexpected frame"}, 0);
   add(msg::Bye{}, 0);
@@ -209,8 +209,8 @@ TEST_CASE("protocol: every message round-trips through its struct") {
   round_trip(msg::SpawnFailed{"exec: No such file or directory"}, 5);
   round_trip(msg::Output{2, std::string("a\0b\r\n", 5)}, 6);
   round_trip(msg::Output{1, ""}, 6);
-  round_trip(msg::Exited{9, ""}, 6);
-  round_trip(msg::Exited{256, "{\"message\": \"boom\"}"}, 6);
+  round_trip(msg::Exited{9, "", 1}, 6);
+  round_trip(msg::Exited{256, "{\"message\": \"boom\"}", 0}, 6);
   round_trip(msg::Pong{99}, 0);
   round_trip(msg::AgentError{"unexpected frame"}, 0);
   round_trip(msg::Bye{}, 0);

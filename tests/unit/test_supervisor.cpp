@@ -148,7 +148,7 @@ class FakeAgent {
   void end(uint32_t id, Running& run, int status) {
     if (run.done) return;
     run.done = true;
-    send(proto::msg::Exited{status, ""}, id);
+    send(proto::msg::Exited{status, "", 0}, id);
   }
   void loop() {
     proto::Decoder d;
@@ -461,7 +461,9 @@ TEST_CASE("supervisor: a signal death maps to 128+N") {
   Run run;
   run.go("a:2", t);
   CHECK(run.code == 128 + SIGKILL);
-  CHECK(describe_status(SIGKILL).find("out of memory") != std::string::npos);
+  // SIGKILL alone is no evidence of memory trouble (issue 31, item 15): only the agent's word is.
+  CHECK(describe_status(SIGKILL) == "SIGKILL");
+  CHECK(describe_status(SIGKILL, true) == "SIGKILL (killed by the kernel: out of memory)");
 }
 
 TEST_CASE("supervisor: max_restarts restarts the whole gang") {
@@ -684,6 +686,46 @@ TEST_CASE("supervisor: a host that stops answering is named within the heartbeat
   REQUIRE(run.rec.failure);
   CHECK(run.rec.failure->host == "b");
   CHECK(run.rec.failure->message.find("stopped answering heartbeats for 10") != std::string::npos);
+}
+
+// Issue 31, item 15: a cut host's peers fail first (their collectives lose it), but the host went
+// silent before: it is named as the first failure, not the healthy host's rank.
+TEST_CASE("supervisor: a host silent since before a rank failed is the first failure") {
+  FakeTransport t(
+      [](int r, int) {
+        return r == 0 ? Script{"", SIGKILL, 6000ms} : Script{"", 0, kNever};
+      },
+      {{"a", {}}, {"b", host_that(&FakeHostBehaviour::go_silent_after_spawn)}});
+  Run run;
+  Driver d(run.finished, [&](const std::atomic<bool>& done) {
+    wait_until(done, [&] { return t.seen.spawns == 2; });
+    advance_in_steps(t.clock, done, 40s);
+  });
+  run.go("a:1,b:1", t);
+  CHECK(run.code == exit_code::host_failure);
+  REQUIRE(run.rec.failure);
+  CHECK(run.rec.failure->host == "b");
+  CHECK(run.rec.failure->rank == -1);
+  CHECK(run.rec.failure->message.find("before rank 0 on a failed") != std::string::npos);
+  CHECK(run.rec.failure->message.find("out of memory") == std::string::npos);
+}
+
+// ... and with every host answering, the rank stays the first failure.
+TEST_CASE("supervisor: with every host answering, a failed rank stays the first failure") {
+  FakeTransport t(
+      [](int r, int) {
+        return r == 0 ? Script{"", exited(3), 1000ms} : Script{"", 0, kNever};
+      },
+      kPlainHosts);
+  Run run;
+  Driver d(run.finished, [&](const std::atomic<bool>& done) {
+    wait_until(done, [&] { return t.seen.spawns == 2; });
+    advance_in_steps(t.clock, done, 40s);
+  });
+  run.go("a:1,b:1", t);
+  CHECK(run.code == 3);
+  REQUIRE(run.rec.failure);
+  CHECK(run.rec.failure->rank == 0);
 }
 
 TEST_CASE("supervisor: timeout") {

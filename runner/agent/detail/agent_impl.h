@@ -96,6 +96,8 @@ struct Rank {
   bool stdin_closing = false;  // StdinClose came: close once stdin_buf is written
   bool stdin_dropped = false;  // input beyond kStdinBacklog was dropped (said once)
   std::string error_file;      // its TORCHELASTIC_ERROR_FILE, read when it fails
+  uint64_t started_us = 0;     // CLOCK_MONOTONIC at spawn, and its cgroup's OOM kills then
+  std::optional<uint64_t> oom_kills_at_start;
   bool reaped = false;
 };
 

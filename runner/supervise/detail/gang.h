@@ -129,7 +129,8 @@ struct RankState {
   bool exited = false;
   int status = 0;
   Clock::time_point started_at{};
-  std::string error_file;  // what it wrote to TORCHELASTIC_ERROR_FILE when it failed (from its agent)
+  std::string error_file;   // what it wrote to TORCHELASTIC_ERROR_FILE when it failed (from its agent)
+  bool oom_killed = false;  // its host's kernel recorded killing it for memory (its agent's evidence)
 };
 
 // What the connection threads hand back. Shared with them, so a gang that ends while a host is
@@ -262,6 +263,7 @@ class Gang {
   // Top on hosts (watch.cpp).
   void start_watching(size_t i);
   void watch_problem(size_t i, const std::string& problem);
+  void lost_before_failure(size_t i, const std::string& why);  // stopping: was it lost first?
 
   // The end (summary.cpp).
   int finish();
@@ -299,6 +301,7 @@ class Gang {
   std::optional<Clock::time_point> escalate_at_;    // after an interrupt: TERM at this time
   std::optional<Clock::time_point> stop_deadline_;  // stopping: unreported ranks count as lost
   std::optional<Clock::time_point> next_ping_;
+  Clock::time_point failed_at_{};  // when the first failure came (a host silent since before it came first)
   agent::msg::Prepare prepare_;           // what every host is asked (per host: ports, GPUs)
   std::string manifest_frames_;           // [sync]: the tree's manifest, encoded once
   std::unique_ptr<sync::Chunks> chunks_;  // ... and its files' bytes
