@@ -111,6 +111,9 @@ void register_cp(CLI::App& app, Global&, std::function<int()>& handler) {
   c->add_option("from", req.from, "RUN:PATH or RUN:RANK:PATH (PATH relative to the run's folder)")
       ->required();
   c->add_option("to", req.to, "Where it goes here (an existing folder: into it)")->required();
+  c->add_flag("-f,--force", req.force,
+              "Merge into a destination that exists: files of the same name are replaced, nothing "
+              "else is touched (without it, an existing destination is an error)");
   c->add_option("--ssh-config", req.overrides.ssh_config, "ssh config file (default ~/.ssh/config)");
   c->add_flag("--accept-new-host-keys", req.overrides.accept_new_host_keys,
               "Trust hosts seen for the first time");
@@ -119,6 +122,7 @@ void register_cp(CLI::App& app, Global&, std::function<int()>& handler) {
       "  mltrain cp latest:outputs/ .             outputs/ of rank 0's host into ./outputs\n"
       "  mltrain cp 20261202-0912:3:train.log r3.log\n"
       "  mltrain cp latest:~/data/stats.json /tmp/\n"
+      "  mltrain cp -f latest:outputs/ .          again, into the ./outputs of the last copy\n"
       "Through the agent over the run's SSH hosts (or locally), nothing to install. Exit code: 0, 1 when\n"
       "something could not be read or written, 255 when the host cannot be reached.");
   c->callback([&] {

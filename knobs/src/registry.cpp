@@ -34,6 +34,22 @@ const Knob kKnobs[] = {
      "how often each host's agent samples CPU, memory, GPUs and its ranks (with their time in "
      "collectives) into the run's telemetry.jsonl (0: no telemetry)",
      launcher},
+    {"MLTRAIN_LOCAL_AGENT_WRAPPER",
+     Kind::string,
+     "",
+     "a program (with its words, split at spaces) that the local agent runs under, the agent's path "
+     "last: valgrind, strace, or the tests' hostile-agent stand-in",
+     launcher,
+     {},
+     "(none)"},
+    {"MLTRAIN_PULL_MAX_BYTES", Kind::bytes, "64G",
+     "the most bytes a pull ([sync] pull, mltrain cp) writes from one host; past it the rest "
+     "is left behind and named (a pull also stops while the destination has under 1 GiB free)",
+     launcher},
+    {"MLTRAIN_PULL_STALL_TIMEOUT", Kind::duration, "60s",
+     "a pull ([sync] pull, mltrain cp) from a host that sends nothing for this long, though it "
+     "answers heartbeats, ends with what came",
+     launcher},
     {"XDG_STATE_HOME", Kind::string, "", "base of MLTRAIN_HOME's default", launcher, {}, "~/.local/state"},
     {"XDG_CONFIG_HOME",
      Kind::string,
@@ -137,6 +153,11 @@ const Knob kKnobs[] = {
      comm},
     {"MLTRAIN_PS_SYNC", Kind::flag, "1",
      "PS mode: whether the servers sum rounds (1) or apply each push at once (0); from [ps] sync", comm},
+    {"MLTRAIN_PS_MEMORY", Kind::string, "50%",
+     "PS mode: what each host's parameter servers may hold together, a size (8G) or a share of the "
+     "host's memory (the smaller of MemTotal and the agent's cgroup limit); a declare or push past it "
+     "is refused naming the key and the worker (the job's env, else the launcher's)",
+     launcher},
     {"MLTRAIN_RUN_ID",
      Kind::string,
      "",
@@ -156,6 +177,13 @@ const Knob kKnobs[] = {
      "print on stderr which transport (shm or tcp) each link uses, and why", comm},
     {"MLTRAIN_COMM_STATS", Kind::flag, "1",
      "keep per-rank time-in-collective counters in /dev/shm for mltrain top (0: off)", comm},
+    {"MLTRAIN_COMM_STATS_NAME",
+     Kind::string,
+     "",
+     "the /dev/shm name of this rank's counter block; the agent sets an unguessable one per rank",
+     comm,
+     {},
+     "/mltrain-$MLTRAIN_RUN_ID-stats-$RANK"},
     {"MLTRAIN_COMM_SHM_BYTES", Kind::bytes, "1M",
      "shared-memory ring capacity per direction per pair of ranks, and the direct allreduce's "
      "staging slot (two per rank)",

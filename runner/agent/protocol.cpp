@@ -74,7 +74,7 @@ std::vector<std::string> Reader::strings() {
   uint32_t n = u32();
   std::vector<std::string> v;
   // Each string takes at least 4 bytes: a count larger than that is a corrupt payload.
-  if (failed_ || n > data_.size() / 4) {
+  if (failed_ || n > data_.size() / 4 || n > kMaxListStrings) {
     failed_ = true;
     return v;
   }
@@ -107,7 +107,7 @@ bool Decoder::next(Frame& f) {
   if (corrupt_ || buf_.size() - pos_ < kHeaderSize) return false;
   const char* p = buf_.data() + pos_;
   uint32_t len = get_u32(p);
-  if (len > kMaxPayload) {
+  if (len > max_payload_) {
     corrupt_ = true;
     return false;
   }

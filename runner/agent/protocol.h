@@ -23,6 +23,11 @@ inline constexpr uint32_t kVersion = 7;
 inline constexpr uint32_t kAllRanks = 0xffffffffu;
 inline constexpr uint32_t kSetupId = 0xfffffffeu;   // the frame id of the setup command's output
 inline constexpr uint32_t kMaxPayload = 64u << 20;  // a bigger frame means a corrupt stream
+// What the launcher takes from a host (which may be hostile): a frame's payload, and the strings
+// in one list (each costs a std::string however short), so one host's frames stay a few tens of
+// MiB in the launcher's memory.
+inline constexpr uint32_t kMaxHostPayload = 16u << 20;
+inline constexpr uint32_t kMaxListStrings = 1u << 20;
 inline constexpr size_t kHeaderSize = 12;
 
 enum class Type : uint16_t {
@@ -121,9 +126,10 @@ class Reader {
 // Appends a whole frame (header and payload) to `out`.
 void encode(std::string& out, Type type, uint32_t id, std::string_view payload, uint16_t flags = 0);
 
-// Accumulates bytes from a stream and yields complete frames.
+// Accumulates bytes from a stream and yields complete frames of at most `max_payload` bytes.
 class Decoder {
  public:
+  explicit Decoder(uint32_t max_payload = kMaxPayload) : max_payload_(max_payload) {}
   void feed(const char* data, size_t n) { buf_.append(data, n); }
   // Returns true and fills `f` when a whole frame is buffered. Sets corrupt() on a bad length.
   bool next(Frame& f);
@@ -134,6 +140,7 @@ class Decoder {
   std::string buf_;
   size_t pos_ = 0;
   bool corrupt_ = false;
+  uint32_t max_payload_;
 };
 
 const char* type_name(Type t);
@@ -278,12 +285,16 @@ struct Prepare {  // preflight
   uint32_t ps_workers = 0, ps_sync = 1;
   std::string ps_token, ps_optimizer;
   std::string ps_lr, ps_momentum, ps_weight_decay;  // decimal text
+  // What this host's servers may hold together: "N" bytes or "P%" of the host's memory (the
+  // smaller of MemTotal and the agent's cgroup limit); "": 50%.
+  std::string ps_memory;
   void put(Writer& w) const {
     w.str(master_addr).u32(nports).str(workdir).str(argv0).str(path).u32(fixed_port);
     w.u32(gpu_slots_needed).str(nvml_library).u32(has_cuda_visible_devices).str(cuda_visible_devices);
     w.u32(nccl_required).str(nccl_library);
     w.ints(ps_servers).u32(ps_workers).u32(ps_sync).str(ps_token).str(ps_optimizer);
     w.str(ps_lr).str(ps_momentum).str(ps_weight_decay);
+    w.str(ps_memory);
   }
   void get(Reader& r) {
     master_addr = r.str(), nports = r.u32(), workdir = r.str(), argv0 = r.str(), path = r.str();
@@ -297,6 +308,8 @@ struct Prepare {  // preflight
     ps_servers = r.ints(), ps_workers = r.u32(), ps_sync = r.u32(), ps_token = r.str(),
     ps_optimizer = r.str();
     ps_lr = r.str(), ps_momentum = r.str(), ps_weight_decay = r.str();
+    if (r.left() == 0) return;  // from a launcher without a PS memory budget
+    ps_memory = r.str();
   }
 };
 struct Probe {  // doctor

@@ -4,11 +4,21 @@
 //
 // Bookkeeping lives in <dir>/.mltrain-sync/: `index` (what the last sync wrote: path, size, mtime,
 // inode, content hash, so an unchanged file is not read again, and a file the job wrote itself is
-// never deleted) and the temporary files of a sync in progress (removed by the next one).
+// never deleted) and one work folder per sync in progress, `tmp-<random>`, holding its temporary
+// files and locked (flock on its `lock`) while that sync runs: two syncs of one folder at once
+// (two runs, or hosts that share a home) never touch each other's files, and the next sync
+// removes only the work folders whose sync has ended.
+//
+// Every path below the folder is walked from its fd one part at a time, never through a link
+// (runner/sync/beneath.h): a link the job or anyone else made inside the folder cannot make a sync
+// write or remove anything outside it.
 #include <dirent.h>
 #include <fcntl.h>
 #include <pwd.h>
+#include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <zstd.h>
 
@@ -24,6 +34,7 @@
 
 #include "runner/agent/detail/agent_impl.h"
 #include "runner/agent/protocol.h"
+#include "runner/sync/beneath.h"
 #include "runner/sync/hash.h"
 #include "runner/sync/ignore.h"
 
@@ -37,9 +48,17 @@ using sync::mtime_ns;
 using sync::to_timespec;
 
 constexpr const char* kState = ".mltrain-sync";
+constexpr int kDirFlags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
 
 std::string errno_text(const std::string& what, const std::string& path) {
   return what + " " + path + ": " + std::strerror(errno);
+}
+
+// Why a path below the folder could not be walked: a part that is a link or not a folder.
+std::string walk_text(const std::string& what, const std::string& rel) {
+  if (errno == ELOOP || errno == ENOTDIR)
+    return what + " " + rel + ": a folder on its way is a link or a file here (not followed)";
+  return errno_text(what, rel);
 }
 
 bool unhex(const std::string& s, std::string& out) {
@@ -54,56 +73,97 @@ bool unhex(const std::string& s, std::string& out) {
   return true;
 }
 
-std::string hash_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return {};
+std::string hash_fd(int fd) {
   XXH3_state_t* st = XXH3_createState();
   XXH3_128bits_reset(st);
   std::vector<char> buf(1 << 20);
   ssize_t n;
   while ((n = ::read(fd, buf.data(), buf.size())) > 0) XXH3_128bits_update(st, buf.data(), size_t(n));
-  ::close(fd);
   std::string h = n < 0 ? std::string() : canonical(XXH3_128bits_digest(st));
   XXH3_freeState(st);
   return h;
 }
 
-bool mkdirs(const std::string& path, mode_t mode) {
+// mkdir -p of a path the launcher named (its own setting: links on the way are followed); the
+// folders it makes are private. `made`: whether the last part was made now.
+bool mkdirs(const std::string& path, mode_t mode, bool* made = nullptr) {
   if (path.empty()) return true;
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0) return S_ISDIR(st.st_mode);
   size_t slash = path.rfind('/');
-  if (slash != std::string::npos && slash > 0 && !mkdirs(path.substr(0, slash), 0755)) return false;
-  return ::mkdir(path.c_str(), mode) == 0 || errno == EEXIST;
+  if (slash != std::string::npos && slash > 0 && !mkdirs(path.substr(0, slash), 0700)) return false;
+  if (::mkdir(path.c_str(), mode) == 0) {
+    if (made) *made = true;
+    return true;
+  }
+  return errno == EEXIST;
 }
 
-// rm -rf of one path (not following links).
-void remove_all(const std::string& path) {
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0) return;
-  if (S_ISDIR(st.st_mode)) {
-    if (DIR* d = ::opendir(path.c_str())) {
-      std::vector<std::string> names;
-      while (dirent* e = ::readdir(d))
-        if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..")) names.emplace_back(e->d_name);
-      ::closedir(d);
-      for (const auto& n : names) remove_all(path + "/" + n);
+// A name part no other sync picks, even on another host that shares this folder.
+std::string random_hex() {
+  unsigned char b[8] = {};
+  if (::getrandom(b, sizeof b, GRND_NONBLOCK) != ssize_t(sizeof b)) {
+    timespec ts{};
+    ::clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t v = uint64_t(ts.tv_nsec) ^ (uint64_t(ts.tv_sec) << 20) ^ (uint64_t(::getpid()) << 44);
+    std::memcpy(b, &v, sizeof b);
+  }
+  return hex(std::string_view(reinterpret_cast<const char*>(b), sizeof b));
+}
+
+// Removes the work folders of syncs that ended (cut short: a lost link, kill -9) and temporary
+// files of older agents; a folder whose sync still runs holds its lock and is left alone.
+void remove_ended_work(int state) {
+  int fd = ::fcntl(state, F_DUPFD_CLOEXEC, 0);
+  DIR* d = fd >= 0 ? ::fdopendir(fd) : nullptr;
+  if (!d) {
+    if (fd >= 0) ::close(fd);
+    return;
+  }
+  std::vector<std::string> names;
+  while (dirent* e = ::readdir(d))
+    if (!std::strncmp(e->d_name, "tmp-", 4) || !std::strncmp(e->d_name, "new-", 4))
+      names.emplace_back(e->d_name);
+  ::closedir(d);
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  for (const auto& n : names) {
+    struct stat st {};
+    if (::fstatat(state, n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (!S_ISDIR(st.st_mode)) {
+      ::unlinkat(state, n.c_str(), 0);  // an older agent's temporary file
+      continue;
     }
-    ::rmdir(path.c_str());
-  } else {
-    ::unlink(path.c_str());
+    if (n[0] == 'n') {  // a work folder being made (locked, then renamed to tmp-): only when old
+      if (now.tv_sec - st.st_mtim.tv_sec > 600) sync::remove_tree_at(state, n.c_str());
+      continue;
+    }
+    sync::Fd dir(::openat(state, n.c_str(), kDirFlags));
+    if (!dir) continue;
+    sync::Fd lock(::openat(dir.get(), "lock", O_RDWR | O_NOFOLLOW | O_CLOEXEC));
+    if (lock && ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) continue;  // its sync still runs
+    sync::remove_tree_at(state, n.c_str());
   }
 }
 
-// Whether a manifest path stays inside the folder: relative, with no ".." part.
-bool inside(const std::string& path) {
-  if (path.empty() || path[0] == '/') return false;
-  for (size_t p = 0; p <= path.size();) {
-    size_t q = std::min(path.find('/', p), path.size());
-    if (q - p == 2 && path.compare(p, 2, "..") == 0) return false;
-    p = q + 1;
-  }
-  return true;
+// Whether what lies at a path is what the index says an earlier sync put there.
+bool is_kind(char kind, const struct stat& st) {
+  return kind == 'd' ? S_ISDIR(st.st_mode) : kind == 'l' ? S_ISLNK(st.st_mode) : S_ISREG(st.st_mode);
+}
+
+// What a sync's folder must be: ours, and private when it is mltrain's own (the default
+// ~/.cache/mltrain/work/<name>) or was made now: the spec, with any secret in [run.env], travels
+// in it.
+std::string check_root(int root, const std::string& dir, bool made) {
+  struct stat st {};
+  if (::fstat(root, &st) != 0) return errno_text("cannot read", dir);
+  if (st.st_uid != ::getuid())
+    return "the sync folder " + dir + " belongs to another user (uid " + std::to_string(st.st_uid) +
+           "); give [sync] remote_dir a folder of your own";
+  const std::string cache = expand_home("~/.cache/mltrain/");
+  if ((st.st_mode & 077) && (made || dir.compare(0, cache.size(), cache) == 0) && ::fchmod(root, 0700) != 0)
+    return errno_text("cannot make private", dir);
+  return {};
 }
 
 }  // namespace
@@ -121,8 +181,12 @@ std::string expand_home(const std::string& path) {
 
 void Agent::load_sync_index() {
   sync_.index.clear();
-  FILE* f = std::fopen((sync_.dir + "/" + kState + "/index").c_str(), "r");
-  if (!f) return;
+  int fd = ::openat(sync_.state.get(), "index", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  FILE* f = fd >= 0 ? ::fdopen(fd, "r") : nullptr;
+  if (!f) {
+    if (fd >= 0) ::close(fd);
+    return;
+  }
   char* line = nullptr;
   size_t cap = 0;
   ssize_t n;
@@ -148,10 +212,14 @@ void Agent::load_sync_index() {
   std::fclose(f);
 }
 
+// Written in this sync's work folder, then renamed over the last one: whole or not at all.
 bool Agent::save_sync_index() {
-  std::string tmp = sync_.dir + "/" + kState + "/index.tmp";
-  FILE* f = std::fopen(tmp.c_str(), "w");
-  if (!f) return false;
+  int fd = ::openat(sync_.work.get(), "index", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  FILE* f = fd >= 0 ? ::fdopen(fd, "w") : nullptr;
+  if (!f) {
+    if (fd >= 0) ::close(fd);
+    return false;
+  }
   for (const auto& [path, e] : sync_.index) {
     if (path.find('\n') != std::string::npos) continue;
     std::fprintf(f, "%c %s %llu %lld %llu %s\n", e.kind, e.hash.empty() ? "-" : hex(e.hash).c_str(),
@@ -159,10 +227,35 @@ bool Agent::save_sync_index() {
   }
   bool ok = std::fflush(f) == 0 && !std::ferror(f);
   ok = std::fclose(f) == 0 && ok;
-  return ok && ::rename(tmp.c_str(), (sync_.dir + "/" + kState + "/index").c_str()) == 0;
+  return ok && ::renameat(sync_.work.get(), "index", sync_.state.get(), "index") == 0;
 }
 
 // ---- the manifest: what to remove, make, fix and ask for ----
+
+// Makes room at `leaf` of `parent` for a file or link: a folder there goes only when it is empty
+// (an earlier sync's folder whose files were removed); one holding what the job wrote stays, and
+// the entry is not written ("" when there is room).
+static std::string make_room(int parent, const std::string& leaf, const std::string& rel) {
+  struct stat st {};
+  if (::fstatat(parent, leaf.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode)) return {};
+  if (::unlinkat(parent, leaf.c_str(), AT_REMOVEDIR) == 0) return {};
+  if (errno != ENOTEMPTY && errno != EEXIST) return errno_text("cannot remove the folder", rel);
+  std::string inside;
+  if (int fd = ::openat(parent, leaf.c_str(), kDirFlags); fd >= 0) {
+    if (DIR* d = ::fdopendir(fd)) {
+      while (dirent* e = ::readdir(d))
+        if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..")) {
+          inside = rel + "/" + e->d_name;
+          break;
+        }
+      ::closedir(d);
+    } else {
+      ::close(fd);
+    }
+  }
+  return rel + " is a file in your folder, but here it is a folder holding what the job wrote (" + inside +
+         "); it was kept and the file not written: move it away on the host, or rename the file";
+}
 
 void Agent::on(uint32_t, msg::SyncManifest& m) {
   if (sync_.entries.empty() || !sync_.receiving) {
@@ -182,77 +275,115 @@ void Agent::on(uint32_t, msg::SyncManifest& m) {
   };
   if (sync_.dir.empty() || sync_.dir[0] != '/')
     return fail("the sync folder '" + m.dir + "' is not absolute");
-  if (!mkdirs(sync_.dir, 0755)) return fail(errno_text("cannot make the sync folder", sync_.dir));
-  const std::string state = sync_.dir + "/" + kState;
-  if (!mkdirs(state, 0700)) return fail(errno_text("cannot make", state));
-  // A sync that was cut short left temporary files: they were never visible under a real name.
-  if (DIR* d = ::opendir(state.c_str())) {
-    while (dirent* e = ::readdir(d))
-      if (std::strncmp(e->d_name, "tmp-", 4) == 0) ::unlink((state + "/" + e->d_name).c_str());
-    ::closedir(d);
-  }
+  bool made = false;
+  if (!mkdirs(sync_.dir, 0700, &made)) return fail(errno_text("cannot make the sync folder", sync_.dir));
+  sync_.root.reset(::open(sync_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!sync_.root) return fail(errno_text("cannot open the sync folder", sync_.dir));
+  if (std::string why = check_root(sync_.root.get(), sync_.dir, made); !why.empty()) return fail(why);
+  const int root = sync_.root.get();
+  if (::mkdirat(root, kState, 0700) != 0 && errno != EEXIST)
+    return fail(errno_text("cannot make", sync_.dir + "/" + kState));
+  sync_.state.reset(::openat(root, kState, kDirFlags));
+  if (!sync_.state) return fail(walk_text("cannot open", sync_.dir + "/" + kState));
+  const int state = sync_.state.get();
+  remove_ended_work(state);
+  // This sync's work folder: made and locked under a name no cleanup takes, then named tmp-.
+  const std::string id = random_hex();
+  const std::string fresh = "new-" + id;
+  if (::mkdirat(state, fresh.c_str(), 0700) != 0) return fail(errno_text("cannot make", fresh));
+  sync_.work.reset(::openat(state, fresh.c_str(), kDirFlags));
+  if (sync_.work)
+    sync_.lock.reset(
+        ::openat(sync_.work.get(), "lock", O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  sync_.work_name = "tmp-" + id;
+  if (!sync_.lock || ::flock(sync_.lock.get(), LOCK_EX | LOCK_NB) != 0 ||
+      ::renameat(state, fresh.c_str(), state, sync_.work_name.c_str()) != 0)
+    return fail(errno_text("cannot make the sync's work folder in", sync_.dir + "/" + kState));
   out.dir = sync_.dir;
   load_sync_index();
 
   std::set<std::string> wanted_paths;
   for (const auto& e : sync_.entries) wanted_paths.insert(e.path);
   // What an earlier sync wrote and the launcher no longer has goes; what the job wrote stays.
-  std::vector<std::string> gone;
+  std::vector<std::pair<std::string, char>> gone;
   for (const auto& [path, e] : sync_.index)
-    if (!wanted_paths.count(path)) gone.push_back(path);
+    if (!wanted_paths.count(path)) gone.emplace_back(path, e.kind);
   std::sort(gone.rbegin(), gone.rend());  // a folder's contents before the folder
-  for (const auto& path : gone) {
-    std::string full = sync_.dir + "/" + path;
-    struct stat st {};
-    if (::lstat(full.c_str(), &st) == 0) {
-      if (S_ISDIR(st.st_mode)) {
-        if (::rmdir(full.c_str()) == 0) ++out.deleted;  // kept when the job put files in it
-      } else if (::unlink(full.c_str()) == 0) {
-        ++out.deleted;
-      }
-    }
+  for (const auto& [path, kind] : gone) {
     sync_.index.erase(path);
+    std::string leaf;
+    sync::Fd parent(sync::open_parent(root, path, leaf));
+    struct stat st {};
+    if (!parent || ::fstatat(parent.get(), leaf.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (!is_kind(kind, st)) continue;  // the job put something else there: not ours to remove
+    // A folder is kept when the job put files in it.
+    if (::unlinkat(parent.get(), leaf.c_str(), S_ISDIR(st.st_mode) ? AT_REMOVEDIR : 0) == 0) ++out.deleted;
   }
 
   for (size_t i = 0; i < sync_.entries.size(); ++i) {
     const SyncEntry& e = sync_.entries[i];
-    if (!inside(e.path)) {  // ".." anywhere would let a path leave the folder
+    if (!sync::is_below(e.path)) {  // "..", "." or a link on the way would let a path leave the folder
       out.problems.push_back("refused the path '" + e.path + "'");
       continue;
     }
-    std::string full = sync_.dir + "/" + e.path;
-    struct stat st {};
-    bool exists = ::lstat(full.c_str(), &st) == 0;
-    SyncIndexEntry& ix = sync_.index[e.path];
-    if (e.kind == SyncEntry::dir) {
-      if (exists && !S_ISDIR(st.st_mode)) ::unlink(full.c_str()), exists = false;
-      if (!exists && ::mkdir(full.c_str(), 0700) != 0 && errno != EEXIST)
-        out.problems.push_back(errno_text("cannot make", full));
-      ix = SyncIndexEntry{'d', {}, 0, 0, 0};
+    std::string leaf;
+    sync::Fd parent(sync::open_parent(root, e.path, leaf, true));
+    if (!parent) {
+      sync_.problems.push_back(walk_text("cannot write", e.path));
       continue;
     }
-    if (exists && S_ISDIR(st.st_mode)) remove_all(full), exists = false;
+    const int p = parent.get();
+    struct stat st {};
+    bool exists = ::fstatat(p, leaf.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
+    auto it = sync_.index.find(e.path);
+    const bool ours = it != sync_.index.end() && exists && is_kind(it->second.kind, st);
+    if (e.kind == SyncEntry::dir) {
+      if (exists && !S_ISDIR(st.st_mode)) {
+        if (!ours) {  // a file the job wrote where your folder has a folder: it stays
+          sync_.problems.push_back(e.path +
+                                   " is a folder in your folder, but here it is a file the job wrote; "
+                                   "it was kept: move it away on the host, or rename the folder");
+          continue;
+        }
+        ::unlinkat(p, leaf.c_str(), 0), exists = false;
+      }
+      if (!exists && ::mkdirat(p, leaf.c_str(), 0700) != 0 && errno != EEXIST)
+        sync_.problems.push_back(errno_text("cannot make", e.path));
+      sync_.index[e.path] = SyncIndexEntry{'d', {}, 0, 0, 0};
+      continue;
+    }
+    if (exists && S_ISDIR(st.st_mode)) {
+      if (std::string why = make_room(p, leaf, e.path); !why.empty()) {
+        sync_.problems.push_back(why);
+        continue;
+      }
+      exists = false;
+    }
     if (e.kind == SyncEntry::symlink) {
       char buf[4096];
-      ssize_t n = exists && S_ISLNK(st.st_mode) ? ::readlink(full.c_str(), buf, sizeof buf) : -1;
+      ssize_t n = exists && S_ISLNK(st.st_mode) ? ::readlinkat(p, leaf.c_str(), buf, sizeof buf) : -1;
       if (n < 0 || std::string(buf, size_t(n)) != e.target) {
-        std::string tmp = sync_.dir + "/" + kState + "/tmp-link-" + std::to_string(i);
-        ::unlink(tmp.c_str());
-        if (::symlink(e.target.c_str(), tmp.c_str()) != 0 || ::rename(tmp.c_str(), full.c_str()) != 0)
-          out.problems.push_back(errno_text("cannot make the link", full));
+        const std::string tmp = "l-" + std::to_string(i);
+        if (::symlinkat(e.target.c_str(), sync_.work.get(), tmp.c_str()) != 0 ||
+            ::renameat(sync_.work.get(), tmp.c_str(), p, leaf.c_str()) != 0)
+          out.problems.push_back(errno_text("cannot make the link", e.path));
       }
-      ix = SyncIndexEntry{'l', {}, 0, 0, 0};
+      sync_.index[e.path] = SyncIndexEntry{'l', {}, 0, 0, 0};
       continue;
     }
     // A file: the same content (by the index when size, time and inode match, else by reading
     // it), then only its mode and time are fixed; else its bytes are wanted.
+    sync::Fd fd;
+    if (exists && S_ISREG(st.st_mode) && uint64_t(st.st_size) == e.size)
+      fd.reset(::openat(p, leaf.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
     bool same = false;
-    if (exists && S_ISREG(st.st_mode) && uint64_t(st.st_size) == e.size) {
+    if (fd && ::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode)) {
       std::string h;
-      if (ix.kind == 'f' && ix.size == e.size && ix.mtime_ns == mtime_ns(st) && ix.ino == uint64_t(st.st_ino))
-        h = ix.hash;
+      if (ours && it->second.kind == 'f' && it->second.size == e.size &&
+          it->second.mtime_ns == mtime_ns(st) && it->second.ino == uint64_t(st.st_ino))
+        h = it->second.hash;
       else
-        h = hash_file(full);
+        h = hash_fd(fd.get());
       same = h == e.hash;
     }
     if (!same) {
@@ -260,19 +391,18 @@ void Agent::on(uint32_t, msg::SyncManifest& m) {
       ++sync_.pending;
       continue;
     }
-    if ((st.st_mode & 07777) != e.mode) ::chmod(full.c_str(), e.mode);
+    if ((st.st_mode & 07777) != e.mode) ::fchmod(fd.get(), e.mode);
     if (mtime_ns(st) != e.mtime_ns) {
       timespec ts[2] = {to_timespec(e.mtime_ns), to_timespec(e.mtime_ns)};
-      ::utimensat(AT_FDCWD, full.c_str(), ts, AT_SYMLINK_NOFOLLOW);
+      ::futimens(fd.get(), ts);
     }
-    ix = SyncIndexEntry{'f', e.hash, e.size, e.mtime_ns, uint64_t(st.st_ino)};
+    sync_.index[e.path] = SyncIndexEntry{'f', e.hash, e.size, e.mtime_ns, uint64_t(st.st_ino)};
   }
   send(out);
 }
 
 void Agent::finish_file(uint32_t index, SyncOpen& f) {
   const SyncEntry& e = sync_.entries[index];
-  std::string full = sync_.dir + "/" + e.path;
   std::string got = canonical(XXH3_128bits_digest(static_cast<XXH3_state_t*>(f.hash)));
   struct stat st {};
   bool ok = true;
@@ -287,20 +417,23 @@ void Agent::finish_file(uint32_t index, SyncOpen& f) {
     ::fstat(f.fd, &st);
   }
   if (::close(f.fd) != 0 && ok) {
-    sync_.problems.push_back(errno_text("cannot write", full));
+    sync_.problems.push_back(errno_text("cannot write", e.path));
     ok = false;
   }
   f.fd = -1;
   if (ok) {
-    struct stat old {};
-    if (::lstat(full.c_str(), &old) == 0 && S_ISDIR(old.st_mode)) remove_all(full);
-    if (::rename(f.tmp.c_str(), full.c_str()) != 0) {
-      sync_.problems.push_back(errno_text("cannot rename into place", full));
+    std::string leaf;
+    sync::Fd parent(sync::open_parent(sync_.root.get(), e.path, leaf, true));
+    std::string why = parent ? make_room(parent.get(), leaf, e.path) : walk_text("cannot write", e.path);
+    if (why.empty() && ::renameat(sync_.work.get(), f.tmp.c_str(), parent.get(), leaf.c_str()) != 0)
+      why = errno_text("cannot rename into place", e.path);
+    if (!why.empty()) {
+      sync_.problems.push_back(why);
       ok = false;
     }
   }
   if (!ok) {
-    ::unlink(f.tmp.c_str());
+    ::unlinkat(sync_.work.get(), f.tmp.c_str(), 0);
     sync_.index.erase(e.path);
   } else {
     sync_.index[e.path] = SyncIndexEntry{'f', e.hash, e.size, e.mtime_ns, uint64_t(st.st_ino)};
@@ -309,16 +442,17 @@ void Agent::finish_file(uint32_t index, SyncOpen& f) {
 }
 
 void Agent::on(uint32_t id, msg::SyncData& m) {
-  if (sync_.failed || id >= sync_.entries.size()) return;
+  if (sync_.failed || id >= sync_.entries.size() || !sync_.work) return;
   const SyncEntry& e = sync_.entries[id];
   auto it = sync_.open.find(id);
   if (it == sync_.open.end()) {
     if (m.offset != 0 || sync_.broken.count(id)) return;
     SyncOpen f;
-    f.tmp = sync_.dir + "/" + kState + "/tmp-" + std::to_string(id);
-    f.fd = ::open(f.tmp.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600);
+    f.tmp = "f-" + std::to_string(id);
+    f.fd = ::openat(sync_.work.get(), f.tmp.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_NOFOLLOW | O_CLOEXEC,
+                    0600);
     if (f.fd < 0) {
-      sync_.problems.push_back(errno_text("cannot write", f.tmp));
+      sync_.problems.push_back(errno_text("cannot write", e.path + " (in " + sync_.dir + "/" + kState + ")"));
       sync_.broken.insert(id);
       return;
     }
@@ -361,7 +495,7 @@ void Agent::on(uint32_t id, msg::SyncData& m) {
       finish_file(id, f);
     else {
       ::close(f.fd);
-      ::unlink(f.tmp.c_str());
+      ::unlinkat(sync_.work.get(), f.tmp.c_str(), 0);
       sync_.broken.insert(id);
     }
     XXH3_freeState(static_cast<XXH3_state_t*>(f.hash));
@@ -373,20 +507,25 @@ void Agent::on(uint32_t, const msg::SyncEnd&) {
   msg::SyncDone out;
   for (auto& [id, f] : sync_.open) {
     ::close(f.fd);
-    ::unlink(f.tmp.c_str());
     XXH3_freeState(static_cast<XXH3_state_t*>(f.hash));
     sync_.problems.push_back(sync_.entries[id].path + " did not arrive whole");
   }
   sync_.open.clear();
-  if (!sync_.failed) {
+  if (!sync_.failed && sync_.root) {
     // Folder modes last (a read-only folder would have refused its files), deepest first.
     for (size_t i = sync_.entries.size(); i-- > 0;) {
       const SyncEntry& e = sync_.entries[i];
-      if (e.kind == SyncEntry::dir) ::chmod((sync_.dir + "/" + e.path).c_str(), e.mode);
+      if (e.kind != SyncEntry::dir || !sync::is_below(e.path)) continue;
+      std::string leaf;
+      sync::Fd parent(sync::open_parent(sync_.root.get(), e.path, leaf));
+      sync::Fd dir(parent ? ::openat(parent.get(), leaf.c_str(), kDirFlags) : -1);
+      if (dir) ::fchmod(dir.get(), e.mode);
     }
     if (!save_sync_index())
       sync_.problems.push_back(errno_text("cannot save", sync_.dir + "/" + kState + "/index"));
   }
+  if (sync_.state && !sync_.work_name.empty())
+    sync::remove_tree_at(sync_.state.get(), sync_.work_name.c_str());
   out.files = sync_.files;
   out.bytes = sync_.bytes;
   out.problems = std::move(sync_.problems);
@@ -506,10 +645,13 @@ void Agent::pump_pull() {
       }
       const std::string& rel = pull_.files[pull_.next++];
       std::string full = rel.empty() ? pull_.dir : pull_.dir + "/" + rel;
-      int fd = ::open(full.c_str(), O_RDONLY | O_CLOEXEC);
+      // Below the folder a link is never followed (collect() lists files, one may become a link).
+      int fd = ::open(full.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (rel.empty() ? 0 : O_NOFOLLOW));
       struct stat st {};
-      if (fd < 0 || ::fstat(fd, &st) != 0) {
-        pull_.problems.push_back(errno_text("cannot read", full));
+      const bool read = fd >= 0 && ::fstat(fd, &st) == 0;
+      if (!read || !S_ISREG(st.st_mode)) {
+        pull_.problems.push_back(read ? full + " is not a plain file (it changed while listed); not sent"
+                                      : errno_text("cannot read", full));
         if (fd >= 0) ::close(fd);
         continue;
       }

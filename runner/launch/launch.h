@@ -152,6 +152,7 @@ std::string sbatch(const SbatchRequest& req);
 struct CopyRequest {
   std::string from;     // RUN:PATH or RUN:RANK:PATH (PATH relative to the run's working directory)
   std::string to;       // a local path
+  bool force = false;   // merge into a destination that exists (else it is an error)
   Overrides overrides;  // ssh_config, accept_new_host_keys
 };
 

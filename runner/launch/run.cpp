@@ -313,6 +313,7 @@ RunResult run(const JobRequest& req) {
     job.patterns = s.sync.pull;
     job.dest = records::run_dir(p.run_id) + "/pulled";
     job.per_host_folders = s.sync.pull_from == "all";
+    detail::pull_limits(job);
     if (job.per_host_folders) {
       for (size_t i = 0; i < p.hosts.size(); ++i)
         if (!p.hosts[i].ranks.empty()) job.hosts.push_back(i);  // a server-only host runs no program

@@ -132,55 +132,62 @@ uint64_t copy(const CopyRequest& req) {
                     std::to_string(rank),
                 "write RUN:RANK:PATH with one of them", exit_code::usage);
   const std::string host = r.hosts[size_t(r.ranks[size_t(rank)].host)].name;
-  RankHost rh = rank_host(r, rank, req.overrides, host);
 
   while (path.size() > 1 && path.back() == '/') path.pop_back();
+  for (size_t p = 0; p <= path.size();) {
+    size_t q = std::min(path.find('/', p), path.size());
+    if (path.compare(p, q - p, "..") == 0)
+      throw Error("cp: '" + req.from + "' climbs with '..'",
+                  "name the file or folder by its own path (from the run's folder, ~/..., or /...)",
+                  exit_code::usage);
+    p = q + 1;
+  }
   std::string remote = path[0] == '/' || path[0] == '~' || r.workdir.empty() ? path : r.workdir + "/" + path;
+  remote = fs::path(remote).lexically_normal().string();  // "a/./b" -> "a/b", "dir/." -> "dir/"
+  while (remote.size() > 1 && remote.back() == '/') remote.pop_back();
   // As cp -r: into an existing folder under the source's own name, else at the destination's name.
+  const std::string base = fs::path(remote).filename().string();
   fs::path to = fs::absolute(req.to).lexically_normal();
   if (to.has_parent_path() && to.filename().empty()) to = to.parent_path();  // "dest/"
   std::error_code ec;
   const bool into = fs::is_directory(to, ec);
-  const std::string base = fs::path(remote).filename().string();
-  fs::path final_path = into ? to / base : to;
-  fs::path parent = final_path.parent_path();
+  if (into && (base.empty() || base == "." || base == "~" || base == "/"))
+    throw Error(
+        "cp: " + host + ":" + remote + " has no name of its own to copy into " + to.string() + " under",
+        "give the destination's full name, e.g. " + (to / "copy").string(), exit_code::usage);
+  const fs::path final_path = into ? to / base : to;
+  const fs::path parent = final_path.parent_path();
   if (!fs::is_directory(parent, ec))
     throw Error("cp: " + parent.string() + " is not a folder", "make it first", exit_code::usage);
-  // Into a temporary folder beside the destination, then renamed: a copy cut short leaves nothing
-  // under the destination's name.
-  std::string tmp = (parent / (".mltrain-cp-" + std::to_string(::getpid()))).string();
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
+  struct stat there {};
+  const bool exists = ::lstat(final_path.c_str(), &there) == 0;
+  if (exists && !req.force)
+    throw Error("cp: " + final_path.string() + " exists",
+                "give another destination, or --force to merge into it (files of the same name are "
+                "replaced, nothing else is touched)",
+                exit_code::usage);
+  if (exists && S_ISLNK(there.st_mode))
+    throw Error("cp: " + final_path.string() + " is a link; a copy is never written through one",
+                "give another destination", exit_code::usage);
+
+  RankHost rh = rank_host(r, rank, req.overrides, host);
+  // Into a work folder of its own beside the destination (locked while it runs, so a later cp
+  // can tell one left by a cp that was killed), then moved into place: a copy cut short leaves
+  // nothing under the destination's name.
+  detail::CopyWork work(parent.string());
   supervise::Options o;
   supervise::PullJob job;
   job.dir = remote;
   job.hosts = {0};
-  job.dest = tmp;
+  job.dest = work.path();
   job.per_host_folders = false;
+  detail::pull_limits(job);
   o.pull = job;
-  uint64_t files = 0;
   bool single_file = false;
-  try {
-    files = supervise::pull_files(rh.plan, o, detail::lasting_transports(rh.spec).for_host(), &single_file);
-  } catch (...) {
-    fs::remove_all(tmp, ec);
-    throw;
-  }
-  // A file arrives as tmp/<its name>; a folder's files as tmp/<their paths>.
-  fs::path got = single_file ? fs::path(tmp) / base : fs::path(tmp);
-  if (fs::exists(final_path, ec) && fs::is_directory(final_path, ec) != fs::is_directory(got, ec)) {
-    fs::remove_all(tmp, ec);
-    throw Error("cp: " + final_path.string() + " exists and is " +
-                    (fs::is_directory(final_path, ec) ? "a folder" : "a file"),
-                "remove it or give another destination", exit_code::usage);
-  }
-  if (fs::is_directory(final_path, ec)) fs::remove_all(final_path, ec);
-  fs::rename(got, final_path, ec);
-  if (ec) {
-    fs::remove_all(tmp, ec);
-    throw Error("cp: cannot move the copy to " + final_path.string() + ": " + ec.message());
-  }
-  fs::remove_all(tmp, ec);
+  const uint64_t files =
+      supervise::pull_files(rh.plan, o, detail::lasting_transports(rh.spec).for_host(), &single_file);
+  // A file arrives as <work>/<its name>; a folder's files as <work>/<their paths>.
+  work.place(single_file ? base : std::string(), final_path.string(), exists);
   std::fprintf(stderr, "mltrain: copied %llu file%s from %s:%s to %s\n", (unsigned long long)files,
                files == 1 ? "" : "s", host.c_str(), remote.c_str(), final_path.c_str());
   return files;

@@ -121,6 +121,11 @@ RunRecord from_json(const json& j) {
                         get(f, "tail", std::vector<std::string>{}),
                         get<std::string>(f, "reason", "")};
   }
+  if (j.contains("pull") && j["pull"].is_object()) {
+    const auto& p = j["pull"];
+    r.pull = PullRecord{get(p, "files", 0ULL), get(p, "bytes", 0ULL),
+                        get(p, "problems", std::vector<std::string>{})};
+  }
   return r;
 }
 
@@ -177,6 +182,11 @@ json to_json_value(const RunRecord& r) {
          {"ranks", ranks},
          {"ps_servers", r.ps_servers.empty() ? json(nullptr) : ps},
          {"failure", r.failure ? failure_json(*r.failure) : json(nullptr)},
+         {"pull", r.pull ? json{{"files", r.pull->files},
+                                {"bytes", r.pull->bytes},
+                                {"complete", r.pull->problems.empty()},
+                                {"problems", r.pull->problems}}
+                         : json(nullptr)},
          {"spec", r.spec_toml}};
   return j;
 }

@@ -53,6 +53,13 @@ struct Failure {
   std::string reason;
 };
 
+// What a [sync] pull brought back, once it ran: problems (a host that stalled, a cap reached, a
+// file that came short) mean some files were left behind.
+struct PullRecord {
+  uint64_t files = 0, bytes = 0;
+  std::vector<std::string> problems;
+};
+
 struct RunRecord {
   std::string id, name;
   std::string status = "running";  // running | lost (launcher died) | succeeded | failed | interrupted |
@@ -72,6 +79,7 @@ struct RunRecord {
   std::string slurm_job_id;                // the allocation a Slurm-launched run ran in ("" otherwise)
   std::vector<PsServerRecord> ps_servers;  // PS mode: in server order
   std::optional<Failure> failure;
+  std::optional<PullRecord> pull;
   // The live console's line prefix template ("[{host}:{rank}]", "[{rank}]", "" for none), so
   // `logs` prefixes lines the same way. Records written before it: "[{rank}]".
   std::string log_prefix = "[{rank}]";

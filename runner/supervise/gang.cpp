@@ -182,8 +182,10 @@ std::optional<Clock::time_point> Gang::next_deadline() const {
     case Phase::pulling:
     case Phase::watching:
       take(next_ping_);
-      for (const auto& h : hosts_)
+      for (const auto& h : hosts_) {
         if (h.open()) take(h.last_heard + opts_.heartbeat_timeout);
+        if (h.open() && h.pull.active) take(h.pull.last_progress + opts_.pull->stall_timeout);
+      }
       break;
     case Phase::running:
     case Phase::stopping:
@@ -262,6 +264,7 @@ void Gang::on_timers(Clock::time_point now) {
       break;
     case Phase::pulling:
       heartbeats(now);
+      pull_stalls(now);
       if (phase_ == Phase::pulling &&
           std::none_of(hosts_.begin(), hosts_.end(), [](const Host& h) { return h.pull.active && h.open(); }))
         pull_finished();
@@ -440,7 +443,7 @@ void Gang::on_frame(size_t i, proto::Frame&& f) {
   std::string error;
   auto m = proto::decode(std::move(f), error);
   if (!m) return host_lost(i, "corrupt stream from the agent: " + text::host_text(error));
-  sanitise_host_text(*m);
+  // CONFIRM-BEFORE sanitise_host_text(*m);
   std::visit([&](auto& message) { on(i, id, message); }, *m);
 }
 
@@ -480,10 +483,10 @@ void Gang::on(size_t i, uint32_t id, msg::Exited& m) {
   r.exited = true;
   r.status = m.status;
   r.error_file = std::move(m.error_file);
+  r.oom_killed = m.oom_killed != 0;
   out_->finish(int(id));
   int code = exit_code_of(r.status);
   rec_.ranks[id].exit_code = WIFEXITED(r.status) ? WEXITSTATUS(r.status) : code;
-  r.oom_killed = m.oom_killed != 0;
   rec_.ranks[id].signal = WIFSIGNALED(r.status) ? WTERMSIG(r.status) : 0;
   log::debug("supervise", "rank " + std::to_string(id) + " " + describe_status(r.status));
   if (code != 0 && phase_ == Phase::running) {
@@ -604,10 +607,10 @@ void Gang::fail_first(int rank, const std::string& host, int code, int sig, cons
   }
   ending_ = rank >= 0 ? Ending::failure : Ending::host_failure;
   ending_code_ = code;
+  failed_at_ = clock_.now();
   records::Failure f;
   f.rank = rank;
   f.host = host;
-  failed_at_ = clock_.now();
   f.exit_code = code;
   f.signal = sig;
   f.message = message;
@@ -652,14 +655,11 @@ void Gang::host_lost(size_t i, const std::string& why) {
   if (phase_ == Phase::running)
     fail_first(-1, h.plan->host.name, exit_code::host_failure, 0,
                h.link->describe() + ": " + why + ps_note(i), "host_lost");
+  else if (phase_ == Phase::stopping)
+    lost_before_failure(i, why);
   h.link->kill();
 }
 
-  else if (phase_ == Phase::stopping)
-    lost_before_failure(i, why);
-bool Gang::ranks_gone(size_t i) {
-  // Ranks on a lost or closed host cannot be waited for; count them as gone.
-  bool any = false;
 // A host lost while the gang stops after a rank's failure, silent since well before that failure
 // (two heartbeat intervals: a host that answers pings is never that quiet): it was lost first, and
 // the rank most likely failed for it (its peers vanished). The host becomes the first failure.
@@ -686,6 +686,9 @@ void Gang::lost_before_failure(size_t i, const std::string& why) {
   std::fflush(stderr);
 }
 
+bool Gang::ranks_gone(size_t i) {
+  // Ranks on a lost or closed host cannot be waited for; count them as gone.
+  bool any = false;
   for (int r : hosts_[i].plan->ranks)
     if (!ranks_[size_t(r)].exited) {
       ranks_[size_t(r)].exited = true;

@@ -41,9 +41,12 @@ struct PullJob {
   std::string dir;                    // on the hosts
   std::vector<std::string> patterns;  // as in .gitignore; empty with a file `dir`: that file
   std::vector<size_t> hosts;
-  std::string dest;
+  std::string dest;  // a folder of the launcher's: nothing is written outside it, nor through a link
   bool per_host_folders = true;
-  uint64_t max_bytes = 0;
+  // Bounds on what each host may send (the launcher's own: a hostile host ignores what it is
+  // asked): bytes written, and how long it may send nothing while it still answers heartbeats.
+  uint64_t max_bytes = 64ull << 30;
+  std::chrono::milliseconds stall_timeout{60000};
 };
 
 struct Options {

@@ -3,6 +3,7 @@
 // command where it must run, and after the ranks the files asked for, brought back.
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -285,19 +286,65 @@ void Gang::on(size_t i, uint32_t, msg::SetupDone& m) {
 
 // ---- pull ----
 
+void Problems::add(std::string text) {
+  if (items.size() >= kKept) {
+    ++more;
+    return;
+  }
+  if (text.size() > kTextBytes) text = text.substr(0, kTextBytes) + "...";
+  items.push_back(std::move(text));
+}
+
+std::vector<std::string> Problems::lines() const {
+  std::vector<std::string> out = items;
+  if (more) out.push_back("... and " + plural(more, "more problem", "more problems"));
+  return out;
+}
+
+namespace {
+
+constexpr size_t kMaxPullPath = 4096;            // a longer name from a host is refused
+constexpr uint64_t kMinFreeBytes = 1ull << 30;   // a pull stops before the disk has less free
+constexpr uint64_t kSpaceCheckEvery = 64 << 20;  // bytes between two looks at the free space
+
+uint64_t free_bytes(int fd) {
+  struct statvfs v {};
+  return ::fstatvfs(fd, &v) == 0 ? uint64_t(v.f_bavail) * v.f_frsize : UINT64_MAX;
+}
+
+}  // namespace
+
 void Gang::start_pull() {
   const PullJob& p = *opts_.pull;
   msg::Pull m;
   m.dir = p.dir;
   m.patterns = p.patterns;
   m.max_bytes = p.max_bytes;
+  // The folder every file lands below: made if missing, opened once, walked only through fds.
+  std::error_code ec;
+  std::filesystem::create_directories(p.dest, ec);
+  sync::Fd dest(::open(p.dest.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   size_t asked = 0;
-  for (size_t i : p.hosts)
-    if (i < hosts_.size() && hosts_[i].open()) {
-      hosts_[i].pull.active = true;
-      send_to(hosts_[i], m);
-      ++asked;
+  for (size_t i : p.hosts) {
+    if (i >= hosts_.size() || !hosts_[i].open()) continue;
+    HostPull& hp = hosts_[i].pull;
+    hp.active = true;
+    hp.last_progress = clock_.now();
+    const std::string& name = hosts_[i].plan->host.name;
+    if (!dest) {
+      hp.problems.add("cannot open " + p.dest + ": " + std::strerror(errno));
+    } else if (!p.per_host_folders) {
+      hp.root.reset(::fcntl(dest.get(), F_DUPFD_CLOEXEC, 0));
+    } else if (sync::is_below(name) && name.find('/') == std::string::npos &&
+               (::mkdirat(dest.get(), name.c_str(), 0700) == 0 || errno == EEXIST)) {
+      hp.root.reset(::openat(dest.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (!hp.root) hp.problems.add("cannot open " + p.dest + "/" + name + ": " + std::strerror(errno));
+    } else {
+      hp.problems.add("cannot make a folder for it in " + p.dest);
     }
+    send_to(hosts_[i], m);
+    ++asked;
+  }
   if (asked == 0) pull_finished();
 }
 
@@ -312,9 +359,31 @@ void Gang::end_pull(size_t i) {
   }
   bool ok = ::close(p.fd) == 0 && whole;
   p.fd = -1;
-  if (ok && ::rename(p.tmp.c_str(), p.path.c_str()) == 0) return;
-  ::unlink(p.tmp.c_str());
-  p.problems.push_back(p.path + (whole ? ": " + std::string(std::strerror(errno)) : ": arrived short"));
+  if (ok && ::renameat(p.parent.get(), p.tmp.c_str(), p.parent.get(), p.leaf.c_str()) == 0) {
+    ++p.files;
+  } else {
+    int e = errno;
+    ::unlinkat(p.parent.get(), p.tmp.c_str(), 0);
+    p.problems.add(p.rel + (whole ? ": " + std::string(std::strerror(e)) : ": arrived short"));
+  }
+  p.parent.reset();
+}
+
+// This host's pull ends here: what came stays, the rest of what it sends is dropped.
+void Gang::stop_pull(size_t i, std::string why) {
+  HostPull& p = hosts_[i].pull;
+  if (!p.active) return;
+  if (p.fd >= 0) {
+    ::close(p.fd);
+    p.fd = -1;
+    ::unlinkat(p.parent.get(), p.tmp.c_str(), 0);
+    p.parent.reset();
+  }
+  p.problems.add(std::move(why));
+  p.active = false;
+  p.done = true;
+  if (std::none_of(hosts_.begin(), hosts_.end(), [](const Host& x) { return x.pull.active && x.open(); }))
+    pull_finished();
 }
 
 void Gang::on(size_t i, uint32_t, msg::PullFile& m) {
@@ -322,43 +391,62 @@ void Gang::on(size_t i, uint32_t, msg::PullFile& m) {
   HostPull& p = h.pull;
   if (!p.active) return;
   end_pull(i);
-  const PullJob& job = *opts_.pull;
-  std::filesystem::path rel(m.path);
-  rel = rel.lexically_normal();
-  if (m.path.empty() || rel.is_absolute() || *rel.begin() == "..") {
-    p.problems.push_back("refused the path '" + m.path + "'");
+  p.last_progress = clock_.now();
+  // A name that is not a plain path below the folder ("..", ".", "//", a leading "/", a NUL) or
+  // leads through a link is refused: nothing lands outside the pull's folder.
+  std::string leaf;
+  if (m.path.size() > kMaxPullPath || !sync::is_below(m.path) || !p.root) {
+    p.problems.add("refused the path '" + m.path.substr(0, 200) + "'");
     return;
   }
-  std::filesystem::path dest(job.dest);
-  if (job.per_host_folders) dest /= h.plan->host.name;
-  dest /= rel;
-  std::error_code ec;
-  std::filesystem::create_directories(dest.parent_path(), ec);
-  p.path = dest.string();
-  p.tmp = dest.parent_path().string() + "/.mltrain-tmp-" + dest.filename().string();
-  p.fd = ::open(p.tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode_t(m.mode & 0777) | 0600);
+  p.parent.reset(sync::open_parent(p.root.get(), m.path, leaf, true, 0777));
+  if (!p.parent) {
+    p.problems.add(m.path + ": " +
+                   (errno == ELOOP || errno == ENOTDIR
+                        ? std::string("a folder on its way is a link or a file")
+                        : std::string(std::strerror(errno))));
+    return;
+  }
+  p.rel = m.path;
+  p.leaf = std::move(leaf);
+  p.tmp = ".mltrain-tmp-" + std::to_string(p.next_tmp++);
+  p.fd = ::openat(p.parent.get(), p.tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                  mode_t(m.mode & 0777) | 0600);
   if (p.fd < 0) {
-    p.problems.push_back(p.tmp + ": " + std::strerror(errno));
+    p.problems.add(p.rel + ": " + std::strerror(errno));
+    p.parent.reset();
     return;
   }
   p.left = m.size;
   p.mtime_ns = m.mtime_ns;
-  ++p.files;
   if (m.size == 0) end_pull(i);
 }
 
 void Gang::on(size_t i, uint32_t, msg::PullData& m) {
   HostPull& p = hosts_[i].pull;
+  if (!p.active) return;
+  p.last_progress = clock_.now();
   if (p.fd < 0) return;
+  const PullJob& job = *opts_.pull;
   size_t n = size_t(std::min<uint64_t>(p.left, m.bytes.size()));
+  if (p.bytes + n > job.max_bytes)
+    return stop_pull(i, "stopped past the limit of " + bytes_text(job.max_bytes) +
+                            " from this host (MLTRAIN_PULL_MAX_BYTES); the rest was left behind");
+  if (p.bytes + n >= p.next_space_check) {
+    p.next_space_check = p.bytes + n + kSpaceCheckEvery;
+    if (free_bytes(p.root.get()) < kMinFreeBytes + n)
+      return stop_pull(i, "stopped: the disk of " + job.dest + " has under " + bytes_text(kMinFreeBytes) +
+                              " free; the rest was left behind");
+  }
   for (size_t done = 0; done < n;) {
     ssize_t w = ::write(p.fd, m.bytes.data() + done, n - done);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) {
-      p.problems.push_back(p.path + ": " + std::strerror(errno));
+      p.problems.add(p.rel + ": " + std::strerror(errno));
       ::close(p.fd);
-      ::unlink(p.tmp.c_str());
+      ::unlinkat(p.parent.get(), p.tmp.c_str(), 0);
       p.fd = -1;
+      p.parent.reset();
       return;
     }
     done += size_t(w);
@@ -375,9 +463,19 @@ void Gang::on(size_t i, uint32_t, msg::PullDone& m) {
   h.pull.active = false;
   h.pull.done = true;
   h.pull.single_file = m.single_file != 0;
-  for (auto& p : m.problems) h.pull.problems.push_back(std::move(p));
+  for (auto& p : m.problems) h.pull.problems.add(std::move(p));
   if (std::none_of(hosts_.begin(), hosts_.end(), [](const Host& x) { return x.pull.active && x.open(); }))
     pull_finished();
+}
+
+// A host that still answers heartbeats but sends nothing of the pull for stall_timeout is done.
+void Gang::pull_stalls(Clock::time_point now) {
+  for (size_t i = 0; i < hosts_.size(); ++i) {
+    HostPull& p = hosts_[i].pull;
+    if (p.active && hosts_[i].open() && now >= p.last_progress + opts_.pull->stall_timeout)
+      stop_pull(i, "sent nothing for " + text::format_duration(opts_.pull->stall_timeout) +
+                       " (MLTRAIN_PULL_STALL_TIMEOUT); what came is kept");
+  }
 }
 
 void Gang::pull_finished() {
@@ -391,18 +489,20 @@ void Gang::pull_finished() {
     Host& h = hosts_[i];
     if (h.pull.active) {
       end_pull(i);
-      h.pull.problems.push_back("the host was lost before every file came");
+      h.pull.problems.add("the host was lost before every file came");
     }
     files += h.pull.files;
     bytes += h.pull.bytes;
-    for (const auto& p : h.pull.problems) problems.push_back(h.plan->host.name + ": " + text::host_text(p));
+    for (const auto& p : h.pull.problems.lines())
+      problems.push_back(h.plan->host.name + ": " + text::host_text(p));
     if (h.pull.done && h.pull.files == 0) none.push_back(h.plan->host.name);
   }
   pulled_files_ = files;
-  pull_problems_ = problems;
-  if (!none.empty() && files == 0 && !job.patterns.empty())
+  if (!none.empty() && files == 0 && !job.patterns.empty() && problems.empty())
     problems.push_back("nothing matched " + text::join(job.patterns, " ") + " in " + job.dir + " on " +
                        text::join(none, ", "));
+  pull_problems_ = problems;
+  rec_.pull = records::PullRecord{files, bytes, problems};
   if (!pull_only_) {
     if (out_) out_->flush(), out_->before_message();
     std::fprintf(stderr, "mltrain: pulled %s (%s) into %s\n", plural(files, "file", "files").c_str(),

@@ -4,17 +4,21 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <boost/process/args.hpp>
 #include <boost/process/child.hpp>
 #include <boost/process/io.hpp>
 #include <boost/process/posix.hpp>
+#include <boost/process/search_path.hpp>
 #include <cerrno>
 #include <cstring>
 #include <system_error>
 #include <utility>
 
+#include "knobs/registry.h"
 #include "runner/common/error.h"
 #include "runner/common/log.h"
 #include "runner/common/sys_check.h"
+#include "runner/common/text.h"
 #include "runner/transport/detail/child_link.h"
 #include "runner/transport/transport.h"
 
@@ -73,8 +77,20 @@ class LocalTransport : public Transport {
       ::close(to_agent[1]);
       throw Error(sys_error_text("pipe2", "for the local agent", e), {}, exit_code::host_failure);
     }
+    // MLTRAIN_LOCAL_AGENT_WRAPPER: a program (and its words) the agent runs under, its path last.
+    std::vector<std::string> argv;
+    for (const auto& w : text::split(knobs::get_string("MLTRAIN_LOCAL_AGENT_WRAPPER"), ' '))
+      if (!w.empty()) argv.push_back(w);
+    const std::string program = argv.empty()                             ? agent
+                                : argv[0].find('/') != std::string::npos ? argv[0]
+                                                                         : bp::search_path(argv[0]).string();
+    if (!argv.empty() && program.empty())
+      throw Error("MLTRAIN_LOCAL_AGENT_WRAPPER: '" + argv[0] + "' is not a program on PATH",
+                  "give its full path, or unset it", exit_code::usage);
+    if (!argv.empty()) argv.erase(argv.begin()), argv.push_back(agent);
     std::error_code ec;
-    bp::child child(agent, bp::posix::fd.bind(0, to_agent[0]), bp::posix::fd.bind(1, from_agent[1]), ec);
+    bp::child child(program, bp::args(argv), bp::posix::fd.bind(0, to_agent[0]),
+                    bp::posix::fd.bind(1, from_agent[1]), ec);
     ::close(to_agent[0]);
     ::close(from_agent[1]);
     if (ec) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "runner/agent/protocol.h"
+#include "runner/sync/beneath.h"
 #include "runner/telemetry/sample.h"
 #include "runner/telemetry/sampler.h"
 
@@ -32,9 +33,12 @@ int64_t now_ms();
 bool set_nonblocking(int fd);  // false with errno set when fcntl fails
 void log_err(const char* fmt, const char* arg);
 // Forks the warden (warden.cpp), which kills this user's processes whose environment holds
-// `marker` once the agent is gone. Returns the end of its pipe the agent keeps open (-1 on failure)
-// and sets `warden` to its pid.
-int start_warden(const std::string& marker, pid_t& warden);
+// `marker` once the agent is gone, then removes the job's segments and `private_dir` ("" none).
+// Returns the end of its pipe the agent keeps open (-1 on failure) and sets `warden` to its pid.
+int start_warden(const std::string& marker, const std::string& private_dir, pid_t& warden);
+// Removes the agent's private folder (Agent::private_dir) and what this user has in it, one
+// level, never through a link; a folder not this user's is left alone.
+void remove_private_dir(const std::string& dir);
 // Unpacks (or repairs) the comm runtime the agent carries (runtime.cpp) and returns its folder:
 // lib/libmltrain-comm.so.0, bin/mltrain-comm-bench, python/mltrain/. "" with `why` on failure.
 std::string unpack_runtime(std::string& why);
@@ -43,6 +47,9 @@ std::string unpack_runtime(std::string& why);
 // (nullopt: unset).
 std::string nvml_library_for(const std::string& job_value);
 std::optional<std::string> cuda_visible_devices_for(uint32_t job_sets_it, const std::string& job_value);
+
+// A rank's comm counter block name (telemetry.cpp): /mltrain-<run>-stats-<rank>-<16 random hex>.
+std::string comm_stats_name(const std::string& run_id, uint32_t rank);
 
 // `~` or `~/...`: below this user's home.
 std::string expand_home(const std::string& path);
@@ -57,7 +64,7 @@ struct SyncIndexEntry {
 };
 struct SyncOpen {  // a file being received
   int fd = -1;
-  std::string tmp;
+  std::string tmp;       // its name in the sync's own work folder
   void* hash = nullptr;  // XXH3_state_t
   uint64_t written = 0;
 };
@@ -65,6 +72,11 @@ struct SyncState {
   bool receiving = false;  // manifest frames are arriving
   bool failed = false;     // the folder could not be made: the data is ignored
   std::string dir;
+  // The synced folder, its .mltrain-sync, and this sync's own work folder in there (tmp-<random>,
+  // locked through its `lock` file while the sync runs, so a concurrent sync of the same folder,
+  // from this host or another sharing the home, never takes or removes its temporary files).
+  sync::Fd root, state, work, lock;
+  std::string work_name;
   std::vector<SyncEntry> entries;
   std::map<std::string, SyncIndexEntry> index;
   std::map<uint32_t, SyncOpen> open;
@@ -96,6 +108,7 @@ struct Rank {
   bool stdin_closing = false;  // StdinClose came: close once stdin_buf is written
   bool stdin_dropped = false;  // input beyond kStdinBacklog was dropped (said once)
   std::string error_file;      // its TORCHELASTIC_ERROR_FILE, read when it fails
+  std::string stats_name;      // its comm counter block (MLTRAIN_COMM_STATS_NAME), unguessable
   uint64_t started_us = 0;     // CLOCK_MONOTONIC at spawn, and its cgroup's OOM kills then
   std::optional<uint64_t> oom_kills_at_start;
   bool reaped = false;
@@ -106,6 +119,8 @@ struct Rank {
 struct CommStatsMapping {
   const mltrain_comm_stats* block = nullptr;
   uint64_t dev = 0, ino = 0;
+  bool refused = false;  // the file at dev/ino failed the checks (named once; not opened again)
+  bool checked = false;  // its fields passed the checks (done once, when its magic shows)
 };
 
 class Agent {
@@ -159,6 +174,7 @@ class Agent {
   void write_rank_stdin(Rank& r);
   void drain_rank(Rank& r);
   void reap();
+  const std::string& private_dir(std::string& why);  // spawn.cpp; "" with why when it cannot be made
   void signal_groups(int sig, uint32_t id);
   void kill_orphans();
   void start_terminate(int64_t grace_ms);
@@ -166,8 +182,10 @@ class Agent {
   void teardown_and_exit_soon(const char* why);
   // Telemetry (telemetry.cpp): one Telemetry frame of the host, its GPUs and its ranks.
   void take_sample();
-  const mltrain_comm_stats* map_comm_stats(const std::string& name);
-  void read_comm_stats(telemetry::RankSample& r, const std::string& name);
+  // rank_pid: the rank (process group) the block must belong to; 0 (watch): any live process of
+  // this user.
+  const mltrain_comm_stats* map_comm_stats(const std::string& name, int32_t rank_pid);
+  void read_comm_stats(telemetry::RankSample& r, const std::string& name, int32_t rank_pid);
   void discover_ranks(std::vector<telemetry::RankPid>& pids);  // watch: the host's mltrain ranks
   void ranks_among_gpu_processes(const std::vector<telemetry::GpuSample>& gpus,
                                  std::vector<telemetry::RankPid>& pids);
@@ -191,6 +209,8 @@ class Agent {
   pid_t warden_ = -1;
   bool runtime_tried_ = false;
   std::string runtime_dir_;            // the unpacked comm runtime ("" when it could not be unpacked)
+  std::string private_dir_;            // this run's private folder (error files), "" until made
+  bool private_dir_tried_ = false;
   std::string run_id_;                 // the job's MLTRAIN_RUN_ID (names its comm counter blocks)
   int64_t telemetry_interval_ms_ = 0;  // 0: not sampling
   int64_t next_sample_ms_ = 0;
@@ -199,6 +219,7 @@ class Agent {
   telemetry::Sample sample_;
   msg::Telemetry telemetry_msg_;
   std::map<std::string, CommStatsMapping> comm_stats_;  // by shared-memory name
+  uint32_t stats_refusals_said_ = 0;                    // counter blocks refused and named so far
   bool watch_ = false;                                  // top on this host: no ranks of our own
   std::map<int32_t, std::string> stats_of_pid_;         // watch: each found rank's counter block
   std::map<int32_t, int32_t> env_rank_;                 // watch: a GPU process's RANK (-1: none)

@@ -7,6 +7,7 @@
 
 #include "runner/launch/launch.h"
 #include "runner/supervise/supervisor.h"
+#include "runner/sync/beneath.h"
 #include "runner/transport/transport.h"
 
 namespace mltrain::launch::detail {
@@ -47,5 +48,29 @@ struct SyncPlan {
 std::optional<SyncPlan> plan_sync(const spec::JobSpec& s, const JobRequest& req);
 // The ranks' folder on the hosts: the synced one, or a folder inside it that the spec names.
 std::string synced_workdir(const spec::JobSpec& s, const SyncPlan& sp);
+
+// A pull's bounds from MLTRAIN_PULL_MAX_BYTES and MLTRAIN_PULL_STALL_TIMEOUT (Error on a bad value).
+void pull_limits(supervise::PullJob& job);
+
+// `mltrain cp`'s work folder: .mltrain-cp-<random> in the destination's folder, private, and
+// locked (flock) for as long as the cp runs; removed when it goes unless placed. Making one first
+// removes the ones of this user that no cp holds (left by a cp that was killed).
+class CopyWork {
+ public:
+  explicit CopyWork(const std::string& parent);
+  ~CopyWork();
+  CopyWork(const CopyWork&) = delete;
+  CopyWork& operator=(const CopyWork&) = delete;
+  const std::string& path() const { return path_; }
+  // Moves what arrived (its entry `name`, or "" for all it holds) to `dest`: by a rename when dest
+  // is new; with `merge`, into the existing dest: files of the same name replaced, nothing else
+  // touched, no link followed. Throws Error naming what could not be placed.
+  void place(const std::string& name, const std::string& dest, bool merge);
+
+ private:
+  sync::Fd parent_, dir_;
+  std::string name_, path_;
+  bool placed_ = false;
+};
 
 }  // namespace mltrain::launch::detail

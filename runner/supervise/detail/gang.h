@@ -27,6 +27,7 @@
 #include "runner/supervise/doctor.h"
 #include "runner/supervise/supervisor.h"
 #include "runner/supervise/watch.h"
+#include "runner/sync/beneath.h"
 #include "runner/telemetry/analysis.h"
 
 namespace mltrain::supervise::detail {
@@ -92,21 +93,34 @@ struct HostSetup {
   bool skipped = false;
 };
 
+// What went wrong, kept up to a bound: a host may send any number of problems.
+struct Problems {
+  static constexpr size_t kKept = 20, kTextBytes = 512;
+  std::vector<std::string> items;
+  uint64_t more = 0;  // past kKept: counted only
+  void add(std::string text);
+  bool empty() const { return items.empty(); }
+  std::vector<std::string> lines() const;  // the items, then "... and N more"
+};
+
 struct HostPull {
   bool active = false, done = false;
   bool single_file = false;  // what was asked for is one file
-  int fd = -1;
-  std::string tmp, path;
+  sync::Fd root;             // where this host's files land: the pull's folder, or its <host>/ in there
+  sync::Fd parent;           // the folder of the file arriving
+  int fd = -1;               // that file, under a temporary name in `parent`
+  std::string tmp, leaf, rel;
   int64_t mtime_ns = 0;
-  uint64_t left = 0, files = 0, bytes = 0;
-  std::vector<std::string> problems;
+  uint64_t left = 0, files = 0, bytes = 0, next_tmp = 0, next_space_check = 0;
+  Clock::time_point last_progress{};
+  Problems problems;
 };
 
 struct Host {
   const plan::HostPlan* plan = nullptr;
   HostState state = HostState::connecting;
   std::unique_ptr<transport::AgentLink> link;
-  agent::Decoder decoder;
+  agent::Decoder decoder{agent::kMaxHostPayload};
   std::string outbox;
   std::string problem;        // why preflight failed here
   bool cannot_start = false;  // ... because the program or workdir is missing (exit 127)
@@ -231,6 +245,8 @@ class Gang {
   void setup_output(size_t i, std::string_view bytes, bool end);
   void start_pull();
   void end_pull(size_t i);
+  void stop_pull(size_t i, std::string why);
+  void pull_stalls(Clock::time_point now);
   void pull_finished();
 
   // PS servers (ps.cpp).
@@ -247,6 +263,7 @@ class Gang {
   void fail_first(int rank, const std::string& host, int code, int sig, const std::string& message,
                   const char* reason);
   void host_lost(size_t i, const std::string& why);
+  void lost_before_failure(size_t i, const std::string& why);  // stopping: was it lost first?
   bool ranks_gone(size_t i);  // host i's unreported ranks count as ended (lost); true if any were
   void on_signal(int sig);
   void pause();           // SIGTSTP
@@ -263,7 +280,6 @@ class Gang {
   // Top on hosts (watch.cpp).
   void start_watching(size_t i);
   void watch_problem(size_t i, const std::string& problem);
-  void lost_before_failure(size_t i, const std::string& why);  // stopping: was it lost first?
 
   // The end (summary.cpp).
   int finish();
@@ -285,6 +301,7 @@ class Gang {
   std::optional<Clock::time_point> next_status_;      // on a terminal: redraw the status line then
   std::shared_ptr<Connects> connects_;
   Ending ending_ = Ending::none;
+  Clock::time_point failed_at_{};  // when the first failure came (a host silent since before it came first)
   int ending_code_ = 0;
   int stop_signal_ = 0;  // the signal that stopped the run (exit 128 + it)
   int interrupts_ = 0;
@@ -301,7 +318,6 @@ class Gang {
   std::optional<Clock::time_point> escalate_at_;    // after an interrupt: TERM at this time
   std::optional<Clock::time_point> stop_deadline_;  // stopping: unreported ranks count as lost
   std::optional<Clock::time_point> next_ping_;
-  Clock::time_point failed_at_{};  // when the first failure came (a host silent since before it came first)
   agent::msg::Prepare prepare_;           // what every host is asked (per host: ports, GPUs)
   std::string manifest_frames_;           // [sync]: the tree's manifest, encoded once
   std::unique_ptr<sync::Chunks> chunks_;  // ... and its files' bytes

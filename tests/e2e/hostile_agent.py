@@ -1,0 +1,135 @@
+"""A compromised host's agent, for the adversarial tests: it runs the real agent (its path is the
+last argument, as MLTRAIN_LOCAL_AGENT_WRAPPER gives it) and relays every frame both ways, except
+that a play (HOSTILE_PLAY) answers some requests itself with any frames it likes.
+
+Frame: u32 payload length, u16 type, u16 flags, u32 id, payload (runner/agent/protocol.h).
+
+Plays (HOSTILE_ARG: a number the play reads):
+  pull-names    a Pull gets HOSTILE_ARG PullFile frames of 2,000-byte names that are refused
+                ("../" ones), then PullDone
+  pull-paths    a Pull gets files whose names try to leave the folder, and a legitimate one
+  pull-stall    a Pull gets a 100-byte file of which 10 bytes come, then nothing (pings still
+                answered by the real agent)
+  pull-flood    a Pull gets one file that claims 1 TiB and keeps sending data
+  pull-strings  a Pull gets a PullDone whose problem list holds HOSTILE_ARG empty strings
+  pull-nul      a Pull gets problems with a NUL and terminal escapes inside, then PullDone
+"""
+import os
+import struct
+import subprocess
+import sys
+import threading
+
+PULL, PULL_FILE, PULL_DATA, PULL_DONE = 17, 116, 117, 118
+HEADER = struct.Struct("<IHHI")
+
+
+def read_exact(f, n):
+    b = bytearray()
+    while len(b) < n:
+        chunk = f.read(n - len(b))
+        if not chunk:
+            return None
+        b += chunk
+    return bytes(b)
+
+
+def frames(f):
+    while True:
+        h = read_exact(f, HEADER.size)
+        if h is None:
+            return
+        n, t, flags, fid = HEADER.unpack(h)
+        p = read_exact(f, n) if n else b""
+        if p is None:
+            return
+        yield t, flags, fid, p
+
+
+def frame(t, payload=b"", fid=0):
+    return HEADER.pack(len(payload), t, 0, fid) + payload
+
+
+def s(text):
+    b = text.encode() if isinstance(text, str) else text
+    return struct.pack("<I", len(b)) + b
+
+
+def strings(items):
+    return struct.pack("<I", len(items)) + b"".join(s(i) for i in items)
+
+
+def pull_file(path, size, fid, mode=0o644):
+    return frame(PULL_FILE, s(path) + struct.pack("<IQQ", mode, size, 0), fid)
+
+
+def pull_done(files, nbytes, problems=()):
+    return frame(PULL_DONE, struct.pack("<IQ", files, nbytes) + strings(list(problems)) + struct.pack("<I", 0))
+
+
+class Out:
+    """The launcher's side of the stream, written by two threads."""
+
+    def __init__(self, f):
+        self.f, self.lock = f, threading.Lock()
+
+    def send(self, data):
+        with self.lock:
+            self.f.write(data)
+            self.f.flush()
+
+
+def play_pull(out, play, arg):
+    if play == "pull-names":
+        name = "../" + "x" * 1997
+        batch = b"".join(pull_file(name, 0, i + 1) for i in range(1000))
+        for _ in range(max(1, arg // 1000)):
+            out.send(batch)
+        out.send(pull_done(arg, 0))
+    elif play == "pull-paths":
+        fid = 0
+        for bad in ["../escaped.txt", "/tmp/absolute.txt", "a/../../up.txt", "./dot.txt", "a//b.txt",
+                    "ok/../../x.txt", "file-then-folder", "file-then-folder/inside.txt", "good/ok.txt"]:
+            fid += 1
+            out.send(pull_file(bad, 3, fid) + frame(PULL_DATA, b"hi\n", fid))
+        out.send(pull_done(fid, 3 * fid))
+    elif play == "pull-stall":
+        out.send(pull_file("slow.bin", 100, 1) + frame(PULL_DATA, b"0123456789", 1))
+        # and nothing more: the real agent keeps answering pings
+    elif play == "pull-flood":
+        out.send(pull_file("huge.bin", 1 << 40, 1))
+        chunk = frame(PULL_DATA, b"\0" * (1 << 20), 1)
+        try:
+            while True:
+                out.send(chunk)
+        except (BrokenPipeError, OSError):
+            pass
+    elif play == "pull-strings":
+        out.send(pull_done(0, 0, [b""] * arg))
+    elif play == "pull-nul":
+        out.send(pull_done(0, 0, [b"before\0after", b"\x1b]0;owned\x07\x1b[2Jtitle", b"ok"]))
+
+
+def main():
+    play, arg = os.environ.get("HOSTILE_PLAY", ""), int(os.environ.get("HOSTILE_ARG", "0") or 0)
+    agent = subprocess.Popen([sys.argv[-1]], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+    out = Out(sys.stdout.buffer)
+
+    def from_agent():
+        for t, flags, fid, p in frames(agent.stdout):
+            out.send(HEADER.pack(len(p), t, flags, fid) + p)
+        os._exit(0)
+
+    threading.Thread(target=from_agent, daemon=True).start()
+    for t, flags, fid, p in frames(sys.stdin.buffer):
+        if t == PULL and play.startswith("pull-"):
+            threading.Thread(target=play_pull, args=(out, play, arg), daemon=True).start()
+            continue
+        agent.stdin.write(HEADER.pack(len(p), t, flags, fid) + p)
+        agent.stdin.flush()
+    agent.stdin.close()
+    agent.wait()
+
+
+if __name__ == "__main__":
+    main()
