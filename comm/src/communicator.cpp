@@ -1,6 +1,7 @@
 // Communicator: joins the job through the store, connects links on first use (shm to ranks on
 // the same machine, TCP otherwise), runs collectives, and turns failures into one message that
 // names the rank that failed first.
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -13,6 +14,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -426,15 +428,43 @@ Communicator::Impl::Impl(const Options& o) : opt(o) {
   settle_backend(dl);
 }
 
+// The counter block is created exclusively, mode 0600 (ShmMapping). /dev/shm is everyone's: a
+// file already at the name that is not this user's (a stranger's, even one made to look like a
+// block) is neither removed nor used, and the rank goes without counters. The agent names each
+// rank's block with a random part, so a stranger cannot take the name first.
 void Communicator::Impl::publish_stats() {
   if (opt.run_id.empty() || !opt.stats) return;
-  std::string run;
-  for (char c : opt.run_id.substr(0, 100))
-    run += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ? c : '_';
-  const std::string name = "/mltrain-" + run + "-stats-" + std::to_string(opt.rank);
+  std::string name = opt.stats_name;
+  if (name.size() < 10 || name.size() > 250 || name.compare(0, 9, "/mltrain-") != 0 ||
+      name.find('/', 1) != std::string::npos) {
+    std::string run;
+    for (char c : opt.run_id.substr(0, 100))
+      run += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ? c : '_';
+    name = "/mltrain-" + run + "-stats-" + std::to_string(opt.rank);
+  }
+  const std::string path = "/dev/shm" + name;
+  // O_NONBLOCK: a FIFO planted there must not hold init.
+  if (const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC); fd >= 0) {
+    struct stat st {};
+    const bool ours = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid();
+    ::close(fd);
+    if (!ours) {
+      std::fprintf(stderr,
+                   "mltrain-comm: %s: %s is not this user's (uid %u owns it): it is left alone and this rank "
+                   "keeps no counters for mltrain top\n",
+                   me().c_str(), path.c_str(), static_cast<unsigned>(st.st_uid));
+      return;
+    }
+    ::shm_unlink(name.c_str());  // this user's block of an earlier gang: a restarted rank replaces it
+  } else if (errno == ELOOP) {
+    std::fprintf(stderr,
+                 "mltrain-comm: %s: %s is a symbolic link: it is left alone and this rank keeps no counters "
+                 "for mltrain top\n",
+                 me().c_str(), path.c_str());
+    return;
+  }
   try {
-    ::shm_unlink(name.c_str());  // a restarted gang's rank replaces the old block
-    stats_map = std::make_unique<ShmMapping>(name, 4096, true);
+    stats_map = std::make_unique<ShmMapping>(name, 4096, true);  // O_CREAT|O_EXCL, 0600
   } catch (const Error& e) {
     if (opt.debug_links)
       std::fprintf(stderr, "mltrain-comm: %s: no counters for top: %s\n", me().c_str(), e.what());

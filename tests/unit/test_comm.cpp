@@ -7,6 +7,7 @@
 #include <netinet/tcp.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "core/reduce.h"
+#include "core/refusal_log.h"
 #include "mltrain/comm.h"
 #include "mltrain/comm.hpp"
 #include "mltrain/comm_stats.h"
@@ -1179,6 +1181,94 @@ TEST_CASE("stats: each rank's time in collectives is in shared memory; the slow 
   CHECK(seen[1].comm_ns * 4 < seen[2].comm_ns);
   // Gone with the communicators.
   CHECK(::shm_open(("/mltrain-" + run + "-stats-0").c_str(), O_RDONLY, 0) < 0);
+}
+
+TEST_CASE("stats: a reader gives up on a clock that never settles, and on a scale no rank writes") {
+  // Issue 31 item 4: a block planted with an odd clock_seq made the agent spin forever.
+  mltrain_comm_stats s{};
+  s.magic = MLTRAIN_COMM_STATS_MAGIC, s.version = MLTRAIN_COMM_STATS_VERSION;
+  s.clock_ticks = 10, s.clock_ns = 20, s.clock_scale = 1ull << 32;
+  mltrain_comm_stats_clock c{};
+  CHECK(mltrain_comm_stats_try_read_clock(&s, &c) == 1);
+  CHECK(c.ticks == 10);
+  CHECK(c.ns == 20);
+  s.clock_seq = 1;  // a writer stopped mid-update, or a stranger's file
+  mltrain_comm_stats_clock untouched{7, 7, 7};
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(mltrain_comm_stats_try_read_clock(&s, &untouched) == 0);
+  CHECK(std::chrono::steady_clock::now() - start < 1s);
+  CHECK(untouched.ticks == 7);
+  CHECK(mltrain_comm_stats_read_clock(&s).scale == 0);  // the old form: bounded too
+  s.clock_seq = 2, s.clock_scale = (1ull << 32) + 1;    // would overflow the span arithmetic
+  CHECK(mltrain_comm_stats_try_read_clock(&s, &c) == 0);
+}
+
+TEST_CASE("stats: a stranger's file at the block's name is neither removed nor used; the rank goes on") {
+  // Issue 31 item 4: a rank (here as root) unlinked whatever sat at its block's name.
+  if (::geteuid() != 0) {
+    MESSAGE("skipped: needs root to leave a file of another user (nobody) in /dev/shm");
+    return;
+  }
+  const std::string run = "stranger-test-" + std::to_string(::getpid());
+  std::vector<std::string> planted;
+  for (int r = 0; r < 2; ++r) {
+    const std::string path = "/dev/shm/mltrain-" + run + "-stats-" + std::to_string(r);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    REQUIRE(fd >= 0);
+    REQUIRE(::fchown(fd, 65534, 65534) == 0);
+    REQUIRE(::ftruncate(fd, 4096) == 0);
+    ::close(fd);
+    planted.push_back(path);
+  }
+  run_ranks(
+      2, Transport::automatic,
+      [&](Communicator& c) {
+        float x[16] = {1};
+        c.allreduce(x, 16, DataType::f32, ReduceOp::sum);
+      },
+      20s, [&](Options& o) { o.run_id = run; });
+  for (const auto& path : planted) {
+    struct stat st {};
+    CHECK(::stat(path.c_str(), &st) == 0);
+    CHECK(st.st_uid == 65534u);
+    CHECK(st.st_size == 4096);  // untouched
+    ::unlink(path.c_str());
+  }
+  // A name given by the agent (MLTRAIN_COMM_STATS_NAME) is used instead, made 0600, and removed.
+  const std::string given = "/mltrain-" + run + "-stats-0-0123456789abcdef";
+  run_ranks(
+      1, Transport::automatic,
+      [&](Communicator&) {
+        struct stat st {};
+        CHECK(::stat(("/dev/shm" + given).c_str(), &st) == 0);
+        CHECK((st.st_mode & 0777) == 0600);
+        CHECK(st.st_uid == ::geteuid());
+      },
+      20s, [&](Options& o) { o.run_id = run, o.stats_name = given; });
+  CHECK(::access(("/dev/shm" + given).c_str(), F_OK) != 0);
+}
+
+TEST_CASE("refusal log: a flood of strangers gives a few lines and one summary per window") {
+  // Issue 31 item 13: 20,000 tokenless connections wrote 20,000 lines into ps-<host>.log.
+  std::vector<std::string> lines;
+  detail::RefusalLog log([&](const std::string& l) { lines.push_back(l); });
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 20000; ++i)
+    log.refused("refused 10.0.0.9:" + std::to_string(i) + ": it did not prove the job's token",
+                t0 + std::chrono::microseconds(i * 290));  // 20,000 in 5.8 s
+  CHECK(lines.size() == std::size_t(detail::RefusalLog::kBurst));
+  CHECK(lines.back().find("further refusals are counted") != std::string::npos);
+  CHECK(log.due() == t0 + detail::RefusalLog::kWindow);
+  log.tick(t0 + detail::RefusalLog::kWindow);
+  REQUIRE(lines.size() == std::size_t(detail::RefusalLog::kBurst) + 1);
+  CHECK(lines.back() ==
+        "19995 more refused connections (the last: refused 10.0.0.9:19999: it did not prove "
+        "the job's token)");
+  CHECK(log.due() == std::chrono::steady_clock::time_point::max());
+  log.summarise();  // nothing held back: nothing said
+  CHECK(lines.size() == std::size_t(detail::RefusalLog::kBurst) + 1);
+  log.refused("one more", t0 + detail::RefusalLog::kWindow + 1s);  // a new window: said in full
+  CHECK(lines.back() == "one more");
 }
 
 TEST_CASE(

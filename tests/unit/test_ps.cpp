@@ -24,11 +24,12 @@ struct Servers {
   std::vector<std::string> log;
   std::mutex m;
   std::vector<std::unique_ptr<PsServer>> list;
-  Servers(int n, int workers, bool sync, std::string optimizer = {}, double lr = 0.1, double momentum = 0) {
+  Servers(int n, int workers, bool sync, std::string optimizer = {}, double lr = 0.1, double momentum = 0,
+          std::uint64_t memory_budget = 0) {
     for (int i = 0; i < n; ++i) {
       ServerConfig c;
       c.index = i, c.num_workers = workers, c.token = "secret", c.sync = sync;
-      c.optimizer = optimizer, c.lr = lr, c.momentum = momentum;
+      c.optimizer = optimizer, c.lr = lr, c.momentum = momentum, c.memory_budget = memory_budget;
       c.log = [this](std::string_view line) {
         std::lock_guard<std::mutex> lock(m);
         log.emplace_back(line);
@@ -213,6 +214,67 @@ TEST_CASE("bad use gets a clear error naming the key and the server") {
   // The same worker twice.
   CHECK_THROWS_WITH_AS(ps::Client::create(s.options(1, 2, 1 << 20)), doctest::Contains("already connected"),
                        Error);
+}
+
+TEST_CASE("a memory budget: a declare or a round ahead past it is refused naming key and worker") {
+  // Issue 31 item 7: rank 0 declaring 256 MiB keys in a loop, or a sync worker pushing rounds
+  // ahead, got the agent OOM-killed. Here 1 MiB keys under a 3 MiB budget.
+  const std::size_t n = 256 * 1024;  // floats: 1 MiB
+  Servers s(1, 2, true, {}, 0.1, 0, 3u << 20);
+  auto a = ps::Client::create(s.options(0, 2, 64 << 20));
+  auto b = ps::Client::create(s.options(1, 2, 64 << 20));
+  std::vector<float> x(n, 1.0f);
+  a->declare(1, n, DataType::f32);
+  a->declare(2, n, DataType::f32);
+  a->declare(3, n, DataType::f32);  // 3 MiB of values: the budget is full
+  CHECK_THROWS_WITH_AS(a->declare(4, n, DataType::f32),
+                       doctest::Contains("worker 0's declare of key 4 part 0 (1 MiB) would take PS server 0 "
+                                         "past its memory budget of 3 MiB (3 MiB held)"),
+                       Error);
+  // The server goes on serving; a round it has no room for is refused too.
+  a->pull(1, x.data());
+  b->declare(1, n, DataType::f32);  // a key the server holds already: no more memory
+  CHECK_THROWS_WITH_AS(b->push(1, x.data()), doctest::Contains("worker 1's push to key 1 part 0"), Error);
+}
+
+TEST_CASE("a sync worker pushing rounds ahead is stopped at the budget, not by the kernel") {
+  const std::size_t n = 256 * 1024;  // floats: 1 MiB
+  Servers s(1, 2, true, {}, 0.1, 0, 6u << 20);
+  auto a = ps::Client::create(s.options(0, 2, 64 << 20));
+  auto b = ps::Client::create(s.options(1, 2, 64 << 20));
+  std::vector<float> x(n, 1.0f);
+  a->declare(7, n, DataType::f32);  // 1 MiB value (+1 MiB of a's push buffer, handed over)
+  b->declare(7, n, DataType::f32);
+  std::string refused;
+  int rounds = 0;
+  for (; rounds < 64 && refused.empty(); ++rounds) {
+    try {
+      a->push(7, x.data());  // worker 1 never pushes: every round stays open
+    } catch (const Error& e) {
+      refused = e.what();
+    }
+  }
+  CHECK(rounds > 2);
+  CHECK(rounds < 8);
+  CHECK_MESSAGE(refused.find("worker 0's push to key 7 part 0 (1 MiB) would take PS server 0 past its memory "
+                             "budget of 6 MiB") != std::string::npos,
+                refused);
+  CHECK_MESSAGE(refused.find("push fewer rounds ahead") != std::string::npos, refused);
+  bool logged = false;
+  {
+    std::lock_guard<std::mutex> lock(s.m);
+    for (const auto& l : s.log)
+      logged = logged || l.find("refused worker 0's push to key 7") != std::string::npos;
+  }
+  CHECK(logged);
+  // Worker 1 catches up (joining an open round needs no room of its own): rounds close, and the
+  // memory they held is free again.
+  for (int r = 0; r + 1 < rounds; ++r) b->push(7, x.data());
+  a->push(7, x.data());
+  b->push(7, x.data());
+  std::vector<float> got(n);
+  a->pull(7, got.data());
+  CHECK(got[0] == 2.0f);
 }
 
 TEST_CASE("a server that goes away fails the waiting worker, naming it; a timeout names the server") {

@@ -93,6 +93,9 @@ struct Options {
   std::string run_id;
   // With a run id: keep per-rank counters in /dev/shm for the agent (mltrain/comm_stats.h).
   bool stats = true;
+  // Their shared-memory name (MLTRAIN_COMM_STATS_NAME, which the agent sets: "/mltrain-…", no
+  // other '/'); "": /mltrain-<run_id>-stats-<rank>.
+  std::string stats_name;
 
   static Options from_env();
 };

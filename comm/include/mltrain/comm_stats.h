@@ -1,12 +1,20 @@
 /* Per-rank counters the comm library keeps in shared memory, so the launcher's agent can tell
  * which rank the others wait for (`mltrain top`) without asking the rank anything.
  *
- * Where: /dev/shm/mltrain-<run id>-stats-<rank> (the run id as in every segment of the job:
- * characters other than [A-Za-z0-9._-] as '_', at most 100), created by init when MLTRAIN_RUN_ID is
- * set and MLTRAIN_COMM_STATS is not 0; removed when the communicator is destroyed, and by the
- * agent with the job's other segments.
+ * Where: the name in MLTRAIN_COMM_STATS_NAME, which the mltrain agent gives each rank it starts
+ * (/mltrain-<run id>-stats-<rank>-<16 random hex digits>: another user on the host cannot guess it,
+ * so cannot take it first); without one, /mltrain-<run id>-stats-<rank> (the run id as in every
+ * segment of the job: characters other than [A-Za-z0-9._-] as '_', at most 100). Created by init
+ * when MLTRAIN_RUN_ID is set and MLTRAIN_COMM_STATS is not 0, exclusively (O_EXCL) and mode 0600;
+ * a block of this user's own already there (an earlier gang's) is replaced, anyone else's is left
+ * alone and the rank goes without counters (said once on stderr). Removed when the communicator
+ * is destroyed, and by the agent with the job's other segments.
  * Who: one writer (the rank); readers map it read-only and load each 64-bit field atomically
  * (__atomic_load_n, relaxed). Fields may be a call apart from each other; no lock is taken.
+ * Readers trust no block blindly: /dev/shm is everyone's. The agent reads a block only if it is a
+ * regular file owned by its own user, writable by nobody else, whose pid is one of its ranks and
+ * whose fields are in range; it reads the clock with a bounded number of tries
+ * (mltrain_comm_stats_try_read_clock). Anything else it ignores, naming the file once.
  * Times: in ticks of the block's clock, so that a collective pays for cheap clock reads and no
  * arithmetic (on x86-64 the TSC, where the kernel keeps time with it; else CLOCK_MONOTONIC ns,
  * clock_scale 2^32). The fields keep their _ns names for source compatibility: convert them with
@@ -59,17 +67,40 @@ struct mltrain_comm_stats_clock {
   uint64_t ticks, ns, scale;
 };
 
-static inline struct mltrain_comm_stats_clock mltrain_comm_stats_read_clock(
-    const struct mltrain_comm_stats* s) {
-  struct mltrain_comm_stats_clock c;
-  uint64_t seq;
-  do {
-    seq = __atomic_load_n(&s->clock_seq, __ATOMIC_ACQUIRE);
+/* How many times a reader tries for a consistent copy of the clock before it gives up for this
+ * sample. The rank rewrites the clock in well under a microsecond; a clock_seq that stays odd (a
+ * rank stopped mid-update, or a block that is not a live rank's) must not hold a reader. */
+#define MLTRAIN_COMM_STATS_CLOCK_TRIES 1024u
+
+/* Copies the block's clock into *out: 1 when a consistent copy came within
+ * MLTRAIN_COMM_STATS_CLOCK_TRIES reads with clock_scale <= 2^32 (as a rank writes it), else 0 and
+ * *out untouched (give up for this sample). Never blocks. */
+static inline int mltrain_comm_stats_try_read_clock(const struct mltrain_comm_stats* s,
+                                                    struct mltrain_comm_stats_clock* out) {
+  unsigned tries;
+  for (tries = 0; tries < MLTRAIN_COMM_STATS_CLOCK_TRIES; ++tries) {
+    struct mltrain_comm_stats_clock c;
+    const uint64_t seq = __atomic_load_n(&s->clock_seq, __ATOMIC_ACQUIRE);
+    if ((seq & 1u) != 0) continue;
     c.ticks = __atomic_load_n(&s->clock_ticks, __ATOMIC_RELAXED);
     c.ns = __atomic_load_n(&s->clock_ns, __ATOMIC_RELAXED);
     c.scale = __atomic_load_n(&s->clock_scale, __ATOMIC_RELAXED);
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
-  } while ((seq & 1u) != 0 || seq != __atomic_load_n(&s->clock_seq, __ATOMIC_RELAXED));
+    if (seq != __atomic_load_n(&s->clock_seq, __ATOMIC_RELAXED)) continue;
+    if (c.scale > (UINT64_C(1) << 32)) return 0;
+    *out = c;
+    return 1;
+  }
+  return 0;
+}
+
+/* As mltrain_comm_stats_try_read_clock; when no consistent copy comes, a clock of all zeros
+ * (scale 0: every time and span reads as 0 or the clock's ns). Kept for source compatibility;
+ * new readers use the try_ form and skip the sample. */
+static inline struct mltrain_comm_stats_clock mltrain_comm_stats_read_clock(
+    const struct mltrain_comm_stats* s) {
+  struct mltrain_comm_stats_clock c = {0, 0, 0};
+  (void)mltrain_comm_stats_try_read_clock(s, &c);
   return c;
 }
 

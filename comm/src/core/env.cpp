@@ -52,6 +52,7 @@ Options read_options() {
   o.host_splits_shm = !o.host.empty();
   o.debug_links = knobs::get_flag("MLTRAIN_COMM_DEBUG");
   o.stats = knobs::get_flag("MLTRAIN_COMM_STATS");
+  o.stats_name = knobs::get_string("MLTRAIN_COMM_STATS_NAME");
   o.run_id = knobs::get_string("MLTRAIN_RUN_ID");
   return o;
 }

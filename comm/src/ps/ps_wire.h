@@ -33,6 +33,7 @@ enum Status : std::uint16_t {
   kMismatch = 5,    // another count or dtype than the declaration
   kBadRequest = 6,  // an op or dtype this server does not know
   kStale = 7,       // the hello's generation is older than the server's
+  kNoMemory = 8,    // holding it would pass the server's memory budget (ServerConfig::memory_budget)
 };
 
 using wire::get;  // the store's field encoders (host byte order)

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/reduce.h"
+#include "core/refusal_log.h"
 #include "ps/ps_wire.h"
 #include "transport/socket.h"
 
@@ -120,6 +121,9 @@ struct PsServer::State {
   std::unordered_map<PartKey, Part, PartKeyHash> parts;
   std::unordered_map<std::size_t, std::vector<Buf>> pool;
   std::size_t pool_bytes = 0;
+  // What the budget counts (pool_bytes too): the parts' values and momentum, their rounds under
+  // way, and the connections' push buffers.
+  std::uint64_t value_bytes = 0, round_bytes = 0, scratch_total = 0;
   std::vector<std::pair<Buf, std::size_t>> retired;  // buffers replies may still be sending
   char discard[kDiscard];
 
@@ -132,6 +136,8 @@ struct PsServer::State {
   void log(const std::string& line) {
     if (config.log) config.log(line);
   }
+  // Strangers' connections: the first few said, the rest summarised (a flood grows no log).
+  RefusalLog refusals{[this](const std::string& line) { log(line); }};
   Buf take(std::size_t n) {
     auto it = pool.find(n);
     if (it != pool.end() && !it->second.empty()) {
@@ -148,7 +154,11 @@ struct PsServer::State {
       retired.emplace_back(std::move(b), n);
       return;
     }
-    if (pool_bytes + n > kPoolBytes) return;
+    // Free buffers are a cache: at most a quarter of the budget, so they never crowd out values.
+    const std::size_t cap = config.memory_budget
+                                ? std::size_t(std::min<std::uint64_t>(kPoolBytes, config.memory_budget / 4))
+                                : kPoolBytes;
+    if (pool_bytes + n > cap) return;
     pool[n].push_back(std::move(b));
     pool_bytes += n;
   }
@@ -197,7 +207,7 @@ struct PsServer::State {
     if (!same_token(token, config.token)) {
       r.status = kBadToken;
       message = "the connection did not prove the job's token (MLTRAIN_TOKEN)";
-      log("refused " + c.peer + ": it did not prove the job's token");
+      refusals.refused("refused " + c.peer + ": it did not prove the job's token");
     } else if (h.version != kVersion) {
       r.status = kBadVersion;
       message = "PS wire version " + std::to_string(h.version) + ", but server " +
@@ -217,6 +227,7 @@ struct PsServer::State {
         log("generation " + std::to_string(h.generation) + " (the gang restarted): every key starts afresh");
         generation = h.generation;
         parts.clear();
+        value_bytes = round_bytes = 0;
         keys = 0;
         queue_depth = 0;
         for (auto& [serial, other] : conns)
@@ -246,6 +257,24 @@ struct PsServer::State {
     c.generation = h.generation;
     ++workers;
     log("worker " + std::to_string(c.worker) + " connected from " + c.peer);
+  }
+
+  std::uint64_t held() const { return value_bytes + round_bytes + scratch_total + pool_bytes; }
+  static std::string mib(std::uint64_t b) { return std::to_string((b + (1u << 20) - 1) >> 20) + " MiB"; }
+  // "" when a request of `bytes` fits in the budget, with `extra` bytes it holds besides its
+  // buffer (momentum); else why not, naming the key and the worker. The buffer becomes the part's
+  // value (declare) or a new round's sum (a sync push that opens one); a connection's buffer of
+  // the same size is reused.
+  std::string over_budget(const Conn& c, const Request& q, std::uint64_t bytes, std::uint64_t extra,
+                          const char* doing) const {
+    if (config.memory_budget == 0) return {};
+    const std::uint64_t buffer = c.scratch && c.scratch_bytes == bytes ? 0 : bytes;
+    if (held() + buffer + extra <= config.memory_budget) return {};
+    return "worker " + std::to_string(c.worker) + "'s " + doing + " " + what(q) + " (" + mib(bytes) +
+           ") would take PS server " + std::to_string(config.index) + " past its memory budget of " +
+           mib(config.memory_budget) + " (" + mib(held()) +
+           " held): give the servers more (MLTRAIN_PS_MEMORY), add servers ([ps] servers), or push "
+           "fewer rounds ahead";
   }
 
   // A request's header is in: where its payload goes.
@@ -282,8 +311,14 @@ struct PsServer::State {
       if (it == parts.end()) {
         // Into the connection's buffer: the part exists once its value is whole (another worker's
         // declaration may finish first; then that one's value stays).
-        use_scratch(c, bytes);
-        c.then = Then::declare_new;
+        const std::uint64_t velocity = !config.sync && config.momentum != 0 ? q.count * sizeof(double) : 0;
+        if (std::string why = over_budget(c, q, bytes, velocity, "declare of"); !why.empty()) {
+          log("refused " + why);
+          c.then = Then::discard_error, c.error_status = kNoMemory, c.error = std::move(why);
+        } else {
+          use_scratch(c, bytes);
+          c.then = Then::declare_new;
+        }
       } else if (mismatch(it->second)) {
         c.then = Then::discard_error, c.error_status = kMismatch;
         c.error = what(q) + " is declared as " + describe(it->second.count, it->second.dtype) +
@@ -310,9 +345,20 @@ struct PsServer::State {
         c.error = what(q) + " is " + std::string(name_of(dtype)) + ", but the server's optimizer " +
                   config.optimizer + " needs floating point";
       } else {
-        use_scratch(c, bytes);
-        if (config.sync) c.round = p.pushes[std::size_t(c.worker)] + 1;
-        c.then = Then::push;
+        // Sync: the worker's next round; a push that opens it hands its buffer to the round's sum.
+        // Only opening a round holds more: joining one (worker 1 catching up) or an async push
+        // reuses the connection's buffer, one per connection.
+        const std::uint64_t round = config.sync ? p.pushes[std::size_t(c.worker)] + 1 : 0;
+        const bool opens = config.sync && p.rounds.find(round) == p.rounds.end();
+        std::string why = opens ? over_budget(c, q, bytes, 0, "push to") : std::string();
+        if (!why.empty()) {
+          log("refused " + why);
+          c.then = Then::discard_error, c.error_status = kNoMemory, c.error = std::move(why);
+        } else {
+          use_scratch(c, bytes);
+          c.round = round;
+          c.then = Then::push;
+        }
       }
     }
     const bool has_payload = q.op != kPull;
@@ -326,10 +372,22 @@ struct PsServer::State {
 
   void use_scratch(Conn& c, std::size_t bytes) {
     if (c.scratch_bytes != bytes || !c.scratch) {
-      give(std::move(c.scratch), c.scratch_bytes);
+      release_scratch(c);
       c.scratch = take(bytes), c.scratch_bytes = bytes;
+      scratch_total += bytes;
     }
     c.dst = c.scratch.get();
+  }
+  void release_scratch(Conn& c) {
+    if (c.scratch) scratch_total -= c.scratch_bytes;
+    give(std::move(c.scratch), c.scratch_bytes);
+    c.scratch_bytes = 0;
+  }
+  // The connection's push buffer now belongs to a part (its value, or a round's sum).
+  Buf hand_over_scratch(Conn& c) {
+    scratch_total -= c.scratch_bytes;
+    c.scratch_bytes = 0;
+    return std::move(c.scratch);
   }
 
   void declare(Conn& c) {
@@ -348,8 +406,9 @@ struct PsServer::State {
     }
     Part p;
     p.dtype = dtype, p.count = q.count, p.bytes = c.scratch_bytes;
-    p.value = std::move(c.scratch);
-    c.scratch_bytes = 0;
+    p.value = hand_over_scratch(c);
+    value_bytes += p.bytes;
+    if (!config.sync && config.momentum != 0) value_bytes += p.count * sizeof(double);  // velocity
     if (config.sync) p.pushes.assign(std::size_t(config.num_workers), 0);
     parts.emplace(PartKey{q.key, q.part}, std::move(p));
     ++keys;
@@ -384,8 +443,8 @@ struct PsServer::State {
     if (config.sync) {
       Part::Acc& acc = p.rounds[c.round];
       if (acc.n == 0) {
-        acc.buf = std::move(c.scratch);  // the round's first push: its buffer becomes the sum
-        c.scratch_bytes = 0;
+        acc.buf = hand_over_scratch(c);  // the round's first push: its buffer becomes the sum
+        round_bytes += p.bytes;
       } else {
         reduce_fn(p.dtype, ReduceOp::sum)(acc.buf.get(), acc.buf.get(), c.scratch.get(),
                                           std::size_t(p.count));
@@ -460,6 +519,7 @@ struct PsServer::State {
       give(std::move(p.value), p.bytes);
       p.value = std::move(p.rounds.begin()->second.buf);
       p.rounds.erase(p.rounds.begin());
+      round_bytes -= p.bytes;  // the round's sum is the value now; the old value went
       ++p.done;
       for (std::size_t i = 0; i < p.waiting.size();) {
         if (p.waiting[i].round != p.done) {
@@ -495,7 +555,7 @@ struct PsServer::State {
       if (!c.hello && c.in.size() >= Hello::kSize) {
         Hello h = Hello::from(c.in.data());
         if (h.magic != kMagic || h.token_len > kMaxToken) {
-          log("closing " + c.peer + ": not an mltrain PS worker");
+          refusals.refused("closing " + c.peer + ": not an mltrain PS worker");
           return false;
         }
         want = Hello::kSize + h.token_len - c.in.size();
@@ -549,7 +609,7 @@ struct PsServer::State {
       if (!c.closing || c.generation == generation)
         log("worker " + std::to_string(c.worker) + " (" + c.peer + ") " + why);
     }
-    give(std::move(c.scratch), c.scratch_bytes);
+    release_scratch(c);
     conns.erase(it);
   }
 };
@@ -616,7 +676,8 @@ void PsServer::serve() {
       const bool strangers = std::any_of(s.conns.begin(), s.conns.end(), [](const auto& kv) {
         return !kv.second.hello && !kv.second.closing;
       });
-      if (::poll(fds.data(), fds.size(), listening && !strangers ? -1 : 100) < 0) {
+      const bool summary_due = s.refusals.due() != std::chrono::steady_clock::time_point::max();
+      if (::poll(fds.data(), fds.size(), listening && !strangers && !summary_due ? -1 : 100) < 0) {
         if (errno == EINTR) continue;
         throw Error(Error::Kind::internal, std::string("poll: ") + std::strerror(errno));
       }
@@ -668,13 +729,15 @@ void PsServer::serve() {
           s.drop(serial, "was closed");
         } else if (!c.hello && !c.closing &&
                    std::chrono::steady_clock::now() - c.accepted > s.config.hello_timeout) {
-          s.log("closing " + c.peer + ": no hello within " + std::to_string(s.config.hello_timeout.count()) +
-                " ms (not an mltrain worker?)");
+          s.refusals.refused("closing " + c.peer + ": no hello within " +
+                             std::to_string(s.config.hello_timeout.count()) + " ms (not an mltrain worker?)");
           s.drop(serial, "was closed");
         }
       }
       s.recycle();
+      s.refusals.tick();
     }
+    s.refusals.summarise();
   } catch (const std::exception& e) {
     {
       std::lock_guard<std::mutex> lock(s.failure_m);

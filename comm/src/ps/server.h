@@ -23,6 +23,10 @@ struct ServerConfig {
   bool sync = true;
   std::string optimizer;  // async: "" (a push is added) or "sgd"
   double lr = 0.01, momentum = 0, weight_decay = 0;
+  // Bytes the server may hold (values, rounds under way, momentum, push buffers, its cache of
+  // free buffers); a declare or push that would pass it is refused (kNoMemory) naming the key and
+  // the worker, and the server goes on serving. 0: no budget.
+  std::uint64_t memory_budget = 0;
   // A connection that has not proved the token by then is closed (a stranger holds no descriptor).
   std::chrono::milliseconds hello_timeout{10000};
   // Called on the server's thread with one line (no newline) for the server's log.

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/refusal_log.h"
 #include "mltrain/comm.hpp"
 #include "rendezvous/store_wire.h"
 
@@ -91,6 +92,9 @@ void StoreServer::serve() {
   std::size_t unproven = 0;
   Clock::time_point accept_rest_until{};
   bool said_fds = false, said_flood = false;
+  // Strangers' refused connections: the first few said, the rest summarised (core/refusal_log.h).
+  RefusalLog refusals(
+      [](const std::string& line) { std::fprintf(stderr, "mltrain-comm store: %s\n", line.c_str()); });
   auto forget_unproven = [&](Conn& c) {
     if (c.hello_done || c.hello_by == Clock::time_point{}) return;
     --unproven;
@@ -105,10 +109,7 @@ void StoreServer::serve() {
         if (in.size() < Hello::kSize) return true;
         const Hello hello = Hello::from(in.data());
         if (hello.magic != kStoreMagic || hello.token_len > kMaxToken) {
-          std::fprintf(stderr,
-                       "mltrain-comm store: refused connection from %s: not an mltrain "
-                       "store client (bad magic)\n",
-                       c.name.c_str());
+          refusals.refused("refused connection from " + c.name + ": not an mltrain store client (bad magic)");
           return false;
         }
         if (in.size() < Hello::kSize + hello.token_len) return true;
@@ -133,7 +134,12 @@ void StoreServer::serve() {
             .put_to(out);
         out += msg;
         reply(c, out);
-        if (status != kOk) {
+        if (status == kBadToken) {
+          refusals.refused("refused connection from " + c.name + " (rank " + std::to_string(c.rank) +
+                           "): " + msg);
+          return false;
+        }
+        if (status != kOk) {  // a token holder of another version: said every time
           std::fprintf(stderr, "mltrain-comm store: refused connection from %s (rank %d): %s\n",
                        c.name.c_str(), c.rank, msg.c_str());
           return false;
@@ -268,6 +274,8 @@ void StoreServer::serve() {
       for (auto& [key, list] : waiters) std::erase(list, it->get());
       it = conns.erase(it);
     }
+    refusals.tick(now);
+    next = std::min(next, refusals.due());
     const bool resting = now < accept_rest_until;
     if (resting) next = std::min(next, accept_rest_until);
     fds.clear();
@@ -278,7 +286,10 @@ void StoreServer::serve() {
                                ? -1
                                : int(std::chrono::ceil<std::chrono::milliseconds>(next - now).count());
     if (::poll(fds.data(), fds.size(), timeout_ms) < 0) continue;
-    if (fds[0].revents != 0) break;
+    if (fds[0].revents != 0) {
+      refusals.summarise();
+      break;
+    }
     if (fds[1].revents != 0) accept_all();
     for (std::size_t i = 2; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
