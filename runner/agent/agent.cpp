@@ -247,6 +247,7 @@ int Agent::run() {
       signal_groups(SIGKILL, kAllRanks);
       kill_orphans();
       stop_ps();
+      remove_private_dir(private_dir_);
       send(msg::Bye{});
       flush_outbox(true);
       return 0;

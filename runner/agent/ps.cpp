@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -33,6 +34,65 @@ struct PsHost {
   }
 };
 
+namespace {
+
+uint64_t number_in(const std::string& text) {
+  if (text.empty() || text[0] < '0' || text[0] > '9') return 0;  // "max", or nothing
+  return std::strtoull(text.c_str(), nullptr, 10);
+}
+
+// The memory this agent may use: the smaller of MemTotal and every memory limit of its cgroup and
+// the cgroups above it (v2 memory.max, v1 memory.limit_in_bytes); 0 when none can be read.
+uint64_t host_memory_bytes() {
+  uint64_t best = 0;
+  auto take = [&](uint64_t v) {
+    if (v > 0 && (best == 0 || v < best)) best = v;
+  };
+  std::string text;
+  if (telemetry::read_small_file("/proc/meminfo", text))
+    if (size_t at = text.find("MemTotal:"); at != std::string::npos)
+      take(std::strtoull(text.c_str() + at + 9, nullptr, 10) * 1024);
+  if (!telemetry::read_small_file("/proc/self/cgroup", text)) return best;
+  for (size_t at = 0; at < text.size();) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(at, end - at);
+    at = end + 1;
+    const size_t c1 = line.find(':'), c2 = line.find(':', c1 + 1);
+    if (c1 == std::string::npos || c2 == std::string::npos) continue;
+    const std::string controllers = line.substr(c1 + 1, c2 - c1 - 1);
+    std::string path = line.substr(c2 + 1);
+    std::string base, file;
+    if (controllers.empty())
+      base = "/sys/fs/cgroup", file = "/memory.max";
+    else if (("," + controllers + ",").find(",memory,") != std::string::npos)
+      base = "/sys/fs/cgroup/memory", file = "/memory.limit_in_bytes";
+    else
+      continue;
+    if (path.find("..") != std::string::npos) continue;
+    for (int depth = 0; depth < 32; ++depth) {
+      std::string limit;
+      if (telemetry::read_small_file((base + path + file).c_str(), limit)) take(number_in(limit));
+      if (path.empty() || path == "/") break;
+      const size_t slash = path.rfind('/');
+      path = slash == std::string::npos || slash == 0 ? "" : path.substr(0, slash);
+    }
+  }
+  return best;
+}
+
+// What this host's servers may hold together, from Prepare's ps_memory ("N" bytes or "P%" of the
+// host's memory; "": 50%); 0: no budget (the host's memory is unknown).
+uint64_t ps_host_budget(const std::string& spec) {
+  const std::string v = spec.empty() ? "50%" : spec;
+  if (v.back() != '%') return std::strtoull(v.c_str(), nullptr, 10);
+  const uint64_t pct = std::strtoull(v.c_str(), nullptr, 10);
+  const uint64_t memory = host_memory_bytes(), share = std::min<uint64_t>(pct, 100);
+  return memory / 100 * share + memory % 100 * share / 100;  // exact, and no overflow
+}
+
+}  // namespace
+
 int Agent::ps_fd() const { return ps_ ? ps_->pipe[0] : -1; }
 
 void Agent::start_ps(const msg::Prepare& m, msg::Prepared& out) {
@@ -43,6 +103,8 @@ void Agent::start_ps(const msg::Prepare& m, msg::Prepared& out) {
     return;
   }
   PsHost* raw = host.get();
+  // The host's budget, shared evenly by its servers.
+  const uint64_t budget = ps_host_budget(m.ps_memory) / m.ps_servers.size();
   for (int32_t number : m.ps_servers) {
     comm::detail::ServerConfig c;
     c.index = number;
@@ -53,6 +115,7 @@ void Agent::start_ps(const msg::Prepare& m, msg::Prepared& out) {
     c.lr = std::strtod(m.ps_lr.c_str(), nullptr);
     c.momentum = std::strtod(m.ps_momentum.c_str(), nullptr);
     c.weight_decay = std::strtod(m.ps_weight_decay.c_str(), nullptr);
+    c.memory_budget = budget;
     c.log = [raw, number](std::string_view line) {
       {
         std::lock_guard<std::mutex> lock(raw->m);
@@ -74,10 +137,11 @@ void Agent::start_ps(const msg::Prepare& m, msg::Prepared& out) {
   host->failure_said.assign(host->servers.size(), false);
   // Said before the threads start: from then on only they (under the lock) add lines.
   for (size_t i = 0; i < host->servers.size(); ++i)
-    host->lines.emplace_back(host->numbers[i], "listening on port " +
-                                                   std::to_string(host->servers[i]->port()) + " for " +
-                                                   std::to_string(m.ps_workers) + " workers (" +
-                                                   (m.ps_sync ? "sync" : "async") + ")");
+    host->lines.emplace_back(
+        host->numbers[i], "listening on port " + std::to_string(host->servers[i]->port()) + " for " +
+                              std::to_string(m.ps_workers) + " workers (" + (m.ps_sync ? "sync" : "async") +
+                              ", memory budget " + (budget ? std::to_string(budget >> 20) + " MiB" : "none") +
+                              ")");
   for (auto& server : host->servers) server->start();
   ps_ = std::move(host);
   pump_ps();

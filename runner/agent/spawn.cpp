@@ -2,20 +2,22 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "runner/agent/detail/agent_impl.h"
+#include "runner/agent/oom.h"
 #include "runner/agent/protocol.h"
 
-#include "runner/agent/oom.h"
 extern char** environ;
 
 namespace mltrain::agent::detail {
@@ -81,26 +83,60 @@ namespace {
 constexpr size_t kMaxErrorFile = 64 << 10;
 
 // What a rank wrote to its TORCHELASTIC_ERROR_FILE (torch's @record), for the launcher's failure
-// summary, wherever the rank ran. A file mltrain placed in /tmp for a remote rank is removed once
-// read; one in the run's folder stays with the run.
-std::string take_error_file(const std::string& path, bool failed) {
+// summary, wherever the rank ran. Only a regular file of this user's is read (never through a
+// link, at most kMaxErrorFile bytes); one in the agent's private folder is removed once read, one
+// in the run's folder stays with the run.
+std::string take_error_file(const std::string& path, bool failed, const std::string& private_dir) {
   if (path.empty()) return {};
   std::string got;
   if (failed) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    struct stat st {};
+    if (fd >= 0 && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid()) {
       char buf[4096];
       ssize_t n;
       while (got.size() < kMaxErrorFile && (n = ::read(fd, buf, sizeof buf)) > 0) got.append(buf, size_t(n));
-      ::close(fd);
       if (got.size() > kMaxErrorFile) got.resize(kMaxErrorFile);
     }
+    if (fd >= 0) ::close(fd);
   }
-  if (path.rfind("/tmp/mltrain-", 0) == 0) ::unlink(path.c_str());
+  if (!private_dir.empty() && path.size() > private_dir.size() &&
+      path.compare(0, private_dir.size(), private_dir) == 0 && path[private_dir.size()] == '/' &&
+      path.find('/', private_dir.size() + 1) == std::string::npos)
+    ::unlink(path.c_str());
   return got;
 }
 
 }  // namespace
+
+// The agent's private folder for its ranks' files (TORCHELASTIC_ERROR_FILE): made on first use by
+// mkdtemp (mode 0700, a random name, so nothing another user made can sit there), owned by the
+// job's user, removed when the agent ends (and by the warden when the agent is killed). "" with
+// `why` when it cannot be made.
+const std::string& Agent::private_dir(std::string& why) {
+  if (!private_dir_.empty() || private_dir_tried_) return private_dir_;
+  private_dir_tried_ = true;
+  const char* tmp = ::getenv("TMPDIR");
+  std::string base = tmp && *tmp == '/' ? tmp : "/tmp";
+  std::string run;
+  for (char c : run_id_.substr(0, 60))
+    run += (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '.'
+               ? c
+               : '_';
+  std::string templ = base + "/mltrain-" + run + "-XXXXXX";
+  if (::mkdtemp(templ.data()) == nullptr) {
+    why = "mkdtemp(" + templ + "): " + std::strerror(errno);
+    return private_dir_;
+  }
+  struct stat st {};
+  if (::lstat(templ.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() ||
+      (st.st_mode & 077) != 0) {
+    why = templ + " is not a private folder of this user's";
+    return private_dir_;
+  }
+  private_dir_ = templ;
+  return private_dir_;
+}
 
 // Forwards everything already in the pipes, so a rank's output always precedes its exit frame.
 void Agent::drain_rank(Rank& r) {
@@ -137,7 +173,7 @@ void Agent::reap() {
       if (r.id == kSetupId)
         setup_exited(status);
       else
-        send(msg::Exited{status, take_error_file(r.error_file, status != 0),
+        send(msg::Exited{status, take_error_file(r.error_file, status != 0, private_dir_),
                          WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL &&
                                  oom_killed(pid, r.started_us, r.oom_kills_at_start)
                              ? 1u
@@ -206,6 +242,38 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
     if (eq != std::string::npos) merged[kv.substr(0, eq)] = kv;
   }
   add_runtime_env(merged, m);
+  if (auto run = merged.find("MLTRAIN_RUN_ID"); run != merged.end() && run_id_.empty())
+    run_id_ = run->second.substr(sizeof "MLTRAIN_RUN_ID");  // after "MLTRAIN_RUN_ID="
+  // A bare TORCHELASTIC_ERROR_FILE name (a remote rank's: runner/plan/plan.cpp) goes into this
+  // agent's private folder; without one the rank writes none (torch then just prints the error).
+  if (auto e = merged.find("TORCHELASTIC_ERROR_FILE"); e != merged.end()) {
+    const std::string v = e->second.substr(sizeof "TORCHELASTIC_ERROR_FILE");
+    if (!v.empty() && v[0] != '/') {
+      std::string why;
+      const std::string& dir =
+          v.find('/') == std::string::npos && v != "." && v != ".." ? private_dir(why) : "";
+      if (dir.empty()) {
+        if (!why.empty())
+          send(
+              msg::AgentError{"cannot make a private folder for the ranks' error files (" + why +
+                              "): a failed rank's TORCHELASTIC_ERROR_FILE is not collected; free /tmp or set "
+                              "TMPDIR on this host"});
+        merged.erase(e);
+      } else {
+        e->second = "TORCHELASTIC_ERROR_FILE=" + dir + "/" + v;
+      }
+    }
+  }
+  // The rank's comm counter block: a name only this agent and the rank know (comm_stats.h).
+  std::string stats_name;
+  if (auto run = merged.find("MLTRAIN_RUN_ID"); run != merged.end() && id != kSetupId) {
+    auto& given = merged["MLTRAIN_COMM_STATS_NAME"];
+    bool set_by_job = false;  // the job's own value stands; one the agent inherited does not
+    for (const auto& kv : env) set_by_job = set_by_job || kv.rfind("MLTRAIN_COMM_STATS_NAME=", 0) == 0;
+    if (!set_by_job)
+      given = "MLTRAIN_COMM_STATS_NAME=" + comm_stats_name(run->second.substr(sizeof "MLTRAIN_RUN_ID"), id);
+    stats_name = given.substr(sizeof "MLTRAIN_COMM_STATS_NAME");
+  }
   std::vector<char*> envp, args;
   for (auto& [k, kv] : merged) envp.push_back(kv.data());
   envp.push_back(nullptr);
@@ -228,11 +296,9 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
     close_all();
     return;
   }
-  if (auto it = merged.find("MLTRAIN_RUN_ID"); it != merged.end() && run_id_.empty())
-    run_id_ = it->second.substr(sizeof "MLTRAIN_RUN_ID");  // after "MLTRAIN_RUN_ID="
   if (warden_fd_ == -1) {  // once, before the first rank; -2: it could not start (said once)
     auto run_id = merged.find("MLTRAIN_RUN_ID");
-    if (run_id != merged.end() && (warden_fd_ = start_warden(run_id->second, warden_)) < 0) {
+    if (run_id != merged.end() && (warden_fd_ = start_warden(run_id->second, private_dir_, warden_)) < 0) {
       log_err("cannot start the warden (%s); if this agent is killed, its ranks' descendants may survive",
               std::strerror(errno));
       warden_fd_ = -2;
@@ -317,14 +383,15 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
   }
   Rank r;
   r.id = id;
-  r.started_us = monotonic_us();  // for the kernel's OOM record of it, if it dies of SIGKILL
-  r.oom_kills_at_start = cgroup_oom_kills(::getpid());  // its cgroup is the agent's
   r.pid = pid;
   r.fds[0] = out[0];
   r.fds[1] = err[0];
   r.stdin_fd = in[1];
   if (auto e = merged.find("TORCHELASTIC_ERROR_FILE"); e != merged.end())
     r.error_file = e->second.substr(e->second.find('=') + 1);
+  r.stats_name = std::move(stats_name);
+  r.started_us = monotonic_us();  // for the kernel's OOM record of it, if it dies of SIGKILL
+  r.oom_kills_at_start = cgroup_oom_kills(::getpid());  // its cgroup is the agent's
   ranks_[id] = r;
   send(msg::Started{pid}, id);
 }

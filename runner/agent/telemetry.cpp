@@ -9,12 +9,14 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <map>
 #include <string>
@@ -34,20 +36,57 @@ uint64_t monotonic_ns() {
   return uint64_t(ts.tv_sec) * 1'000'000'000u + uint64_t(ts.tv_nsec);
 }
 
-// The block's name, as comm/src/communicator.cpp makes it.
-std::string stats_name(const std::string& run_id, uint32_t rank) {
+constexpr uint32_t kStatsRefusalsNamed = 16;  // past this many, refused blocks go unnamed
+
+// True when process `pid` is `rank_pid` or one of its processes: in its process group (every rank
+// leads its own), or below it within 64 parents (a descendant that made a group of its own).
+bool belongs_to_rank(int32_t pid, int32_t rank_pid) {
+  if (pid <= 0 || rank_pid <= 0) return false;
+  if (pid == rank_pid || ::getpgid(pid) == rank_pid) return true;
+  std::string stat;
+  int32_t at = pid;
+  for (int depth = 0; depth < 64 && at > 1; ++depth) {
+    if (!telemetry::read_small_file(("/proc/" + std::to_string(at) + "/stat").c_str(), stat)) return false;
+    const size_t close = stat.rfind(')');  // the name may hold anything, even ") "
+    if (close == std::string::npos || close + 4 >= stat.size()) return false;
+    at = int32_t(std::strtol(stat.c_str() + close + 4, nullptr, 10));  // ") S PPID"
+    if (at == rank_pid) return true;
+  }
+  return false;
+}
+
+// True when process `pid` runs as this agent's user (watch: any rank of this user's).
+bool process_is_mine(int32_t pid) {
+  struct stat st {};
+  return pid > 0 && ::stat(("/proc/" + std::to_string(pid)).c_str(), &st) == 0 && st.st_uid == ::geteuid();
+}
+
+uint64_t load(const uint64_t& field) { return __atomic_load_n(&field, __ATOMIC_RELAXED); }
+
+}  // namespace
+
+// A rank's counter block name: the job's prefix, as comm/src/communicator.cpp and the warden make
+// it, then 16 random hex digits, so another user cannot take the name before the rank does.
+std::string comm_stats_name(const std::string& run_id, uint32_t rank) {
   std::string run;
   for (char c : run_id.substr(0, 100)) {
     bool keep = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
                 c == '_' || c == '.';
     run += keep ? c : '_';
   }
-  return "/mltrain-" + run + "-stats-" + std::to_string(rank);
+  unsigned char random[8] = {};
+  if (::getrandom(random, sizeof random, 0) != ssize_t(sizeof random)) {
+    // No entropy source: the time and pid still differ per rank and run.
+    const uint64_t mix = (monotonic_ns() * 0x9e3779b97f4a7c15ull) ^ (uint64_t(::getpid()) << 32) ^ rank;
+    std::memcpy(random, &mix, sizeof random);
+  }
+  std::string hex;
+  for (unsigned char b : random) {
+    hex += "0123456789abcdef"[b >> 4];
+    hex += "0123456789abcdef"[b & 15];
+  }
+  return "/mltrain-" + run + "-stats-" + std::to_string(rank) + "-" + hex;
 }
-
-uint64_t load(const uint64_t& field) { return __atomic_load_n(&field, __ATOMIC_RELAXED); }
-
-}  // namespace
 
 void Agent::on(uint32_t, const msg::TelemetryStart& m) {
   telemetry_interval_ms_ = m.interval_ms;
@@ -62,22 +101,69 @@ void Agent::on(uint32_t, const msg::TelemetryStart& m) {
 }
 
 // Maps (once) the counter block `name` (a /dev/shm name with its leading '/'); null when it is
-// missing, still being made, or foreign. A block that was replaced (same name, new file) is mapped
-// again.
-const mltrain_comm_stats* Agent::map_comm_stats(const std::string& name) {
+// missing, still being made, or not to be trusted. /dev/shm is everyone's, so a block is read only
+// when it is a regular file of this agent's user that no one else may write, its fields are in
+// range and its pid is the rank's (rank_pid; 0 in watch: a live process of this user). One that
+// fails is named once (AgentError) and not opened again while the same file sits at the name. A
+// block that was replaced (same name, new file) is looked at afresh.
+const mltrain_comm_stats* Agent::map_comm_stats(const std::string& name, int32_t rank_pid) {
   CommStatsMapping& m = comm_stats_[name];
+  const std::string path = "/dev/shm" + name;
   struct stat st {};
-  bool exists = ::stat(("/dev/shm" + name).c_str(), &st) == 0;
-  if (m.block && (!exists || uint64_t(st.st_dev) != m.dev || uint64_t(st.st_ino) != m.ino)) {
-    ::munmap(const_cast<mltrain_comm_stats*>(m.block), sizeof(mltrain_comm_stats));
+  const bool exists = ::lstat(path.c_str(), &st) == 0;
+  if ((m.block || m.refused) && (!exists || uint64_t(st.st_dev) != m.dev || uint64_t(st.st_ino) != m.ino)) {
+    if (m.block) ::munmap(const_cast<mltrain_comm_stats*>(m.block), sizeof(mltrain_comm_stats));
     m = {};
   }
-  if (!exists) return nullptr;
+  if (!exists || m.refused) return nullptr;
+  auto refuse = [&](const std::string& why) {
+    if (m.block) ::munmap(const_cast<mltrain_comm_stats*>(m.block), sizeof(mltrain_comm_stats));
+    m = {};
+    m.refused = true, m.dev = uint64_t(st.st_dev), m.ino = uint64_t(st.st_ino);
+    if (stats_refusals_said_ < kStatsRefusalsNamed) {
+      const std::string line =
+          "ignoring " + path + ": " + why +
+          " (not a comm counter block of this job's; mltrain top shows no comm time for it)" +
+          (stats_refusals_said_ + 1 == kStatsRefusalsNamed ? "; more such files go unnamed" : "");
+      // A run names it to the launcher; top, which takes an agent's error for a host it cannot
+      // watch, gets it on the agent's stderr.
+      if (watch_)
+        log_err("%s", line.c_str());
+      else
+        send(msg::AgentError{line});
+    }
+    ++stats_refusals_said_;
+    return nullptr;
+  };
   if (!m.block) {
-    int fd = ::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC, 0);
-    if (fd < 0) return nullptr;
+    // O_NONBLOCK: a FIFO planted at the name must not hold the agent; O_NOFOLLOW: nor a link.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) return nullptr;  // gone meanwhile
+      if (S_ISLNK(st.st_mode)) return refuse("a symbolic link");
+      if (st.st_uid != ::geteuid())
+        return refuse("owned by uid " + std::to_string(st.st_uid) + ", not this agent's user (uid " +
+                      std::to_string(::geteuid()) + ")");
+      return refuse(std::string("cannot be opened: ") + std::strerror(errno));
+    }
+    struct stat fst {};
+    std::string why;
+    if (::fstat(fd, &fst) != 0)
+      why = std::string("fstat: ") + std::strerror(errno);
+    else if (!S_ISREG(fst.st_mode))
+      why = "not a regular file";
+    else if (fst.st_uid != ::geteuid())
+      why = "owned by uid " + std::to_string(fst.st_uid) + ", not this agent's user (uid " +
+            std::to_string(::geteuid()) + ")";
+    else if ((fst.st_mode & (S_IWGRP | S_IWOTH)) != 0)
+      why = "writable by other users (mode " + std::to_string((fst.st_mode >> 6) & 7) +
+            std::to_string((fst.st_mode >> 3) & 7) + std::to_string(fst.st_mode & 7) + ")";
+    if (!why.empty()) {
+      ::close(fd);
+      return refuse(why);
+    }
     // The size is set before the magic is written: a shorter file is still being made.
-    if (::fstat(fd, &st) == 0 && st.st_size >= off_t(sizeof(mltrain_comm_stats))) {
+    if (fst.st_size >= off_t(sizeof(mltrain_comm_stats))) {
       void* p = ::mmap(nullptr, sizeof(mltrain_comm_stats), PROT_READ, MAP_SHARED, fd, 0);
       if (p != MAP_FAILED) {
         m.block = static_cast<const mltrain_comm_stats*>(p);
@@ -88,20 +174,42 @@ const mltrain_comm_stats* Agent::map_comm_stats(const std::string& name) {
     ::close(fd);
     if (!m.block) return nullptr;
   }
-  if (__atomic_load_n(&m.block->magic, __ATOMIC_ACQUIRE) != MLTRAIN_COMM_STATS_MAGIC ||
-      m.block->version != MLTRAIN_COMM_STATS_VERSION)
-    return nullptr;
-  return m.block;
+  const mltrain_comm_stats* b = m.block;
+  if (__atomic_load_n(&b->magic, __ATOMIC_ACQUIRE) != MLTRAIN_COMM_STATS_MAGIC) return nullptr;  // being made
+  if (!m.checked) {
+    // Written once at init, before the magic: checked once.
+    const uint32_t version = __atomic_load_n(&b->version, __ATOMIC_RELAXED);
+    const int32_t rank = __atomic_load_n(&b->rank, __ATOMIC_RELAXED);
+    const int32_t world = __atomic_load_n(&b->world_size, __ATOMIC_RELAXED);
+    const int32_t pid = __atomic_load_n(&b->pid, __ATOMIC_RELAXED);
+    if (version != MLTRAIN_COMM_STATS_VERSION)
+      return refuse("version " + std::to_string(version) + ", not " +
+                    std::to_string(MLTRAIN_COMM_STATS_VERSION) + " (a rank of another mltrain version?)");
+    if (world <= 0 || world > (1 << 24) || rank < 0 || rank >= world)
+      return refuse("rank " + std::to_string(rank) + " of " + std::to_string(world) + " is out of range");
+    if (rank_pid > 0 && !belongs_to_rank(pid, rank_pid))
+      return refuse("its pid " + std::to_string(pid) + " is not this agent's rank (pid " +
+                    std::to_string(rank_pid) + ") nor one of its processes");
+    if (rank_pid <= 0) {
+      if (pid <= 0 || (::kill(pid, 0) != 0 && errno == ESRCH))
+        return nullptr;  // a block its rank left behind
+      if (!process_is_mine(pid))
+        return refuse("its pid " + std::to_string(pid) + " is not a process of this agent's user");
+    }
+    m.checked = true;
+  }
+  return b;
 }
 
-// Reads the rank's counter block; a missing, foreign or half-written one leaves the comm fields
-// empty.
-void Agent::read_comm_stats(telemetry::RankSample& r, const std::string& name) {
+// Reads the rank's counter block; a missing, refused or half-written one, or a clock that gives no
+// consistent copy within a bounded number of tries, leaves the comm fields of this sample empty.
+void Agent::read_comm_stats(telemetry::RankSample& r, const std::string& name, int32_t rank_pid) {
   if (name.empty()) return;
-  const mltrain_comm_stats* b = map_comm_stats(name);
+  const mltrain_comm_stats* b = map_comm_stats(name, rank_pid);
   if (!b) return;
   // Times are in the block's ticks: CLOCK_MONOTONIC ns through its clock (comm_stats.h).
-  const mltrain_comm_stats_clock clock = mltrain_comm_stats_read_clock(b);
+  mltrain_comm_stats_clock clock{};
+  if (!mltrain_comm_stats_try_read_clock(b, &clock)) return;
   r.comm_ns = mltrain_comm_stats_span_ns(&clock, load(b->comm_ns));
   r.calls = load(b->calls);
   r.entered_ns = mltrain_comm_stats_time_ns(&clock, load(b->entered_ns));
@@ -120,13 +228,13 @@ void Agent::discover_ranks(std::vector<telemetry::RankPid>& pids) {
       if (n.rfind("mltrain-", 0) != 0 || n.find("-stats-") == std::string_view::npos) continue;
       if (seen.size() >= 1024) break;
       const std::string name = "/" + std::string(n);
-      const mltrain_comm_stats* b = map_comm_stats(name);
+      const mltrain_comm_stats* b = map_comm_stats(name, 0);
       seen[name] = comm_stats_[name];
       comm_stats_.erase(name);
       if (!b) continue;
       const int32_t pid = __atomic_load_n(&b->pid, __ATOMIC_RELAXED);
       const int32_t rank = __atomic_load_n(&b->rank, __ATOMIC_RELAXED);
-      if (pid <= 0 || (::kill(pid, 0) != 0 && errno != EPERM)) continue;  // a block its rank left behind
+      if (::kill(pid, 0) != 0 && errno == ESRCH) continue;  // a block its rank left behind
       pids.push_back({rank, pid});
       stats_of_pid_[pid] = name;
     }
@@ -194,11 +302,26 @@ void Agent::take_sample() {
     sample_.monotonic_ns = monotonic_ns();
     for (auto& r : sample_.ranks) {
       if (!watch_) {
-        if (!run_id_.empty() && r.rank >= 0) read_comm_stats(r, stats_name(run_id_, uint32_t(r.rank)));
+        // Only the block each rank was told to make (MLTRAIN_COMM_STATS_NAME), by the rank's pid.
+        if (auto it = ranks_.find(uint32_t(r.rank)); r.rank >= 0 && it != ranks_.end())
+          read_comm_stats(r, it->second.stats_name, int32_t(it->second.pid));
       } else if (auto it = stats_of_pid_.find(r.pid); it != stats_of_pid_.end()) {
-        read_comm_stats(r, it->second);
+        read_comm_stats(r, it->second, 0);
       }
     }
+    if (!watch_)  // the blocks of ranks gone by (a restarted gang's) are let go
+      for (auto it = comm_stats_.begin(); it != comm_stats_.end();) {
+        bool current = false;
+        for (const auto& [id, rank] : ranks_)
+          current = current || (!rank.reaped && rank.stats_name == it->first);
+        if (current) {
+          ++it;
+          continue;
+        }
+        if (it->second.block)
+          ::munmap(const_cast<mltrain_comm_stats*>(it->second.block), sizeof(mltrain_comm_stats));
+        it = comm_stats_.erase(it);
+      }
     telemetry::encode(sample_, telemetry_msg_.sample);
     send(telemetry_msg_);
   } catch (const std::exception& e) {

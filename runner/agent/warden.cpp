@@ -8,7 +8,7 @@
 // went, the read returns 0, and the warden kills every process of this user that carries the job's
 // run id in its environment (every rank does, and every descendant that kept its environment),
 // sweep after sweep until none is found (after an ordinary end it finds nothing), then removes the
-// job's shared memory segments from /dev/shm.
+// job's shared memory segments from /dev/shm and the agent's private folder.
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -101,7 +101,32 @@ void remove_shm(const std::string& run_id) {
 
 }  // namespace
 
-int start_warden(const std::string& marker, pid_t& warden) {
+void remove_private_dir(const std::string& dir) {
+  if (dir.empty()) return;
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return;
+  struct stat st;
+  const uid_t uid = ::geteuid();
+  if (::fstat(fd, &st) != 0 || st.st_uid != uid) {
+    ::close(fd);
+    return;
+  }
+  if (DIR* d = ::fdopendir(fd)) {
+    while (dirent* e = ::readdir(d)) {
+      if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+      struct stat est;
+      if (::fstatat(fd, e->d_name, &est, AT_SYMLINK_NOFOLLOW) == 0 && est.st_uid == uid &&
+          !S_ISDIR(est.st_mode))
+        (void)::unlinkat(fd, e->d_name, 0);  // a link itself, never what it names
+    }
+    ::closedir(d);  // closes fd
+  } else {
+    ::close(fd);
+  }
+  (void)::rmdir(dir.c_str());  // fails, and stays, if a rank left a folder of its own in it
+}
+
+int start_warden(const std::string& marker, const std::string& private_dir, pid_t& warden) {
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) return -1;
   pid_t pid = ::fork();
@@ -149,6 +174,7 @@ int start_warden(const std::string& marker, pid_t& warden) {
     ::usleep(empty > 0 || round >= 10 ? 10000 : 1000);
   }
   remove_shm(marker.substr(marker.find('=') + 1));
+  remove_private_dir(private_dir);
   ::_exit(0);
 }
 

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <set>
 
+#include "knobs/parse.h"
 #include "runner/common/error.h"
 #include "runner/common/text.h"
 
@@ -215,6 +216,24 @@ std::vector<hostfile::Host> resolve_hosts(const spec::JobSpec& s,
   return hosts;
 }
 
+namespace {
+// MLTRAIN_PS_MEMORY as the agents take it: "N" bytes or "P%" (1-100) of each host's memory.
+std::string ps_memory_value(const std::string& text) {
+  const std::string t = text::trim(text);
+  const std::string fix = "set MLTRAIN_PS_MEMORY to a size (8G, 512M) or a share of each host's memory (50%)";
+  if (!t.empty() && t.back() == '%') {
+    auto pct = knobs::parse_int(std::string_view(t).substr(0, t.size() - 1));
+    if (!pct || *pct < 1 || *pct > 100)
+      throw Error("MLTRAIN_PS_MEMORY='" + text + "': a share must be 1% to 100%", fix);
+    return std::to_string(*pct) + "%";
+  }
+  auto bytes = knobs::parse_bytes(t);
+  if (!bytes || *bytes < (1u << 20))
+    throw Error("MLTRAIN_PS_MEMORY='" + text + "' is not a size of at least 1M", fix);
+  return std::to_string(*bytes);
+}
+}  // namespace
+
 Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
   Plan p;
   p.run_id = in.run_id;
@@ -376,11 +395,15 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
   p.nccl_required = s.comm.backend == "nccl";
   p.gpus_per_proc = s.gpus.per_proc;
   p.procs_per_gpu = s.gpus.procs_per_gpu;
+  std::string ps_memory;
+  if (auto it = in.environ.find("MLTRAIN_PS_MEMORY"); it != in.environ.end()) ps_memory = it->second;
   for (const auto& [k, v] : base) {
     if (k == "CUDA_VISIBLE_DEVICES") p.user_cuda_visible_devices = v;
     if (k == "MLTRAIN_NVML_LIBRARY") p.nvml_library = v;
     if (k == "MLTRAIN_NCCL_LIBRARY") p.nccl_library = v;
+    if (k == "MLTRAIN_PS_MEMORY") ps_memory = v;  // the job's own wins over the launcher's
   }
+  if (p.ps_mode && !ps_memory.empty()) p.ps_memory = ps_memory_value(ps_memory);
 
   int world = int(p.ranks.size());
   for (auto& r : p.ranks) {
@@ -405,12 +428,12 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
     put(env, "MLTRAIN_STORE_ADDR", p.store_addr);
     put(env, "MLTRAIN_TOKEN", p.token);
     put(env, "MLTRAIN_COMM_BACKEND", s.comm.backend);
-    // torchrun's @record writes the failure there; the launcher's summary shows it.
-    // (torch does not create folders: elsewhere the file goes straight into /tmp.)
+    // torchrun's @record writes the failure there; the launcher's summary shows it. Elsewhere a
+    // bare name: the host's agent puts it in a private folder of its own (0700, a random name in
+    // /tmp, removed at its end), never at a path another user of the host can guess.
+    const std::string error_name = "rank-" + std::to_string(r.rank) + ".error.json";
     put(env, "TORCHELASTIC_ERROR_FILE",
-        hp.local && !in.error_dir.empty()
-            ? in.error_dir + "/rank-" + std::to_string(r.rank) + ".error.json"
-            : "/tmp/mltrain-" + p.run_id + "-rank-" + std::to_string(r.rank) + ".error.json");
+        hp.local && !in.error_dir.empty() ? in.error_dir + "/" + error_name : error_name);
     // As torchrun: several ranks on one host would each start a thread per core. A user's own
     // value wins: the spec's env, --env, -x, forward_env, or (on this machine) the launcher's.
     if (hp.ranks.size() > 1 && !has(base, "OMP_NUM_THREADS") &&

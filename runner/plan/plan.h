@@ -78,6 +78,10 @@ struct Plan {
   std::string nvml_library;    // the job's MLTRAIN_NVML_LIBRARY ("": each agent's own, else the default)
   bool nccl_required = false;  // [comm] backend = "nccl": every host's preflight checks NCCL loads
   std::string nccl_library;    // the job's MLTRAIN_NCCL_LIBRARY ("": the default names)
+  // PS mode: what each host's servers may hold together (MLTRAIN_PS_MEMORY, from the job's env,
+  // else the launcher's): "N" bytes or "P%" of the host's memory (the smaller of MemTotal and the
+  // agent's cgroup limit).
+  std::string ps_memory = "50%";
 };
 
 // Where ranks meet, as learnt from rank 0's host at preflight.
@@ -119,7 +123,8 @@ struct Inputs {
   std::function<int()> free_port;              // a free TCP port on rank 0's host
   std::string cwd;                             // the launcher's working directory
   // Where ranks on this machine write TORCHELASTIC_ERROR_FILE (the run's folder); remote ranks
-  // and an empty value get /tmp/mltrain-RUN_ID-rank-N.error.json on their host.
+  // and an empty value get the bare name rank-N.error.json, which their agent places in a private
+  // folder of its own (runner/agent/spawn.cpp).
   std::string error_dir;
   int restart_count = 0;
 };

@@ -50,6 +50,7 @@ void Gang::ps_prepare(size_t i, msg::Prepare& m) const {
   m.ps_lr = decimal(plan_.ps.lr);
   m.ps_momentum = decimal(plan_.ps.momentum);
   m.ps_weight_decay = decimal(plan_.ps.weight_decay);
+  m.ps_memory = plan_.ps_memory;
 }
 
 std::string Gang::reach_address(size_t i) const {

@@ -139,6 +139,16 @@ TEST_CASE("plan: torchrun's extra variables, OMP_NUM_THREADS unless the user set
   CHECK(e["ROLE_NAME"] == "default");
   CHECK(e["GROUP_WORLD_SIZE"] == "1");
   CHECK(e["TORCHELASTIC_ERROR_FILE"] == "/runs/x/rank-1.error.json");
+  // Elsewhere a bare name, which the host's agent puts in its private folder: never a path in
+  // /tmp that another user of the host can guess and take first.
+  auto remote = s;
+  remote.cluster.hosts = {"a:1,b:1"};
+  auto rp = plan::make_plan(remote, in);
+  REQUIRE(rp.ranks.size() == 2);
+  for (const auto& r : rp.ranks) {
+    REQUIRE_FALSE(rp.hosts[size_t(r.host)].local);
+    CHECK(env_of(r)["TORCHELASTIC_ERROR_FILE"] == "rank-" + std::to_string(r.rank) + ".error.json");
+  }
   s.run.env.emplace_back("OMP_NUM_THREADS", "4");
   CHECK(env_of(plan::make_plan(s, in).ranks[0])["OMP_NUM_THREADS"] == "4");
   s.cluster.nprocs = 1;

@@ -111,7 +111,8 @@ const msg::Prepare kPrepare{"10.0.0.1",
                             "sgd",
                             "0.10000000000000001",
                             "0.9",
-                            "0"};
+                            "0",
+                            "25%"};
 const msg::Probe kProbe{29500, "/opt/venv/bin/python", "/opt/venv/bin:/usr/bin", "/opt/libnvidia-ml.so.1", 1,
                         ""};
 const msg::Prepared kPrepared{
