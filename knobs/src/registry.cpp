@@ -111,6 +111,10 @@ const Knob kKnobs[] = {
      "(unset)"},
     {"PATH", Kind::string, "/usr/bin:/bin",
      "where a rank's program is looked up when the job's env sets no PATH", agent},
+    {"TMPDIR", Kind::string, "/tmp",
+     "where a host's agent makes its private folder for the run (0700; remote ranks' "
+     "TORCHELASTIC_ERROR_FILE)",
+     agent},
     // The comm library (workers; `mltrain bench` ranks too).
     {"RANK", Kind::integer, "0", "this process's rank", comm},
     {"WORLD_SIZE", Kind::integer, "1", "number of ranks (1 needs no store)", comm},
