@@ -443,7 +443,7 @@ void Gang::on_frame(size_t i, proto::Frame&& f) {
   std::string error;
   auto m = proto::decode(std::move(f), error);
   if (!m) return host_lost(i, "corrupt stream from the agent: " + text::host_text(error));
-  // CONFIRM-BEFORE sanitise_host_text(*m);
+  sanitise_host_text(*m);
   std::visit([&](auto& message) { on(i, id, message); }, *m);
 }
 
