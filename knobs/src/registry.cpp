@@ -184,10 +184,11 @@ const Knob kKnobs[] = {
     {"MLTRAIN_COMM_STATS_NAME",
      Kind::string,
      "",
-     "the /dev/shm name of this rank's counter block; the agent sets an unguessable one per rank",
+     "the /dev/shm name of this rank's counter block (unset: /mltrain-RUN_ID-stats-RANK); the agent "
+     "sets an unguessable one per rank",
      comm,
      {},
-     "/mltrain-$MLTRAIN_RUN_ID-stats-$RANK"},
+     "(per rank)"},
     {"MLTRAIN_COMM_SHM_BYTES", Kind::bytes, "1M",
      "shared-memory ring capacity per direction per pair of ranks, and the direct allreduce's "
      "staging slot (two per rank)",
