@@ -580,8 +580,17 @@ void Agent::setup_exited(int status) {
 
 namespace {
 
+// What one pull lists at most: the agent answers nothing while it lists (`cp RUN:/` would list
+// the whole machine), so past either bound the rest is left behind and said.
+constexpr size_t kMaxPullFiles = 1'000'000;
+constexpr int64_t kMaxListMs = 5000;
+
 void collect(const std::string& root, const std::string& rel_dir, const sync::Rules& rules, bool all,
-             std::vector<std::string>& out) {
+             std::vector<std::string>& out, int64_t deadline_ms, bool& cut) {
+  if (cut || out.size() >= kMaxPullFiles || now_ms() >= deadline_ms) {
+    cut = true;
+    return;
+  }
   std::string dir = rel_dir.empty() ? root : root + "/" + rel_dir;
   DIR* d = ::opendir(dir.c_str());
   if (!d) {  // asked for, so listed all the same: its open says why it cannot be read, not "nothing matched"
@@ -594,6 +603,10 @@ void collect(const std::string& root, const std::string& rel_dir, const sync::Ru
   ::closedir(d);
   std::sort(names.begin(), names.end());
   for (const auto& n : names) {
+    if (out.size() >= kMaxPullFiles) {
+      cut = true;
+      return;
+    }
     std::string rel = rel_dir.empty() ? n : rel_dir + "/" + n;
     if (rel == kState) continue;
     struct stat st {};
@@ -603,7 +616,7 @@ void collect(const std::string& root, const std::string& rel_dir, const sync::Ru
     }
     bool hit = all || rules.check(rel, S_ISDIR(st.st_mode)) == sync::Rules::excluded;
     if (S_ISDIR(st.st_mode))
-      collect(root, rel, rules, hit, out);
+      collect(root, rel, rules, hit, out, deadline_ms, cut);
     else if (S_ISREG(st.st_mode) && hit)
       out.push_back(rel);
   }
@@ -625,7 +638,12 @@ void Agent::on(uint32_t, const msg::Pull& m) {
     pull_.files.push_back("");  // the one file the Pull names
     pull_.single_file = true;
   } else {
-    collect(pull_.dir, "", rules, m.patterns.empty(), pull_.files);
+    bool cut = false;
+    collect(pull_.dir, "", rules, m.patterns.empty(), pull_.files, now_ms() + kMaxListMs, cut);
+    if (cut)
+      pull_.problems.push_back("listed " + std::to_string(pull_.files.size()) + " files in " + pull_.dir +
+                               " and stopped there (at most " + std::to_string(kMaxPullFiles) + " files, " +
+                               std::to_string(kMaxListMs / 1000) + " s); the rest was left behind");
   }
   pump_pull();
 }

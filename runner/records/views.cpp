@@ -360,6 +360,12 @@ void print_show(const std::string& query, bool json) {
   std::printf("master     %s:%d\n", t(r.master_addr), r.master_port);
   std::printf("restarts   %d of %d\n", r.restarts, r.max_restarts);
   std::printf("logs       %s\n", run_dir(r.id).c_str());
+  if (r.pull) {
+    std::printf("pulled     %llu file%s (%s) into %s/pulled%s\n", (unsigned long long)r.pull->files,
+                r.pull->files == 1 ? "" : "s", human_bytes(r.pull->bytes).c_str(), run_dir(r.id).c_str(),
+                r.pull->problems.empty() ? "" : "; not all of it:");
+    for (const auto& p : r.pull->problems) std::printf("    %s\n", text::host_text(p).c_str());
+  }
   std::printf("\n%-6s %-20s %-6s %-8s %s\n", "RANK", "HOST", "LOCAL", "PID", "RESULT");
   for (const auto& k : r.ranks) {
     std::string host = size_t(k.host) < r.hosts.size() ? r.hosts[size_t(k.host)].name : "?";

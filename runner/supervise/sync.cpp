@@ -361,6 +361,7 @@ void Gang::end_pull(size_t i) {
   p.fd = -1;
   if (ok && ::renameat(p.parent.get(), p.tmp.c_str(), p.parent.get(), p.leaf.c_str()) == 0) {
     ++p.files;
+    p.bytes += p.size;
   } else {
     int e = errno;
     ::unlinkat(p.parent.get(), p.tmp.c_str(), 0);
@@ -417,7 +418,7 @@ void Gang::on(size_t i, uint32_t, msg::PullFile& m) {
     p.parent.reset();
     return;
   }
-  p.left = m.size;
+  p.size = p.left = m.size;
   p.mtime_ns = m.mtime_ns;
   if (m.size == 0) end_pull(i);
 }
@@ -429,11 +430,11 @@ void Gang::on(size_t i, uint32_t, msg::PullData& m) {
   if (p.fd < 0) return;
   const PullJob& job = *opts_.pull;
   size_t n = size_t(std::min<uint64_t>(p.left, m.bytes.size()));
-  if (p.bytes + n > job.max_bytes)
+  if (p.received + n > job.max_bytes)
     return stop_pull(i, "stopped past the limit of " + bytes_text(job.max_bytes) +
                             " from this host (MLTRAIN_PULL_MAX_BYTES); the rest was left behind");
-  if (p.bytes + n >= p.next_space_check) {
-    p.next_space_check = p.bytes + n + kSpaceCheckEvery;
+  if (p.received + n >= p.next_space_check) {
+    p.next_space_check = p.received + n + kSpaceCheckEvery;
     if (free_bytes(p.root.get()) < kMinFreeBytes + n)
       return stop_pull(i, "stopped: the disk of " + job.dest + " has under " + bytes_text(kMinFreeBytes) +
                               " free; the rest was left behind");
@@ -452,7 +453,7 @@ void Gang::on(size_t i, uint32_t, msg::PullData& m) {
     done += size_t(w);
   }
   p.left -= n;
-  p.bytes += n;
+  p.received += n;
   if (p.left == 0) end_pull(i);
 }
 

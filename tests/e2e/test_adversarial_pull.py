@@ -206,6 +206,8 @@ def test_a_run_whose_pull_stalls_records_that_it_is_incomplete(ml):
     assert doc["status"] == "succeeded" and doc["pull"]["complete"] is False, doc["pull"]
     assert any("sent nothing for 2.0s" in x for x in doc["pull"]["problems"]), doc["pull"]
     assert not (ml.run_dirs()[-1] / "pulled" / "localhost" / "slow.bin").exists()
+    shown = ml("show", "latest").stdout
+    assert "pulled     0 files (0B)" in shown and "not all of it:" in shown and "sent nothing" in shown, shown
 
 
 def test_a_host_that_sends_past_the_cap_is_stopped_there(ml):

@@ -5,8 +5,9 @@ Must hold: a sync never removes or writes outside its folder (no link is followe
 what the job wrote, keeps the folder private to its user, and two syncs of one folder at once
 both succeed with every file whole."""
 import os
+import pwd
 import subprocess
-import threading
+from pathlib import Path
 
 import pytest
 
@@ -136,3 +137,24 @@ def test_two_syncs_of_one_folder_at_once_both_succeed_with_whole_files(ml):
             assert got in (versions["a"][f"f{k}.bin"], versions["b"][f"f{k}.bin"]), f"round {round_}: f{k} mixed"
         assert [n for n in os.listdir(remote / ".mltrain-sync") if n != "index"] == [], \
             os.listdir(remote / ".mltrain-sync")
+
+
+# ---- hosts that share one home folder (NFS homes): every host syncs into the same folder ----
+
+from multihost_fixtures import mh, module_cluster, shared_root  # noqa: E402,F401 (fixtures)
+
+cluster = module_cluster(n=3)  # the cluster's default: one home for every host
+
+
+def test_20_first_syncs_on_3_hosts_sharing_a_home_all_succeed(mh, cluster):  # noqa: F811
+    for k in range(20):
+        p = mh.shared / f"first{k}"
+        (p / "src").mkdir(parents=True)
+        for i in range(30):
+            (p / "src" / f"m{i}.py").write_text(f"V = {k}.{i}\n" * 200)
+        (p / "job.toml").write_text(f'name = "first{k}"\n[run]\ncommand = "cat src/m7.py | head -1"\n[sync]\n')
+        r = mh.run(p / "job.toml", "-H", "h1,h2,h3", timeout=120)
+        assert r.returncode == 0, f"sync {k}: {r.stderr}"
+        assert r.stdout.count(f"V = {k}.7") == 3, r.stdout
+        folder = Path(pwd.getpwnam("mltest").pw_dir) / ".cache" / "mltrain" / "work" / f"first{k}"
+        assert (folder / "src" / "m29.py").read_text() == f"V = {k}.29\n" * 200

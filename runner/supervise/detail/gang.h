@@ -111,7 +111,10 @@ struct HostPull {
   int fd = -1;               // that file, under a temporary name in `parent`
   std::string tmp, leaf, rel;
   int64_t mtime_ns = 0;
-  uint64_t left = 0, files = 0, bytes = 0, next_tmp = 0, next_space_check = 0;
+  uint64_t size = 0, left = 0;    // the file arriving
+  uint64_t files = 0, bytes = 0;  // placed whole
+  uint64_t received = 0;          // every byte written, for the bounds
+  uint64_t next_tmp = 0, next_space_check = 0;
   Clock::time_point last_progress{};
   Problems problems;
 };
