@@ -45,7 +45,7 @@ int open_parent(int root, std::string_view rel, std::string& leaf, bool make, mo
     int e = errno;
     ::close(dir);
     if (next < 0) {
-      // O_NOFOLLOW on a link says ELOOP, O_DIRECTORY on anything else ENOTDIR.
+      // A link or a file on the way: ENOTDIR (O_DIRECTORY) or ELOOP (O_NOFOLLOW).
       errno = e;
       return -1;
     }

@@ -43,7 +43,7 @@ bool is_below(std::string_view rel);
 
 // An fd of the folder holding `rel`'s last part (put in `leaf`), walked from `root` without
 // following any link; with `make`, missing folders on the way are made with `mode`. -1 with errno
-// set when `rel` is not below (EINVAL), a part is a link (ELOOP) or not a folder (ENOTDIR), or
+// set when `rel` is not below (EINVAL), a part is a link or not a folder (ENOTDIR, or ELOOP), or
 // open/mkdir fail. The caller closes the fd.
 int open_parent(int root, std::string_view rel, std::string& leaf, bool make = false, mode_t mode = 0700);
 

@@ -69,6 +69,35 @@ TEST_CASE("protocol: an oversized length marks the stream corrupt") {
   CHECK(d.corrupt());
 }
 
+TEST_CASE("protocol: the launcher's decoder takes at most kMaxHostPayload from a host") {
+  std::string wire = Writer().u32(kMaxHostPayload + 1).u32(1).u32(0).take();
+  Decoder from_host(kMaxHostPayload), any;
+  from_host.feed(wire.data(), wire.size());
+  any.feed(wire.data(), wire.size());
+  Frame f;
+  CHECK_FALSE(from_host.next(f));
+  CHECK(from_host.corrupt());
+  CHECK_FALSE(any.next(f));  // the frame is not whole yet, but nothing is wrong with it
+  CHECK_FALSE(any.corrupt());
+}
+
+TEST_CASE("protocol: a list of more than kMaxListStrings strings is refused, however short they are") {
+  Writer w;
+  w.u32(kMaxListStrings + 1);
+  std::string empty(4 * size_t(kMaxListStrings + 1), '\0');  // that many empty strings
+  w.raw(empty);
+  std::string payload = w.take();
+  Reader r(payload);
+  CHECK(r.strings().empty());
+  CHECK(r.failed());
+  Writer ok;
+  ok.u32(3).str("").str("").str("");
+  std::string p2 = ok.take();
+  Reader r2(p2);
+  CHECK(r2.strings().size() == 3);
+  CHECK_FALSE(r2.failed());
+}
+
 namespace {
 
 // Encodes `m` as a frame, decodes it back and checks it is the same message with the same id.

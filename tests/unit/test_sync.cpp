@@ -1,5 +1,6 @@
 // runner/sync: gitignore-style patterns, the local tree's manifest and the chunks that carry it.
 #include <doctest/doctest.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zstd.h>
@@ -13,6 +14,7 @@
 
 #include "runner/common/error.h"
 #include "runner/common/text.h"
+#include "runner/sync/beneath.h"
 #include "runner/sync/ignore.h"
 #include "runner/sync/manifest.h"
 #include "temp_dir.h"
@@ -529,4 +531,59 @@ TEST_CASE("sync: Chunks") {
     fs::remove(d.path / "noise.bin");
     CHECK_THROWS_AS(chunks.get(index_of(t, "noise.bin"), 0), mltrain::Error);
   }
+}
+
+// ---- runner/sync/beneath: paths from elsewhere, walked without following a link ----
+
+TEST_CASE("beneath: only plain relative paths are below a folder") {
+  for (const char* ok : {"a", "a/b", "a.b/c..d", ".hidden/x", "..a", "a/...", "a b/c"})
+    CHECK_MESSAGE(is_below(ok), ok);
+  for (const char* bad : {"", "/a", "..", "a/..", "../a", "a/../b", ".", "./a", "a/.", "a//b", "a/", "//"})
+    CHECK_MESSAGE(!is_below(bad), bad);
+  CHECK(!is_below(std::string("a\0b", 3)));
+}
+
+TEST_CASE("beneath: open_parent walks below the folder, makes folders, and refuses links and files") {
+  TempDir t("beneath");
+  fs::create_directories(fs::path(t.path) / "root" / "a");
+  fs::create_directories(fs::path(t.path) / "outside");
+  t.write("outside/precious.txt", "precious\n");
+  t.write("root/file", "f\n");
+  fs::create_directory_symlink(fs::path(t.path) / "outside", fs::path(t.path) / "root" / "link");
+  Fd root(::open((t.path / "root").c_str(), O_RDONLY | O_DIRECTORY));
+  REQUIRE(root);
+  std::string leaf;
+  {
+    Fd p(open_parent(root.get(), "a/b/c/x.txt", leaf, true, 0700));
+    REQUIRE(p);
+    CHECK(leaf == "x.txt");
+    CHECK(fs::is_directory(fs::path(t.path) / "root/a/b/c"));
+  }
+  Fd through_link(open_parent(root.get(), "link/precious.txt", leaf, true));
+  CHECK(!through_link);
+  CHECK((errno == ELOOP || errno == ENOTDIR));  // O_DIRECTORY with O_NOFOLLOW on a link: ENOTDIR
+  Fd through_file(open_parent(root.get(), "file/x", leaf, true));
+  CHECK(!through_file);
+  CHECK(errno == ENOTDIR);
+  Fd dotdot(open_parent(root.get(), "a/../../outside/x", leaf, true));
+  CHECK(!dotdot);
+  CHECK(errno == EINVAL);
+  Fd missing(open_parent(root.get(), "nope/x", leaf, false));
+  CHECK(!missing);
+  CHECK(errno == ENOENT);
+  CHECK(!fs::exists(fs::path(t.path) / "root" / "nope"));
+}
+
+TEST_CASE("beneath: remove_tree_at removes a link, never what it points to") {
+  TempDir t("beneath");
+  t.write("outside/precious.txt", "precious\n");
+  t.write("root/tree/a/b.txt", "b\n");
+  fs::create_directory_symlink(fs::path(t.path) / "outside",
+                               fs::path(t.path) / "root" / "tree" / "a" / "link");
+  Fd root(::open((t.path / "root").c_str(), O_RDONLY | O_DIRECTORY));
+  REQUIRE(root);
+  CHECK(remove_tree_at(root.get(), "tree") == 0);
+  CHECK(!fs::exists(fs::path(t.path) / "root" / "tree"));
+  CHECK(fs::exists(fs::path(t.path) / "outside" / "precious.txt"));
+  CHECK(remove_tree_at(root.get(), "not-there") == 0);
 }
