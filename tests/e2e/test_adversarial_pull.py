@@ -233,3 +233,17 @@ def test_the_wrapper_itself_relays_a_whole_ordinary_run(ml):
     """The stand-in with no play is a plain relay: the tests above change only what they say."""
     r = ml("run", "-n", "2", "--", "sh", "-c", "echo hi $RANK", env=hostile(""), timeout=60)
     assert r.returncode == 0 and re.search(r"hi 0", r.stdout) and "hi 1" in r.stdout, r.stderr
+
+
+def test_sigterm_ends_a_stalled_cp_at_once_and_leaves_nothing(ml):
+    a_run(ml)
+    dest = ml.dir / "d"
+    dest.mkdir()
+    p = ml.popen("cp", "latest:outputs/", dest / "got", env=hostile("pull-stall"), text=True)
+    wait_for(lambda: [n for n in os.listdir(dest) if n.startswith(".mltrain-cp-")], 30, "the work folder")
+    t0 = time.monotonic()
+    p.send_signal(15)
+    out, err = communicate(p, 30)
+    assert time.monotonic() - t0 < 10, err
+    assert p.returncode != 0 and "stopped by SIGTERM" in err, err
+    assert os.listdir(dest) == []
