@@ -15,8 +15,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <pwd.h>
-#include <sys/file.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -99,53 +97,6 @@ bool mkdirs(const std::string& path, mode_t mode, bool* made = nullptr) {
   return errno == EEXIST;
 }
 
-// A name part no other sync picks, even on another host that shares this folder.
-std::string random_hex() {
-  unsigned char b[8] = {};
-  if (::getrandom(b, sizeof b, GRND_NONBLOCK) != ssize_t(sizeof b)) {
-    timespec ts{};
-    ::clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t v = uint64_t(ts.tv_nsec) ^ (uint64_t(ts.tv_sec) << 20) ^ (uint64_t(::getpid()) << 44);
-    std::memcpy(b, &v, sizeof b);
-  }
-  return hex(std::string_view(reinterpret_cast<const char*>(b), sizeof b));
-}
-
-// Removes the work folders of syncs that ended (cut short: a lost link, kill -9) and temporary
-// files of older agents; a folder whose sync still runs holds its lock and is left alone.
-void remove_ended_work(int state) {
-  int fd = ::fcntl(state, F_DUPFD_CLOEXEC, 0);
-  DIR* d = fd >= 0 ? ::fdopendir(fd) : nullptr;
-  if (!d) {
-    if (fd >= 0) ::close(fd);
-    return;
-  }
-  std::vector<std::string> names;
-  while (dirent* e = ::readdir(d))
-    if (!std::strncmp(e->d_name, "tmp-", 4) || !std::strncmp(e->d_name, "new-", 4))
-      names.emplace_back(e->d_name);
-  ::closedir(d);
-  timespec now{};
-  ::clock_gettime(CLOCK_REALTIME, &now);
-  for (const auto& n : names) {
-    struct stat st {};
-    if (::fstatat(state, n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-    if (!S_ISDIR(st.st_mode)) {
-      ::unlinkat(state, n.c_str(), 0);  // an older agent's temporary file
-      continue;
-    }
-    if (n[0] == 'n') {  // a work folder being made (locked, then renamed to tmp-): only when old
-      if (now.tv_sec - st.st_mtim.tv_sec > 600) sync::remove_tree_at(state, n.c_str());
-      continue;
-    }
-    sync::Fd dir(::openat(state, n.c_str(), kDirFlags));
-    if (!dir) continue;
-    sync::Fd lock(::openat(dir.get(), "lock", O_RDWR | O_NOFOLLOW | O_CLOEXEC));
-    if (lock && ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) continue;  // its sync still runs
-    sync::remove_tree_at(state, n.c_str());
-  }
-}
-
 // Whether what lies at a path is what the index says an earlier sync put there.
 bool is_kind(char kind, const struct stat& st) {
   return kind == 'd' ? S_ISDIR(st.st_mode) : kind == 'l' ? S_ISLNK(st.st_mode) : S_ISREG(st.st_mode);
@@ -214,7 +165,7 @@ void Agent::load_sync_index() {
 
 // Written in this sync's work folder, then renamed over the last one: whole or not at all.
 bool Agent::save_sync_index() {
-  int fd = ::openat(sync_.work.get(), "index", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  int fd = ::openat(sync_.work.fd(), "index", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
   FILE* f = fd >= 0 ? ::fdopen(fd, "w") : nullptr;
   if (!f) {
     if (fd >= 0) ::close(fd);
@@ -227,7 +178,7 @@ bool Agent::save_sync_index() {
   }
   bool ok = std::fflush(f) == 0 && !std::ferror(f);
   ok = std::fclose(f) == 0 && ok;
-  return ok && ::renameat(sync_.work.get(), "index", sync_.state.get(), "index") == 0;
+  return ok && ::renameat(sync_.work.fd(), "index", sync_.state.get(), "index") == 0;
 }
 
 // ---- the manifest: what to remove, make, fix and ask for ----
@@ -286,18 +237,10 @@ void Agent::on(uint32_t, msg::SyncManifest& m) {
   sync_.state.reset(::openat(root, kState, kDirFlags));
   if (!sync_.state) return fail(walk_text("cannot open", sync_.dir + "/" + kState));
   const int state = sync_.state.get();
-  remove_ended_work(state);
-  // This sync's work folder: made and locked under a name no cleanup takes, then named tmp-.
-  const std::string id = random_hex();
-  const std::string fresh = "new-" + id;
-  if (::mkdirat(state, fresh.c_str(), 0700) != 0) return fail(errno_text("cannot make", fresh));
-  sync_.work.reset(::openat(state, fresh.c_str(), kDirFlags));
-  if (sync_.work)
-    sync_.lock.reset(
-        ::openat(sync_.work.get(), "lock", O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-  sync_.work_name = "tmp-" + id;
-  if (!sync_.lock || ::flock(sync_.lock.get(), LOCK_EX | LOCK_NB) != 0 ||
-      ::renameat(state, fresh.c_str(), state, sync_.work_name.c_str()) != 0)
+  // Work folders of syncs that ended (cut short: a lost link, kill -9), and older agents'
+  // temporary files; one whose sync still runs holds its lock and stays.
+  sync::sweep_work_folders(state, "tmp-");
+  if (!sync_.work.make(state, "tmp-"))
     return fail(errno_text("cannot make the sync's work folder in", sync_.dir + "/" + kState));
   out.dir = sync_.dir;
   load_sync_index();
@@ -364,8 +307,8 @@ void Agent::on(uint32_t, msg::SyncManifest& m) {
       ssize_t n = exists && S_ISLNK(st.st_mode) ? ::readlinkat(p, leaf.c_str(), buf, sizeof buf) : -1;
       if (n < 0 || std::string(buf, size_t(n)) != e.target) {
         const std::string tmp = "l-" + std::to_string(i);
-        if (::symlinkat(e.target.c_str(), sync_.work.get(), tmp.c_str()) != 0 ||
-            ::renameat(sync_.work.get(), tmp.c_str(), p, leaf.c_str()) != 0)
+        if (::symlinkat(e.target.c_str(), sync_.work.fd(), tmp.c_str()) != 0 ||
+            ::renameat(sync_.work.fd(), tmp.c_str(), p, leaf.c_str()) != 0)
           out.problems.push_back(errno_text("cannot make the link", e.path));
       }
       sync_.index[e.path] = SyncIndexEntry{'l', {}, 0, 0, 0};
@@ -425,7 +368,7 @@ void Agent::finish_file(uint32_t index, SyncOpen& f) {
     std::string leaf;
     sync::Fd parent(sync::open_parent(sync_.root.get(), e.path, leaf, true));
     std::string why = parent ? make_room(parent.get(), leaf, e.path) : walk_text("cannot write", e.path);
-    if (why.empty() && ::renameat(sync_.work.get(), f.tmp.c_str(), parent.get(), leaf.c_str()) != 0)
+    if (why.empty() && ::renameat(sync_.work.fd(), f.tmp.c_str(), parent.get(), leaf.c_str()) != 0)
       why = errno_text("cannot rename into place", e.path);
     if (!why.empty()) {
       sync_.problems.push_back(why);
@@ -433,7 +376,7 @@ void Agent::finish_file(uint32_t index, SyncOpen& f) {
     }
   }
   if (!ok) {
-    ::unlinkat(sync_.work.get(), f.tmp.c_str(), 0);
+    ::unlinkat(sync_.work.fd(), f.tmp.c_str(), 0);
     sync_.index.erase(e.path);
   } else {
     sync_.index[e.path] = SyncIndexEntry{'f', e.hash, e.size, e.mtime_ns, uint64_t(st.st_ino)};
@@ -449,8 +392,8 @@ void Agent::on(uint32_t id, msg::SyncData& m) {
     if (m.offset != 0 || sync_.broken.count(id)) return;
     SyncOpen f;
     f.tmp = "f-" + std::to_string(id);
-    f.fd = ::openat(sync_.work.get(), f.tmp.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_NOFOLLOW | O_CLOEXEC,
-                    0600);
+    f.fd =
+        ::openat(sync_.work.fd(), f.tmp.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (f.fd < 0) {
       sync_.problems.push_back(errno_text("cannot write", e.path + " (in " + sync_.dir + "/" + kState + ")"));
       sync_.broken.insert(id);
@@ -495,7 +438,7 @@ void Agent::on(uint32_t id, msg::SyncData& m) {
       finish_file(id, f);
     else {
       ::close(f.fd);
-      ::unlinkat(sync_.work.get(), f.tmp.c_str(), 0);
+      ::unlinkat(sync_.work.fd(), f.tmp.c_str(), 0);
       sync_.broken.insert(id);
     }
     XXH3_freeState(static_cast<XXH3_state_t*>(f.hash));
@@ -524,8 +467,6 @@ void Agent::on(uint32_t, const msg::SyncEnd&) {
     if (!save_sync_index())
       sync_.problems.push_back(errno_text("cannot save", sync_.dir + "/" + kState + "/index"));
   }
-  if (sync_.state && !sync_.work_name.empty())
-    sync::remove_tree_at(sync_.state.get(), sync_.work_name.c_str());
   out.files = sync_.files;
   out.bytes = sync_.bytes;
   out.problems = std::move(sync_.problems);

@@ -2,12 +2,11 @@
 // made is removed, and nothing is written through a link.
 #include <dirent.h>
 #include <fcntl.h>
-#include <sys/file.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -22,19 +21,9 @@ namespace mltrain::launch::detail {
 
 namespace {
 
-constexpr const char* kPrefix = ".mltrain-cp-";    // a work folder
-constexpr const char* kFresh = ".mltrain-cpnew-";  // one being made
+constexpr const char* kPrefix = ".mltrain-cp-";  // a cp's work folder
 constexpr int kDirFlags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
 constexpr size_t kShownProblems = 20;
-
-std::string random_id() {
-  unsigned char b[8] = {};
-  if (::getrandom(b, sizeof b, 0) != ssize_t(sizeof b))
-    throw Error(std::string("cp: getrandom: ") + std::strerror(errno), {}, exit_code::internal);
-  char out[17];
-  for (size_t i = 0; i < sizeof b; ++i) std::snprintf(out + 2 * i, 3, "%02x", b[i]);
-  return out;
-}
 
 std::vector<std::string> names_in(int dir) {
   std::vector<std::string> names;
@@ -96,65 +85,59 @@ void pull_limits(supervise::PullJob& job) {
     throw Error("MLTRAIN_PULL_STALL_TIMEOUT must be more than 0", "set it like 60s", exit_code::usage);
 }
 
-CopyWork::CopyWork(const std::string& parent) {
-  parent_.reset(::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!parent_)
-    throw Error("cp: cannot open " + parent + ": " + std::strerror(errno), "check the destination",
-                exit_code::usage);
-  // Work folders of earlier copies that no cp holds: left by a cp that was killed.
-  size_t swept = 0;
-  for (const auto& n : names_in(parent_.get())) {
-    struct stat st {};
-    if (n.rfind(kPrefix, 0) != 0 || ::fstatat(parent_.get(), n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 ||
-        !S_ISDIR(st.st_mode) || st.st_uid != ::getuid())
-      continue;
-    sync::Fd d(::openat(parent_.get(), n.c_str(), kDirFlags));
-    if (d && ::flock(d.get(), LOCK_EX | LOCK_NB) == 0 && sync::remove_tree_at(parent_.get(), n.c_str()) == 0)
-      ++swept;
+supervise::Options supervise_defaults() {
+  supervise::Options o;
+  try {
+    o.heartbeat_interval = knobs::get_duration("MLTRAIN_HEARTBEAT_INTERVAL");
+    o.heartbeat_timeout = knobs::get_duration("MLTRAIN_HEARTBEAT_TIMEOUT");
+  } catch (const knobs::BadValue& e) {
+    throw Error(e.what(), "set it like the default (see 'mltrain knobs')", exit_code::usage);
   }
-  if (swept)
-    std::fprintf(stderr, "mltrain: cp: removed %zu unfinished cop%s left in %s by a cp that was killed\n",
-                 swept, swept == 1 ? "y" : "ies", parent.c_str());
-  // Made and locked under a name no sweep takes, then renamed to its own.
-  const std::string id = random_id();
-  const std::string fresh = kFresh + id;
-  name_ = kPrefix + id;
-  if (::mkdirat(parent_.get(), fresh.c_str(), 0700) != 0)
-    throw Error("cp: cannot make a folder in " + parent + ": " + std::strerror(errno),
-                "check that you can write there", exit_code::usage);
-  dir_.reset(::openat(parent_.get(), fresh.c_str(), kDirFlags));
-  if (!dir_ || ::flock(dir_.get(), LOCK_EX | LOCK_NB) != 0 ||
-      ::renameat(parent_.get(), fresh.c_str(), parent_.get(), name_.c_str()) != 0) {
-    int e = errno;
-    sync::remove_tree_at(parent_.get(), fresh.c_str());
-    throw Error("cp: cannot make a folder in " + parent + ": " + std::strerror(e), {}, exit_code::internal);
-  }
-  path_ = parent + (parent.size() && parent.back() == '/' ? "" : "/") + name_;
+  if (o.heartbeat_interval.count() <= 0 || o.heartbeat_timeout <= o.heartbeat_interval)
+    throw Error(
+        "MLTRAIN_HEARTBEAT_TIMEOUT must be more than MLTRAIN_HEARTBEAT_INTERVAL, and that more than 0",
+        "set them like 10s and 2s (the defaults)", exit_code::usage);
+  // The agents get the timeout as 32-bit milliseconds in their hello.
+  if (o.heartbeat_timeout > std::chrono::hours(24))
+    throw Error("MLTRAIN_HEARTBEAT_TIMEOUT is over 24h", "set it like 10s (the default)", exit_code::usage);
+  return o;
 }
 
-CopyWork::~CopyWork() {
-  if (!placed_ && parent_) sync::remove_tree_at(parent_.get(), name_.c_str());
+CopyWork::CopyWork(const std::string& parent) {
+  sync::Fd dir(::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dir)
+    throw Error("cp: cannot open " + parent + ": " + std::strerror(errno), "check the destination",
+                exit_code::usage);
+  if (size_t swept = sync::sweep_work_folders(dir.get(), kPrefix))
+    std::fprintf(stderr, "mltrain: cp: removed %zu unfinished cop%s left in %s by a cp that was killed\n",
+                 swept, swept == 1 ? "y" : "ies", parent.c_str());
+  if (!work_.make(dir.get(), kPrefix) || ::mkdirat(work_.fd(), "data", 0700) != 0 ||
+      !(data_ = sync::Fd(::openat(work_.fd(), "data", kDirFlags))))
+    throw Error("cp: cannot make a folder in " + parent + ": " + std::strerror(errno),
+                "check that you can write there", exit_code::usage);
+  path_ = parent + (parent.size() && parent.back() == '/' ? "" : "/") + work_.name() + "/data";
 }
 
 void CopyWork::place(const std::string& name, const std::string& dest, bool merge_into) {
-  // What came: an entry of the work folder (a file) or the work folder itself.
-  const int from_dir = name.empty() ? parent_.get() : dir_.get();
-  const std::string from = name.empty() ? name_ : name;
+  // What came: an entry of data/ (a file), or data/ itself.
+  const int from_dir = name.empty() ? work_.fd() : data_.get();
+  const std::string from = name.empty() ? "data" : name;
   struct stat got {};
   if (::fstatat(from_dir, from.c_str(), &got, AT_SYMLINK_NOFOLLOW) != 0)
     throw Error("cp: nothing arrived to place at " + dest, "run it again", 1);
   if (name.empty()) {  // a folder: as the umask would make it
     mode_t mask = ::umask(0);
     ::umask(mask);
-    ::fchmod(dir_.get(), 0777 & ~mask);
+    ::fchmod(data_.get(), 0777 & ~mask);
   }
   if (!merge_into) {
-    if (::renameat2(from_dir, from.c_str(), AT_FDCWD, dest.c_str(), RENAME_NOREPLACE) != 0)
-      throw Error("cp: cannot move the copy to " + dest + ": " + std::strerror(errno),
-                  errno == EEXIST ? "it appeared meanwhile: give another destination, or --force"
-                                  : "check the destination",
+    if (::renameat2(from_dir, from.c_str(), AT_FDCWD, dest.c_str(), RENAME_NOREPLACE) != 0) {
+      const int e = errno;
+      throw Error("cp: cannot move the copy to " + dest + ": " + std::strerror(e),
+                  e == EEXIST ? "it appeared meanwhile: give another destination, or --force"
+                              : "check the destination",
                   1);
-    placed_ = name.empty();
+    }
     return;
   }
   struct stat there {};
@@ -176,7 +159,7 @@ void CopyWork::place(const std::string& name, const std::string& dest, bool merg
   sync::Fd to(::open(dest.c_str(), kDirFlags));
   if (!to) throw Error("cp: cannot open " + dest + ": " + std::strerror(errno), "check the destination", 1);
   std::vector<std::string> problems;
-  merge(dir_.get(), to.get(), dest, problems);
+  merge(data_.get(), to.get(), dest, problems);
   if (problems.empty()) return;
   const size_t n = problems.size();
   if (n > kShownProblems) {

@@ -749,6 +749,7 @@ void Gang::on_signal(int sig) {
   if (phase_ == Phase::closing || phase_ == Phase::done) return;
   if (phase_ == Phase::pulling) {  // the results can wait: stop pulling, say goodbye
     std::fprintf(stderr, "\nmltrain: %s while pulling; what came so far is kept\n", signal_name(sig).c_str());
+    if (!stop_signal_) stop_signal_ = sig;
     pull_finished();
     if (phase_ == Phase::pulling) enter(Phase::closing);
     return;

@@ -490,7 +490,8 @@ void Gang::pull_finished() {
     Host& h = hosts_[i];
     if (h.pull.active) {
       end_pull(i);
-      h.pull.problems.add("the host was lost before every file came");
+      h.pull.problems.add(stop_signal_ ? "stopped by " + signal_name(stop_signal_) + " before every file came"
+                                       : std::string("the host was lost before every file came"));
     }
     files += h.pull.files;
     bytes += h.pull.bytes;
@@ -523,7 +524,7 @@ uint64_t Gang::run_pull(std::vector<std::string>& unreachable, std::vector<std::
     if (h.state == HostState::failed || h.state == HostState::lost)
       unreachable.push_back(h.plan->host.name + ": " + h.problem);
   for (const auto& p : pull_problems_) problems.push_back(p);
-  if (stop_signal_) problems.push_back("stopped by " + signal_name(stop_signal_));
+  if (stop_signal_ && problems.empty()) problems.push_back("stopped by " + signal_name(stop_signal_));
   return pulled_files_;
 }
 

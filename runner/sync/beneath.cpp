@@ -2,10 +2,14 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -76,6 +80,93 @@ int remove_tree_at(int dir, const char* name) {
   if (::unlinkat(dir, name, AT_REMOVEDIR) != 0 && errno != ENOENT && !first_error) first_error = errno;
   if (first_error) errno = first_error;
   return first_error ? -1 : 0;
+}
+
+namespace {
+
+constexpr int kDirFlags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
+constexpr const char* kMaking = "new-";  // after the prefix: being made, not yet locked
+constexpr time_t kMakingOldS = 600;
+
+std::string random_hex() {
+  unsigned char b[8] = {};
+  if (::getrandom(b, sizeof b, GRND_NONBLOCK) != ssize_t(sizeof b)) {
+    timespec ts{};
+    ::clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t v = uint64_t(ts.tv_nsec) ^ (uint64_t(ts.tv_sec) << 20) ^ (uint64_t(::getpid()) << 44);
+    std::memcpy(b, &v, sizeof b);
+  }
+  static const char* d = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : b) out += d[c >> 4], out += d[c & 15];
+  return out;
+}
+
+}  // namespace
+
+WorkFolder& WorkFolder::operator=(WorkFolder&& o) noexcept {
+  if (this != &o) {
+    remove();
+    parent_ = std::move(o.parent_), dir_ = std::move(o.dir_), lock_ = std::move(o.lock_);
+    name_ = std::move(o.name_);
+  }
+  return *this;
+}
+
+bool WorkFolder::make(int parent, const std::string& prefix) {
+  remove();
+  // Made and locked under a name no sweep takes, then renamed to its own.
+  const std::string id = random_hex(), making = prefix + kMaking + id;
+  Fd p(::fcntl(parent, F_DUPFD_CLOEXEC, 0));
+  if (!p || ::mkdirat(p.get(), making.c_str(), 0700) != 0) return false;
+  Fd dir(::openat(p.get(), making.c_str(), kDirFlags));
+  Fd lock(dir ? ::openat(dir.get(), "lock", O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600) : -1);
+  if (!lock || ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0 ||
+      ::renameat(p.get(), making.c_str(), p.get(), (prefix + id).c_str()) != 0) {
+    int e = errno;
+    remove_tree_at(p.get(), making.c_str());
+    errno = e;
+    return false;
+  }
+  parent_ = std::move(p), dir_ = std::move(dir), lock_ = std::move(lock);
+  name_ = prefix + id;
+  return true;
+}
+
+void WorkFolder::remove() {
+  if (parent_ && !name_.empty()) remove_tree_at(parent_.get(), name_.c_str());
+  dir_.reset(), lock_.reset(), parent_.reset();
+  name_.clear();
+}
+
+size_t sweep_work_folders(int parent, const std::string& prefix) {
+  std::vector<std::string> names;
+  if (int fd = ::fcntl(parent, F_DUPFD_CLOEXEC, 0); fd >= 0) {
+    if (DIR* d = ::fdopendir(fd)) {
+      while (dirent* e = ::readdir(d))
+        if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) names.emplace_back(e->d_name);
+      ::closedir(d);
+    } else {
+      ::close(fd);
+    }
+  }
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  size_t removed = 0;
+  for (const auto& n : names) {
+    struct stat st {};
+    if (::fstatat(parent, n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != ::getuid()) continue;
+    if (S_ISDIR(st.st_mode)) {
+      const bool making = n.compare(prefix.size(), std::strlen(kMaking), kMaking) == 0;
+      if (making && now.tv_sec - st.st_mtim.tv_sec < kMakingOldS) continue;  // being made right now
+      Fd dir(::openat(parent, n.c_str(), kDirFlags));
+      if (!dir) continue;
+      Fd lock(::openat(dir.get(), "lock", O_RDWR | O_NOFOLLOW | O_CLOEXEC));
+      if (lock && ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) continue;  // its operation still runs
+    }
+    if (remove_tree_at(parent, n.c_str()) == 0) ++removed;
+  }
+  return removed;
 }
 
 }  // namespace mltrain::sync

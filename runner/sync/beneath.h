@@ -52,4 +52,31 @@ int open_parent(int root, std::string_view rel, std::string& leaf, bool make = f
 // entry that could not be removed (the rest is still tried).
 int remove_tree_at(int dir, const char* name);
 
+// The work folder of one operation (a sync's, in .mltrain-sync; a cp's, beside its destination):
+// <prefix><random> in `parent`, private, and held by flock on its `lock` file while the operation
+// runs, so a concurrent one (another run, another host sharing the folder) never takes it, and
+// one left by an operation that was killed is removed by the next (sweep_work_folders). It goes,
+// with what is left in it, when the WorkFolder does.
+class WorkFolder {
+ public:
+  WorkFolder() = default;
+  WorkFolder(WorkFolder&&) = default;
+  WorkFolder& operator=(WorkFolder&& o) noexcept;
+  ~WorkFolder() { remove(); }
+  // False with errno set when it cannot be made.
+  bool make(int parent, const std::string& prefix);
+  int fd() const { return dir_.get(); }
+  const std::string& name() const { return name_; }
+  explicit operator bool() const { return bool(dir_); }
+
+ private:
+  void remove();
+  Fd parent_, dir_, lock_;
+  std::string name_;
+};
+
+// Removes the entries <prefix>* of `parent` that are this user's and that no operation holds
+// (older versions' leftovers of that name too); returns how many went.
+size_t sweep_work_folders(int parent, const std::string& prefix);
+
 }  // namespace mltrain::sync

@@ -77,13 +77,15 @@ def test_gc_keep_older_than_and_dry_run(ml):
 RUN_FIELDS = {"schema", "id", "name", "status", "exit_code", "launcher_pid", "launcher_start", "started_at",
               "ended_at", "duration_s", "spec_file", "workdir", "git_commit", "argv", "master_addr",
               "master_port", "restarts", "max_restarts", "detached", "slurm_job_id", "ps_servers", "log_prefix",
-              "hosts", "ranks", "failure", "spec"}
+              "hosts", "ranks", "failure", "pull", "spec"}
 RANK_FIELDS = {"rank", "host", "node_rank", "local_rank", "pid", "exit_code", "signal", "host_lost", "env"}
 
 
 def _check_run(doc, ended=True, fields=RUN_FIELDS):
     assert set(doc) == fields, set(doc) ^ fields
     assert doc["schema"] == 1 and isinstance(doc["id"], str)
+    assert doc["pull"] is None or (set(doc["pull"]) == {"files", "bytes", "complete", "problems"}
+                                   and doc["pull"]["complete"] == (doc["pull"]["problems"] == [])), doc["pull"]
     host_names = {h["name"] for h in doc["hosts"]}
     for k in doc["ranks"]:
         assert set(k) == RANK_FIELDS

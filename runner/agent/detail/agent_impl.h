@@ -75,8 +75,8 @@ struct SyncState {
   // The synced folder, its .mltrain-sync, and this sync's own work folder in there (tmp-<random>,
   // locked through its `lock` file while the sync runs, so a concurrent sync of the same folder,
   // from this host or another sharing the home, never takes or removes its temporary files).
-  sync::Fd root, state, work, lock;
-  std::string work_name;
+  sync::Fd root, state;
+  sync::WorkFolder work;
   std::vector<SyncEntry> entries;
   std::map<std::string, SyncIndexEntry> index;
   std::map<uint32_t, SyncOpen> open;
@@ -208,8 +208,8 @@ class Agent {
   int warden_fd_ = -1;  // held open for the warden's sake, never written (-2: no warden)
   pid_t warden_ = -1;
   bool runtime_tried_ = false;
-  std::string runtime_dir_;            // the unpacked comm runtime ("" when it could not be unpacked)
-  std::string private_dir_;            // this run's private folder (error files), "" until made
+  std::string runtime_dir_;  // the unpacked comm runtime ("" when it could not be unpacked)
+  std::string private_dir_;  // this run's private folder (error files), "" until made
   bool private_dir_tried_ = false;
   std::string run_id_;                 // the job's MLTRAIN_RUN_ID (names its comm counter blocks)
   int64_t telemetry_interval_ms_ = 0;  // 0: not sampling

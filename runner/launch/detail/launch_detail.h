@@ -51,16 +51,18 @@ std::string synced_workdir(const spec::JobSpec& s, const SyncPlan& sp);
 
 // A pull's bounds from MLTRAIN_PULL_MAX_BYTES and MLTRAIN_PULL_STALL_TIMEOUT (Error on a bad value).
 void pull_limits(supervise::PullJob& job);
+// supervise::Options with the protocol's timers from MLTRAIN_HEARTBEAT_INTERVAL and
+// MLTRAIN_HEARTBEAT_TIMEOUT (Error on a bad value): every command that talks to agents starts here.
+supervise::Options supervise_defaults();
 
-// `mltrain cp`'s work folder: .mltrain-cp-<random> in the destination's folder, private, and
-// locked (flock) for as long as the cp runs; removed when it goes unless placed. Making one first
-// removes the ones of this user that no cp holds (left by a cp that was killed).
+// `mltrain cp`'s work folder: .mltrain-cp-<random> in the destination's folder (a
+// sync::WorkFolder: private, locked while the cp runs, removed when it goes), what arrives in its
+// data/. Making one first removes the ones of this user that no cp holds (left by a cp that was
+// killed), and says so.
 class CopyWork {
  public:
   explicit CopyWork(const std::string& parent);
-  ~CopyWork();
-  CopyWork(const CopyWork&) = delete;
-  CopyWork& operator=(const CopyWork&) = delete;
+  // Where the pull writes.
   const std::string& path() const { return path_; }
   // Moves what arrived (its entry `name`, or "" for all it holds) to `dest`: by a rename when dest
   // is new; with `merge`, into the existing dest: files of the same name replaced, nothing else
@@ -68,9 +70,9 @@ class CopyWork {
   void place(const std::string& name, const std::string& dest, bool merge);
 
  private:
-  sync::Fd parent_, dir_;
-  std::string name_, path_;
-  bool placed_ = false;
+  sync::WorkFolder work_;
+  sync::Fd data_;
+  std::string path_;
 };
 
 }  // namespace mltrain::launch::detail
