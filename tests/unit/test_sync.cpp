@@ -587,3 +587,28 @@ TEST_CASE("beneath: remove_tree_at removes a link, never what it points to") {
   CHECK(fs::exists(fs::path(t.path) / "outside" / "precious.txt"));
   CHECK(remove_tree_at(root.get(), "not-there") == 0);
 }
+
+TEST_CASE("beneath: a held work folder survives a sweep; one nobody holds, and old leftovers, go") {
+  TempDir t("beneath");
+  Fd parent(::open(t.path.c_str(), O_RDONLY | O_DIRECTORY));
+  REQUIRE(parent);
+  {
+    WorkFolder held;
+    REQUIRE(held.make(parent.get(), "tmp-"));
+    CHECK(held.name().rfind("tmp-", 0) == 0);
+    t.write(held.name() + "/f-1", "in progress\n");
+    t.write("tmp-dead0123456789ab/lock", "");  // its sync was killed: nobody holds the lock
+    t.write("tmp-dead0123456789ab/f-2", "left\n");
+    t.write("tmp-7", "an older agent's file\n");
+    t.write("other/keep", "not a work folder\n");
+    CHECK(sweep_work_folders(parent.get(), "tmp-") == 2);
+    CHECK(fs::exists(t.path / held.name() / "f-1"));
+    CHECK(!fs::exists(t.path / "tmp-dead0123456789ab"));
+    CHECK(!fs::exists(t.path / "tmp-7"));
+    CHECK(fs::exists(t.path / "other" / "keep"));
+  }
+  // It goes with what is left in it when the WorkFolder does.
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(t.path)) left.push_back(e.path().filename().string());
+  CHECK(left == std::vector<std::string>{"other"});
+}
