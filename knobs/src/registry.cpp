@@ -50,6 +50,13 @@ const Knob kKnobs[] = {
      "a pull ([sync] pull, mltrain cp) from a host that sends nothing for this long, though it "
      "answers heartbeats, ends with what came",
      launcher},
+    {"MLTRAIN_HEARTBEAT_INTERVAL", Kind::duration, "2s",
+     "how often the launcher pings each remote host's agent (a host answers every ping)", launcher},
+    {"MLTRAIN_HEARTBEAT_TIMEOUT", Kind::duration, "10s",
+     "a remote host silent this long is lost (its ranks count as failed); the launcher sends it "
+     "to every agent, which stops its ranks after as long without a word from the launcher; "
+     "more than MLTRAIN_HEARTBEAT_INTERVAL",
+     launcher},
     {"XDG_STATE_HOME", Kind::string, "", "base of MLTRAIN_HOME's default", launcher, {}, "~/.local/state"},
     {"XDG_CONFIG_HOME",
      Kind::string,

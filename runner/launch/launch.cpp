@@ -406,8 +406,9 @@ DoctorResult doctor(const JobRequest& req) {
   spec::JobSpec s = resolve_spec(r);
   plan::Plan p = plan::make_plan(s, detail::plan_inputs(r, "doctor", "doctor", detail::Ports::placeholder));
   DoctorResult d;
-  d.exit_code = supervise::run_doctor(p, supervise::Options{}, detail::lasting_transports(s).for_host(),
-                                      s.comm.master_port, d.reports);
+  d.exit_code =
+      supervise::run_doctor(p, detail::supervise_defaults(), detail::lasting_transports(s).for_host(),
+                            s.comm.master_port, d.reports);
   for (const auto& rep : d.reports)
     if (!rep.ok && d.exit_code == 0) d.exit_code = exit_code::host_failure;
   return d;

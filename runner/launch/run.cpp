@@ -55,7 +55,7 @@ records::RunRecord new_record(const spec::JobSpec& s, const plan::Plan& p) {
 }
 
 supervise::Options supervise_options(const spec::JobSpec& s, const JobRequest& req) {
-  supervise::Options o;
+  supervise::Options o = detail::supervise_defaults();
   o.grace = s.run.grace_period;
   o.timeout = s.run.timeout;
   o.max_restarts = s.run.max_restarts;
@@ -243,6 +243,7 @@ RunResult run(const JobRequest& req) {
   } catch (const knobs::BadValue& e) {
     throw Error(e.what(), "set it like 1s or 500ms, or to 0 for no telemetry");
   }
+  detail::supervise_defaults();  // the heartbeat knobs too: checked before there is a run
   std::string token = detail::random_token();
   // Plan before creating the record, so a bad host list leaves no empty run behind.
   const size_t nranks =

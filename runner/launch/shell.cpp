@@ -175,7 +175,7 @@ uint64_t copy(const CopyRequest& req) {
   // can tell one left by a cp that was killed), then moved into place: a copy cut short leaves
   // nothing under the destination's name.
   detail::CopyWork work(parent.string());
-  supervise::Options o;
+  supervise::Options o = detail::supervise_defaults();
   supervise::PullJob job;
   job.dir = remote;
   job.hosts = {0};

@@ -125,7 +125,7 @@ class Watch final : public Source {
     const supervise::TransportFor& tf = detail::lasting_transports(s).for_host();
     thread_ = std::thread([this, &tf] {
       try {
-        code_ = supervise::run_watch(plan_, supervise::Options{}, tf, w_);
+        code_ = supervise::run_watch(plan_, detail::supervise_defaults(), tf, w_);
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(m);
         problems.emplace_back("mltrain", e.what());
