@@ -430,14 +430,25 @@ TEST_CASE("store: idle strangers past the caps do not keep a rank out") {
   CHECK(detail::Clock::now() - t0 < detail::StoreServer::kHelloWithin);  // not after the strangers time out
 }
 
-TEST_CASE("collectives: every op x dtype x count, world 1..8, shared memory") {
+// The unit tier runs a representative of each matrix below; the whole matrix is the comm tier's
+// (test suite comm_matrix: ctest comm_matrix, label comm).
+TEST_CASE("collectives: every op x dtype x count, world 1 and 3, shared memory and TCP (small counts)") {
+  for (int n : {1, 3}) {
+    CAPTURE(n);
+    correctness(n, Transport::shm, false);
+  }
+  correctness(3, Transport::tcp, false);
+}
+
+TEST_CASE("collectives: every op x dtype x count, world 1..8, shared memory" *
+          doctest::test_suite("comm_matrix")) {
   for (int n : {1, 2, 3, 4, 8}) {
     CAPTURE(n);
     correctness(n, Transport::shm, n == 2 || n == 3);
   }
 }
 
-TEST_CASE("collectives: every op x dtype x count, world 2..8, TCP") {
+TEST_CASE("collectives: every op x dtype x count, world 2..8, TCP" * doctest::test_suite("comm_matrix")) {
   for (int n : {2, 3, 4, 8}) {
     CAPTURE(n);
     correctness(n, Transport::tcp, n == 3);  // 1M+3 over TCP: one world (time budget)
@@ -474,14 +485,17 @@ TEST_CASE("allreduce: large messages take the pipelined ring, results bitwise eq
   }
 }
 
-TEST_CASE("allreduce: algorithms ring, bidir and hd give the reference result (bitwise equal on all ranks)") {
+namespace {
+
+using DtypeOps = std::vector<std::pair<DataType, ReduceOp>>;
+
+// Every algorithm over TCP on each world, in and out of place, for each dtype and op.
+void algorithms_case(const std::vector<int>& worlds, const DtypeOps& dtype_ops) {
   // hd on a world that is not a power of two falls back to the ring (every rank the same way).
   for (Algo algo : {Algo::ring, Algo::bidir, Algo::hd, Algo::automatic}) {
-    for (int n : {3, 4, 8}) {
+    for (int n : worlds) {
       for (bool inplace : {false, true}) {
-        for (auto [dt, op] :
-             {std::pair{DataType::f32, ReduceOp::sum}, std::pair{DataType::i32, ReduceOp::max},
-              std::pair{DataType::f64, ReduceOp::avg}}) {
+        for (auto [dt, op] : dtype_ops) {
           CAPTURE(static_cast<int>(algo));
           CAPTURE(n);
           CAPTURE(inplace);
@@ -512,21 +526,20 @@ TEST_CASE("allreduce: algorithms ring, bidir and hd give the reference result (b
   }
 }
 
-TEST_CASE(
-    "allreduce: direct (one shared segment on one host) gives the reference result, bitwise equal on all "
-    "ranks") {
+// The direct allreduce on each world, in and out of place, for each dtype and op; counts from one
+// element to past three chunks, and 100003 with `large`.
+void direct_case(const std::vector<int>& worlds, const DtypeOps& dtype_ops, bool large) {
   // Slots of 8 KiB + 40 bytes: many chunks, chunk and segment edges at odd places; small_bytes 0
   // so every size takes it, down to chunks with fewer elements than ranks (empty segments).
   const std::size_t slot = (8u << 10) + 40;
-  for (int n : {2, 3, 4, 8}) {
+  for (int n : worlds) {
     for (bool inplace : {false, true}) {
-      for (auto [dt, op] : {std::pair{DataType::f32, ReduceOp::sum}, std::pair{DataType::f64, ReduceOp::avg},
-                            std::pair{DataType::f16, ReduceOp::sum}, std::pair{DataType::bf16, ReduceOp::avg},
-                            std::pair{DataType::i32, ReduceOp::max}, std::pair{DataType::i64, ReduceOp::min},
-                            std::pair{DataType::u8, ReduceOp::prod}}) {
+      for (auto [dt, op] : dtype_ops) {
         const std::size_t es = size_of(dt);
         const std::size_t chunk = slot / es;
-        for (std::size_t count : {std::size_t{1}, std::size_t{5}, 3 * chunk + 2, std::size_t{100003}}) {
+        std::vector<std::size_t> counts{1, 5, 3 * chunk + 2};
+        if (large) counts.push_back(100003);
+        for (std::size_t count : counts) {
           CAPTURE(n);
           CAPTURE(inplace);
           CAPTURE(name_of(dt));
@@ -564,6 +577,35 @@ TEST_CASE(
       }
     }
   }
+}
+
+const DtypeOps kEveryDtypeOnce = {{DataType::f32, ReduceOp::sum}, {DataType::f64, ReduceOp::avg},
+                                  {DataType::f16, ReduceOp::sum}, {DataType::bf16, ReduceOp::avg},
+                                  {DataType::i32, ReduceOp::max}, {DataType::i64, ReduceOp::min},
+                                  {DataType::u8, ReduceOp::prod}};
+
+}  // namespace
+
+TEST_CASE("allreduce: algorithms ring, bidir and hd give the reference result, world 3 and 4 (f32 sum)") {
+  algorithms_case({3, 4}, {{DataType::f32, ReduceOp::sum}});
+}
+
+TEST_CASE("allreduce: algorithms ring, bidir and hd give the reference result (bitwise equal on all ranks)" *
+          doctest::test_suite("comm_matrix")) {
+  algorithms_case(
+      {3, 4, 8},
+      {{DataType::f32, ReduceOp::sum}, {DataType::i32, ReduceOp::max}, {DataType::f64, ReduceOp::avg}});
+}
+
+TEST_CASE("allreduce: direct gives the reference result, world 3, f32 sum and u8 prod, up to past 3 chunks") {
+  direct_case({3}, {{DataType::f32, ReduceOp::sum}, {DataType::u8, ReduceOp::prod}}, false);
+}
+
+TEST_CASE(
+    "allreduce: direct (one shared segment on one host) gives the reference result, bitwise equal on all "
+    "ranks" *
+    doctest::test_suite("comm_matrix")) {
+  direct_case({2, 3, 4, 8}, kEveryDtypeOnce, true);
 }
 
 TEST_CASE("allreduce_shared: on one host the result lands in one shared region, buf keeps its input") {
@@ -662,17 +704,12 @@ int mappings_of_input(int r) {
   return found;
 }
 
-}  // namespace
-
-TEST_CASE(
-    "inputs in shared files: allreduce_shared reads them where they lie, allreduce_mapped writes every "
-    "rank's result into them; the staged path's bytes") {
+// allreduce_shared and allreduce_mapped over inputs in files, on each world, for each dtype and op.
+void shared_inputs_case(const std::vector<int>& worlds, const DtypeOps& dtype_ops) {
   // Blocks of 256 KiB: a count past three of them puts block edges inside every segment.
   for (bool into_inputs : {false, true}) {
-    for (int n : {2, 3, 4}) {
-      for (auto [dt, op] :
-           {std::pair{DataType::f32, ReduceOp::avg}, std::pair{DataType::i64, ReduceOp::sum},
-            std::pair{DataType::bf16, ReduceOp::sum}, std::pair{DataType::u8, ReduceOp::max}}) {
+    for (int n : worlds) {
+      for (auto [dt, op] : dtype_ops) {
         const std::size_t es = size_of(dt);
         for (std::size_t count : {std::size_t{1}, std::size_t{5}, 3 * n * ((256u << 10) / es) + 7}) {
           CAPTURE(into_inputs);
@@ -720,6 +757,22 @@ TEST_CASE(
       }
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("inputs in shared files: allreduce_shared and allreduce_mapped, world 3, f32 avg and u8 max") {
+  shared_inputs_case({3}, {{DataType::f32, ReduceOp::avg}, {DataType::u8, ReduceOp::max}});
+}
+
+TEST_CASE(
+    "inputs in shared files: allreduce_shared reads them where they lie, allreduce_mapped writes every "
+    "rank's result into them; the staged path's bytes" *
+    doctest::test_suite("comm_matrix")) {
+  shared_inputs_case({2, 3, 4}, {{DataType::f32, ReduceOp::avg},
+                                 {DataType::i64, ReduceOp::sum},
+                                 {DataType::bf16, ReduceOp::sum},
+                                 {DataType::u8, ReduceOp::max}});
 }
 
 TEST_CASE("shared files: one rank without one (none, or a pipe) makes every rank stage") {

@@ -560,6 +560,10 @@ TEST_CASE("telemetry: cost of sampling the real NVML, where there is one") {
   // Printed, not asserted (the budget: 10 ms per sample, 1% of one core at 1 s).
 }
 
+// The fake nvidia-smi is a bash script: on a loaded machine it has taken more than the real one's
+// 5 s to answer (the test failed), so the tests of what it answers give it a minute.
+constexpr int kFakeSmiTimeoutMs = 60000;
+
 TEST_CASE("telemetry: GpuSampler through the fake NVML") {
   FakeGpuDir fake(
       "* gpus 4\n* util 87\n* mig.2 1\n* mem_used_mib 1234\n* mem_used_mib.1 0\n* power_w 245.5\n"
@@ -607,6 +611,7 @@ TEST_CASE("telemetry: GpuSampler through the fake NVML") {
   // The same conf through nvidia-smi (the fallback) gives the same rows.
   GpuSamplerOptions smi;
   smi.use_nvml = false;
+  smi.nvidia_smi_timeout_ms = kFakeSmiTimeoutMs;
   smi.path = fake.path();
   GpuSampler fallback(smi);
   std::vector<GpuSample> smi_gpus;
@@ -636,6 +641,7 @@ TEST_CASE("telemetry: GpuSampler's fallbacks and failures") {
     FakeGpuDir fake("* gpus 2\n* smi_event_reasons 0\n* throttle 0x20\n* util.1 none\n");
     GpuSamplerOptions o;
     o.use_nvml = false;
+    o.nvidia_smi_timeout_ms = kFakeSmiTimeoutMs;
     o.path = "/nonexistent:" + fake.path();
     GpuSampler sampler(o);
     std::vector<GpuSample> gpus;
@@ -664,6 +670,7 @@ TEST_CASE("telemetry: GpuSampler's fallbacks and failures") {
     GpuSamplerOptions o;
     o.nvml_library = fake.nvml();
     o.path = fake.path();
+    o.nvidia_smi_timeout_ms = kFakeSmiTimeoutMs;
     GpuSampler sampler(o);
     std::vector<GpuSample> gpus(3);
     sampler.sample(gpus);
@@ -773,6 +780,7 @@ TEST_CASE("telemetry: cost of a sample (host + 4 fake GPUs + 8 ranks)") {
   // real nvidia-smi costs, so this only shows the mechanism's order of magnitude).
   GpuSamplerOptions smi;
   smi.use_nvml = false;
+  smi.nvidia_smi_timeout_ms = kFakeSmiTimeoutMs;
   smi.path = fake.path();
   GpuSampler fallback(smi);
   std::vector<GpuSample> gpus;
