@@ -222,15 +222,16 @@ const Knob kKnobs[] = {
     {"MLTRAIN_NCCL_LIBRARY",
      Kind::string,
      "",
-     "the NCCL library to dlopen (a path, or a name the loader looks up; then /usr/local/cuda/lib64)",
+     "the NCCL library to dlopen (a path, or a name the loader looks up); unset: the loader path, "
+     "/usr/local/cuda/lib{64,}, then the job's Python's nvidia/*/lib wheels (docs/gpu.md)",
      comm,
      {},
      "libnccl.so.2"},
     {"MLTRAIN_CUDART_LIBRARY",
      Kind::string,
      "",
-     "the CUDA runtime library to dlopen (a path, or a name the loader looks up; then .12, and "
-     "/usr/local/cuda/lib64)",
+     "the CUDA runtime library to dlopen (a path, or a name the loader looks up); unset: .13 then .12 "
+     "in the loader path, /usr/local/cuda/lib{64,}, then the job's Python's nvidia/*/lib wheels",
      comm,
      {},
      "libcudart.so.13"},
@@ -238,7 +239,7 @@ const Knob kKnobs[] = {
      Kind::string,
      "",
      "the NVML library the agent dlopens to list a host's GPUs (a path, or a name the loader looks up); "
-     "nvidia-smi -L when it does not load",
+     "unset: the loader path, /usr/local/nvidia/lib{64,}, the Python wheels; else nvidia-smi -L",
      agent,
      {},
      "libnvidia-ml.so.1"},

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "knobs/gpu_library.h"
 #include "runner/agent/preflight.h"
 
 namespace mltrain::agent {
@@ -89,11 +90,11 @@ bool bind(void* lib, F& fn, const char* name, std::string& missing) {
 bool probe_nvml(const std::string& library, GpuInventory& inv, std::vector<std::string>& why,
                 bool& no_driver) {
   const bool named = !library.empty();
-  const std::string lib_name = named ? library : std::string(kDefaultNvmlLibrary);
-  void* lib = ::dlopen(lib_name.c_str(), RTLD_NOW | RTLD_LOCAL);
+  knobs::LoadedLibrary found = knobs::load_library(knobs::GpuLibrary::nvml, library);
+  const std::string lib_name = named ? library : found.handle ? found.file : std::string(kDefaultNvmlLibrary);
+  void* lib = found.handle;
   if (!lib) {
-    const char* e = ::dlerror();
-    std::string err = e ? e : "unknown error";
+    std::string err = found.error.empty() ? "unknown error" : found.error;
     if (!named) {
       why.push_back(lib_name + " not found");
     } else {
@@ -104,6 +105,7 @@ bool probe_nvml(const std::string& library, GpuInventory& inv, std::vector<std::
     }
     return false;
   }
+  inv.library = found.found_text();
   Nvml n;
   std::string missing;
   bind(lib, n.error, "nvmlErrorString", missing);

@@ -19,6 +19,7 @@ struct GpuInventory {
   std::string source;          // "nvml", "nvidia-smi", or "" when none was found
   std::string driver_version;  // from NVML, "" otherwise
   std::string note;            // why there is none, or what failed on the way (may be set with gpus)
+  std::string library;         // the NVML file loaded and which step found it (knobs/gpu_library.h)
 };
 
 // The GPUs `nvidia-smi -L` lists: "GPU 0: NAME (UUID: GPU-...)" lines; a GPU followed by

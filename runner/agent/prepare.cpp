@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "knobs/gpu_library.h"
 #include "runner/agent/detail/agent_impl.h"
 #include "runner/agent/gpu_inventory.h"
 #include "runner/agent/preflight.h"
@@ -30,22 +31,31 @@ std::optional<std::string> cuda_visible_devices_for(uint32_t job_sets_it, const 
 
 // Why NCCL cannot serve a job that requires it here, or "" when it loads and is new enough. The
 // same names and the same oldest version as the comm library (comm/src/transport/nccl.h).
-std::string nccl_problem(const std::string& job_value) {
+std::string nccl_library_for(const std::string& job_value) {
+  if (!job_value.empty()) return job_value;
+  const char* own = ::getenv("MLTRAIN_NCCL_LIBRARY");
+  return own ? own : "";
+}
+
+std::string basename_of(const std::string& p) {
+  auto slash = p.find_last_of('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
+std::string python_for(const std::string& want, const std::string& path) {
+  auto fs = real_file_system();
+  for (const auto& candidate : program_candidates(want.empty() ? std::string("python3") : want, "", path))
+    if (fs.is_executable_file(candidate)) return candidate;
+  return {};
+}
+
+std::string nccl_problem(const std::string& job_value, const std::string& python) {
   constexpr int kMinNcclVersion = 21300;  // 2.13.0, as kMinNcclVersion in the comm library
-  std::vector<std::string> tries;
-  if (!job_value.empty())
-    tries.push_back(job_value);
-  else if (const char* own = ::getenv("MLTRAIN_NCCL_LIBRARY"); own && *own)
-    tries.emplace_back(own);
-  else
-    tries = {"libnccl.so.2", "/usr/local/cuda/lib64/libnccl.so.2", "/usr/local/cuda/lib/libnccl.so.2"};
-  std::string why;
-  for (const auto& name : tries) {
-    void* h = ::dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-      if (why.empty()) why = ::dlerror();
-      continue;
-    }
+  knobs::LoadedLibrary found =
+      knobs::load_library(knobs::GpuLibrary::nccl, nccl_library_for(job_value), python);
+  std::string why = found.error + (found.searched.empty() ? "" : "; looked in " + found.searched);
+  if (void* h = found.handle) {
+    const std::string& name = found.file;
     using GetVersion = int (*)(int*);
     int v = 0;
     auto fn = reinterpret_cast<GetVersion>(::dlsym(h, "ncclGetVersion"));
@@ -84,7 +94,20 @@ void Agent::on(uint32_t id, const msg::Prepare& m) {
   out.cannot_start = missing.empty() ? 0 : 1;
   for (auto& p : missing) problems.push_back(std::move(p));
   if (m.nccl_required)
-    if (std::string why = nccl_problem(m.nccl_library); !why.empty()) problems.push_back(std::move(why));
+    if (std::string why = nccl_problem(
+            m.nccl_library, python_for(basename_of(m.argv0).rfind("python", 0) == 0 ? m.argv0 : std::string(),
+                                       effective_path(m.path, ::getenv("PATH"))));
+        !why.empty())
+      problems.push_back(std::move(why));
+  // Forced NCCL without [gpus] asks for no GPU slots, but NCCL needs a GPU per rank: a host with
+  // the library and no driver fails here, not in every rank's traceback.
+  if (m.nccl_required && m.gpu_slots_needed == 0) {
+    GpuInventory inv = probe_gpus(nvml_library_for(m.nvml_library), effective_path(m.path, ::getenv("PATH")));
+    if (inv.gpus.empty())
+      problems.push_back("[comm] backend = \"nccl\" needs a GPU per rank, and this host has none (" +
+                         inv.note +
+                         "); use backend = \"auto\" to fall back to the CPU backend, or run on GPU hosts");
+  }
   // GPUs only when the job asks for some: a CPU job pays nothing. Whether there are enough is the
   // launcher's call, which knows what [gpus] asked.
   if (m.gpu_slots_needed > 0) {

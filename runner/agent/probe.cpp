@@ -10,12 +10,21 @@
 #include <string>
 #include <vector>
 
+#include "knobs/gpu_library.h"
 #include "runner/agent/detail/agent_impl.h"
 #include "runner/agent/gpu_inventory.h"
 #include "runner/agent/preflight.h"
 #include "runner/agent/protocol.h"
 
 namespace mltrain::agent::detail {
+namespace {
+
+std::string cudart_library_for() {
+  const char* own = ::getenv("MLTRAIN_CUDART_LIBRARY");
+  return own ? own : "";
+}
+
+}  // namespace
 
 namespace {
 
@@ -62,33 +71,33 @@ void Agent::on(uint32_t id, const msg::Probe& m) {
     facts.push_back("cuda_visible_devices=" + *visible);
     facts.push_back("gpus_usable=" + std::to_string(visible_gpus(inv, visible).size()));
   }
-  std::string nccl = "not found";
-  for (const char* lib :
-       {"libnccl.so.2", "/usr/local/cuda/lib64/libnccl.so.2", "/usr/local/cuda/lib/libnccl.so.2"}) {
-    if (void* h = ::dlopen(lib, RTLD_LAZY | RTLD_LOCAL)) {
-      using GetVersion = int (*)(int*);
-      int v = 0;
-      if (auto fn = reinterpret_cast<GetVersion>(::dlsym(h, "ncclGetVersion")); fn && fn(&v) == 0)
-        nccl =
-            std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
-      else
-        nccl = "found";
-      ::dlclose(h);
-      break;
-    }
-  }
-  facts.push_back("nccl=" + nccl);
+  if (!inv.library.empty()) facts.push_back("nvml_library=" + inv.library);
   // The interpreter the job would run: the spec's python program, else python3, looked up in the
   // PATH the ranks get (as the agent's preflight does), not the agent's own.
   std::string path = effective_path(m.path, ::getenv("PATH"));
   std::string want = m.python.empty() ? std::string("python3") : m.python;
-  std::string python;
-  auto fs = real_file_system();
-  for (const auto& candidate : program_candidates(want, "", path))
-    if (fs.is_executable_file(candidate)) {
-      python = candidate;
-      break;
-    }
+  std::string python = python_for(want, path);
+  // NCCL and cudart where a rank of the job would find them (knobs/gpu_library.h), and which file.
+  std::string nccl = "not found";
+  knobs::LoadedLibrary found =
+      knobs::load_library(knobs::GpuLibrary::nccl, nccl_library_for(""), python, RTLD_LAZY | RTLD_LOCAL);
+  if (void* h = found.handle) {
+    using GetVersion = int (*)(int*);
+    int v = 0;
+    if (auto fn = reinterpret_cast<GetVersion>(::dlsym(h, "ncclGetVersion")); fn && fn(&v) == 0)
+      nccl = std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+    else
+      nccl = "found";
+    ::dlclose(h);
+    facts.push_back("nccl_library=" + found.found_text());
+  }
+  facts.push_back("nccl=" + nccl);
+  knobs::LoadedLibrary cudart =
+      knobs::load_library(knobs::GpuLibrary::cudart, cudart_library_for(), python, RTLD_LAZY | RTLD_LOCAL);
+  if (cudart.handle) {
+    facts.push_back("cudart_library=" + cudart.found_text());
+    ::dlclose(cudart.handle);
+  }
   facts.push_back("python=" + (python.empty() ? want + " (not found in PATH " + path + ")" : python));
   std::string py = python.empty() ? std::string() : first_line(quote(python) + " --version");
   facts.push_back("python3=" + (py.rfind("Python ", 0) == 0 ? py.substr(7) : std::string("not found")));

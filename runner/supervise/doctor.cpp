@@ -187,6 +187,12 @@ std::string format_doctor(const std::vector<HostReport>& reports, bool json) {
   for (const auto& r : reports)
     if (r.facts.count("python"))
       out += r.host + ": python3 and torch checked with " + r.facts.at("python") + "\n";
+  // Which file each GPU library is, and which step of the search found it (knobs/gpu_library.h).
+  for (const auto& r : reports)
+    for (const auto& [key, label] : {std::pair<const char*, const char*>{"nccl_library", "NCCL"},
+                                     {"cudart_library", "CUDA runtime"},
+                                     {"nvml_library", "NVML"}})
+      if (r.facts.count(key)) out += r.host + ": " + label + " " + r.facts.at(key) + "\n";
   // Each host's GPUs, one line each, or why it has none.
   for (const auto& r : reports) {
     if (!r.facts.count("gpus")) continue;

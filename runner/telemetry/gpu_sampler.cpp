@@ -12,6 +12,7 @@
 #include <charconv>
 #include <cstring>
 
+#include "knobs/gpu_library.h"
 #include "runner/telemetry/detail/reuse.h"
 #include "runner/telemetry/detail/text.h"
 #include "runner/telemetry/sampler.h"
@@ -62,7 +63,6 @@ constexpr unsigned long long NVML_VALUE_NOT_AVAILABLE = ~0ULL;  // usedGpuMemory
 constexpr unsigned kNvmlUuidSize = 96;                          // NVML_DEVICE_UUID_V2_BUFFER_SIZE
 constexpr unsigned kMaxGpus = 1024;
 
-constexpr const char* kDefaultNvmlLibrary = "libnvidia-ml.so.1";
 constexpr size_t kMaxSmiOutput = 256 * 1024;
 
 struct Nvml {
@@ -210,11 +210,12 @@ struct GpuSampler::Impl {
   // True when NVML initialised; otherwise `why` says what happened.
   bool open_nvml(std::string& why) {
     const bool named = !opt.nvml_library.empty();
-    const std::string name = named ? opt.nvml_library : std::string(kDefaultNvmlLibrary);
-    void* lib = ::dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    knobs::LoadedLibrary found = knobs::load_library(knobs::GpuLibrary::nvml, opt.nvml_library);
+    const std::string name = named ? opt.nvml_library : found.file;
+    void* lib = found.handle;
     if (!lib) {
-      const char* e = ::dlerror();
-      why = named ? name + ": " + (e ? e : "cannot be loaded") : name + " not found";
+      why = named ? found.error
+                  : std::string(knobs::library_default_name(knobs::GpuLibrary::nvml)) + " not found";
       return false;
     }
     Nvml n;

@@ -1,8 +1,8 @@
 // mltrain-nccl-bench: allreduce on device buffers through mltrain::comm (its NCCL backend)
 // against a raw NCCL loop on the same buffers, in interleaved rounds; rank 0 prints the median
 // time of each per size and their ratio. Run as a job: `mltrain run -n GPUS -- mltrain-nccl-bench`
-// (tests/gpu/run.sh). The raw communicator is made with the same libnccl (MLTRAIN_NCCL_LIBRARY or
-// libnccl.so.2), its unique id broadcast over mltrain's CPU path.
+// (tests/gpu/run.sh). The raw communicator is made with the same libnccl (found as the comm
+// library finds it, knobs/gpu_library.h), its unique id broadcast over mltrain's CPU path.
 //
 //   -b MIN -e MAX -f FACTOR   sizes in bytes (K/M/G), default 1M..256M, x4
 //   -n ITERS -r ROUNDS        allreduces per timed block, interleaved rounds (default 20, 5)
@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/env.h"
+#include "knobs/gpu_library.h"
 #include "mltrain/comm.hpp"
 
 namespace {
@@ -39,11 +40,10 @@ struct Raw {
   int (*CommDestroy)(void*) = nullptr;
 };
 
-void* open_lib(const char* knob, std::initializer_list<const char*> names) {
-  if (const char* v = std::getenv(knob); v && *v) return ::dlopen(v, RTLD_NOW | RTLD_LOCAL);
-  for (const char* n : names)
-    if (void* h = ::dlopen(n, RTLD_NOW | RTLD_LOCAL)) return h;
-  return nullptr;
+// The library the comm library loads: the same knob, the same search (knobs/gpu_library.h).
+void* open_lib(mltrain::knobs::GpuLibrary lib) {
+  const char* v = std::getenv(mltrain::knobs::library_knob(lib));
+  return mltrain::knobs::load_library(lib, v ? v : "").handle;
 }
 
 template <class F>
@@ -92,9 +92,8 @@ int main(int argc, char** argv) {
       return 3;
     }
     Raw raw;
-    void* cuda = open_lib("MLTRAIN_CUDART_LIBRARY",
-                          {"libcudart.so.13", "libcudart.so.12", "/usr/local/cuda/lib64/libcudart.so.13"});
-    void* nccl = open_lib("MLTRAIN_NCCL_LIBRARY", {"libnccl.so.2", "/usr/local/cuda/lib64/libnccl.so.2"});
+    void* cuda = open_lib(mltrain::knobs::GpuLibrary::cudart);
+    void* nccl = open_lib(mltrain::knobs::GpuLibrary::nccl);
     if (!cuda || !nccl) {
       std::fprintf(stderr, "mltrain-nccl-bench: cannot load the CUDA runtime or NCCL\n");
       return 2;

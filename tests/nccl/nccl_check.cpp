@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/reduce.h"
+#include "knobs/gpu_library.h"
 #include "mltrain/comm.hpp"
 
 namespace {
@@ -34,14 +35,7 @@ struct Cuda {
 
   bool load() {
     const char* chosen = std::getenv("MLTRAIN_CUDART_LIBRARY");
-    void* h = nullptr;
-    for (const char* name :
-         {chosen, "libcudart.so.13", "libcudart.so.12", "/usr/local/cuda/lib64/libcudart.so.13",
-          "/usr/local/cuda/lib64/libcudart.so.12"}) {
-      if (name == nullptr || *name == 0) continue;
-      if ((h = ::dlopen(name, RTLD_NOW | RTLD_LOCAL))) break;
-      if (chosen && *chosen) break;
-    }
+    void* h = mltrain::knobs::load_library(mltrain::knobs::GpuLibrary::cudart, chosen ? chosen : "").handle;
     if (!h) return false;
     Malloc = reinterpret_cast<decltype(Malloc)>(::dlsym(h, "cudaMalloc"));
     Free = reinterpret_cast<decltype(Free)>(::dlsym(h, "cudaFree"));

@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -7,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "knobs/gpu_library.h"
 #include "knobs/parse.h"
 #include "knobs/registry.h"
 
@@ -136,4 +139,40 @@ TEST_CASE("knobs: every variable the sources read is declared") {
   CHECK(found.count("MLTRAIN_COMM_TIMEOUT") == 1);
   CHECK(found.count("SLURM_JOB_NODELIST") == 1);
   for (const auto& m : missing) FAIL_CHECK("not declared in knobs/src/registry.cpp: " << m);
+}
+
+TEST_CASE("gpu_library: the knob alone when set; else the loader path, then the Python's wheels") {
+  namespace fs = std::filesystem;
+  using mltrain::knobs::GpuLibrary;
+  using mltrain::knobs::library_candidates;
+  const fs::path root = fs::temp_directory_path() / ("test_knobs_wheels_" + std::to_string(::getpid()));
+  const fs::path lib = root / "venv/lib/python3.12/site-packages/nvidia/nccl/lib";
+  fs::create_directories(lib);
+  fs::create_directories(root / "venv/bin");
+  std::ofstream(lib / "libnccl.so.2") << "not a library";
+  std::ofstream(root / "venv/bin/python3") << "";
+  const std::string python = (root / "venv/bin/python3").string();
+
+  auto named = library_candidates(GpuLibrary::nccl, "/x/libnccl.so.2", python);
+  REQUIRE(named.size() == 1);
+  CHECK(named[0].file == "/x/libnccl.so.2");
+  CHECK(named[0].where == "MLTRAIN_NCCL_LIBRARY");
+
+  auto all = library_candidates(GpuLibrary::nccl, "", python);
+  REQUIRE(all.size() >= 2);
+  CHECK(all.front().file == "libnccl.so.2");
+  CHECK(all.front().where == "loader path");
+  CHECK(all.back().file == (lib / "libnccl.so.2").string());
+  CHECK(all.back().where == "python " + python);
+
+  auto cudart = library_candidates(GpuLibrary::cudart, "", python);
+  REQUIRE(cudart.size() >= 2);
+  CHECK(cudart[0].file == "libcudart.so.13");
+  CHECK(cudart[1].file == "libcudart.so.12");
+
+  // A file that is no library is passed over with the loader's message.
+  auto loaded = mltrain::knobs::load_library(GpuLibrary::nccl, (lib / "libnccl.so.2").string());
+  CHECK(loaded.handle == nullptr);
+  CHECK(!loaded.error.empty());
+  fs::remove_all(root);
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "config.h"
+#include "knobs/gpu_library.h"
 #include "knobs/registry.h"
 #include "rendezvous/store.h"
 
@@ -102,7 +103,7 @@ namespace {
 // NCCL keep threads and handlers that must not outlive their code.
 struct Api {
   std::string cuda_error, nccl_error;  // why a library did not load ("" when it did)
-  std::string nccl_path;
+  std::string cuda_path, nccl_path;    // the files loaded and which step found them
   int nccl_code = 0;
   // libcudart
   cudaError_t (*GetDeviceCount)(int*) = nullptr;
@@ -138,27 +139,17 @@ struct Api {
   bool nccl_ok() const { return cuda_ok() && nccl_error.empty(); }
 };
 
-// dlopen the first of `names` that loads (a knob's value alone when set); "" and the handle, or
-// the loader's message for each name tried.
-void* open_first(const char* knob, std::initializer_list<const char*> names, std::string& error,
-                 std::string* path = nullptr) {
-  const std::string chosen = knobs::get_string(knob);
-  std::vector<std::string> tries;
-  if (!chosen.empty())
-    tries.push_back(chosen);
-  else
-    for (const char* n : names) tries.emplace_back(n);
-  std::string why;
-  for (const auto& name : tries) {
-    if (void* h = ::dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL)) {
-      if (path) *path = name;
-      error.clear();
-      return h;
-    }
-    const char* e = ::dlerror();
-    if (why.empty()) why = e ? e : name + ": cannot load";
+// dlopen a library in the one search order (knobs/gpu_library.h); the handle, or nullptr and why.
+void* open_library(knobs::GpuLibrary lib, std::string& error, std::string* path = nullptr) {
+  const char* knob = knobs::library_knob(lib);
+  const std::string named = knobs::get_string(knob);
+  knobs::LoadedLibrary l = knobs::load_library(lib, named);
+  if (l.handle) {
+    if (path) *path = l.found_text();
+    error.clear();
+    return l.handle;
   }
-  error = why + (chosen.empty() ? "" : std::string(" (") + knob + ")");
+  error = l.error + (named.empty() ? "; looked in " + l.searched : std::string(" (") + knob + ")");
   return nullptr;
 }
 
@@ -179,10 +170,7 @@ const Api& api() {
       a.nccl_error = a.cuda_error;
       return;
     }
-    void* cuda = open_first("MLTRAIN_CUDART_LIBRARY",
-                            {"libcudart.so.13", "libcudart.so.12", "/usr/local/cuda/lib64/libcudart.so.13",
-                             "/usr/local/cuda/lib64/libcudart.so.12", "libcudart.so"},
-                            a.cuda_error);
+    void* cuda = open_library(knobs::GpuLibrary::cudart, a.cuda_error, &a.cuda_path);
     if (cuda == nullptr) {
       a.cuda_error = "CUDA runtime not found (" + a.cuda_error + ")";
     } else {
@@ -201,10 +189,7 @@ const Api& api() {
       resolve(cuda, "cudaSetDevice", a.SetDevice, e);
       if (!e.empty()) e = "CUDA runtime unusable: " + e;
     }
-    void* nccl =
-        open_first("MLTRAIN_NCCL_LIBRARY",
-                   {"libnccl.so.2", "/usr/local/cuda/lib64/libnccl.so.2", "/usr/local/cuda/lib/libnccl.so.2"},
-                   a.nccl_error, &a.nccl_path);
+    void* nccl = open_library(knobs::GpuLibrary::nccl, a.nccl_error, &a.nccl_path);
     if (nccl == nullptr) {
       a.nccl_error = "NCCL not found (" + a.nccl_error + ")";
       return;

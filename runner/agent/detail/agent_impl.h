@@ -46,6 +46,11 @@ std::string unpack_runtime(std::string& why);
 // ("" = the default name); the job's CUDA_VISIBLE_DEVICES when it sets one, else the agent's own
 // (nullopt: unset).
 std::string nvml_library_for(const std::string& job_value);
+// The job's MLTRAIN_NCCL_LIBRARY, else the agent's own ("" = search, knobs/gpu_library.h).
+std::string nccl_library_for(const std::string& job_value);
+// The interpreter a job would run: `want` ("" = python3) as the ranks' PATH finds it; "" if none.
+// Its wheels' nvidia/*/lib folders are where NCCL and cudart are looked for last.
+std::string python_for(const std::string& want, const std::string& path);
 std::optional<std::string> cuda_visible_devices_for(uint32_t job_sets_it, const std::string& job_value);
 
 // A rank's comm counter block name (telemetry.cpp): /mltrain-<run>-stats-<rank>-<16 random hex>.
