@@ -43,7 +43,7 @@ one() {
   awk -v a=$((a1 - a0)) -v l=$((l1 - l0)) -v t=$((t1 - t0)) 'BEGIN {printf "%.3f %.3f", 100*a/t, 100*l/t}'
 }
 
-printf "# telemetry cost: %d ranks, %d fake GPUs, on %s (%d cores), %d s per run, load %s\n" "$ranks" "$gpus" \
+printf "# telemetry cost: %d ranks, %s GPUs (fake, or real: this host's NVML), on %s (%d cores), %d s per run, load %s\n" "$ranks" "$gpus" \
   "$(hostname)" "$(nproc)" "$secs" "$(cut -d' ' -f1-3 /proc/loadavg)"
 printf "# share of one core (%%): the agent, and the launcher\n"
 printf "%6s %14s %14s %16s %16s\n" round "agent off" "agent 1s" "launcher off" "launcher 1s"
