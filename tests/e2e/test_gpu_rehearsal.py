@@ -13,7 +13,7 @@ import pytest
 
 from conftest import REPO
 
-SYSTEM = re.compile(r"^(linux-vdso|/lib64/ld-linux|ld-linux|libc|libm|libpthread|libdl|librt|libresolv|"
+SYSTEM = re.compile(r"^(linux-vdso|(/lib64/)?ld-linux-x86-64|libc|libm|libpthread|libdl|librt|libresolv|"
                     r"libutil|libmvec|libstdc\+\+|libgcc_s)\.so")
 
 
