@@ -138,7 +138,8 @@ step_nccl() {
   "$ML" run "$WORK/check.toml" >"$OUTDIR/nccl-check.txt" 2>&1
   local rc=$?
   grep -E 'backend|#wrong [1-9]|all results correct|FAILED' "$OUTDIR/nccl-check.txt" | head -20
-  printf '%-12s %s\n' "cases" "$(grep -cE '^\[0\] .*(sum|prod|max|min|avg|bcast|gather)' "$OUTDIR/nccl-check.txt")"
+  printf '%-12s %s\n' "cases" "$(grep -c '#wrong' "$OUTDIR/nccl-check.txt")" \
+    "wrong" "$(grep -c '#wrong [1-9]' "$OUTDIR/nccl-check.txt")"
   [ $rc = 0 ] && grep -q 'all results correct' "$OUTDIR/nccl-check.txt" && echo "PASS every op x dtype correct" ||
     { tail -15 "$OUTDIR/nccl-check.txt"; echo "FAIL nccl-check exit $rc"; }
 }
