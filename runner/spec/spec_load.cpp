@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -194,6 +195,31 @@ bool is_dns_label(const std::string& s) {
   return true;
 }
 
+// A DNS-1123 subdomain (service account names, label prefixes): dot-separated lowercase labels,
+// at most 253 characters.
+bool is_dns_subdomain(const std::string& s) {
+  if (s.empty() || s.size() > 253) return false;
+  for (const auto& part : text::split(s, '.'))
+    if (!is_dns_label(part)) return false;
+  return true;
+}
+
+// A label's name part or value: [A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?, at most 63.
+bool is_label_word(const std::string& s) {
+  auto alnum = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; };
+  if (s.empty() || s.size() > 63 || !alnum(s.front()) || !alnum(s.back())) return false;
+  for (char c : s)
+    if (!(alnum(c) || c == '-' || c == '_' || c == '.')) return false;
+  return true;
+}
+
+// A label key: an optional DNS-subdomain prefix and '/', then a label word.
+bool is_label_key(const std::string& k) {
+  size_t slash = k.find('/');
+  if (slash == std::string::npos) return is_label_word(k);
+  return is_dns_subdomain(k.substr(0, slash)) && is_label_word(k.substr(slash + 1));
+}
+
 // Every "{word}" of a prefix template must be a placeholder mltrain fills in.
 void check_prefix(const toml::source_region& r, const std::string& tmpl) {
   if (tmpl == "auto") return;
@@ -281,6 +307,15 @@ std::string get_quantity(const toml::node& n, const std::string& key, const std:
   if (!is_quantity(q))
     fail(n.source(), "'" + key + "' is '" + text::excerpt(q) + "', not a Kubernetes quantity",
          "write it like \"" + example + "\" (suffixes: m, k, M, G, Ki, Mi, Gi, Ti)");
+  // Kubernetes takes "100m" of memory as a tenth of a byte: a mebibyte typo.
+  if (key == "memory" && (q.back() == 'm' || q.back() == 'u' || q.back() == 'n'))
+    fail(n.source(),
+         "'memory' is '" + q + "': '" + q.back() + "' means " +
+             (q.back() == 'm'   ? "thousandths"
+              : q.back() == 'u' ? "millionths"
+                                : "billionths") +
+             " of a byte to Kubernetes",
+         "write mebibytes as \"" + q.substr(0, q.size() - 1) + "Mi\" (or gibibytes as \"...Gi\")");
   return q;
 }
 
@@ -307,7 +342,19 @@ std::string elsewhere(const std::string& section, const std::string& key) {
   return {};
 }
 
-// Visits each key of `table` with its handler; an unknown key is an error with a suggestion.
+// A mistake in a document (an unknown key, a wrong value), kept so that one run reports every one
+// of them, in file order.
+struct UnknownKey {
+  toml::source_position at;
+  std::string message;  // "job.toml:2:1: unknown key ..."
+  std::string hint;
+};
+
+// The mistakes of the document being applied; apply() owns it.
+thread_local std::vector<UnknownKey>* g_unknown = nullptr;
+
+// Visits each key of `table` with its handler; an unknown key (with a suggestion) or a handler's
+// error is noted and reported by apply() together with the others.
 void visit(const toml::table& table, const std::string& section,
            const std::map<std::string, Handler>& handlers) {
   std::vector<std::string> known;
@@ -319,11 +366,26 @@ void visit(const toml::table& table, const std::string& section,
       const std::string shown = text::excerpt(k);
       std::string what = section.empty() ? "unknown key '" + shown + "'"
                                          : "unknown key '" + shown + "' in [" + section + "]";
-      if (const std::string there = elsewhere(section, k); !there.empty()) fail(key.source(), what, there);
-      fail(key.source(), what + text::did_you_mean(k, known), "see docs/spec.md for every key");
+      UnknownKey u{key.source().begin, where(key.source()) + ": " + what, "see docs/spec.md for every key"};
+      if (const std::string there = elsewhere(section, k); !there.empty())
+        u.hint = there;
+      else
+        u.message += text::did_you_mean(k, known);
+      if (!g_unknown) throw Error(u.message, u.hint);
+      g_unknown->push_back(std::move(u));
+      continue;
     }
     if (g_origins) (*g_origins)[section.empty() ? k : section + "." + k] = where(node.source());
-    it->second(node);
+    if (!g_unknown) {
+      it->second(node);
+      continue;
+    }
+    // A wrong value is reported with the typos; the walk goes on with the next key.
+    try {
+      it->second(node);
+    } catch (const Error& e) {
+      g_unknown->push_back({node.source().begin, e.what(), e.hint()});
+    }
   }
 }
 
@@ -337,6 +399,8 @@ std::string resolve_path(const std::string& p, const std::string& base_dir) {
   return (fs::path(base_dir) / p).lexically_normal().string();
 }
 
+void apply_keys(const toml::table& root, JobSpec& s, const std::string& base_dir, bool is_profile);
+
 // Applies one TOML document (a profile or the spec itself) over `s`: every key present replaces
 // what was there, except [run.env], which merges variable by variable.
 void apply(const toml::table& root, JobSpec& s, const std::string& base_dir, bool is_profile) {
@@ -344,6 +408,37 @@ void apply(const toml::table& root, JobSpec& s, const std::string& base_dir, boo
     explicit OriginsScope(std::map<std::string, std::string>* o) { g_origins = o; }
     ~OriginsScope() { g_origins = nullptr; }
   } scope(&s.origins);
+  std::vector<UnknownKey> unknown;
+  struct UnknownScope {
+    explicit UnknownScope(std::vector<UnknownKey>* u) { g_unknown = u; }
+    ~UnknownScope() { g_unknown = nullptr; }
+  } unknown_scope(&unknown);
+  try {
+    apply_keys(root, s, base_dir, is_profile);
+  } catch (const Error& e) {
+    if (unknown.empty()) throw;
+    // Another mistake stopped the walk: report it after the typos found before it.
+    constexpr auto kLast = std::numeric_limits<toml::source_index>::max();
+    unknown.push_back({{kLast, kLast}, e.what(), e.hint()});
+  }
+  if (unknown.empty()) return;
+  if (unknown.size() == 1) throw Error(unknown.front().message, unknown.front().hint);
+  std::stable_sort(unknown.begin(), unknown.end(), [](const UnknownKey& a, const UnknownKey& b) {
+    return a.at.line != b.at.line ? a.at.line < b.at.line : a.at.column < b.at.column;
+  });
+  std::string file = root.source().path ? *root.source().path : std::string("<spec>");
+  std::string msg = file + ": " + std::to_string(unknown.size()) + " problems:";
+  std::vector<std::string> hints;
+  for (const auto& u : unknown) {
+    msg += "\n  " + u.message;
+    if (!u.hint.empty() && std::find(hints.begin(), hints.end(), u.hint) == hints.end())
+      hints.push_back(u.hint);
+  }
+  throw Error(msg, text::join(hints, "; "));
+}
+
+// apply()'s walk over the document's keys.
+void apply_keys(const toml::table& root, JobSpec& s, const std::string& base_dir, bool is_profile) {
   visit(
       root, "",
       {
@@ -658,65 +753,84 @@ void apply(const toml::table& root, JobSpec& s, const std::string& base_dir, boo
           {"k8s",
            [&](const toml::node& n) {
              s.k8s.present = true;
-             visit(as_table(n, "k8s"), "k8s",
-                   {
-                       {"image",
-                        [&](const toml::node& v) {
-                          s.k8s.image = get_string(v, "image");
-                          if (s.k8s.image.empty() || s.k8s.image.find_first_of(" \t\n") != std::string::npos)
-                            fail(v.source(),
-                                 "'image' is '" + text::excerpt(s.k8s.image) + "', not an image name",
-                                 "give the image the pods run, like \"ghcr.io/acme/train:1.4\"");
-                        }},
-                       {"namespace",
-                        [&](const toml::node& v) {
-                          s.k8s.namespace_name = get_string(v, "namespace");
-                          if (!is_dns_label(s.k8s.namespace_name))
-                            fail(v.source(),
-                                 "'namespace' is '" + text::excerpt(s.k8s.namespace_name) +
-                                     "', not a Kubernetes namespace name",
-                                 "lowercase letters, digits and '-', at most 63, starting and ending with a "
-                                 "letter or digit");
-                        }},
-                       {"nodes",
-                        [&](const toml::node& v) { s.k8s.nodes = int(get_int(v, "nodes", 1, kMaxHosts)); }},
-                       {"gpus_per_pod",
-                        [&](const toml::node& v) {
-                          s.k8s.gpus_per_pod = int(get_int(v, "gpus_per_pod", 0, 1024));
-                        }},
-                       {"cpu", [&](const toml::node& v) { s.k8s.cpu = get_quantity(v, "cpu", "16"); }},
-                       {"memory",
-                        [&](const toml::node& v) { s.k8s.memory = get_quantity(v, "memory", "64Gi"); }},
-                       {"service_account",
-                        [&](const toml::node& v) {
-                          s.k8s.service_account = get_string(v, "service_account");
-                          if (s.k8s.service_account.empty())
-                            fail(v.source(), "'service_account' is empty",
-                                 "name a service account, or remove it");
-                        }},
-                       {"node_selector",
-                        [&](const toml::node& v) {
-                          for (const auto& [key, val] : as_table(v, "k8s.node_selector")) {
-                            std::string k(key.str());
-                            if (k.empty()) fail(key.source(), "a node_selector label is empty");
-                            auto str = val.as_string();
-                            if (!str)
-                              fail(val.source(),
-                                   "node_selector '" + text::excerpt(k) + "' must be a string, not " +
-                                       type_of(val),
-                                   "label values are strings: quote it");
-                            set_pair(s.k8s.node_selector, k, str->get());
-                          }
-                        }},
-                       {"env",
-                        [&](const toml::node& v) {
-                          for (const auto& [key, val] : as_table(v, "k8s.env")) {
-                            std::string k(key.str());
-                            check_env_name(k, where(key.source()));
-                            set_pair(s.k8s.env, k, env_value(val, k));
-                          }
-                        }},
-                   });
+             visit(
+                 as_table(n, "k8s"), "k8s",
+                 {
+                     {"image",
+                      [&](const toml::node& v) {
+                        s.k8s.image = get_string(v, "image");
+                        if (s.k8s.image.empty() || s.k8s.image.find_first_of(" \t\n") != std::string::npos)
+                          fail(v.source(),
+                               "'image' is '" + text::excerpt(s.k8s.image) + "', not an image name",
+                               "give the image the pods run, like \"ghcr.io/acme/train:1.4\"");
+                      }},
+                     {"namespace",
+                      [&](const toml::node& v) {
+                        s.k8s.namespace_name = get_string(v, "namespace");
+                        if (!is_dns_label(s.k8s.namespace_name))
+                          fail(v.source(),
+                               "'namespace' is '" + text::excerpt(s.k8s.namespace_name) +
+                                   "', not a Kubernetes namespace name",
+                               "lowercase letters, digits and '-', at most 63, starting and ending with a "
+                               "letter or digit");
+                      }},
+                     {"nodes",
+                      [&](const toml::node& v) { s.k8s.nodes = int(get_int(v, "nodes", 1, kMaxHosts)); }},
+                     {"gpus_per_pod",
+                      [&](const toml::node& v) {
+                        s.k8s.gpus_per_pod = int(get_int(v, "gpus_per_pod", 0, 1024));
+                      }},
+                     {"cpu", [&](const toml::node& v) { s.k8s.cpu = get_quantity(v, "cpu", "16"); }},
+                     {"memory",
+                      [&](const toml::node& v) { s.k8s.memory = get_quantity(v, "memory", "64Gi"); }},
+                     {"service_account",
+                      [&](const toml::node& v) {
+                        s.k8s.service_account = get_string(v, "service_account");
+                        if (s.k8s.service_account.empty())
+                          fail(v.source(), "'service_account' is empty",
+                               "name a service account, or remove it");
+                        if (!is_dns_subdomain(s.k8s.service_account))
+                          fail(v.source(),
+                               "'service_account' is '" + text::excerpt(s.k8s.service_account) +
+                                   "', not a Kubernetes service account name",
+                               "lowercase letters, digits, '-' and '.', starting and ending with a letter or "
+                               "digit (kubectl get serviceaccounts lists them)");
+                      }},
+                     {"node_selector",
+                      [&](const toml::node& v) {
+                        for (const auto& [key, val] : as_table(v, "k8s.node_selector")) {
+                          std::string k(key.str());
+                          if (k.empty()) fail(key.source(), "a node_selector label is empty");
+                          if (!is_label_key(k))
+                            fail(key.source(),
+                                 "node_selector '" + text::excerpt(k) + "' is not a Kubernetes label key",
+                                 "an optional DNS prefix and '/', then at most 63 letters, digits, '-', '_' "
+                                 "or '.', starting and ending with a letter or digit (like "
+                                 "\"nvidia.com/gpu.product\")");
+                          auto str = val.as_string();
+                          if (!str)
+                            fail(val.source(),
+                                 "node_selector '" + text::excerpt(k) + "' must be a string, not " +
+                                     type_of(val),
+                                 "label values are strings: quote it");
+                          if (!str->get().empty() && !is_label_word(str->get()))
+                            fail(val.source(),
+                                 "node_selector '" + text::excerpt(k) + "' is '" + text::excerpt(str->get()) +
+                                     "', not a Kubernetes label value",
+                                 "at most 63 letters, digits, '-', '_' or '.', starting and ending with a "
+                                 "letter or digit (kubectl get nodes --show-labels lists them)");
+                          set_pair(s.k8s.node_selector, k, str->get());
+                        }
+                      }},
+                     {"env",
+                      [&](const toml::node& v) {
+                        for (const auto& [key, val] : as_table(v, "k8s.env")) {
+                          std::string k(key.str());
+                          check_env_name(k, where(key.source()));
+                          set_pair(s.k8s.env, k, env_value(val, k));
+                        }
+                      }},
+                 });
            }},
           {"logs",
            [&](const toml::node& n) {
