@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "cli/job_flags.h"
+#include "runner/common/text.h"
 #include "runner/launch/launch.h"
 
 namespace mltrain::cli {
@@ -20,7 +21,10 @@ int do_export(const ExportFlags& f, const Global& g) {
   req.specs = f.positional;
   if (g.has_trailing) req.command = g.trailing;
   req.overrides = f.overrides;
-  std::fputs(launch::export_manifest(req, f.to).c_str(), stdout);
+  std::vector<std::string> warnings;
+  std::fputs(launch::export_manifest(req, f.to, &warnings).c_str(), stdout);
+  for (const auto& w : warnings)
+    std::fprintf(stderr, "mltrain: warning: %s\n", mltrain::text::host_text(w).c_str());
   return 0;
 }
 

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,6 +20,8 @@
 
 namespace mltrain::launch {
 namespace {
+
+namespace fs = std::filesystem;
 
 // ---- a small YAML writer: maps, lists, strings, integers, booleans; block style ----
 
@@ -359,13 +362,24 @@ int64_t whole_seconds(std::chrono::milliseconds d) { return (d.count() + 999) / 
 // from what the operator gives (`node_rank`, shell text) and starts the job's argv ("$@") as its
 // one rank, or as procs_per_host ranks through torchrun (each rank's own GPUs from LOCAL_RANK).
 std::string start_line(const spec::JobSpec& s, const Shape& sh, const std::string& node_rank,
-                       bool per_rank_gpus) {
+                       bool per_rank_gpus, bool deadline) {
   std::string set_node = "NODE_RANK=" + node_rank + "; ";
+  // [run] timeout kept by the container (exit 124, which the job's policy aborts on), where the
+  // target has no deadline of its own that ends the job.
+  std::string exec = "exec ";
+  if (deadline) {
+    set_node +=
+        "T=; if command -v timeout >/dev/null 2>&1; then T=\"timeout -k " +
+        std::to_string(std::max<int64_t>(1, whole_seconds(s.run.grace_period))) + " " +
+        std::to_string(whole_seconds(s.run.timeout)) +
+        "\"; else echo 'mltrain: no timeout command in the image: [run] timeout is not kept' >&2; fi; ";
+    exec = "exec $T ";
+  }
   if (sh.per_pod == 1)
     return set_node +
            "export NODE_RANK GROUP_RANK=$NODE_RANK RANK=$NODE_RANK LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 "
            "WORLD_SIZE=" +
-           std::to_string(sh.nodes) + "; exec \"$@\"";
+           std::to_string(sh.nodes) + "; " + exec + "\"$@\"";
   std::string rank_gpus;
   if (per_rank_gpus) {
     std::string pick;
@@ -384,7 +398,7 @@ std::string start_line(const spec::JobSpec& s, const Shape& sh, const std::strin
     }
     rank_gpus = "/bin/sh -c '" + pick + "; export CUDA_VISIBLE_DEVICES; exec \"$@\"' mltrain-rank ";
   }
-  return set_node + "export NODE_RANK; exec torchrun --nnodes=" + std::to_string(sh.nodes) +
+  return set_node + "export NODE_RANK; " + exec + "torchrun --nnodes=" + std::to_string(sh.nodes) +
          " --nproc_per_node=" + std::to_string(sh.per_pod) +
          " --node_rank=$NODE_RANK --master_addr=$MASTER_ADDR --master_port=$MASTER_PORT --no_python " +
          rank_gpus + "\"$@\"";
@@ -395,13 +409,32 @@ struct Built {
   std::vector<std::string> secrets;
 };
 
-// One task's (replica type's) pod template spec.
-Built pod_spec(const spec::JobSpec& s, const Shape& sh, Target t, const std::string& node_rank) {
+// The master's DNS name as the target's services give it.
+std::string master_host(const spec::JobSpec& s, Target t) {
+  return t == Target::volcano ? s.name + "-master-0." + s.name : s.name + "-master-0";
+}
+
+// A worker's init container: waits (at most 5 minutes) until the master's name resolves, so the
+// ranks do not fail their first connect while its service is being made.
+Yaml wait_for_master(const spec::JobSpec& s, Target t) {
+  const char* line =
+      "command -v getent >/dev/null 2>&1 || command -v nslookup >/dev/null 2>&1 || exit 0; n=0; "
+      "until getent hosts \"$1\" >/dev/null 2>&1 || nslookup \"$1\" >/dev/null 2>&1; do "
+      "n=$((n + 1)); if [ $n -ge 300 ]; then echo \"mltrain: the master $1 did not resolve in 300 s\" >&2; "
+      "exit 1; fi; sleep 1; done";
+  return Yaml::map()
+      .set("name", Yaml::str("wait-for-master"))
+      .set("image", Yaml::str(s.k8s.image))
+      .set("command", Yaml::strings({"/bin/sh", "-c", line, "wait-for-master", master_host(s, t)}));
+}
+
+// One task's (replica type's) pod template spec; a worker's waits for the master's name.
+Built pod_spec(const spec::JobSpec& s, const Shape& sh, Target t, const std::string& node_rank, bool worker) {
   std::vector<std::pair<std::string, std::string>> ours;
   if (t == Target::volcano) {
     // Volcano's svc plugin names each pod's host <job>-<task>-<index> under the job's headless
     // service; the operator of a PyTorchJob sets MASTER_ADDR and MASTER_PORT itself.
-    ours.emplace_back("MASTER_ADDR", s.name + "-master-0." + s.name);
+    ours.emplace_back("MASTER_ADDR", master_host(s, t));
     ours.emplace_back("MASTER_PORT", std::to_string(sh.master_port));
     ours.emplace_back("WORLD_SIZE", std::to_string(int64_t(sh.nodes) * sh.per_pod));
     ours.emplace_back("LOCAL_WORLD_SIZE", std::to_string(sh.per_pod));
@@ -423,8 +456,10 @@ Built pod_spec(const spec::JobSpec& s, const Shape& sh, Target t, const std::str
   Yaml c = Yaml::map();
   c.set("name", Yaml::str(t == Target::pytorchjob ? "pytorch" : "main"));
   c.set("image", Yaml::str(s.k8s.image));
-  c.set("command",
-        Yaml::strings({"/bin/sh", "-c", start_line(s, sh, node_rank, per_rank_gpus), "mltrain-rank"}));
+  // Volcano's pod deadline would fail the pod, which its policy restarts: the container keeps it.
+  bool deadline = t == Target::volcano && s.run.timeout.count() > 0;
+  c.set("command", Yaml::strings({"/bin/sh", "-c", start_line(s, sh, node_rank, per_rank_gpus, deadline),
+                                  "mltrain-rank"}));
   c.set("args", Yaml::strings(argv));
   if (!s.run.workdir.empty()) c.set("workingDir", Yaml::str(s.run.workdir));
   c.set("env", env.list);
@@ -463,8 +498,7 @@ Built pod_spec(const spec::JobSpec& s, const Shape& sh, Target t, const std::str
   // place; a PyTorchJob's replica restartPolicy replaces the pod's.
   if (t == Target::volcano) b.pod.set("restartPolicy", Yaml::str("Never"));
   b.pod.set("terminationGracePeriodSeconds", Yaml::num(whole_seconds(s.run.grace_period)));
-  if (t == Target::volcano && s.run.timeout.count() > 0)
-    b.pod.set("activeDeadlineSeconds", Yaml::num(whole_seconds(s.run.timeout)));
+  if (worker) b.pod.set("initContainers", Yaml::list().add(wait_for_master(s, t)));
   b.pod.set("containers", Yaml::list().add(c));
   b.pod.set("volumes",
             Yaml::list().add(Yaml::map()
@@ -475,8 +509,8 @@ Built pod_spec(const spec::JobSpec& s, const Shape& sh, Target t, const std::str
 
 // "# ..." lines: what was written and what the user still has to do. Only names and numbers
 // mltrain checked (the job's name, variable names) appear here, never a value.
-std::string header(const spec::JobSpec& s, const Shape& sh, Target t,
-                   const std::vector<std::string>& secrets) {
+std::string header(const spec::JobSpec& s, const Shape& sh, Target t, const std::vector<std::string>& secrets,
+                   const std::vector<std::string>& warnings) {
   std::string out = "# " + std::string(t == Target::volcano ? "Volcano Job" : "Kubeflow PyTorchJob") +
                     " for mltrain job \"" + s.name + "\": " + plural(sh.nodes, "pod") + " x " +
                     plural(sh.per_pod, "rank") + " (WORLD_SIZE " +
@@ -506,6 +540,10 @@ std::string header(const spec::JobSpec& s, const Shape& sh, Target t,
   if (s.sync.enabled || !s.setup.command.empty())
     left.push_back("[sync] and [setup] (the image holds the code)");
   if (!left.empty()) out += "# Not exported: " + text::join(left, "; ") + ".\n";
+  out +=
+      "# Pods have no mltrain agent or store: workers on mltrain's comm library (import mltrain, "
+      "libmltrain-comm, the hook) do not run there; torch.distributed ones do.\n";
+  for (const auto& w : warnings) out += "# Warning: " + w + "\n";
   return out;
 }
 
@@ -520,13 +558,17 @@ void add_secrets(std::vector<std::string>& all, const std::vector<std::string>& 
     if (std::find(all.begin(), all.end(), k) == all.end()) all.push_back(k);
 }
 
-std::string volcano_job(const spec::JobSpec& s, const Shape& sh) {
-  Built master = pod_spec(s, sh, Target::volcano, "0");
-  Built worker = pod_spec(s, sh, Target::volcano, "$((VK_TASK_INDEX + 1))");
+std::string volcano_job(const spec::JobSpec& s, const Shape& sh, const std::vector<std::string>& warnings) {
+  Built master = pod_spec(s, sh, Target::volcano, "0", false);
+  Built worker = pod_spec(s, sh, Target::volcano, "$((VK_TASK_INDEX + 1))", true);
   // Gang: every pod or none. A failed or evicted pod restarts the whole job while max_restarts
   // allows; Volcano fails the job when its retry count, raised at each restart, reaches maxRetry.
   const char* action = s.run.max_restarts > 0 ? "RestartJob" : "AbortJob";
   Yaml policies = Yaml::list();
+  // The container's deadline (exit 124) ends the job, as mltrain run's does; Volcano takes the
+  // first policy that matches, so it goes before PodFailed's.
+  if (s.run.timeout.count() > 0)
+    policies.add(Yaml::map().set("exitCode", Yaml::num(124)).set("action", Yaml::str("AbortJob")));
   for (const char* event : {"PodEvicted", "PodFailed"})
     policies.add(Yaml::map().set("event", Yaml::str(event)).set("action", Yaml::str(action)));
   Yaml tasks = Yaml::list();
@@ -553,26 +595,29 @@ std::string volcano_job(const spec::JobSpec& s, const Shape& sh) {
                  .set("spec", spec);
   std::vector<std::string> secrets = master.secrets;
   add_secrets(secrets, worker.secrets);
-  std::string out = header(s, sh, Target::volcano, secrets);
+  std::string out = header(s, sh, Target::volcano, secrets, warnings);
   doc.write(out, 0);
   return out;
 }
 
-std::string pytorch_job(const spec::JobSpec& s, const Shape& sh) {
+std::string pytorch_job(const spec::JobSpec& s, const Shape& sh, const std::vector<std::string>& warnings) {
   // The operator sets RANK to the pod's index (Master 0, Worker i+1): the node's rank.
-  Built pod = pod_spec(s, sh, Target::pytorchjob, "$RANK");
+  Built pod = pod_spec(s, sh, Target::pytorchjob, "$RANK", false);
+  Built worker = pod_spec(s, sh, Target::pytorchjob, "$RANK", true);
   // OnFailure restarts a failed pod's container in place, counted against backoffLimit.
   const char* restart = s.run.max_restarts > 0 ? "OnFailure" : "Never";
-  auto replica = [&](int n) {
+  auto replica = [&](int n, const Built& b) {
     return Yaml::map()
         .set("replicas", Yaml::num(n))
         .set("restartPolicy", Yaml::str(restart))
-        .set("template", Yaml::map().set("spec", pod.pod));
+        .set("template", Yaml::map().set("spec", b.pod));
   };
-  Yaml replicas = Yaml::map().set("Master", replica(1));
-  if (sh.nodes > 1) replicas.set("Worker", replica(sh.nodes - 1));
+  Yaml replicas = Yaml::map().set("Master", replica(1, pod));
+  if (sh.nodes > 1) replicas.set("Worker", replica(sh.nodes - 1, worker));
+  // The operator fails the job once its pods' restart counts sum to backoffLimit
+  // (PastBackoffLimit): max_restarts restarts need one more.
   Yaml run_policy = Yaml::map()
-                        .set("backoffLimit", Yaml::num(s.run.max_restarts))
+                        .set("backoffLimit", Yaml::num(s.run.max_restarts > 0 ? s.run.max_restarts + 1 : 0))
                         // The job's end stops the pods still running: a failed rank ends the gang.
                         .set("cleanPodPolicy", Yaml::str("Running"))
                         .set("schedulingPolicy", Yaml::map().set("minAvailable", Yaml::num(sh.nodes)));
@@ -587,7 +632,7 @@ std::string pytorch_job(const spec::JobSpec& s, const Shape& sh) {
                  .set("kind", Yaml::str("PyTorchJob"))
                  .set("metadata", metadata(s))
                  .set("spec", spec);
-  std::string out = header(s, sh, Target::pytorchjob, pod.secrets);
+  std::string out = header(s, sh, Target::pytorchjob, pod.secrets, warnings);
   doc.write(out, 0);
   return out;
 }
@@ -604,7 +649,24 @@ Target target_of(const std::string& to) {
 
 }  // namespace
 
-std::string export_manifest(const JobRequest& req, const std::string& to) {
+// What the manifest may get wrong without being refused: the laptop's workdir, a backend of
+// mltrain's comm library.
+std::vector<std::string> export_warnings(const spec::JobSpec& s, const std::string& file) {
+  std::vector<std::string> w;
+  std::string spec_dir = fs::absolute(file).parent_path().lexically_normal().string();
+  const std::string& wd = s.run.workdir;
+  if (!wd.empty() && (wd == spec_dir || wd.rfind(spec_dir + "/", 0) == 0))
+    w.push_back(s.origin("run.workdir", file) + ": workdir '" + text::excerpt(wd) +
+                "' is this machine's folder (a relative workdir is taken from the spec's folder); the "
+                "image probably has no such path: give the image's, like workdir = \"/workspace\"");
+  if (s.origins.count("comm.backend") && s.comm.backend != "auto")
+    w.push_back(s.origin("comm.backend", file) + ": [comm] backend = \"" + s.comm.backend +
+                "\" is mltrain's comm library, which does not run in pods (no agent, no store)");
+  return w;
+}
+
+std::string export_manifest(const JobRequest& req, const std::string& to,
+                            std::vector<std::string>* warnings) {
   Target t = target_of(to);
   if (req.specs.empty())
     throw Error("mltrain export needs a job spec with a [k8s] table",
@@ -628,7 +690,9 @@ std::string export_manifest(const JobRequest& req, const std::string& to) {
   plan::Plan p = plan::make_plan(s, detail::plan_inputs(req, "export", "export", detail::Ports::placeholder));
   Shape sh = shape_of(s, p, file);
   check_name(s, sh, file);
-  return t == Target::volcano ? volcano_job(s, sh) : pytorch_job(s, sh);
+  std::vector<std::string> w = export_warnings(s, file);
+  if (warnings) *warnings = w;
+  return t == Target::volcano ? volcano_job(s, sh, w) : pytorch_job(s, sh, w);
 }
 
 }  // namespace mltrain::launch

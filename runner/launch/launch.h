@@ -170,6 +170,8 @@ std::string shell_script(const records::RunRecord& r, int rank, const std::vecto
 // Throws Error (exit 2, located at the spec's line where there is one) for a spec it cannot export:
 // no [k8s] or no image, GPUs that do not fit, uneven ranks per pod, a name Kubernetes refuses, an
 // unknown target. Secret values are never in the text: they are read from the Secret <name>-env.
-std::string export_manifest(const JobRequest& req, const std::string& to);
+// `warnings` (when given) gets what the manifest may get wrong, each also a "# Warning:" line in it.
+std::string export_manifest(const JobRequest& req, const std::string& to,
+                            std::vector<std::string>* warnings = nullptr);
 
 }  // namespace mltrain::launch
