@@ -223,6 +223,35 @@ TEST_CASE("spec: malformed specs give one-line errors with their location") {
   }
 }
 
+TEST_CASE("spec: every unknown key of a file is reported at once, in file order") {
+  TempDir d;
+  const char* text = "[run]\ncomand = 'x'\nmax_restart = 2\n[cluster]\nhsts = ['a']\n[gpus]\nper_prc = 1\n";
+  try {
+    spec::load_file(d.write("job.toml", text));
+    FAIL("no error");
+  } catch (const Error& e) {
+    std::string m = e.what();
+    CHECK_MESSAGE(m.find("job.toml: 4 problems:") != std::string::npos, m);
+    size_t a = m.find("job.toml:2:1: unknown key 'comand' in [run] (did you mean 'command'?)");
+    size_t b = m.find("job.toml:3:1: unknown key 'max_restart' in [run] (did you mean 'max_restarts'?)");
+    size_t c = m.find("job.toml:5:1: unknown key 'hsts' in [cluster] (did you mean 'hosts'?)");
+    size_t g = m.find("job.toml:7:1: unknown key 'per_prc' in [gpus] (did you mean 'per_proc'?)");
+    CHECK_MESSAGE((a != std::string::npos && b != std::string::npos && c != std::string::npos &&
+                   g != std::string::npos),
+                  m);
+    CHECK_MESSAGE((a < b && b < c && c < g), m);
+  }
+  // A type mistake after a typo: both are named, the typo first.
+  try {
+    spec::load_file(d.write("job.toml", "[run]\ncomand = 'x'\n[cluster]\nnprocs = 'two'\n"));
+    FAIL("no error");
+  } catch (const Error& e) {
+    std::string m = e.what();
+    CHECK_MESSAGE(m.find("2 problems") != std::string::npos, m);
+    CHECK_MESSAGE(m.find("'comand'") < m.find("'nprocs' must be an integer"), m);
+  }
+}
+
 TEST_CASE("spec: keys from other launchers point to where mltrain spells them") {
   struct Case {
     const char* text;
