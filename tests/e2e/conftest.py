@@ -19,6 +19,57 @@ DEFAULT_TIMEOUT = 30
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than ~10 s (flood, grace-period timing)")
+    config.addinivalue_line("markers", "smoke: the quick tier's local set (scripts/test.sh --quick)")
+    config.addinivalue_line("markers", "cluster: needs the test cluster (set on every test that uses it)")
+
+
+# The quick tier's e2e set (`pytest -m smoke`, scripts/test.sh --quick): one or two fast local tests
+# of each main path, about 40 s in all. Listed here, in one place, rather than marked in each module.
+SMOKE = {
+    "test_basic.py::test_four_ranks_print_their_env",
+    "test_basic.py::test_examples_hello_runs",
+    "test_basic.py::test_dry_run_json_plan",
+    "test_spec_errors.py::test_good_spec_validates",
+    "test_cli_edges.py::test_hosts_without_counts_have_one_slot",
+    "test_failures.py::test_segfault_names_sigsegv",
+    "test_failures.py::test_restart_from_spec",
+    "test_failures.py::test_sigkill_of_launcher_leaves_no_rank[normal]",
+    "test_lifecycle.py::test_rank_exit_code_above_128",
+    "test_records.py::test_run_json_stdout_is_only_json",
+    "test_records.py::test_logs_follow_of_a_finished_run_ends",
+    "test_output.py::test_partial_last_line_is_kept",
+    "test_live_output.py::test_stdin_goes_to_rank_0_only",
+    "test_early_signals.py::test_signal_while_connecting_starts_nothing[INT]",
+    "test_escapes.py::test_nothing_escapes_locally[normal-0]",
+    "test_shm_cleanup.py::test_no_shared_memory_left[rank-sigkill]",
+    "test_sync.py::test_a_local_run_syncs_runs_in_the_copy_and_pulls_back",
+    "test_telemetry.py::test_interval_zero_records_no_telemetry",
+    "test_secrets.py::test_secret_values_reach_ranks_but_no_record_or_printout",
+    "test_knobs.py::test_table_is_aligned_and_lists_the_comm_knobs",
+    "test_comm_faults.py::test_killed_rank_named_by_all_local",
+    "test_bench.py::test_bench_table_with_check",
+    "test_python_ps.py::test_async_sgd_example_converges",
+    "test_gpus.py::test_each_rank_gets_its_gpus[all-four]",
+    "test_nccl.py::test_auto_falls_back_to_the_cpu_backend_with_one_line_when_nccl_does_not_load",
+    "test_state_disk.py::test_read_only_home_is_a_clean_error",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    # `-m "not cluster"` is the local set: every test on a cluster says so by its fixtures.
+    seen = set()
+    for item in items:
+        if "cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)
+        nodeid = item.nodeid.split("tests/e2e/", 1)[-1]
+        if nodeid in SMOKE:
+            item.add_marker(pytest.mark.smoke)
+            seen.add(nodeid)
+    # A renamed or removed smoke test must not leave the quick tier quietly smaller.
+    if "smoke" in (config.getoption("markexpr") or ""):
+        if missing := sorted(SMOKE - seen):
+            raise pytest.UsageError("smoke tests not collected (renamed? update SMOKE in conftest.py): " +
+                                    ", ".join(missing))
 
 
 def _wait_for_binary(path: Path, wait_s: float = 180.0) -> Path:

@@ -10,6 +10,7 @@ unless a test says otherwise. Hosts share the file system and PID space with the
 can read what ranks wrote and see every host's processes in /proc; which host a process is on is
 told by its network namespace (/proc/PID/ns/net against /run/netns/mlt-hK).
 """
+import functools
 import os
 import shutil
 import signal
@@ -213,6 +214,7 @@ def fingerprint(pubkey_file) -> str:
     return out.split()[1]
 
 
+@functools.lru_cache(maxsize=None)  # asked by five modules at collection; importing torch takes seconds
 def python_has_torch(python="/usr/bin/python3"):
     try:
         p = subprocess.run([python, "-c", "import torch"], capture_output=True, text=True, timeout=60)
