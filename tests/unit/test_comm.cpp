@@ -586,8 +586,9 @@ const DtypeOps kEveryDtypeOnce = {{DataType::f32, ReduceOp::sum}, {DataType::f64
 
 }  // namespace
 
-TEST_CASE("allreduce: algorithms ring, bidir and hd give the reference result, world 3 and 4 (f32 sum)") {
-  algorithms_case({3, 4}, {{DataType::f32, ReduceOp::sum}});
+TEST_CASE(
+    "allreduce: algorithms ring, bidir and hd give the reference result, world 3 and 4 (f32 sum, f64 avg)") {
+  algorithms_case({3, 4}, {{DataType::f32, ReduceOp::sum}, {DataType::f64, ReduceOp::avg}});
 }
 
 TEST_CASE("allreduce: algorithms ring, bidir and hd give the reference result (bitwise equal on all ranks)" *
