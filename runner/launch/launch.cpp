@@ -199,6 +199,14 @@ spec::JobSpec resolve_spec(const JobRequest& req) {
   }
   apply_overrides(s, req.overrides, req.environ ? *req.environ : plan::current_environ());
   spec::check(s);
+  // exec's one word with more than a program name in it is a command line for the host's shell,
+  // as ssh and pdsh run one ('cd ~/proj && git pull').
+  if (req.exec && !s.run.command && s.run.argv.size() == 1 &&
+      s.run.argv[0].find_first_not_of(
+          "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-./+,:@%") != std::string::npos) {
+    s.run.command = s.run.argv[0];
+    s.run.argv.clear();
+  }
   if (!s.logs.ranks.empty() && !text::parse_int_list(s.logs.ranks))
     throw Error("--ranks '" + s.logs.ranks + "' is not a rank list", "write ranks like 0,3-5");
   return s;

@@ -146,6 +146,10 @@ struct JobSpec {
 std::string default_remote_dir(const std::string& name);
 
 // Loads a job spec file, merging it over its profile (see docs/spec.md, "Profiles").
+// A valid job name made from a file's stem or a command's program (what the user did not choose
+// as a name): each run of other characters becomes one '-'; "job" when nothing is left.
+std::string derived_name(const std::string& from);
+
 // Throws mltrain::Error (exit code 2) with "file:line:col: message" on any problem.
 JobSpec load_file(const std::string& path);
 

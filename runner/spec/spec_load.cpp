@@ -912,6 +912,23 @@ void apply_profile(JobSpec& s, const std::string& base_dir, const std::string& o
 }  // namespace
 
 std::string default_remote_dir(const std::string& name) { return "~/.cache/mltrain/work/" + name; }
+// A job name made from a file name or a command the user typed: anything a name may not hold
+// becomes '-' (once per run of them), so "my job.toml" is my-job and 'echo hi there' is echo.
+std::string derived_name(const std::string& from) {
+  std::string out;
+  for (char c : from) {
+    const bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+    if (ok)
+      out += c;
+    else if (!out.empty() && out.back() != '-')
+      out += '-';
+  }
+  while (!out.empty() && (out.back() == '-' || out.back() == '.')) out.pop_back();
+  while (!out.empty() && out.front() == '.') out.erase(0, 1);
+  if (out.size() > 64) out.resize(64);
+  return out.empty() ? "job" : out;
+}
+
 
 const std::vector<std::string>& prefix_placeholders() {
   static const std::vector<std::string> kNames = {"rank", "host", "local_rank", "node"};
@@ -941,7 +958,7 @@ JobSpec load_file(const std::string& path) {
   }
   apply(root, s, base_dir, /*is_profile=*/false);
   s.source = path;
-  if (s.name.empty()) s.name = fs::path(path).stem().string();
+  if (s.name.empty()) s.name = derived_name(fs::path(path).stem().string());
   return s;
 }
 
@@ -951,7 +968,13 @@ JobSpec from_command(std::vector<std::string> argv, const std::string& profile) 
     s.profile = profile;
     apply_profile(s, fs::current_path().string(), "--profile");
   }
-  if (!argv.empty()) s.name = fs::path(argv[0]).filename().string();
+  // One word may be a shell command line ('cd ~/data && ls'): its program is its first word.
+  if (!argv.empty()) {
+    const std::string& w = argv[0];
+    const size_t b = w.find_first_not_of(" \t\n");
+    const std::string first = b == std::string::npos ? w : w.substr(b, w.find_first_of(" \t\n", b) - b);
+    s.name = derived_name(fs::path(first).filename().string());
+  }
   s.run.argv = std::move(argv);
   s.run.command.reset();
   return s;
