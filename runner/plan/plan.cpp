@@ -439,6 +439,10 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
     if (hp.ranks.size() > 1 && !has(base, "OMP_NUM_THREADS") &&
         !(hp.local && in.environ.count("OMP_NUM_THREADS")))
       put(env, "OMP_NUM_THREADS", "1");
+    // Python's stdout to a pipe is block-buffered: lines would reach the console in bursts. A
+    // user's own value wins, as for OMP_NUM_THREADS.
+    if (!has(base, "PYTHONUNBUFFERED") && !(hp.local && in.environ.count("PYTHONUNBUFFERED")))
+      put(env, "PYTHONUNBUFFERED", "1");
     if (!p.multi_host) {
       if (!user_ifname_nccl) put(env, "NCCL_SOCKET_IFNAME", "lo");
       if (!user_ifname_gloo) put(env, "GLOO_SOCKET_IFNAME", "lo");
