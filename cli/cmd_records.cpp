@@ -68,7 +68,8 @@ void register_logs(CLI::App& app, Global& g, std::function<int()>& handler) {
 void register_ls(CLI::App& app, Global&, std::function<int()>& handler) {
   static bool json = false;
   auto* c = app.add_subcommand("ls", "List recorded runs, newest first");
-  c->add_flag("--json", json, "Print the runs as a JSON array");
+  c->add_flag("--json", json,
+              "Print the runs as one JSON object: {\"schema\": 1, \"runs\": [run, ...]} (docs/json.md)");
   c->footer("Example:\n  mltrain ls\nRuns live in $MLTRAIN_HOME/runs (default ~/.local/state/mltrain/runs).");
   c->callback([&] {
     handler = [&] {

@@ -9,4 +9,9 @@ namespace mltrain::agent {
 // Serves the protocol on fds 0 (commands in) and 1 (frames out). Returns the process exit code.
 int run_agent();
 
+// `mltrain-agent --runtime-dir`: unpacks the comm runtime if needed and prints its folder (what
+// the agent gives ranks as MLTRAIN_RUNTIME), so `mltrain ssh` gives a shell the ranks'
+// PYTHONPATH. Returns the process exit code (1, with the reason on stderr, when it cannot).
+int print_runtime_dir();
+
 }  // namespace mltrain::agent

@@ -9,10 +9,12 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "runner/agent/agent.h"
 #include "runner/agent/detail/agent_impl.h"
 
 namespace {
@@ -126,3 +128,18 @@ std::string unpack_runtime(std::string& why) {
 }
 
 }  // namespace mltrain::agent::detail
+
+namespace mltrain::agent {
+
+int print_runtime_dir() {
+  std::string why;
+  const std::string dir = detail::unpack_runtime(why);
+  if (dir.empty()) {
+    std::fprintf(stderr, "mltrain-agent: cannot unpack the mltrain runtime: %s\n", why.c_str());
+    return 1;
+  }
+  std::printf("%s\n", dir.c_str());
+  return 0;
+}
+
+}  // namespace mltrain::agent

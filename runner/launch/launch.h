@@ -161,8 +161,11 @@ struct CopyRequest {
 // (exit 2 for a bad argument, 255 for a host that cannot be reached, 1 for what cannot be read).
 uint64_t copy(const CopyRequest& req);
 
-// The /bin/sh script that does it (for tests).
-std::string shell_script(const records::RunRecord& r, int rank, const std::vector<std::string>& command);
+// The /bin/sh script that does it (for tests). `agent` is the host's agent as a shell word ("":
+// none): asked for its runtime folder, it gives the shell the MLTRAIN_RUNTIME, MLTRAIN_COMM_LIB
+// and PYTHONPATH the agent gives ranks.
+std::string shell_script(const records::RunRecord& r, int rank, const std::vector<std::string>& command,
+                         const std::string& agent = {});
 
 // `mltrain export`: the request's job spec as a Kubernetes manifest, YAML for `kubectl apply`:
 // `to` is "volcano" (a Volcano Job) or "pytorchjob" (a Kubeflow PyTorchJob), any case. One pod per

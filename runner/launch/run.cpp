@@ -286,6 +286,14 @@ RunResult run(const JobRequest& req) {
     throw Error("cannot write the run's record in " + records::runs_dir(),
                 "free some space there, or set MLTRAIN_HOME to a writable folder", exit_code::state);
   }
+  rec.kind = req.exec ? "exec" : "run";
+  // `ssh` and `cp` reach the hosts again the way this run did, however it was given its config.
+  if (!s.ssh.config.empty())
+    rec.ssh_config = std::filesystem::absolute(s.ssh.config.rfind("~/", 0) == 0 && std::getenv("HOME")
+                                                   ? std::getenv("HOME") + s.ssh.config.substr(1)
+                                                   : s.ssh.config)
+                         .lexically_normal()
+                         .string();
   supervise::Options o = supervise_options(s, req);
   o.telemetry_interval = req.exec ? std::chrono::milliseconds(0) : telemetry_interval;
   o.fail_fast = !req.exec;

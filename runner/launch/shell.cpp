@@ -12,10 +12,13 @@
 #include "runner/launch/detail/launch_detail.h"
 #include "runner/launch/launch.h"
 #include "runner/supervise/supervisor.h"
+#include "runner/transport/ssh_bootstrap.h"
+#include "runner/transport/transport.h"
 
 namespace mltrain::launch {
 
-std::string shell_script(const records::RunRecord& r, int rank, const std::vector<std::string>& command) {
+std::string shell_script(const records::RunRecord& r, int rank, const std::vector<std::string>& command,
+                         const std::string& agent) {
   const records::RankRecord& k = r.ranks[size_t(rank)];
   const std::string host = size_t(k.host) < r.hosts.size() ? r.hosts[size_t(k.host)].name : "?";
   std::string s;
@@ -28,8 +31,22 @@ std::string shell_script(const records::RunRecord& r, int rank, const std::vecto
          text::shell_quote("mltrain: " + r.workdir + " is not on " + host +
                            "; starting in the login directory") +
          " >&2\n";
-  for (const auto& [key, value] : k.env)
+  bool own_runtime = false;
+  for (const auto& [key, value] : k.env) {
     if (value != secret::kShown) s += "export " + key + "=" + text::shell_quote(value) + "\n";
+    own_runtime = own_runtime || key == "MLTRAIN_RUNTIME";
+  }
+  // What the agent adds to a rank's environment on its host (runner/agent/spawn.cpp), from the
+  // agent itself: the runtime's folder is its to choose. Not there (or cannot run): left out.
+  const bool python_path = r.spec_toml.find("python_path = false") == std::string::npos;
+  if (!agent.empty()) {
+    s += "if mltrain_rt=$(" + agent + " --runtime-dir 2>/dev/null) && [ -n \"$mltrain_rt\" ]; then\n";
+    if (!own_runtime)
+      s += "  export MLTRAIN_RUNTIME=\"$mltrain_rt\" "
+           "MLTRAIN_COMM_LIB=\"$mltrain_rt/lib/libmltrain-comm.so.0\"\n";
+    if (python_path) s += "  export PYTHONPATH=\"$mltrain_rt/python${PYTHONPATH:+:$PYTHONPATH}\"\n";
+    s += "fi\nunset mltrain_rt\n";
+  }
   if (command.empty()) {
     s += "exec \"${SHELL:-/bin/sh}\" -l\n";
   } else {
@@ -44,6 +61,22 @@ std::string shell_script(const records::RunRecord& r, int rank, const std::vecto
 
 namespace {
 
+// ssh and cp are about a job's ranks and files: "latest" there is the newest run, not an exec
+// that came after it (said on stderr, so the user knows which run it is).
+std::string resolve_job_run(const std::string& query) {
+  std::string id = records::resolve(query);
+  if (!query.empty() && query != "latest" && query != "last") return id;
+  auto runs = records::list();
+  if (runs.empty() || runs.back().kind != "exec") return id;
+  for (auto it = runs.rbegin(); it != runs.rend(); ++it)
+    if (it->kind != "exec") {
+      std::fprintf(stderr, "mltrain: latest is %s, an exec; using the newest run, %s\n",
+                   runs.back().id.c_str(), it->id.c_str());
+      return it->id;
+    }
+  return id;  // nothing but execs: the newest of them
+}
+
 // The run's host of `rank` as a one-host plan, with the transports to reach it: from the run's
 // spec while it still exists (user, port, ssh settings), else by the names it recorded.
 struct RankHost {
@@ -52,7 +85,7 @@ struct RankHost {
 };
 RankHost rank_host(const records::RunRecord& r, int rank, const Overrides& o, const std::string& host) {
   JobRequest j;
-  j.overrides.ssh_config = o.ssh_config;
+  j.overrides.ssh_config = o.ssh_config.empty() ? r.ssh_config : o.ssh_config;  // as the run reached it
   j.overrides.accept_new_host_keys = o.accept_new_host_keys;
   j.command = std::vector<std::string>{"true"};
   struct stat st {};
@@ -91,7 +124,7 @@ RankHost rank_host(const records::RunRecord& r, int rank, const Overrides& o, co
 }  // namespace
 
 int shell(const ShellRequest& req) {
-  records::RunRecord r = records::load(records::resolve(req.run));
+  records::RunRecord r = records::load(resolve_job_run(req.run));
   if (r.ranks.empty()) throw Error("run " + r.id + " has no ranks", "pick another run with 'mltrain ls'");
   if (req.rank < 0 || size_t(req.rank) >= r.ranks.size())
     throw Error("run " + r.id + " has ranks 0.." + std::to_string(r.ranks.size() - 1) + ", not " +
@@ -102,9 +135,14 @@ int shell(const ShellRequest& req) {
     throw Error("run " + r.id + ": its record names no host for rank " + std::to_string(req.rank));
   const std::string host = r.hosts[size_t(k.host)].name;
   RankHost rh = rank_host(r, req.rank, req.overrides, host);
-  return detail::lasting_transports(rh.spec)
-      .for_host()(rh.plan.hosts[0])
-      .interactive(rh.plan.hosts[0], shell_script(r, req.rank, req.command));
+  const plan::HostPlan& hp = rh.plan.hosts[0];
+  std::string agent;
+  if (!hp.local)
+    agent = transport::agent_remote_path(std::string(transport::agent_hash()));
+  else if (std::string path = transport::local_agent_path(); path.rfind("/proc/", 0) != 0)
+    agent = text::shell_quote(path);  // an agent in memory (a noexec state folder) cannot be run by name
+  return detail::lasting_transports(rh.spec).for_host()(hp).interactive(
+      hp, shell_script(r, req.rank, req.command, agent));
 }
 
 uint64_t copy(const CopyRequest& req) {
@@ -125,7 +163,7 @@ uint64_t copy(const CopyRequest& req) {
     throw Error("cp: '" + req.from + "' names no path", "write RUN:PATH, e.g. latest:outputs/",
                 exit_code::usage);
   if (req.to.empty()) throw Error("cp: no destination", "give a local path", exit_code::usage);
-  records::RunRecord r = records::load(records::resolve(run));
+  records::RunRecord r = records::load(resolve_job_run(run));
   if (r.ranks.empty()) throw Error("run " + r.id + " has no ranks", "pick another run with 'mltrain ls'");
   if (size_t(rank) >= r.ranks.size() || size_t(r.ranks[size_t(rank)].host) >= r.hosts.size())
     throw Error("run " + r.id + " has ranks 0.." + std::to_string(r.ranks.size() - 1) + ", not " +

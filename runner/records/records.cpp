@@ -24,6 +24,7 @@
 #include "runner/common/sys_check.h"
 #include "runner/common/text.h"
 #include "runner/plan/plan.h"
+#include "runner/records/cleanup.h"
 
 namespace mltrain::records {
 
@@ -79,6 +80,8 @@ RunRecord from_json(const json& j) {
   r.max_restarts = get(j, "max_restarts", 0);
   r.detached = get(j, "detached", false);
   r.slurm_job_id = get<std::string>(j, "slurm_job_id", "");
+  r.kind = get<std::string>(j, "kind", "run");
+  r.ssh_config = get<std::string>(j, "ssh_config", "");
   r.log_prefix = get<std::string>(j, "log_prefix", "[{rank}]");
   for (const auto& h : get(j, "hosts", json::array()))
     r.hosts.push_back(
@@ -157,37 +160,40 @@ json to_json_value(const RunRecord& r) {
                   {"keys", s.keys},
                   {"max_queue_depth", s.max_queue_depth}});
   const bool ended = r.status != "running" && r.status != "lost";
-  json j{{"schema", kJsonSchema},
-         {"id", r.id},
-         {"name", r.name},
-         {"status", r.status},
-         {"exit_code", or_null(r.exit_code, -1)},
-         {"launcher_pid", or_null(r.launcher_pid, 0)},
-         {"launcher_start", r.launcher_start ? json(r.launcher_start) : json(nullptr)},
-         {"started_at", or_null(r.started_at)},
-         {"ended_at", or_null(r.ended_at)},
-         {"duration_s", ended ? json(r.duration_s) : json(nullptr)},
-         {"spec_file", or_null(r.spec_file)},
-         {"workdir", r.workdir},
-         {"git_commit", or_null(r.git_commit)},
-         {"argv", r.argv},
-         {"master_addr", r.master_addr},
-         {"master_port", or_null(r.master_port, 0)},
-         {"restarts", r.restarts},
-         {"max_restarts", r.max_restarts},
-         {"detached", r.detached},
-         {"slurm_job_id", or_null(r.slurm_job_id)},
-         {"log_prefix", r.log_prefix},
-         {"hosts", hosts},
-         {"ranks", ranks},
-         {"ps_servers", r.ps_servers.empty() ? json(nullptr) : ps},
-         {"failure", r.failure ? failure_json(*r.failure) : json(nullptr)},
-         {"pull", r.pull ? json{{"files", r.pull->files},
-                                {"bytes", r.pull->bytes},
-                                {"complete", r.pull->problems.empty()},
-                                {"problems", r.pull->problems}}
-                         : json(nullptr)},
-         {"spec", r.spec_toml}};
+  json j{
+      {"schema", kJsonSchema},
+      {"id", r.id},
+      {"name", r.name},
+      {"status", r.status},
+      {"exit_code", or_null(r.exit_code, -1)},
+      {"launcher_pid", or_null(r.launcher_pid, 0)},
+      {"launcher_start", r.launcher_start ? json(r.launcher_start) : json(nullptr)},
+      {"started_at", or_null(r.started_at)},
+      {"ended_at", or_null(r.ended_at)},
+      {"duration_s", ended || (r.status == "lost" && r.duration_s > 0) ? json(r.duration_s) : json(nullptr)},
+      {"spec_file", or_null(r.spec_file)},
+      {"workdir", r.workdir},
+      {"git_commit", or_null(r.git_commit)},
+      {"argv", r.argv},
+      {"master_addr", r.master_addr},
+      {"master_port", or_null(r.master_port, 0)},
+      {"restarts", r.restarts},
+      {"max_restarts", r.max_restarts},
+      {"detached", r.detached},
+      {"slurm_job_id", or_null(r.slurm_job_id)},
+      {"kind", r.kind},
+      {"ssh_config", or_null(r.ssh_config)},
+      {"log_prefix", r.log_prefix},
+      {"hosts", hosts},
+      {"ranks", ranks},
+      {"ps_servers", r.ps_servers.empty() ? json(nullptr) : ps},
+      {"failure", r.failure ? failure_json(*r.failure) : json(nullptr)},
+      {"pull", r.pull ? json{{"files", r.pull->files},
+                             {"bytes", r.pull->bytes},
+                             {"complete", r.pull->problems.empty()},
+                             {"problems", r.pull->problems}}
+                      : json(nullptr)},
+      {"spec", r.spec_toml}};
   return j;
 }
 
@@ -284,6 +290,33 @@ bool save(const RunRecord& r) {
   return true;
 }
 
+namespace {
+
+// Seconds from the run's start to the newest write in its folder (a rank's log, telemetry,
+// run.json); 0 when unknown.
+double last_sign_of_life(const RunRecord& r) {
+  auto started = parse_iso8601(r.started_at);
+  if (!started) return 0;
+  double start = double(std::chrono::system_clock::to_time_t(*started));
+  if (auto dot = r.started_at.find('.', 19); dot != std::string::npos)
+    start += std::atof(("0" + r.started_at.substr(dot, 4)).c_str());
+  const std::string dir = run_dir(r.id);
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return 0;
+  double last = 0;
+  while (dirent* e = ::readdir(d)) {
+    struct stat st {};
+    if (e->d_name[0] == '.' || ::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !S_ISREG(st.st_mode))
+      continue;
+    last = std::max(last, double(st.st_mtim.tv_sec) + double(st.st_mtim.tv_nsec) / 1e9);
+  }
+  ::closedir(d);
+  return last > start ? last - start : 0;
+}
+
+}  // namespace
+
 RunRecord load(const std::string& id) {
   std::string path = run_dir(id) + "/run.json";
   bool ok = false;
@@ -299,8 +332,12 @@ RunRecord load(const std::string& id) {
   if (r.id != id)
     throw Error(path + ": corrupt run record: its id is '" + r.id + "'",
                 "remove the folder, or restore run.json");
-  // A launcher that died without writing the end leaves "running" behind: say what it is.
-  if (r.status == "running" && !launcher_alive(r)) r.status = "lost";
+  // A launcher that died without writing the end leaves "running" behind: say what it is, and
+  // how long it ran as far as its folder knows (the last file written there).
+  if (r.status == "running" && !launcher_alive(r)) {
+    r.status = "lost";
+    r.duration_s = last_sign_of_life(r);
+  }
   return r;
 }
 

@@ -77,6 +77,8 @@ struct RunRecord {
   int restarts = 0, max_restarts = 0;
   bool detached = false;
   std::string slurm_job_id;                // the allocation a Slurm-launched run ran in ("" otherwise)
+  std::string kind = "run";                // run | exec (one command on every host)
+  std::string ssh_config;                  // the ssh config the run used, absolute ("": ~/.ssh/config)
   std::vector<PsServerRecord> ps_servers;  // PS mode: in server order
   std::optional<Failure> failure;
   std::optional<PullRecord> pull;

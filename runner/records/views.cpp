@@ -209,7 +209,7 @@ std::string age(const std::string& iso) {
 }
 
 std::string duration_of(const RunRecord& r) {
-  if (r.status == "running") return "-";
+  if (r.status == "running" || (r.status == "lost" && r.duration_s <= 0)) return "-";
   return text::format_duration(std::chrono::milliseconds(static_cast<long long>(r.duration_s * 1000)));
 }
 
@@ -313,14 +313,14 @@ void print_list(bool json) {
     std::printf("no runs yet in %s (start one with 'mltrain run')\n", runs_dir().c_str());
     return;
   }
-  std::printf("%-34s %-12s %5s %5s %-19s %9s %4s\n", "ID", "STATUS", "RANKS", "HOSTS", "STARTED", "DURATION",
-              "EXIT");
+  std::printf("%-34s %-12s %-4s %5s %5s %-19s %9s %4s\n", "ID", "STATUS", "KIND", "RANKS", "HOSTS", "STARTED",
+              "DURATION", "EXIT");
   for (auto it = runs.rbegin(); it != runs.rend(); ++it) {  // newest first
     const RunRecord& r = *it;
     const std::string& status = r.status;
-    std::printf("%-34s %-12s %5zu %5zu %-19s %9s %4s\n", r.id.c_str(), status.c_str(), r.ranks.size(),
-                r.hosts.size(), age(r.started_at).c_str(), duration_of(r).c_str(),
-                r.exit_code >= 0 ? std::to_string(r.exit_code).c_str() : "-");
+    std::printf("%-34s %-12s %-4s %5zu %5zu %-19s %9s %4s\n", r.id.c_str(), status.c_str(),
+                r.kind == "exec" ? "exec" : "run", r.ranks.size(), r.hosts.size(), age(r.started_at).c_str(),
+                duration_of(r).c_str(), r.exit_code >= 0 ? std::to_string(r.exit_code).c_str() : "-");
     if (!r.slurm_job_id.empty()) std::printf("%*s slurm job %s\n", 34, "", r.slurm_job_id.c_str());
   }
 }
@@ -350,6 +350,9 @@ void print_show(const std::string& query, bool json) {
   if (r.exit_code >= 0) std::printf(" (exit code %d)", r.exit_code);
   std::printf("\nstarted    %s\n", t(age(r.started_at)));
   if (!r.ended_at.empty()) std::printf("ended      %s (%s)\n", t(age(r.ended_at)), duration_of(r).c_str());
+  if (r.status == "lost" && r.duration_s > 0)
+    std::printf("ran        at least %s (its last output; the end was never recorded)\n",
+                duration_of(r).c_str());
   if (!r.spec_file.empty()) std::printf("spec       %s\n", t(r.spec_file));
   std::vector<std::string> argv;
   for (const auto& a : r.argv) argv.push_back(text::shell_quote(a));

@@ -135,6 +135,13 @@ void Gang::print_summary(int code) {
   }
   if (code == 0) {
     std::fprintf(stderr, "mltrain: %s: %zu rank%s succeeded in %s%s (logs: mltrain logs %s)\n",
+  if (code == 0 && rec_.kind == "exec") {  // one command per host: hosts are what the user counts
+    std::fprintf(
+        stderr,
+        "mltrain: %s: succeeded on %zu host%s in %s (each host's output: mltrain logs %s --by-rank)\n",
+        rec_.name.c_str(), ranks_.size(), ranks_.size() == 1 ? "" : "s", dur, rec_.id.c_str());
+    return;
+  }
                  rec_.name.c_str(), ranks_.size(), ranks_.size() == 1 ? "" : "s", dur,
                  restart_ > 0 ? (" after " + std::to_string(restart_) + " restart(s)").c_str() : "",
                  rec_.id.c_str());

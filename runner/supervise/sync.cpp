@@ -521,8 +521,11 @@ uint64_t Gang::run_pull(std::vector<std::string>& unreachable, std::vector<std::
   loop();
   single_file = !hosts_.empty() && hosts_[0].pull.single_file;
   for (const auto& h : hosts_)
-    if (h.state == HostState::failed || h.state == HostState::lost)
-      unreachable.push_back(h.plan->host.name + ": " + h.problem);
+    if (h.state == HostState::failed || h.state == HostState::lost) {
+      const std::string& n = h.plan->host.name;  // a transport's error names its host already
+      unreachable.push_back(h.problem.compare(0, n.size() + 2, n + ": ") == 0 ? h.problem
+                                                                              : n + ": " + h.problem);
+    }
   for (const auto& p : pull_problems_) problems.push_back(p);
   if (stop_signal_ && problems.empty()) problems.push_back("stopped by " + signal_name(stop_signal_));
   return pulled_files_;
