@@ -131,12 +131,18 @@ FileSystemView real_file_system() {
     struct stat st {};
     return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
   };
+  fs.cannot_enter = [](const std::string& p) -> std::string {
+    return ::access(p.c_str(), R_OK | X_OK) == 0 ? "" : std::strerror(errno);
+  };
   return fs;
 }
 
 std::vector<std::string> check_workdir_and_program(const std::string& workdir, const std::string& argv0,
                                                    const std::string& path, const FileSystemView& fs) {
   if (!workdir.empty() && !fs.is_directory(workdir)) return {"workdir " + workdir + " does not exist here"};
+  if (!workdir.empty() && fs.cannot_enter)
+    if (std::string why = fs.cannot_enter(workdir); !why.empty())
+      return {"workdir " + workdir + " is not readable here by this login (" + why + ")"};
   if (argv0.empty()) return {};
   bool has_slash = argv0.find('/') != std::string::npos;
   for (const auto& candidate : program_candidates(argv0, workdir, path))

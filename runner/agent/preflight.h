@@ -55,6 +55,8 @@ bool tcp_port_free(uint32_t port);
 struct FileSystemView {
   std::function<bool(const std::string&)> is_directory;
   std::function<bool(const std::string&)> is_executable_file;
+  // "" when this user may list and enter the folder, else why not (strerror); unset: not checked.
+  std::function<std::string(const std::string&)> cannot_enter;
 };
 FileSystemView real_file_system();
 

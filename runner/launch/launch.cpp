@@ -119,6 +119,7 @@ void apply_overrides(spec::JobSpec& s, const Overrides& f,
     s.origins["cluster.launcher"] = "--launcher";
   }
   if (f.sync) {
+    s.sync.reuse = !*f.sync && s.sync.enabled && f.workdir.empty();  // --workdir: that folder, as given
     s.sync.enabled = *f.sync;
     s.origins["sync.enabled"] = *f.sync ? "--sync" : "--no-sync";
   }
@@ -293,7 +294,10 @@ plan::Plan dry_run(const JobRequest& req) {
   spec::JobSpec s = resolve_spec(req);
   plan::Plan p =
       plan::make_plan(s, detail::plan_inputs(req, "dry-run", detail::random_token(), detail::Ports::free));
-  if (auto sp = detail::plan_sync(s, req)) p.workdir = detail::synced_workdir(s, *sp);
+  if (auto sp = detail::plan_sync(s, req))
+    p.workdir = detail::synced_workdir(s, *sp);
+  else if (s.sync.reuse && !req.exec)
+    p.workdir = detail::synced_workdir(s, detail::sync_folders(s, req));
   return p;
 }
 

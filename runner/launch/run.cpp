@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -188,9 +189,7 @@ void await_background_start(int report_fd, pid_t child, const JobRequest& req, R
 
 namespace detail {
 
-std::optional<SyncPlan> plan_sync(const spec::JobSpec& s, const JobRequest& req) {
-  // exec syncs only when asked (--sync): it is for quick looks at the hosts.
-  if (!s.sync.enabled || (req.exec && req.overrides.sync != true)) return std::nullopt;
+SyncPlan sync_folders(const spec::JobSpec& s, const JobRequest& req) {
   namespace fs = std::filesystem;
   SyncPlan sp;
   std::string cwd = req.cwd.value_or(fs::current_path().string());
@@ -200,6 +199,13 @@ std::optional<SyncPlan> plan_sync(const spec::JobSpec& s, const JobRequest& req)
   sp.src = fs::absolute(sp.src).lexically_normal().string();
   while (sp.src.size() > 1 && sp.src.back() == '/') sp.src.pop_back();
   sp.remote = s.sync.remote_dir.empty() ? spec::default_remote_dir(s.name) : s.sync.remote_dir;
+  return sp;
+}
+
+std::optional<SyncPlan> plan_sync(const spec::JobSpec& s, const JobRequest& req) {
+  // exec syncs only when asked (--sync): it is for quick looks at the hosts.
+  if (!s.sync.enabled || (req.exec && req.overrides.sync != true)) return std::nullopt;
+  SyncPlan sp = sync_folders(s, req);
   sync::TreeOptions to;
   to.root = sp.src;
   to.exclude = s.sync.exclude;
@@ -266,6 +272,8 @@ RunResult run(const JobRequest& req) {
   plan::Plan p = plan::make_plan(s, in);
   if (sp)
     p.workdir = detail::synced_workdir(s, *sp);
+  else if (s.sync.reuse && !req.exec)
+    p.workdir = detail::synced_workdir(s, detail::sync_folders(s, req));  // what the last sync left
   else if (exec_in_home)
     p.workdir.clear();  // the agent's own directory: the login's home over SSH
 
@@ -297,6 +305,18 @@ RunResult run(const JobRequest& req) {
   supervise::Options o = supervise_options(s, req);
   o.telemetry_interval = req.exec ? std::chrono::milliseconds(0) : telemetry_interval;
   o.fail_fast = !req.exec;
+  // Code missing on a host: say how it gets there.
+  if (s.sync.reuse && !req.exec)
+    o.workdir_hint = "--no-sync runs the ranks in the folder the last sync made (" + p.workdir +
+                     "); run once without --no-sync to sync it";
+  else if (!sp && !p.workdir.empty() &&
+           std::any_of(p.hosts.begin(), p.hosts.end(), [](const auto& h) { return !h.local; }))
+    o.workdir_hint = std::string("the hosts do not have this folder: ") +
+                     (s.source.empty() ? "--sync copies it to every host before the ranks start"
+                                       : "add a [sync] table to " + s.source +
+                                             " (or pass --sync) to copy it to every host before the ranks "
+                                             "start") +
+                     " (docs/sync.md), or give a workdir every host has";
   if (sp) {
     const char* home = std::getenv("HOME");
     std::string shown = sp->src;

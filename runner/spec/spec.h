@@ -89,6 +89,7 @@ struct LogsSection {
 // [sync]: the local folder mirrored to every host before the ranks start (docs/sync.md).
 struct SyncSection {
   bool enabled = false;              // [sync] present (unless enabled = false), or --sync
+  bool reuse = false;                // --no-sync over a [sync]: ranks run in the folder synced last
   std::string src;                   // the local folder; "": the spec's folder (or the current one)
   std::string remote_dir;            // on the hosts; "": ~/.cache/mltrain/work/<name>
   std::vector<std::string> exclude;  // patterns, as in .gitignore

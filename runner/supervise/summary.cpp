@@ -69,9 +69,11 @@ int Gang::finish() {
       std::fprintf(stdout, "%s\n", records::to_json(rec_, true).c_str());
       std::fflush(stdout);
     }
+    const bool workdir = preflight_error_.find("workdir ") != std::string::npos;
     throw Error(preflight_error_,
-                cannot_start ? "check the program and workdir on the hosts above, then run again"
-                             : "fix the hosts above, then run again",
+                cannot_start && workdir && !opts_.workdir_hint.empty() ? opts_.workdir_hint
+                : cannot_start ? "check the program and workdir on the hosts above, then run again"
+                               : "fix the hosts above, then run again",
                 code);
   }
   int code = 0;

@@ -77,6 +77,9 @@ struct Options {
   std::optional<SetupJob> setup;
   std::optional<PullJob> pull;
 };
+  // The hint when preflight finds the workdir missing or unreadable on a host ("" : the generic
+  // one): the launcher knows whether the code was meant to be synced there.
+  std::string workdir_hint;
 
 // Chooses the transport for a host (local child or SSH).
 using TransportFor = std::function<transport::Transport&(const plan::HostPlan&)>;

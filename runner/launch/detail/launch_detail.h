@@ -46,6 +46,9 @@ struct SyncPlan {
   sync::Tree tree;
 };
 std::optional<SyncPlan> plan_sync(const spec::JobSpec& s, const JobRequest& req);
+// The local and the hosts' folder of the spec's [sync], without listing the tree (for --no-sync,
+// whose ranks run in the folder the last sync made).
+SyncPlan sync_folders(const spec::JobSpec& s, const JobRequest& req);
 // The ranks' folder on the hosts: the synced one, or a folder inside it that the spec names.
 std::string synced_workdir(const spec::JobSpec& s, const SyncPlan& sp);
 
