@@ -22,15 +22,33 @@ SbatchScript sbatch_script(const SbatchRequest& req) {
   if (req.job.specs.size() != 1)
     throw Error("sbatch needs one job spec", "mltrain sbatch job.toml --nodes 2", exit_code::usage);
   spec::JobSpec s = resolve_spec(req.job);
-  int nodes = req.nodes;
-  if (nodes <= 0) {  // as many nodes as the spec plans hosts (outside any allocation)
-    JobRequest j = req.job;
+  // The spec's plan outside any allocation: its hosts are the node count, its ranks per host the
+  // tasks per node (hosts = ["a:2", "b:2"] is 2 nodes of 2).
+  int nodes = req.nodes, per_node = s.cluster.procs_per_host;
+  if (nodes <= 0 || per_node <= 0) {
     spec::JobSpec plain = s;
     plain.cluster.launcher = "ssh";
-    nodes = int(plan::make_plan(plain, detail::plan_inputs(j, "sbatch", "sbatch", detail::Ports::placeholder))
-                    .hosts.size());
+    plan::Plan p =
+        plan::make_plan(plain, detail::plan_inputs(req.job, "sbatch", "sbatch", detail::Ports::placeholder));
+    std::vector<std::string> counts;
+    int first = -1;
+    bool even = true;
+    for (const auto& h : p.hosts) {
+      if (h.ranks.empty()) continue;  // a PS server-only host
+      const int n = int(h.ranks.size());
+      if (first < 0) first = n;
+      even = even && n == first;
+      counts.push_back(h.host.name + ":" + std::to_string(n));
+    }
+    if (per_node <= 0 && nodes > 0 && s.cluster.nprocs > 0 && s.cluster.nprocs % nodes == 0)
+      per_node = s.cluster.nprocs / nodes;  // nprocs over the nodes asked for
+    if (per_node <= 0 && !even)
+      throw Error("sbatch: Slurm gives every node the same number of tasks, but the spec plans " +
+                      text::join(counts, ", "),
+                  "give every host the same slots, or set [cluster] procs_per_host", exit_code::usage);
+    if (per_node <= 0) per_node = first > 0 ? first : 1;
+    if (nodes <= 0) nodes = int(p.hosts.size());
   }
-  const int per_node = s.cluster.procs_per_host > 0 ? s.cluster.procs_per_host : 1;
   std::error_code ec;
   char self[4096];
   ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
@@ -85,10 +103,22 @@ std::string sbatch(const SbatchRequest& req) {
   int status = ::pclose(p);
   said = text::trim(said);
   std::string id = said.substr(0, said.find(';'));
-  if (status != 0 || id.empty() || id.find_first_not_of("0123456789") != std::string::npos)
-    throw Error("sbatch refused the job: " + text::excerpt(said, 400),
+  if (status != 0 || id.empty() || id.find_first_not_of("0123456789") != std::string::npos) {
+    // Its lines as lines (at most 10, each cut), not one line with escaped newlines.
+    std::vector<std::string> lines;
+    for (const auto& l : text::split(said, '\n')) {
+      if (text::trim(l).empty()) continue;
+      if (lines.size() == 10) {
+        lines.push_back("...");
+        break;
+      }
+      lines.push_back("  " + text::excerpt(text::trim(l), 200));
+    }
+    throw Error("sbatch refused the job:" +
+                    (lines.empty() ? std::string(" (it said nothing)") : "\n" + text::join(lines, "\n")),
                 "check the partition, time and node count (the script is " + sc.path + ")",
                 exit_code::host_failure);
+  }
   std::string output = sc.output;
   if (auto k = output.find("%j"); k != std::string::npos) output.replace(k, 2, id);
   std::fprintf(stderr, "mltrain: submitted batch job %s (script %s; its output %s)\n", id.c_str(),
