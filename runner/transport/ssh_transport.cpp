@@ -118,9 +118,23 @@ class SshTransport : public Transport {
         strict = "no";
     }
 
-    if (ssh_connect(ss) != SSH_OK)
-      throw Error(name + ": cannot connect: " + ssh_get_error(ss),
-                  "check the host name, that sshd runs there, and the network", exit_code::host_failure);
+    const auto dialled = std::chrono::steady_clock::now();
+    if (ssh_connect(ss) != SSH_OK) {
+      std::string why = ssh_get_error(ss);
+      const long waited =
+          long(std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - dialled)
+                   .count());
+      // A host that does not answer is likely down: say how long we waited and how to go on without it.
+      const bool timed_out = lower(why).find("timeout") != std::string::npos ||
+                             lower(why).find("timed out") != std::string::npos;
+      if (timed_out) why += " (no answer in " + std::to_string(std::max(1L, waited)) + "s)";
+      const std::string without = "leave it out with --exclude " + h.name;
+      throw Error(name + ": cannot connect: " + why,
+                  timed_out ? "the host may be down: check it, or " + without +
+                                  " ([ssh] connect_timeout sets the wait)"
+                            : "check the host name, that sshd runs there, and the network; or " + without,
+                  exit_code::host_failure);
+    }
     verify_host_key(ss, name, strict);
     authenticate(ss, name);
     return s;
