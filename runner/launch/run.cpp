@@ -286,14 +286,6 @@ RunResult run(const JobRequest& req) {
     if (auto it = env.find("SLURM_JOB_ID"); it != env.end()) rec.slurm_job_id = it->second;
   }
   if (sp) rec.git_commit = git_commit(sp->src);
-  // The record must be writable before anything starts: a full or read-only state folder is a
-  // clean error here (not a cut record later), and leaves no empty run folder behind.
-  if (!records::save(rec)) {
-    std::error_code ec;
-    std::filesystem::remove_all(records::run_dir(rec.id), ec);
-    throw Error("cannot write the run's record in " + records::runs_dir(),
-                "free some space there, or set MLTRAIN_HOME to a writable folder", exit_code::state);
-  }
   rec.kind = req.exec ? "exec" : "run";
   // `ssh` and `cp` reach the hosts again the way this run did, however it was given its config.
   if (!s.ssh.config.empty())
@@ -302,6 +294,14 @@ RunResult run(const JobRequest& req) {
                                                    : s.ssh.config)
                          .lexically_normal()
                          .string();
+  // The record must be writable before anything starts: a full or read-only state folder is a
+  // clean error here (not a cut record later), and leaves no empty run folder behind.
+  if (!records::save(rec)) {
+    std::error_code ec;
+    std::filesystem::remove_all(records::run_dir(rec.id), ec);
+    throw Error("cannot write the run's record in " + records::runs_dir(),
+                "free some space there, or set MLTRAIN_HOME to a writable folder", exit_code::state);
+  }
   supervise::Options o = supervise_options(s, req);
   o.telemetry_interval = req.exec ? std::chrono::milliseconds(0) : telemetry_interval;
   o.fail_fast = !req.exec;

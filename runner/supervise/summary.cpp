@@ -135,8 +135,6 @@ void Gang::print_summary(int code) {
     std::fprintf(stdout, "%s\n", j.c_str());
     std::fflush(stdout);
   }
-  if (code == 0) {
-    std::fprintf(stderr, "mltrain: %s: %zu rank%s succeeded in %s%s (logs: mltrain logs %s)\n",
   if (code == 0 && rec_.kind == "exec") {  // one command per host: hosts are what the user counts
     std::fprintf(
         stderr,
@@ -144,6 +142,8 @@ void Gang::print_summary(int code) {
         rec_.name.c_str(), ranks_.size(), ranks_.size() == 1 ? "" : "s", dur, rec_.id.c_str());
     return;
   }
+  if (code == 0) {
+    std::fprintf(stderr, "mltrain: %s: %zu rank%s succeeded in %s%s (logs: mltrain logs %s)\n",
                  rec_.name.c_str(), ranks_.size(), ranks_.size() == 1 ? "" : "s", dur,
                  restart_ > 0 ? (" after " + std::to_string(restart_) + " restart(s)").c_str() : "",
                  rec_.id.c_str());
