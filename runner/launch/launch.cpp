@@ -199,7 +199,6 @@ spec::JobSpec resolve_spec(const JobRequest& req) {
     s = spec::from_command(*req.command, profile);
   }
   apply_overrides(s, req.overrides, req.environ ? *req.environ : plan::current_environ());
-  spec::check(s);
   // exec's one word with more than a program name in it is a command line for the host's shell,
   // as ssh and pdsh run one ('cd ~/proj && git pull').
   if (req.exec && !s.run.command && s.run.argv.size() == 1 &&
@@ -208,6 +207,7 @@ spec::JobSpec resolve_spec(const JobRequest& req) {
     s.run.command = s.run.argv[0];
     s.run.argv.clear();
   }
+  spec::check(s);
   if (!s.logs.ranks.empty() && !text::parse_int_list(s.logs.ranks))
     throw Error("--ranks '" + s.logs.ranks + "' is not a rank list", "write ranks like 0,3-5");
   return s;

@@ -143,14 +143,14 @@ struct JobSpec {
   K8sSection k8s;
 };
 
-// The folder the hosts get for `s.name` when [sync] names none.
-std::string default_remote_dir(const std::string& name);
-
-// Loads a job spec file, merging it over its profile (see docs/spec.md, "Profiles").
 // A valid job name made from a file's stem or a command's program (what the user did not choose
 // as a name): each run of other characters becomes one '-'; "job" when nothing is left.
 std::string derived_name(const std::string& from);
 
+// The folder the hosts get for `s.name` when [sync] names none.
+std::string default_remote_dir(const std::string& name);
+
+// Loads a job spec file, merging it over its profile (see docs/spec.md, "Profiles").
 // Throws mltrain::Error (exit code 2) with "file:line:col: message" on any problem.
 JobSpec load_file(const std::string& path);
 

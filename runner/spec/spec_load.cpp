@@ -911,7 +911,6 @@ void apply_profile(JobSpec& s, const std::string& base_dir, const std::string& o
 
 }  // namespace
 
-std::string default_remote_dir(const std::string& name) { return "~/.cache/mltrain/work/" + name; }
 // A job name made from a file name or a command the user typed: anything a name may not hold
 // becomes '-' (once per run of them), so "my job.toml" is my-job and 'echo hi there' is echo.
 std::string derived_name(const std::string& from) {
@@ -929,6 +928,7 @@ std::string derived_name(const std::string& from) {
   return out.empty() ? "job" : out;
 }
 
+std::string default_remote_dir(const std::string& name) { return "~/.cache/mltrain/work/" + name; }
 
 const std::vector<std::string>& prefix_placeholders() {
   static const std::vector<std::string> kNames = {"rank", "host", "local_rank", "node"};

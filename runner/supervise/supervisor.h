@@ -76,10 +76,10 @@ struct Options {
   std::optional<SyncJob> sync;
   std::optional<SetupJob> setup;
   std::optional<PullJob> pull;
-};
   // The hint when preflight finds the workdir missing or unreadable on a host ("" : the generic
   // one): the launcher knows whether the code was meant to be synced there.
   std::string workdir_hint;
+};
 
 // Chooses the transport for a host (local child or SSH).
 using TransportFor = std::function<transport::Transport&(const plan::HostPlan&)>;
