@@ -42,6 +42,8 @@ const Knob kKnobs[] = {
      launcher,
      {},
      "(none)"},
+    {"MLTRAIN_SYNC_WARN_BYTES", Kind::bytes, "100M",
+     "a synced file at least this big that travels is named once, with a hint to leave it out", launcher},
     {"MLTRAIN_PULL_MAX_BYTES", Kind::bytes, "64G",
      "the most bytes a pull ([sync] pull, mltrain cp) writes from one host; past it the rest "
      "is left behind and named (a pull also stops while the destination has under 1 GiB free)",

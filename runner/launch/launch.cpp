@@ -315,7 +315,11 @@ std::string describe_sync(const JobRequest& req) {
   }
   if (!s.setup.command.empty())
     out += "setup:   " + s.setup.command + " (" +
-           (s.setup.mode == "auto" ? "when it or the synced files changed" : s.setup.mode) + ")\n";
+           (s.setup.mode != "auto" ? s.setup.mode
+            : s.setup.inputs.empty()
+                ? std::string("when it or the synced files changed")
+                : "when it or its inputs (" + text::join(s.setup.inputs, ", ") + ") changed") +
+           ")\n";
   return out;
 }
 

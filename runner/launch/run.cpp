@@ -323,6 +323,11 @@ RunResult run(const JobRequest& req) {
     if (home && *home && shown.rfind(std::string(home) + "/", 0) == 0)
       shown = "~" + shown.substr(std::strlen(home));
     o.sync = supervise::SyncJob{&sp->tree, sp->remote, shown};
+    try {
+      o.sync->warn_bytes = knobs::get_bytes("MLTRAIN_SYNC_WARN_BYTES");
+    } catch (const knobs::BadValue& e) {
+      throw Error(e.what(), "set it like 100M", exit_code::usage);
+    }
   }
   if (!s.setup.command.empty() && s.setup.mode != "never" && !req.exec) {
     supervise::SetupJob job;
@@ -330,8 +335,20 @@ RunResult run(const JobRequest& req) {
     job.cwd = sp ? sp->remote : p.workdir;
     for (const auto& [k, v] : s.run.env) job.env.push_back(k + "=" + v);
     job.env.push_back("MLTRAIN_RUN_ID=" + p.run_id);  // so the agent's warden finds its strays
+    // What decides whether it runs again: the command, the folder and the synced files (only
+    // those [setup] inputs names, when it names some).
+    std::string files = sp ? sp->tree.digest : std::string();
+    if (sp && !s.setup.inputs.empty()) {
+      size_t matched = 0;
+      files = sync::digest_of(sp->tree, s.setup.inputs, &matched);
+      if (matched == 0)
+        std::fprintf(stderr,
+                     "mltrain: warning: [setup] inputs (%s) match no synced file; the setup runs again only "
+                     "when its command changes\n",
+                     text::join(s.setup.inputs, ", ").c_str());
+    }
     std::string key = job.command;
-    key += '\0' + job.cwd + '\0' + (sp ? sp->tree.digest : std::string());
+    key += '\0' + job.cwd + '\0' + files;
     job.key = sync::hash_hex(key);
     job.force = s.setup.mode == "always";
     o.setup = std::move(job);

@@ -105,6 +105,9 @@ struct SyncSection {
 struct SetupSection {
   std::string command;        // "": none
   std::string mode = "auto";  // auto (when it or the synced files changed) | always | never
+  // With auto: the synced files it depends on (.gitignore patterns, from the synced folder); when
+  // given, only these (and the command) decide whether it runs again. Empty: every synced file.
+  std::vector<std::string> inputs;
 };
 
 // [k8s]: what `mltrain export` needs to write a Kubernetes manifest (docs/k8s.md). `mltrain run`

@@ -748,6 +748,7 @@ void apply_keys(const toml::table& root, JobSpec& s, const std::string& base_dir
                         [&](const toml::node& v) {
                           s.setup.mode = get_choice(v, "when", {"auto", "always", "never"});
                         }},
+                       {"inputs", [&](const toml::node& v) { s.setup.inputs = get_strings(v, "inputs"); }},
                    });
            }},
           {"k8s",
@@ -1125,8 +1126,15 @@ std::string to_toml(const JobSpec& s) {
     sync.insert("pull_from", s.sync.pull_from);
     root.insert("sync", sync);
   }
-  if (!s.setup.command.empty())
-    root.insert("setup", toml::table{{"command", s.setup.command}, {"when", s.setup.mode}});
+  if (!s.setup.command.empty()) {
+    toml::table setup{{"command", s.setup.command}, {"when", s.setup.mode}};
+    if (!s.setup.inputs.empty()) {
+      toml::array inputs;
+      for (const auto& i : s.setup.inputs) inputs.push_back(i);
+      setup.insert("inputs", inputs);
+    }
+    root.insert("setup", setup);
+  }
   if (s.k8s.present) {
     toml::table k8s;
     if (!s.k8s.image.empty()) k8s.insert("image", s.k8s.image);

@@ -22,8 +22,9 @@ namespace mltrain::supervise {
 // `[sync]`: the tree mirrored into `dir` on every host before preflight (the ranks' workdir).
 struct SyncJob {
   const sync::Tree* tree = nullptr;
-  std::string dir;    // as the hosts see it; "~/" is each host's home
-  std::string shown;  // the local folder, as the summary line names it
+  std::string dir;                     // as the hosts see it; "~/" is each host's home
+  std::string shown;                   // the local folder, as the summary line names it
+  uint64_t warn_bytes = 100ull << 20;  // a file this big that travels is named with a hint
 };
 
 // `[setup]`: a command run once per host, after the sync and before preflight, again only when

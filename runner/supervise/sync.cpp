@@ -11,8 +11,10 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <set>
 
 #include "runner/common/error.h"
+#include "runner/common/log.h"
 #include "runner/common/status.h"
 #include "runner/common/text.h"
 #include "runner/supervise/detail/gang.h"
@@ -26,6 +28,8 @@ using std::chrono::milliseconds;
 namespace {
 
 constexpr size_t kSyncOutbox = 1u << 20;  // refill a host's outbox below this
+constexpr auto kSyncProgressEvery = std::chrono::seconds(5);
+constexpr size_t kSyncNamedLargest = 5;  // files named after a sync (all of them with -v)
 constexpr size_t kSetupTail = 12;
 
 std::string bytes_text(uint64_t b) {
@@ -66,6 +70,8 @@ void Gang::start_sync_all() {
   }
   chunks_ = std::make_unique<sync::Chunks>(t);
   sync_start_ = clock_.now();
+  // Without a status line (not a colour terminal), a line every kSyncProgressEvery instead.
+  if (!out_->terminal() || !opts_.console.color) next_sync_status_ = sync_start_ + kSyncProgressEvery;
 }
 
 void Gang::start_sync(size_t i) {
@@ -89,6 +95,18 @@ void Gang::on(size_t i, uint32_t, msg::SyncWant& m) {
       h.sync.want_bytes += opts_.sync->tree->entries[size_t(k)].size;
   h.sync.deleted = m.deleted;
   h.sync.dir = m.dir;
+  // A big file that travels is named once, however many hosts want it: it may be data that need not.
+  for (int32_t k : h.sync.want) {
+    const auto& entries = opts_.sync->tree->entries;
+    if (size_t(k) >= entries.size() || entries[size_t(k)].size < opts_.sync->warn_bytes ||
+        !sync_warned_.insert(size_t(k)).second)
+      continue;
+    out_->before_message();
+    std::fprintf(stderr,
+                 "mltrain: sync: %s is %s and travels to the hosts; leave it out with [sync] exclude or a "
+                 ".mltrainignore line if it need not (MLTRAIN_SYNC_WARN_BYTES)\n",
+                 entries[size_t(k)].path.c_str(), bytes_text(entries[size_t(k)].size).c_str());
+  }
   for (const auto& p : m.problems) {
     out_->before_message();
     std::fprintf(stderr, "mltrain: %s: sync: %s\n", h.plan->host.name.c_str(), p.c_str());
@@ -157,9 +175,9 @@ void Gang::sync_progress(Clock::time_point now) {
   }
   double secs = std::chrono::duration<double>(now - sync_start_).count();
   if (syncing > 0) {
-    if (!out_->terminal() || !opts_.console.color) return;
+    const bool status_line = out_->terminal() && opts_.console.color;
     if (next_sync_status_ && now < *next_sync_status_) return;
-    next_sync_status_ = now + milliseconds(100);
+    next_sync_status_ = now + (status_line ? milliseconds(100) : kSyncProgressEvery);
     // "syncing 4 hosts: 1200/5000 files, 40.0/100.0 MiB, 80.1 MiB/s per host; h3 31%" (the slowest)
     uint64_t want_bytes = 0;
     const Host* slowest = nullptr;
@@ -179,8 +197,13 @@ void Gang::sync_progress(Clock::time_point now) {
     std::string line = "syncing " + plural(syncing, "host", "hosts") + ": " + text;
     if (slowest && syncing > 1)
       line += "; " + slowest->plan->host.name + " " + std::to_string(int(slow * 100)) + "%";
-    out_->set_status(line);
-    out_->flush();
+    if (status_line) {
+      out_->set_status(line);
+      out_->flush();
+    } else {  // a log or a pipe: a line now and then
+      out_->before_message();
+      std::fprintf(stderr, "mltrain: %s\n", line.c_str());
+    }
     return;
   }
   sync_reported_ = true;
@@ -214,6 +237,27 @@ void Gang::sync_progress(Clock::time_point now) {
   std::fprintf(stderr, "mltrain: synced %s (%s, %s) to %s on %s: %s in %.2fs\n", opts_.sync->shown.c_str(),
                plural(t.files, "file", "files").c_str(), bytes_text(t.bytes).c_str(), opts_.sync->dir.c_str(),
                plural(done, "host", "hosts").c_str(), sent.c_str(), secs);
+  // What travelled, by name: the largest few, or (-v) every one.
+  std::set<size_t> travelled;
+  for (const auto& h : hosts_)
+    if (h.sync.done)
+      for (int32_t k : h.sync.want)
+        if (size_t(k) < t.entries.size()) travelled.insert(size_t(k));
+  if (travelled.empty()) return;
+  std::vector<size_t> order(travelled.begin(), travelled.end());
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return t.entries[a].size > t.entries[b].size; });
+  const bool all = log::enabled(log::Level::info);
+  std::vector<std::string> names;
+  for (size_t k = 0; k < order.size() && (all || k < kSyncNamedLargest); ++k)
+    names.push_back(t.entries[order[k]].path + " (" + bytes_text(t.entries[order[k]].size) + ")");
+  if (all) {
+    for (const auto& n : names) std::fprintf(stderr, "mltrain: sync: sent %s\n", n.c_str());
+  } else {
+    std::fprintf(stderr, "mltrain: sync: %s %s%s\n",
+                 order.size() > names.size() ? "the largest sent:" : "sent:", text::join(names, ", ").c_str(),
+                 order.size() > names.size() ? " (-v names every one)" : "");
+  }
 }
 
 // ---- setup ----

@@ -354,6 +354,26 @@ Tree build_tree(const TreeOptions& o) {
   return t;
 }
 
+std::string digest_of(const Tree& t, const std::vector<std::string>& patterns, size_t* matched) {
+  Rules rules;  // a path "excluded" by these rules is one matched
+  for (const auto& p : patterns) rules.add(p);
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_128bits_reset(st);
+  size_t n = 0;
+  for (const auto& e : t.entries) {
+    if (!rules.excluded_with_parents(e.path, e.kind == agent::SyncEntry::dir)) continue;
+    agent::Writer w;
+    w.str(e.path).u32(e.kind).u32(e.mode).str(e.hash).str(e.target);
+    std::string b = w.take();
+    XXH3_128bits_update(st, b.data(), b.size());
+    ++n;
+  }
+  std::string d = canonical(XXH3_128bits_digest(st));
+  XXH3_freeState(st);
+  if (matched) *matched = n;
+  return hex(d);
+}
+
 std::string hash_hex(std::string_view bytes) {
   std::string c = canonical(XXH3_128bits(bytes.data(), bytes.size()));
   return hex(c);

@@ -49,6 +49,11 @@ Tree build_tree(const TreeOptions& o);
 // 32 hex digits of XXH3-128 of `bytes`.
 std::string hash_hex(std::string_view bytes);
 
+// The digest of the tree's entries that `patterns` (.gitignore patterns from its root) match, or
+// of a folder they match: it changes with those entries' paths, kinds, modes, contents or link
+// targets only. `matched`: how many entries counted.
+std::string digest_of(const Tree& t, const std::vector<std::string>& patterns, size_t* matched = nullptr);
+
 // The SyncData frames of a tree's files: each chunk read (and compressed with zstd when that
 // saves at least 5%) once, then kept for the other hosts while it is among the last 64 MiB used.
 class Chunks {

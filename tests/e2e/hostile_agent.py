@@ -13,14 +13,16 @@ Plays (HOSTILE_ARG: a number the play reads):
   pull-flood    a Pull gets one file that claims 1 TiB and keeps sending data
   pull-strings  a Pull gets a PullDone whose problem list holds HOSTILE_ARG empty strings
   pull-nul      a Pull gets problems with a NUL and terminal escapes inside, then PullDone
+  slow-sync     a slow link: every SyncData frame reaches the agent HOSTILE_ARG ms late
 """
 import os
 import struct
 import subprocess
 import sys
 import threading
+import time
 
-PULL, PULL_FILE, PULL_DATA, PULL_DONE = 17, 116, 117, 118
+SYNC_DATA, PULL, PULL_FILE, PULL_DATA, PULL_DONE = 14, 17, 116, 117, 118
 HEADER = struct.Struct("<IHHI")
 
 
@@ -125,6 +127,8 @@ def main():
         if t == PULL and play.startswith("pull-"):
             threading.Thread(target=play_pull, args=(out, play, arg), daemon=True).start()
             continue
+        if t == SYNC_DATA and play == "slow-sync":
+            time.sleep(arg / 1000)
         agent.stdin.write(HEADER.pack(len(p), t, flags, fid) + p)
         agent.stdin.flush()
     agent.stdin.close()

@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -327,7 +328,8 @@ class Gang {
   Clock::time_point sync_start_{};
   std::optional<Clock::time_point> next_sync_status_;
   bool sync_reported_ = false;
-  bool pulled_ = false;  // the pull ran (or was not asked for): closing may go on
+  std::set<size_t> sync_warned_;  // big files named already
+  bool pulled_ = false;           // the pull ran (or was not asked for): closing may go on
   bool ranks_started_ = false;
   bool pull_only_ = false;  // cp
   uint64_t pulled_files_ = 0;
