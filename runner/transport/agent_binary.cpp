@@ -20,7 +20,11 @@ extern "C" const char mltrain_agent_blob_hash[];
 namespace mltrain::transport {
 
 std::string_view agent_bytes() {
-  return {mltrain_agent_blob_start, size_t(mltrain_agent_blob_end - mltrain_agent_blob_start)};
+  std::string_view bytes{mltrain_agent_blob_start, size_t(mltrain_agent_blob_end - mltrain_agent_blob_start)};
+  if (bytes.empty())
+    throw Error("this mltrain was built without its agent (cmake -DMLTRAIN_EMBED_AGENT=OFF, for unit tests)",
+                "build it with -DMLTRAIN_EMBED_AGENT=ON (the default)");
+  return bytes;
 }
 
 std::string_view agent_hash() { return mltrain_agent_blob_hash; }
