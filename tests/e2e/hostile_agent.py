@@ -14,6 +14,11 @@ Plays (HOSTILE_ARG: a number the play reads):
   pull-strings  a Pull gets a PullDone whose problem list holds HOSTILE_ARG empty strings
   pull-nul      a Pull gets problems with a NUL and terminal escapes inside, then PullDone
   slow-sync     a slow link: every SyncData frame reaches the agent HOSTILE_ARG ms late
+  pull-collide  a Pull gets names that collide with each other: a file then a folder through it,
+                a folder then a file over it, and a name like the launcher's own temporary files
+  pull-unopened a Pull gets PullData for a file it never opened, then a file with bytes past its size
+  pull-oddnames a Pull gets a file whose name holds a newline, a control byte and invalid UTF-8, and
+                one whose name is NAME_MAX (255) bytes long
 """
 import os
 import struct
@@ -110,6 +115,19 @@ def play_pull(out, play, arg):
         out.send(pull_done(0, 0, [b""] * arg))
     elif play == "pull-nul":
         out.send(pull_done(0, 0, [b"before\0after", b"\x1b]0;owned\x07\x1b[2Jtitle", b"ok"]))
+    elif play == "pull-collide":
+        for fid, (name, body) in enumerate([("x", b"x\n"), ("x/y", b"y\n"), ("z/q", b"q\n"), ("z", b"z\n"),
+                                            (".mltrain-tmp-9", b"t\n")], 1):
+            out.send(pull_file(name, len(body), fid) + frame(PULL_DATA, body, fid))
+        out.send(pull_done(5, 10))
+    elif play == "pull-unopened":
+        out.send(frame(PULL_DATA, b"A" * 1000, 77))
+        out.send(pull_file("ok.txt", 3, 1) + frame(PULL_DATA, b"ok\n", 1) + frame(PULL_DATA, b"MORE", 1))
+        out.send(pull_done(1, 3))
+    elif play == "pull-oddnames":
+        out.send(pull_file(b"odd\nname\x01\xff", 1, 1) + frame(PULL_DATA, b"1", 1))
+        out.send(pull_file("m" * 255, 1, 2) + frame(PULL_DATA, b"2", 2))
+        out.send(pull_done(2, 2))
 
 
 def main():
