@@ -452,8 +452,14 @@ void Gang::on(size_t i, uint32_t, M&) {
   log::warn("supervise", hosts_[i].link->describe() + ": unexpected frame " + proto::type_name(M::kType));
 }
 
+// Output a host may send: its setup's while that runs, its own ranks' when there is a console
+// (cp, doctor and top have none); anything else from a host is dropped.
 void Gang::on(size_t i, uint32_t id, msg::Output& m) {
-  if (id == proto::kSetupId) return setup_output(i, m.bytes, false);
+  if (id == proto::kSetupId) {
+    if (hosts_[i].state == HostState::setting_up) setup_output(i, m.bytes, false);
+    return;
+  }
+  if (!out_ || id >= plan_.ranks.size() || size_t(plan_.ranks[id].host) != i) return;
   out_->data(int(id), m.stream, m.bytes);
 }
 

@@ -31,6 +31,7 @@ constexpr size_t kSyncOutbox = 1u << 20;  // refill a host's outbox below this
 constexpr auto kSyncProgressEvery = std::chrono::seconds(5);
 constexpr size_t kSyncNamedLargest = 5;  // files named after a sync (all of them with -v)
 constexpr size_t kSetupTail = 12;
+constexpr size_t kSetupMaxLine = 64 << 10;  // a longer line of setup output is shown in pieces
 
 std::string bytes_text(uint64_t b) {
   char buf[32];
@@ -52,6 +53,13 @@ std::string setup_log(const std::string& run_id, const std::string& host) {
 
 std::string plural(uint64_t n, const char* one, const char* many) {
   return std::to_string(n) + " " + (n == 1 ? one : many);
+}
+
+// A host's list of problems as it is shown: the first Problems::kKept, then a count.
+std::vector<std::string> bounded(std::vector<std::string> all) {
+  Problems p;
+  for (auto& x : all) p.add(std::move(x));
+  return p.lines();
 }
 
 }  // namespace
@@ -84,15 +92,21 @@ void Gang::on(size_t i, uint32_t, msg::SyncWant& m) {
   Host& h = hosts_[i];
   if (h.state != HostState::syncing) return;
   if (m.dir.empty()) {
-    host_failed(i, "sync: " + text::join(m.problems, "; "));
+    host_failed(i, "sync: " + text::join(bounded(std::move(m.problems)), "; "));
     h.link->kill();
     check_progress();
     return;
   }
-  h.sync.want = std::move(m.want);
-  for (int32_t k : h.sync.want)
-    if (size_t(k) < opts_.sync->tree->entries.size())
+  // Each entry of the tree at most once, whatever the host asks for.
+  std::vector<char> asked(opts_.sync->tree->entries.size(), 0);
+  h.sync.want.clear();
+  h.sync.want_bytes = 0;
+  for (int32_t k : m.want)
+    if (k >= 0 && size_t(k) < asked.size() && !asked[size_t(k)]) {
+      asked[size_t(k)] = 1;
+      h.sync.want.push_back(k);
       h.sync.want_bytes += opts_.sync->tree->entries[size_t(k)].size;
+    }
   h.sync.deleted = m.deleted;
   h.sync.dir = m.dir;
   // A big file that travels is named once, however many hosts want it: it may be data that need not.
@@ -107,7 +121,7 @@ void Gang::on(size_t i, uint32_t, msg::SyncWant& m) {
                  ".mltrainignore line if it need not (MLTRAIN_SYNC_WARN_BYTES)\n",
                  entries[size_t(k)].path.c_str(), bytes_text(entries[size_t(k)].size).c_str());
   }
-  for (const auto& p : m.problems) {
+  for (const auto& p : bounded(std::move(m.problems))) {
     out_->before_message();
     std::fprintf(stderr, "mltrain: %s: sync: %s\n", h.plan->host.name.c_str(), p.c_str());
   }
@@ -148,7 +162,8 @@ void Gang::on(size_t i, uint32_t, msg::SyncDone& m) {
   Host& h = hosts_[i];
   if (h.state != HostState::syncing) return;
   if (!m.problems.empty()) {
-    host_failed(i, "sync into " + h.sync.dir + " failed: " + text::join(m.problems, "; "));
+    host_failed(i,
+                "sync into " + h.sync.dir + " failed: " + text::join(bounded(std::move(m.problems)), "; "));
     check_progress();
     return;
   }
@@ -295,6 +310,7 @@ void Gang::setup_output(size_t i, std::string_view bytes, bool end) {
   for (size_t nl; (nl = h.setup.partial.find('\n', start)) != std::string::npos; start = nl + 1)
     emit(h.setup.partial.substr(start, nl - start));
   h.setup.partial.erase(0, start);
+  if (h.setup.partial.size() >= kSetupMaxLine) emit(std::exchange(h.setup.partial, {}));  // in pieces
   if (end && !h.setup.partial.empty()) emit(std::exchange(h.setup.partial, {}));
   if (end && h.setup.log_fd >= 0) ::close(h.setup.log_fd), h.setup.log_fd = -1;
 }
@@ -347,14 +363,13 @@ std::vector<std::string> Problems::lines() const {
 
 namespace {
 
-constexpr size_t kMaxPullPath = 4096;            // a longer name from a host is refused
+constexpr size_t kMaxPullPath = 4096;            // a longer name from a host is refused, and so is one
+constexpr long kMaxPullDepth = 256;              // this many folders deep (each one an fd while walked)
 constexpr uint64_t kMinFreeBytes = 1ull << 30;   // a pull stops before the disk has less free
+constexpr uint64_t kMinFreeInodes = 10000;       // ... or fewer files free
+constexpr uint64_t kEntryCost = 4096;            // what a file or folder costs of the cap, at least
+constexpr uint64_t kMaxPullFiles = 1'000'000;    // files from one host (as many as an agent lists)
 constexpr uint64_t kSpaceCheckEvery = 64 << 20;  // bytes between two looks at the free space
-
-uint64_t free_bytes(int fd) {
-  struct statvfs v {};
-  return ::fstatvfs(fd, &v) == 0 ? uint64_t(v.f_bavail) * v.f_frsize : UINT64_MAX;
-}
 
 }  // namespace
 
@@ -436,14 +451,20 @@ void Gang::on(size_t i, uint32_t, msg::PullFile& m) {
   HostPull& p = h.pull;
   if (!p.active) return;
   end_pull(i);
-  p.last_progress = clock_.now();
   // A name that is not a plain path below the folder ("..", ".", "//", a leading "/", a NUL) or
   // leads through a link is refused: nothing lands outside the pull's folder.
   std::string leaf;
-  if (m.path.size() > kMaxPullPath || !sync::is_below(m.path) || !p.root) {
+  if (m.path.size() > kMaxPullPath || std::count(m.path.begin(), m.path.end(), '/') >= kMaxPullDepth ||
+      !sync::is_below(m.path) || !p.root) {
     p.problems.add("refused the path '" + m.path.substr(0, 200) + "'");
     return;
   }
+  // Every file (and each folder its name may make) costs a block of the cap: empty files and
+  // folders are not free, and there are at most kMaxPullFiles.
+  if (++p.entries > kMaxPullFiles)
+    return stop_pull(i, "stopped past " + std::to_string(kMaxPullFiles) +
+                            " files from this host; the rest was left behind");
+  if (!charge(i, kEntryCost * (1 + uint64_t(std::count(m.path.begin(), m.path.end(), '/'))))) return;
   p.parent.reset(sync::open_parent(p.root.get(), m.path, leaf, true, 0777));
   if (!p.parent) {
     p.problems.add(m.path + ": " +
@@ -464,25 +485,41 @@ void Gang::on(size_t i, uint32_t, msg::PullFile& m) {
   }
   p.size = p.left = m.size;
   p.mtime_ns = m.mtime_ns;
+  p.last_progress = clock_.now();  // progress: a file accepted
   if (m.size == 0) end_pull(i);
+}
+
+// Counts `n` more bytes against this host's bounds (the cap, the destination's free space and
+// inodes); false, with the pull stopped, past them.
+bool Gang::charge(size_t i, uint64_t n) {
+  HostPull& p = hosts_[i].pull;
+  const PullJob& job = *opts_.pull;
+  if (p.received + n > job.max_bytes) {
+    stop_pull(i, "stopped past the limit of " + bytes_text(job.max_bytes) +
+                     " from this host (MLTRAIN_PULL_MAX_BYTES); the rest was left behind");
+    return false;
+  }
+  p.received += n;
+  if (p.received >= p.next_space_check) {
+    p.next_space_check = p.received + kSpaceCheckEvery;
+    struct statvfs v {};
+    const bool known = ::fstatvfs(p.root.get(), &v) == 0;
+    if (known &&
+        (uint64_t(v.f_bavail) * v.f_frsize < kMinFreeBytes || (v.f_files && v.f_favail < kMinFreeInodes))) {
+      stop_pull(i, "stopped: the disk of " + job.dest + " has under " + bytes_text(kMinFreeBytes) + " or " +
+                       std::to_string(kMinFreeInodes) + " files free; the rest was left behind");
+      return false;
+    }
+  }
+  return true;
 }
 
 void Gang::on(size_t i, uint32_t, msg::PullData& m) {
   HostPull& p = hosts_[i].pull;
-  if (!p.active) return;
-  p.last_progress = clock_.now();
-  if (p.fd < 0) return;
-  const PullJob& job = *opts_.pull;
+  if (!p.active || p.fd < 0) return;
   size_t n = size_t(std::min<uint64_t>(p.left, m.bytes.size()));
-  if (p.received + n > job.max_bytes)
-    return stop_pull(i, "stopped past the limit of " + bytes_text(job.max_bytes) +
-                            " from this host (MLTRAIN_PULL_MAX_BYTES); the rest was left behind");
-  if (p.received + n >= p.next_space_check) {
-    p.next_space_check = p.received + n + kSpaceCheckEvery;
-    if (free_bytes(p.root.get()) < kMinFreeBytes + n)
-      return stop_pull(i, "stopped: the disk of " + job.dest + " has under " + bytes_text(kMinFreeBytes) +
-                              " free; the rest was left behind");
-  }
+  if (n == 0 || !charge(i, n)) return;
+  p.last_progress = clock_.now();  // progress: bytes of a file accepted
   for (size_t done = 0; done < n;) {
     ssize_t w = ::write(p.fd, m.bytes.data() + done, n - done);
     if (w < 0 && errno == EINTR) continue;
@@ -497,7 +534,6 @@ void Gang::on(size_t i, uint32_t, msg::PullData& m) {
     done += size_t(w);
   }
   p.left -= n;
-  p.received += n;
   if (p.left == 0) end_pull(i);
 }
 

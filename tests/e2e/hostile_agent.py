@@ -27,7 +27,9 @@ import sys
 import threading
 import time
 
-SYNC_DATA, PULL, PULL_FILE, PULL_DATA, PULL_DONE = 14, 17, 116, 117, 118
+SYNC_MANIFEST, SYNC_DATA, SYNC_END, PULL = 13, 14, 15, 17
+OUTPUT, SYNC_WANT, SYNC_DONE, PULL_FILE, PULL_DATA, PULL_DONE = 104, 113, 114, 116, 117, 118
+SETUP_ID = 0xFFFFFFFE
 HEADER = struct.Struct("<IHHI")
 
 
@@ -128,6 +130,25 @@ def play_pull(out, play, arg):
         out.send(pull_file(b"odd\nname\x01\xff", 1, 1) + frame(PULL_DATA, b"1", 1))
         out.send(pull_file("m" * 255, 1, 2) + frame(PULL_DATA, b"2", 2))
         out.send(pull_done(2, 2))
+    elif play == "pull-empties":  # HOSTILE_ARG empty files, each in a folder of its own
+        for k in range(0, arg, 2000):
+            out.send(b"".join(pull_file(f"d{i:07d}/e{i}", 0, i + 1) for i in range(k, min(arg, k + 2000))))
+        out.send(pull_done(arg, 0))
+    elif play == "pull-keepalive":  # 10 of 100 bytes, then an empty PullData and a refused name each second
+        out.send(pull_file("slow.bin", 100, 1) + frame(PULL_DATA, b"0123456789", 1))
+        while True:
+            time.sleep(1)
+            out.send(frame(PULL_DATA, b"", 1) + pull_file("../x", 0, 2))
+    elif play == "pull-deep":  # one empty file HOSTILE_ARG folders deep
+        out.send(pull_file("a/" * arg + "f", 0, 1) + pull_done(1, 0))
+    elif play == "output":  # a rank's output and setup output, unasked (a cp, doctor or top has no console)
+        out.send(frame(OUTPUT, b"hello from a rank\n", 0) + frame(OUTPUT, b"setup says\n", SETUP_ID))
+        out.send(pull_done(0, 0))
+    elif play == "setup-flood":  # HOSTILE_ARG MiB of setup output with no newline
+        chunk = frame(OUTPUT, b"x" * (1 << 20), SETUP_ID)
+        for _ in range(arg):
+            out.send(chunk)
+        out.send(pull_done(0, 0))
 
 
 def main():
@@ -138,11 +159,23 @@ def main():
     def from_agent():
         for t, flags, fid, p in frames(agent.stdout):
             out.send(HEADER.pack(len(p), t, flags, fid) + p)
+            if play == "output-after-hello" and t == 101:  # rank output right after the greeting
+                out.send(frame(OUTPUT, b"boo\n", 0))
         os._exit(0)
 
     threading.Thread(target=from_agent, daemon=True).start()
     for t, flags, fid, p in frames(sys.stdin.buffer):
-        if t == PULL and play.startswith("pull-"):
+        if t in (SYNC_MANIFEST, SYNC_DATA, SYNC_END) and play.startswith("sync-"):
+            if t == SYNC_MANIFEST and p[-4:] == struct.pack("<I", 1):  # the last manifest frame
+                want = [0] * (arg if play == "sync-want" else 0)
+                problems = [b""] * (arg if play == "sync-problems" else 0)
+                out.send(frame(SYNC_WANT, s("/tmp/x") + struct.pack("<I", len(want)) +
+                               b"".join(struct.pack("<i", w) for w in want) + struct.pack("<I", 0) +
+                               strings(problems)))
+            elif t == SYNC_END:
+                out.send(frame(SYNC_DONE, struct.pack("<IQ", 0, 0) + strings([])))
+            continue
+        if t == PULL and (play.startswith("pull-") or play in ("output", "setup-flood")):
             threading.Thread(target=play_pull, args=(out, play, arg), daemon=True).start()
             continue
         if t == SYNC_DATA and play == "slow-sync":

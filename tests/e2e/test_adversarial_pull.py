@@ -148,13 +148,14 @@ def test_names_that_leave_the_folder_are_refused_and_nothing_lands_outside(ml):
     a_run(ml)
     dest = ml.dir / "d"
     dest.mkdir()
-    outside = sorted(os.listdir(ml.dir)), sorted(os.listdir("/tmp"))
+    outside = sorted(os.listdir(ml.dir))
+    assert not os.path.exists("/tmp/absolute.txt")
     r = ml("cp", "latest:outputs/", dest / "got", env=hostile("pull-paths"), timeout=60)
     assert r.returncode == 1, r.stderr
     for bad in ["../escaped.txt", "/tmp/absolute.txt", "a/../../up.txt", "./dot.txt", "a//b.txt"]:
         assert f"refused the path '{bad}'" in r.stderr, r.stderr
     assert "file-then-folder/inside.txt: a folder on its way is a link or a file" in r.stderr, r.stderr
-    assert (sorted(os.listdir(ml.dir)), sorted(os.listdir("/tmp"))) == outside
+    assert sorted(os.listdir(ml.dir)) == outside and not os.path.exists("/tmp/absolute.txt")
     assert not (dest / "got").exists() and os.listdir(dest) == []  # a failed cp places nothing
 
 
@@ -247,3 +248,61 @@ def test_sigterm_ends_a_stalled_cp_at_once_and_leaves_nothing(ml):
     assert time.monotonic() - t0 < 10, err
     assert p.returncode != 0 and "stopped by SIGTERM" in err, err
     assert os.listdir(dest) == []
+
+
+# ---- found by the review of the fixes above: each failed before its own fix ----
+
+def test_empty_files_and_folders_count_against_the_cap(ml):
+    a_run(ml)
+    dest = ml.dir / "d"
+    dest.mkdir()
+    r = ml("cp", "latest:outputs/", dest / "got", env=hostile("pull-empties", 50000, MLTRAIN_PULL_MAX_BYTES="1M"),
+           timeout=300)
+    assert r.returncode == 1 and "stopped past the limit of 1024.0 KiB" in r.stderr, r.stderr[-2000:]
+    assert os.listdir(dest) == []
+
+
+def test_empty_frames_and_refused_names_are_no_progress(ml):
+    a_run(ml)
+    t0 = time.monotonic()
+    r = ml("cp", "latest:outputs/", ml.dir / "got", env=hostile("pull-keepalive", MLTRAIN_PULL_STALL_TIMEOUT="3s"),
+           timeout=60)
+    assert r.returncode == 1 and "sent nothing for 3.0s" in r.stderr, r.stderr
+    assert time.monotonic() - t0 < 30
+
+
+def test_a_name_too_many_folders_deep_is_refused(ml):
+    a_run(ml)
+    r = ml("cp", "latest:outputs/", ml.dir / "got", env=hostile("pull-deep", 2040), timeout=60)
+    assert r.returncode == 1 and "refused the path 'a/a/a/" in r.stderr, r.stderr
+    assert not [n for n in os.listdir(ml.dir) if n.startswith(".mltrain-cp")]
+    r = ml("cp", "latest:outputs/", ml.dir / "got", env=hostile("pull-deep", 100), timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+def test_output_a_cp_did_not_ask_for_is_dropped_not_a_crash(ml):
+    a_run(ml)
+    r = ml("cp", "latest:outputs/", ml.dir / "got", env=hostile("output"), timeout=60)
+    assert r.returncode in (0, 1) and "hello from a rank" not in r.stderr, (r.returncode, r.stderr)
+    for verb in (["doctor"], ["top", "--once"]):
+        d = ml(*verb, env=hostile("output-after-hello"), timeout=60)
+        assert d.returncode >= 0 and d.returncode != 139 and -11 != d.returncode, (verb, d.returncode, d.stderr)
+
+
+def test_setup_output_without_a_newline_keeps_the_launcher_small(ml):
+    a_run(ml)
+    p = ml.popen("cp", "latest:outputs/", ml.dir / "got", env=hostile("setup-flood", 600))
+    peak = peak_rss_kib(p, lambda: False)
+    communicate(p, 120)
+    assert peak < MAX_RSS_KIB, f"launcher peaked at {peak} KiB"
+
+
+def test_a_hosts_sync_problems_are_bounded_and_each_file_is_sent_once(ml):
+    p = ml.dir / "proj"
+    p.mkdir()
+    (p / "big.bin").write_bytes(os.urandom(1 << 20))
+    (p / "job.toml").write_text(f'name = "adv"\n[run]\ncommand = "true"\n[sync]\nremote_dir = "{ml.dir / "remote"}"\n')
+    r = ml("run", p / "job.toml", env=hostile("sync-problems", 200000), timeout=120)
+    assert r.stderr.count("\n") < 60 and "... and 199980 more problems" in r.stderr, r.stderr[-2000:]
+    r = ml("run", p / "job.toml", env=hostile("sync-want", 100000), timeout=120)
+    assert "1 file sent (1024.0 KiB" in r.stderr, r.stderr[-2000:]  # once, however often it is asked for

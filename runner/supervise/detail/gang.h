@@ -114,7 +114,8 @@ struct HostPull {
   int64_t mtime_ns = 0;
   uint64_t size = 0, left = 0;    // the file arriving
   uint64_t files = 0, bytes = 0;  // placed whole
-  uint64_t received = 0;          // every byte written, for the bounds
+  uint64_t received = 0;          // every byte written (and each entry's block), for the bounds
+  uint64_t entries = 0;           // files offered
   uint64_t next_tmp = 0, next_space_check = 0;
   Clock::time_point last_progress{};
   Problems problems;
@@ -251,6 +252,7 @@ class Gang {
   void end_pull(size_t i);
   void stop_pull(size_t i, std::string why);
   void pull_stalls(Clock::time_point now);
+  bool charge(size_t i, uint64_t n);
   void pull_finished();
 
   // PS servers (ps.cpp).
