@@ -516,8 +516,6 @@ TEST_CASE("supervisor: a host that cannot be reached fails preflight; nothing st
   CHECK(records::load(run.rec.id).status == "host-failure");
 }
 
-namespace {
-std::string env_value(const plan::RankPlan& r, const std::string& k) {
 // Issue 31, items 12 and 14: a host's words reach the error (and the record) escaped; a NUL in
 // them does not cut the list of problems.
 TEST_CASE("supervisor: a host's problem text is escaped and a NUL in it cuts nothing") {
@@ -540,6 +538,8 @@ TEST_CASE("supervisor: a host's problem text is escaped and a NUL in it cuts not
   CHECK(saved.failure->message.find('\x1b') == std::string::npos);
 }
 
+namespace {
+std::string env_value(const plan::RankPlan& r, const std::string& k) {
   for (const auto& [ek, ev] : r.env)
     if (ek == k) return ev;
   return "<unset>";
