@@ -1,5 +1,4 @@
 #include <doctest/doctest.h>
-
 #include <unistd.h>
 
 #include <cstdlib>
