@@ -288,12 +288,12 @@ RunResult run(const JobRequest& req) {
   if (sp) rec.git_commit = git_commit(sp->src);
   rec.kind = req.exec ? "exec" : "run";
   // `ssh` and `cp` reach the hosts again the way this run did, however it was given its config.
-  if (!s.ssh.config.empty())
-    rec.ssh_config = std::filesystem::absolute(s.ssh.config.rfind("~/", 0) == 0 && std::getenv("HOME")
-                                                   ? std::getenv("HOME") + s.ssh.config.substr(1)
-                                                   : s.ssh.config)
-                         .lexically_normal()
-                         .string();
+  if (!s.ssh.config.empty()) {
+    const std::string home = knobs::get_string("HOME");
+    std::string config = s.ssh.config;
+    if (config.rfind("~/", 0) == 0 && !home.empty()) config = home + config.substr(1);
+    rec.ssh_config = std::filesystem::absolute(config).lexically_normal().string();
+  }
   // The record must be writable before anything starts: a full or read-only state folder is a
   // clean error here (not a cut record later), and leaves no empty run folder behind.
   if (!records::save(rec)) {
