@@ -8,8 +8,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <sstream>
+#include <vector>
 
 #include "runner/common/error.h"
 #include "runner/common/secret.h"
@@ -413,7 +415,15 @@ std::string describe_plan(const plan::Plan& p) {
 }
 
 namespace detail {
-HostTransports& lasting_transports(const spec::JobSpec& s) { return *new HostTransports(s); }
+HostTransports& lasting_transports(const spec::JobSpec& s) {
+  // Kept from a static that is never destroyed: reachable to the end, so a leak checker (the ASan
+  // e2e tests) sees they are kept on purpose, and no exit-time destructor runs under a connection.
+  static std::mutex lock;
+  static auto* kept = new std::vector<std::unique_ptr<HostTransports>>;
+  std::lock_guard<std::mutex> hold(lock);
+  kept->push_back(std::make_unique<HostTransports>(s));
+  return *kept->back();
+}
 }  // namespace detail
 
 DoctorResult doctor(const JobRequest& req) {
