@@ -30,12 +30,12 @@ print_stages() {
   local rc=$? i
   printf '\n==> stage timings (%s cores, load %s)\n' "$jobs" "$(cut -d' ' -f1-3 /proc/loadavg)"
   for i in "${!stage_names[@]}"; do
-    printf '  %-44s %8.1f s  %s\n' "${stage_names[$i]}" "${stage_secs[$i]}" "${stage_status[$i]}"
+    printf '  %-62s %8.1f s  %s\n' "${stage_names[$i]}" "${stage_secs[$i]}" "${stage_status[$i]}"
   done
-  printf '  %-44s %8.1f s  %s\n' "total" "$(elapsed "$suite_start")" \
+  printf '  %-62s %8.1f s  %s\n' "total" "$(elapsed "$suite_start")" \
     "$([ "$rc" = 0 ] && echo ok || echo "FAILED (exit $rc)")"
 }
-trap print_stages EXIT
+trap 'print_stages; stop_background' EXIT
 
 # stage NAME CMD...: runs CMD under a banner and records its time; a failure ends the suite.
 # (set -e does not reach inside CMD here: the functions below chain their steps with &&.)
@@ -50,6 +50,31 @@ stage() {
   return "$rc"
 }
 
+# background_stage NAME CMD...: starts CMD now, its output to a log, beside the stages that follow;
+# finish_background waits for it, records its row (its own wall time) and shows its log on failure.
+# The ASan build runs so beside the unit, comm and e2e stages, which mostly wait on processes.
+bg_name="" bg_pid="" bg_t0="" bg_log=""
+background_stage() {
+  bg_name=$1 bg_t0=$EPOCHREALTIME bg_log=$2
+  shift 2
+  printf '\n==> %s (in the background: %s)\n' "$bg_name" "$bg_log"
+  "$@" >"$bg_log" 2>&1 &
+  bg_pid=$!
+}
+finish_background() {
+  [ -n "$bg_pid" ] || return 0
+  local rc=0
+  printf '\n==> %s: waiting for it\n' "$bg_name"
+  wait "$bg_pid" || rc=$?
+  bg_pid=""
+  stage_names+=("$bg_name (beside the stages above)")
+  stage_secs+=("$(elapsed "$bg_t0")")
+  stage_status+=("$([ "$rc" = 0 ] && echo ok || echo "FAILED (exit $rc)")")
+  [ "$rc" = 0 ] || tail -n 80 "$bg_log"
+  return "$rc"
+}
+stop_background() { [ -z "$bg_pid" ] || kill -- "$bg_pid" 2>/dev/null || true; }
+
 format_check() {
   # Fix with: git ls-files '*.cpp' '*.h' '*.hpp' '*.c' | xargs clang-format -i
   git ls-files '*.cpp' '*.h' '*.hpp' '*.c' | xargs clang-format --dry-run --Werror
@@ -59,17 +84,31 @@ build() {
     cmake --build build -j"$jobs"
 }
 build_asan() {
-  # The unit tests only: no agent (none of them starts one), so not the comm runtime or bench either.
-  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMLTRAIN_SANITIZE=ON -DMLTRAIN_EMBED_AGENT=OFF >/dev/null &&
-    cmake --build build-asan -j"$jobs" --target unit_tests
+  # The unit tests, and mltrain with its agent (and the comm runtime inside) sanitized too, for the
+  # e2e tests in conftest's ASAN list.
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMLTRAIN_SANITIZE=ON -DMLTRAIN_EMBED_AGENT=ON \
+    -DMLTRAIN_SANITIZE_AGENT=ON >/dev/null &&
+    cmake --build build-asan -j"$jobs" --target unit_tests mltrain
 }
 unit_asan() {
   # Each test's limit is 300 s here (tests/CMakeLists.txt): test_comm, the longest, took 48 s loaded.
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan -L unit --output-on-failure -j"$jobs"
 }
+e2e_asan() {
+  # conftest points every sanitizer report of the launcher, its agents and the bench at a folder
+  # per test and fails the test on any report.
+  MLTRAIN_E2E_SANITIZED=1 MLTRAIN_BIN="$PWD/build-asan/mltrain" \
+    /usr/bin/python3 -m pytest tests/e2e -q -p no:cacheprovider -m asan "$@"
+}
 e2e() {
-  MLTRAIN_BIN="$PWD/build/mltrain" /usr/bin/python3 -m pytest tests/e2e -q -p no:cacheprovider "$@"
+  # Most tests wait on processes rather than compute: pytest-xdist runs them $workers at a time; the
+  # cluster tests form one group, run in order on one worker (one cluster per machine). Tests
+  # marked `alone` (they time the console or load the whole machine) run after, by themselves.
+  local workers=$((jobs + 1))
+  MLTRAIN_BIN="$PWD/build/mltrain" /usr/bin/python3 -m pytest tests/e2e -q -p no:cacheprovider \
+    -n "$workers" --dist loadgroup -m "not alone" "$@" &&
+    MLTRAIN_BIN="$PWD/build/mltrain" /usr/bin/python3 -m pytest tests/e2e -q -p no:cacheprovider -m alone "$@"
 }
 
 stage "dependencies" scripts/setup.sh --no-build --test-deps
@@ -78,17 +117,22 @@ stage "build (RelWithDebInfo)" build
 stage "unit tests (ctest -L unit)" ctest --test-dir build -L unit --output-on-failure -j"$jobs"
 
 if [ "$quick" = 1 ]; then
-  stage "e2e smoke set (pytest -m smoke)" e2e -m smoke "${pytest_args[@]}"
+  stage "e2e smoke set (pytest -m smoke)" env MLTRAIN_BIN="$PWD/build/mltrain" /usr/bin/python3 -m pytest tests/e2e \
+    -q -p no:cacheprovider -n "$((jobs + 1))" -m smoke "${pytest_args[@]}"
   exit 0
 fi
 
-stage "comm tier (ctest -L comm -LE unit)" ctest --test-dir build -L comm -LE unit --output-on-failure
-
 if [ "$sanitize" = 1 ]; then
-  stage "build (ASan+UBSan, unit tests only)" build_asan
-  stage "unit tests under ASan+UBSan" unit_asan
+  background_stage "build (ASan+UBSan: unit tests, mltrain)" "$PWD/build/asan-build.log" build_asan
 fi
-
-[ "$unit_only" = 1 ] && exit 0
-
-stage "end-to-end tests (pytest tests/e2e)" e2e "${pytest_args[@]}"
+stage "comm tier (ctest -L comm -LE unit)" ctest --test-dir build -L comm -LE unit --output-on-failure
+if [ "$unit_only" = 0 ]; then
+  stage "end-to-end tests (pytest tests/e2e)" e2e "${pytest_args[@]}"
+fi
+if [ "$sanitize" = 1 ]; then
+  finish_background
+  stage "unit tests under ASan+UBSan" unit_asan
+  if [ "$unit_only" = 0 ]; then
+    stage "e2e under ASan+UBSan (pytest -m asan)" e2e_asan "${pytest_args[@]}"
+  fi
+fi

@@ -3,14 +3,14 @@
 # sshd on 10.231.0.(10+K):22. Tears down a previous cluster first. Needs root. See README.md.
 #
 # Usage: tests/cluster/up.sh [-n N] [-d STATE_DIR] [--max-sessions hK=M]... [--hostname hK=NAME]... [--etc-hosts]
-#                           [--user NAME] [--private-homes]
+#                           [--user NAME] [--private-homes] [--reuse]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=lib.sh
 . "$here/lib.sh"
 
 usage() {
-  echo "usage: $0 [-n N] [-d STATE_DIR] [--max-sessions hK=M]... [--hostname hK=NAME]... [--etc-hosts] [--user NAME] [--private-homes]" >&2
+  echo "usage: $0 [-n N] [-d STATE_DIR] [--max-sessions hK=M]... [--hostname hK=NAME]... [--etc-hosts] [--user NAME] [--private-homes] [--reuse]" >&2
   echo "  -n N                 number of hosts (default 4, at most 200)" >&2
   echo "  -d STATE_DIR         keys, configs, logs (default $MLT_DEFAULT_DIR)" >&2
   echo "  --max-sessions hK=M  sshd MaxSessions M on host hK (default 10); repeatable" >&2
@@ -19,6 +19,9 @@ usage() {
   echo "  --user NAME          the user ssh logs in as (default mltest, created with /bin/sh as its shell)" >&2
   echo "  --private-homes      every host has a home folder of its own (STATE_DIR/hK/home, empty at first)," >&2
   echo "                       so the hosts share no files there, as separate machines do" >&2
+  echo "  --reuse              keep the bridge, namespaces and keys of a cluster that is up with at least N hosts:" >&2
+  echo "                       kill every process on every host and start each sshd afresh with these settings" >&2
+  echo "                       (a fresh cluster in all a test sees, without the teardown; a full bring-up otherwise)" >&2
   exit 2
 }
 
@@ -26,6 +29,7 @@ n=4
 dir="$MLT_DEFAULT_DIR"
 etc_hosts=0
 private_homes=0
+reuse=0
 user=mltest
 declare -A max_sessions=()
 declare -A host_names=()
@@ -45,6 +49,7 @@ while [ $# -gt 0 ]; do
     --etc-hosts) etc_hosts=1; shift ;;
     --user) [ $# -ge 2 ] || usage; user="$2"; shift 2 ;;
     --private-homes) private_homes=1; shift ;;
+    --reuse) reuse=1; shift ;;
     -h|--help) usage ;;
     *) echo "up.sh: unknown argument '$1'" >&2; usage ;;
   esac
@@ -69,57 +74,86 @@ case "$dir" in /*) ;; *) dir="$(pwd)/$dir" ;; esac
 
 t0=$(date +%s.%N)
 trace() { [ -z "${MLT_CLUSTER_TRACE:-}" ] || awk -v a="$t0" -v b="$(date +%s.%N)" -v m="$*" 'BEGIN{printf "cluster: %6.2f s %s\n", b-a, m}' >&2; }
-mlt_lock
-"$here/down.sh" -d "$dir" >/dev/null
+# A new cluster: the state dir, the keys, the bridge and one namespace per host.
+fresh_cluster() {
+  mkdir -p "$dir"
+  chmod 711 "$dir"  # the test user reads authorized_keys; the private key stays 600
+  rm -rf "${dir:?}"/h[0-9]* "$dir"/{id_ed25519,id_ed25519.pub,authorized_keys,known_hosts,ssh_config,hostfile,env.sh}
 
-trace down
-mkdir -p "$dir"
-chmod 711 "$dir"  # the test user reads authorized_keys; the private key stays 600
-rm -rf "${dir:?}"/h[0-9]* "$dir"/{id_ed25519,id_ed25519.pub,authorized_keys,known_hosts,ssh_config,hostfile,env.sh}
-
-# Keys: the client key and every host key, generated in parallel.
-ssh-keygen -q -t ed25519 -N '' -C "mltrain-cluster-client" -f "$dir/id_ed25519" &
-for k in $(seq 1 "$n"); do
-  mkdir -p "$dir/h$k"
-  ssh-keygen -q -t ed25519 -N '' -C "mltrain-cluster-h$k" -f "$dir/h$k/ssh_host_ed25519_key" &
-done
-wait
-trace keys
-cp "$dir/id_ed25519.pub" "$dir/authorized_keys"
-chmod 644 "$dir/authorized_keys"
-
-# Network: the bridge in the root namespace (the launcher runs there), one veth per host.
-# Permanent neighbour (ARP) entries everywhere: with no ARP on the wire, a cut host (fault.sh cut)
-# is silent (packets vanish) instead of failing fast with "No route to host" when ARP times out.
-# Batched: one `ip` for the root namespace, one per host namespace.
-{
-  echo "link add $MLT_BRIDGE type bridge stp_state 0 forward_delay 0"
-  echo "link set $MLT_BRIDGE address $MLT_BRIDGE_MAC"
-  echo "addr add $MLT_GW/24 dev $MLT_BRIDGE"
-  echo "link set $MLT_BRIDGE up"
+  # Keys: the client key and every host key, generated in parallel.
+  ssh-keygen -q -t ed25519 -N '' -C "mltrain-cluster-client" -f "$dir/id_ed25519" &
   for k in $(seq 1 "$n"); do
-    echo "netns add $(mlt_ns "$k")"
-    echo "link add $(mlt_br "$k") type veth peer name eth0 netns $(mlt_ns "$k")"
-    echo "link set $(mlt_br "$k") master $MLT_BRIDGE"
-    echo "link set $(mlt_br "$k") up"
-    echo "neigh replace $(mlt_ip "$k") lladdr $(mlt_mac "$k") dev $MLT_BRIDGE nud permanent"
+    mkdir -p "$dir/h$k"
+    ssh-keygen -q -t ed25519 -N '' -C "mltrain-cluster-h$k" -f "$dir/h$k/ssh_host_ed25519_key" &
   done
-} | ip -batch - || mlt_die "network setup failed in the root namespace"
-for k in $(seq 1 "$n"); do
-  {
-    echo "link set lo up"
-    echo "link set eth0 address $(mlt_mac "$k")"
-    echo "addr add $(mlt_ip "$k")/24 dev eth0"
-    echo "link set eth0 up"
-    echo "route add default via $MLT_GW"
-    echo "neigh replace $MLT_GW lladdr $MLT_BRIDGE_MAC dev eth0 nud permanent"
-    for j in $(seq 1 "$n"); do
-      [ "$j" = "$k" ] || echo "neigh replace $(mlt_ip "$j") lladdr $(mlt_mac "$j") dev eth0 nud permanent"
-    done
-  } | ip -n "$(mlt_ns "$k")" -batch - || mlt_die "network setup failed in $(mlt_ns "$k")"
-done
+  wait
+  trace keys
+  cp "$dir/id_ed25519.pub" "$dir/authorized_keys"
+  chmod 644 "$dir/authorized_keys"
 
-trace network
+  # Network: the bridge in the root namespace (the launcher runs there), one veth per host.
+  # Permanent neighbour (ARP) entries everywhere: with no ARP on the wire, a cut host (fault.sh cut)
+  # is silent (packets vanish) instead of failing fast with "No route to host" when ARP times out.
+  # Batched: one `ip` for the root namespace, one per host namespace.
+  {
+    echo "link add $MLT_BRIDGE type bridge stp_state 0 forward_delay 0"
+    echo "link set $MLT_BRIDGE address $MLT_BRIDGE_MAC"
+    echo "addr add $MLT_GW/24 dev $MLT_BRIDGE"
+    echo "link set $MLT_BRIDGE up"
+    for k in $(seq 1 "$n"); do
+      echo "netns add $(mlt_ns "$k")"
+      echo "link add $(mlt_br "$k") type veth peer name eth0 netns $(mlt_ns "$k")"
+      echo "link set $(mlt_br "$k") master $MLT_BRIDGE"
+      echo "link set $(mlt_br "$k") up"
+      echo "neigh replace $(mlt_ip "$k") lladdr $(mlt_mac "$k") dev $MLT_BRIDGE nud permanent"
+    done
+  } | ip -batch - || mlt_die "network setup failed in the root namespace"
+  for k in $(seq 1 "$n"); do
+    {
+      echo "link set lo up"
+      echo "link set eth0 address $(mlt_mac "$k")"
+      echo "addr add $(mlt_ip "$k")/24 dev eth0"
+      echo "link set eth0 up"
+      echo "route add default via $MLT_GW"
+      echo "neigh replace $MLT_GW lladdr $MLT_BRIDGE_MAC dev eth0 nud permanent"
+      for j in $(seq 1 "$n"); do
+        [ "$j" = "$k" ] || echo "neigh replace $(mlt_ip "$j") lladdr $(mlt_mac "$j") dev eth0 nud permanent"
+      done
+    } | ip -n "$(mlt_ns "$k")" -batch - || mlt_die "network setup failed in $(mlt_ns "$k")"
+  done
+
+  trace network
+}
+
+mlt_lock
+
+# --reuse: a cluster already up here with at least n hosts, made by up.sh in this state dir.
+reusable() {
+  local k
+  [ "$reuse" = 1 ] && ip link show "$MLT_BRIDGE" >/dev/null 2>&1 && [ -s "$dir/id_ed25519" ] || return 1
+  for k in $(seq 1 "$n"); do
+    ip netns list | awk '{print $1}' | grep -qx "$(mlt_ns "$k")" && [ -s "$dir/h$k/ssh_host_ed25519_key" ] || return 1
+  done
+}
+if reusable; then
+  # What a teardown would do to the hosts, keeping the network and the keys: the cluster's Slurm
+  # stopped, every process on every host killed, every cut link healed, /etc/hosts cleaned.
+  if [ -d "$dir/slurm" ]; then "$here/slurm.sh" down -d "$dir" || mlt_die "cannot stop the cluster's Slurm"; fi
+  namespaces=()
+  for k in $(mlt_existing_hosts); do
+    namespaces+=("$(mlt_ns "$k")")
+    ip link set "$(mlt_br "$k")" up 2>/dev/null || true
+    rm -f "$dir/h$k/sshd.pid"
+  done
+  mlt_kill_ns "${namespaces[@]}" || mlt_die "cannot stop the processes on the hosts"
+  mlt_etc_hosts_remove
+  trace "reused: hosts reset"
+else
+  "$here/down.sh" -d "$dir" >/dev/null
+  trace down
+  fresh_cluster
+fi
+
 # Client side files: known_hosts, ssh_config, hostfile, env.sh.
 : >"$dir/known_hosts"
 : >"$dir/ssh_config"

@@ -103,6 +103,7 @@ class Cluster:
         self.identity = self.dir / "id_ed25519"
         self.authorized_keys = self.dir / "authorized_keys"
         self.hosts = []
+        self._faults = set()
         env = self.dir / "env.sh"
         if env.exists():
             for line in env.read_text().splitlines():
@@ -112,7 +113,7 @@ class Cluster:
     # -- lifecycle -------------------------------------------------------------------------------
     @classmethod
     def up(cls, n=4, max_sessions=None, state_dir=DEFAULT_DIR, timeout=120, hostnames=None, user=None,
-           private_homes=False, etc_hosts=False):
+           private_homes=False, etc_hosts=False, reuse=False):
         """Tear down any previous cluster and bring up n hosts h1..hn (tests/cluster/up.sh).
 
         max_sessions: {"h2": 2} (or {2: 2}) sets sshd MaxSessions on those hosts (default 10).
@@ -120,6 +121,8 @@ class Cluster:
         user: the login user (default mltest); created with /bin/sh as its shell when missing.
         private_homes: every host has its own empty home folder (home(h) shows it here).
         etc_hosts: 'IP hK' lines in /etc/hosts, so host names resolve everywhere (down removes them).
+        reuse: keep the network and keys of a cluster already up with at least n hosts; every
+          host's processes are killed and its sshd started afresh with these settings (up.sh --reuse).
         Every host has its own /dev/shm, as separate machines do.
         """
         args = [str(SCRIPTS / "up.sh"), "-n", str(n), "-d", str(state_dir)]
@@ -133,6 +136,8 @@ class Cluster:
             args += ["--private-homes"]
         if etc_hosts:
             args += ["--etc-hosts"]
+        if reuse:
+            args += ["--reuse"]
         _run(args, timeout=timeout)
         c = cls(state_dir)
         if len(c.hosts) != n:
@@ -176,6 +181,31 @@ class Cluster:
     # -- faults (tests/cluster/fault.sh) ---------------------------------------------------------
     def _fault(self, cmd, h, timeout=60):
         _run([str(SCRIPTS / "fault.sh"), "-d", str(self.dir), cmd, f"h{_index(h)}"], timeout=timeout)
+        h = f"h{_index(h)}"
+        if cmd in ("cut", "kill", "rekey", "forget"):
+            self._faults.add((cmd, h))
+        undone = {"heal": ("cut",), "revive": ("kill",), "trust": ("rekey", "forget")}.get(cmd, ())
+        self._faults -= {(c, h) for c in undone}
+
+    def undo_faults(self):
+        """Undo what cut, kill, rekey and forget did and the test did not undo itself (conftest
+        calls this after each test on the cluster): heal, revive, trust."""
+        faults, self._faults = self._faults, set()
+        for cmd, h in sorted(faults):
+            if cmd == "cut":
+                self._fault("heal", h)
+            elif cmd == "kill" and not self._sshd_running(h):
+                self._fault("revive", h)
+        for h in sorted({h for cmd, h in faults if cmd in ("rekey", "forget")}):
+            self._fault("trust", h)
+
+    def _sshd_running(self, h) -> bool:
+        try:
+            pid = int((self.dir / f"h{_index(h)}" / "sshd.pid").read_text())
+            os.kill(pid, 0)
+            return True
+        except (OSError, ValueError):
+            return False
 
     def cut(self, h):
         """Silent network cut: packets to/from h vanish; TCP peers see no FIN/RST/ICMP and hang."""

@@ -8,6 +8,7 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +22,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than ~10 s (flood, grace-period timing)")
     config.addinivalue_line("markers", "smoke: the quick tier's local set (scripts/test.sh --quick)")
     config.addinivalue_line("markers", "cluster: needs the test cluster (set on every test that uses it)")
+    config.addinivalue_line("markers", "asan: also run against the ASan+UBSan build (the ASAN list)")
+    config.addinivalue_line("markers", "alone: needs the whole machine; runs after the parallel part, alone")
 
 
 # The quick tier's e2e set (`pytest -m smoke`, scripts/test.sh --quick): one or two fast local tests
@@ -55,21 +58,73 @@ SMOKE = {
 }
 
 
+# MLTRAIN_E2E_SANITIZED=1: the binary under test (and the agent inside it) is an ASan+UBSan build
+# (scripts/test.sh's "e2e under ASan+UBSan" stage runs `pytest -m asan` so); any report fails the test.
+SANITIZED = os.environ.get("MLTRAIN_E2E_SANITIZED") == "1"
+
+# The tests that run with the sanitized launcher and agent (`-m asan`): the local gang, a restart,
+# a crash, sync and pull, output and stdin through the agent, the bench (the comm runtime, its
+# stats blocks) in both modes (PS mode: the agent's parameter servers), a hostile host's pull, the
+# heartbeat timers. (Python ranks cannot load the sanitized comm library: no ASan runtime first.)
+ASAN = {
+    "test_basic.py::test_four_ranks_print_their_env",
+    "test_failures.py::test_restart_from_spec",
+    "test_failures.py::test_segfault_names_sigsegv",
+    "test_sync.py::test_a_local_run_syncs_runs_in_the_copy_and_pulls_back",
+    "test_output.py::test_partial_last_line_is_kept",
+    "test_live_output.py::test_stdin_goes_to_rank_0_only",
+    "test_bench.py::test_bench_table_with_check",
+    "test_bench.py::test_bench_ps_mode_through_the_agents_servers",
+    "test_adversarial_pull.py::test_names_that_leave_the_folder_are_refused_and_nothing_lands_outside",
+    "test_heartbeats.py::test_a_stopped_agent_is_lost_after_the_heartbeat_timeout",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the xdist_group marks set here
 def pytest_collection_modifyitems(config, items):
     # `-m "not cluster"` is the local set: every test on a cluster says so by its fixtures.
     seen = set()
     for item in items:
         if "cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
+            # Under pytest-xdist (--dist loadgroup) every cluster test runs on one worker, in
+            # order: there is one cluster per machine (fixed namespace names).
+            item.add_marker(pytest.mark.xdist_group("cluster"))
         nodeid = item.nodeid.split("tests/e2e/", 1)[-1]
         if nodeid in SMOKE:
             item.add_marker(pytest.mark.smoke)
             seen.add(nodeid)
+        if nodeid in ASAN:
+            item.add_marker(pytest.mark.asan)
+            seen.add(nodeid)
     # A renamed or removed smoke test must not leave the quick tier quietly smaller.
-    if "smoke" in (config.getoption("markexpr") or ""):
-        if missing := sorted(SMOKE - seen):
-            raise pytest.UsageError("smoke tests not collected (renamed? update SMOKE in conftest.py): " +
-                                    ", ".join(missing))
+    # (Of the modules collected, or whose file is gone: a run of one module checks only that one.)
+    modules = {item.nodeid.split("tests/e2e/", 1)[-1].split("::")[0] for item in items}
+    here = Path(__file__).parent
+    for name, listed in (("smoke", SMOKE), ("asan", ASAN)):
+        if name in (config.getoption("markexpr") or ""):
+            if missing := sorted(t for t in listed - seen
+                                 if t.split("::")[0] in modules or not (here / t.split("::")[0]).exists()):
+                raise pytest.UsageError(f"{name} tests not collected (renamed? update {name.upper()} in "
+                                        "conftest.py): " + ", ".join(missing))
+
+
+@pytest.fixture(autouse=True)
+def _cluster_faults_undone(request):
+    """After a test on the test cluster: the hosts it cut, killed, rekeyed or made unknown are
+    healed, revived and trusted again, so the next test starts from a whole cluster."""
+    yield
+    if "cluster" in request.fixturenames:
+        c = request.getfixturevalue("cluster")
+        if hasattr(c, "undo_faults"):
+            c.undo_faults()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # The session's one test cluster (multihost_fixtures.module_cluster) goes down with it.
+    fixtures = sys.modules.get("multihost_fixtures")
+    if fixtures is not None:
+        fixtures.down_session_cluster()
 
 
 def _wait_for_binary(path: Path, wait_s: float = 180.0) -> Path:
@@ -161,6 +216,14 @@ class Mltrain:
         env.pop("NO_COLOR", None)
         env.update(MLTRAIN_HOME=str(self.home), XDG_CONFIG_HOME=str(self.config),
                    XDG_STATE_HOME=str(tmp_path / "state"), LC_ALL="C.UTF-8")
+        self.sanitizer_logs = None
+        if SANITIZED:
+            # Every sanitized process (the launcher, its agents, the bench) writes its reports
+            # here, whatever became of its stderr; cleanup() fails the test on any report.
+            self.sanitizer_logs = tmp_path / "sanitizer-reports"
+            self.sanitizer_logs.mkdir()
+            env.update(ASAN_OPTIONS=f"detect_leaks=1:log_path={self.sanitizer_logs}/asan",
+                       UBSAN_OPTIONS=f"print_stacktrace=1:halt_on_error=1:log_path={self.sanitizer_logs}/ubsan")
         self.env = env
         self.markers = []
         self.procs = []
@@ -229,12 +292,21 @@ class Mltrain:
                 except OSError:
                     pass
 
+    def sanitizer_reports(self) -> str:
+        """What the sanitizers reported in this test (MLTRAIN_E2E_SANITIZED=1), '' when nothing."""
+        if self.sanitizer_logs is None:
+            return ""
+        return "".join(f"== {p.name}\n{p.read_text(errors='replace')[:20000]}"
+                       for p in sorted(self.sanitizer_logs.iterdir()))
+
 
 @pytest.fixture
 def ml(mltrain_bin, tmp_path):
     m = Mltrain(mltrain_bin, tmp_path)
     yield m
     m.cleanup()
+    if reports := m.sanitizer_reports():
+        pytest.fail("the sanitizers reported errors:\n" + reports, pytrace=False)
 
 
 def communicate(p: subprocess.Popen, timeout: float):

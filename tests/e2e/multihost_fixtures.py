@@ -1,8 +1,9 @@
 """Fixtures and helpers for the multi-host end-to-end tests (tests/e2e/test_multihost*.py).
 
-One test cluster (tests/cluster/, 4 network-namespace hosts h1..h4, sshd MaxSessions 2 on h2) is
-brought up per test module and torn down at its end; a module that cannot have one (not root, no
-netns, no sshd) is skipped with the reason from cluster.available().
+One test cluster (tests/cluster/, network-namespace hosts h1..hN; by default 4 hosts, sshd
+MaxSessions 2 on h2) serves the whole session: each module gets it reset to its own settings
+(module_cluster) and a test's faults are undone after it; a module that cannot have one (not root,
+no netns, no sshd) is skipped with the reason from cluster.available().
 
 Ranks run as the cluster's login user (mltest), which cannot write into root's pytest tmp dirs:
 files a rank writes go to `mh.shared` (mode 1777 under /tmp), and ranks run with `--workdir /tmp`
@@ -29,22 +30,37 @@ MAX_SESSIONS = {"h2": 2}
 
 
 def module_cluster(before_down=None, **up):
-    """A module-scoped `cluster` fixture: Cluster.up(**up) for the module, down at its end
-    (`before_down()` first); the module is skipped where no cluster can be brought up.
-    In a test module: `cluster = module_cluster(n=1)`."""
+    """A module-scoped `cluster` fixture: the session's test cluster set up as Cluster.up(**up)
+    says for this module (`before_down()` at its end); skipped where no cluster can be brought up.
+    In a test module: `cluster = module_cluster(n=1)`.
+
+    One cluster serves the whole session: its network and keys are made once, and each module
+    starts with every host reset (every process killed, sshd started afresh with the module's
+    settings: up.sh --reuse); faults a test injects are undone after it (conftest). The last
+    module's cluster is taken down when the session ends."""
     @pytest.fixture(scope="module", name="cluster")
     def fixture():
         ok, why = available()
         if not ok:
             pytest.skip(why)
-        c = Cluster.up(**up)
+        c = Cluster.up(reuse=True, **up)
+        _session_clusters.append(c)
         try:
             yield c
         finally:
             if before_down:
                 before_down()
-            c.down()
     return fixture
+
+
+_session_clusters = []
+
+
+def down_session_cluster():
+    """Take the session's cluster down (conftest's pytest_sessionfinish): once, if one was up."""
+    if _session_clusters:
+        _session_clusters[-1].down()
+        _session_clusters.clear()
 
 
 cluster = module_cluster(n=4, max_sessions=MAX_SESSIONS)

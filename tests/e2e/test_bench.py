@@ -40,3 +40,18 @@ def test_bench_with_a_missing_spec_is_a_usage_error(ml):
     assert r.returncode == 2
     assert "nope.toml: cannot read job spec" in r.stderr
     assert ml.run_dirs() == []
+
+
+def test_bench_ps_mode_through_the_agents_servers(ml):
+    # --mode ps: the workers push_pull through the parameter servers the local agent runs, beside
+    # an allreduce of the same bytes; --check verifies every result.
+    r = ml("bench", "-n", "2", "--mode", "ps", "--servers", "1", "-b", "4K", "-e", "64K", "-f", "4",
+           "--iters", "2", "--warmup", "1", "--check", timeout=90)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "--mode ps: 2 workers" in r.stdout, r.stdout
+    header = [l for l in r.stdout.splitlines() if l.startswith("#") and "#wrong" in l]
+    assert len(header) == 1 and header[0].split()[-1] == "#wrong", r.stdout
+    rows = _rows(r.stdout)
+    assert [(int(row[0]), int(row[1])) for row in rows] == [(4096, 1), (16384, 1), (65536, 1)], r.stdout
+    assert all(row[-1] == "0" for row in rows), r.stdout
+    assert "mltrain: bench: 2 ranks succeeded" in r.stderr

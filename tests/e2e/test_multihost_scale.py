@@ -5,11 +5,15 @@ import os
 import re
 import time
 
+import pytest
+
 from conftest import communicate
 from multihost_fixtures import mh, module_cluster, shared_root  # noqa: F401 (fixtures)
 
 HOSTS, PER_HOST = 32, 8
 cluster = module_cluster(n=HOSTS)
+# 256 ranks and their peak memory: measured with the machine to itself (scripts/test.sh runs it alone).
+pytestmark = pytest.mark.alone
 
 
 def status_of(pid):
