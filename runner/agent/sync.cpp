@@ -534,8 +534,8 @@ void collect(const std::string& root, const std::string& rel_dir, const sync::Ru
   }
   std::string dir = rel_dir.empty() ? root : root + "/" + rel_dir;
   DIR* d = ::opendir(dir.c_str());
-  if (!d) {  // asked for, so listed all the same: its open says why it cannot be read, not "nothing matched"
-    if (all || rel_dir.empty()) out.push_back(rel_dir);
+  if (!d) {  // listed all the same: its open says why it cannot be read, not "nothing matched"
+    out.push_back(rel_dir);  // (a folder below may hold what was asked for: past PATH_MAX, unreadable)
     return;
   }
   std::vector<std::string> names;
@@ -552,7 +552,8 @@ void collect(const std::string& root, const std::string& rel_dir, const sync::Ru
     if (rel == kState) continue;
     struct stat st {};
     if (::lstat((root + "/" + rel).c_str(), &st) != 0) {
-      if (all || rules.check(rel, false) == sync::Rules::excluded) out.push_back(rel);  // as above
+      // As above: what cannot be looked at (past PATH_MAX) may be, or hold, what was asked for.
+      if (all || errno != ENOENT || rules.check(rel, false) == sync::Rules::excluded) out.push_back(rel);
       continue;
     }
     bool hit = all || rules.check(rel, S_ISDIR(st.st_mode)) == sync::Rules::excluded;

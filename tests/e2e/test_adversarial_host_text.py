@@ -4,6 +4,8 @@ agent's word in an error; `doctor --json` stays valid, and `show` escapes what t
 The local agent runs the same code as a remote one, so localhost plays the host."""
 import json
 
+import pytest
+
 import gpu_fakes
 
 # What a hostile host would send: set the terminal's title, clear the screen, ring the bell.
@@ -64,21 +66,29 @@ def test_a_failed_setup_quotes_its_output_escaped_and_show_too(ml):
     assert "\\x1b]0;pwned" in s.stdout, s.stdout
 
 
-def test_a_pulled_name_in_a_problem_is_escaped(ml):
+@pytest.mark.parametrize("past", ["file", "folder"])
+def test_a_pulled_name_in_a_problem_is_escaped(ml, past):
     # A matching file the agent cannot read (its path is past PATH_MAX: even root cannot open it),
     # named with escape codes: the problem says it could not be read, escaped; not "nothing matched".
+    # "folder": the folder that holds it is past PATH_MAX already (it was skipped without a word).
+    # "file": folders to exactly 3950 bytes of path, the file's name past 4096; "folder": over 4300.
+    limit = 3700 if past == "file" else 4300
     p = ml.dir / "proj"
     p.mkdir()
     (p / "make.py").write_text(
         "import os\n"
         "fd = os.open('.', os.O_RDONLY)\n"
-        "depth = 0\n"  # the path below the folder alone passes PATH_MAX, wherever that is
+        "depth = len(os.getcwd())\n"
         "name = 'e\\x1b]0;pwned\\x07' + 'd' * 190\n"
-        "while depth < 4000:\n"
+        f"while depth < {limit}:\n"
         "    os.mkdir(name, dir_fd=fd)\n"
         "    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)\n"
         "    depth += len(name) + 1\n"
         "    name = 'd' * 200\n"
+        f"if {past == 'file'}:\n"
+        "    name = 'd' * (3950 - depth - 1)\n"
+        "    os.mkdir(name, dir_fd=fd)\n"
+        "    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)\n"
         "name = 'f' * 200 + '.pt'\n"
         "os.close(os.open(name, os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))\n")
     (p / "job.toml").write_text(

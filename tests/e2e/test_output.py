@@ -61,7 +61,6 @@ def test_flood_every_line_once_and_whole(ml, tmp_path):
     assert all(v < RSS_LIMIT_KB for v in agent_peak.values()), agent_peak
 
     data = out_path.read_bytes()
-    assert len(data) == RANKS * LINES * (WIDTH + len("[0] ")), len(data)
     per_rank = {r: [] for r in range(RANKS)}
     lists = [per_rank[r] for r in range(RANKS)]
     prefixes = {b"[%d] " % r for r in range(RANKS)}
@@ -71,9 +70,18 @@ def test_flood_every_line_once_and_whole(ml, tmp_path):
         lists[ln[1] - 48].append(ln[4:])
     (run_dir,) = ml.run_dirs()
     for r in range(RANKS):
+        # A rank that stalls mid-line for over 200 ms while another prints (a loaded machine) has
+        # the piece it wrote shown and its line continued on a new prefixed line (docs/spec.md,
+        # [output]): such pieces are joined back; every byte must still come once, in order.
+        lines, piece = [], b""
+        for part in per_rank[r]:
+            piece += part
+            if len(piece) >= WIDTH - 1:
+                lines.append(piece)
+                piece = b""
         want = expected_lines(r, LINES)
-        got = b"\n".join(per_rank[r]) + b"\n"
-        assert got == want, f"rank {r}: console lines lost, torn or reordered"
+        got = b"\n".join(lines) + b"\n" + piece
+        assert got == want, f"rank {r}: console lines lost, duplicated or reordered"
         assert (run_dir / f"rank-{r}.log").read_bytes() == want, f"rank-{r}.log differs"
 
 
