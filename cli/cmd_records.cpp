@@ -41,6 +41,10 @@ void register_logs(CLI::App& app, Global& g, std::function<int()>& handler) {
   c->footer(
       "Lines carry the prefix the live console showed ([h1:0] on a multi-host run) and come merged\n"
       "in the order they arrived, as the console showed them.\n"
+      "Into a pipe or a file, logs are the exact bytes each rank wrote (after the prefix); on a\n"
+      "terminal they are escaped as the console escapes them (control bytes and invalid UTF-8 as\n"
+      "\\xNN). The console itself is never exact: it escapes control bytes wherever it goes\n"
+      "(docs/spec.md, \"Console output\").\n"
       "Examples:\n  mltrain logs                 the latest run, every rank\n"
       "  mltrain logs -f 20261129     follow a run\n  mltrain logs --rank 0,3 --grep loss --tail 20\n"
       "Exit code: 0; with -f, the run's own exit code once it ends (docs/exit-codes.md).");

@@ -33,8 +33,11 @@ void register_top(CLI::App& app, Global& g, std::function<int()>& handler) {
       "  mltrain top --once --json job.toml\n"
       "Keys: q quit, a all, h hosts, g GPUs, r ranks, s sort (name, cpu, gpu, comm, memory).\n"
       "The straggler is the rank the others wait for: the lowest share of time inside collectives while\n"
-      "its peers' median is at least 20% and 15 points above it. Exit code 255 when a host could not be "
-      "watched.");
+      "its peers' median is at least 20% and 15 points above it. Only mltrain's comm library and its DDP\n"
+      "hook time collectives; with neither (stock DDP), top says so, shows IN COLLECTIVES as 'not timed'\n"
+      "and estimates the straggler from CPU time (marked 'estimated'): the rank busy while the others\n"
+      "use at most 60% of its CPU time, as ranks asleep in a gloo collective do (docs/json.md).\n"
+      "Exit code 255 when a host could not be watched.");
   c->callback([&] {
     handler = [&] {
       auto d = text::parse_duration(interval);

@@ -218,9 +218,15 @@ struct Spawn {  // id = rank
   std::vector<std::string> argv, env;  // env: "K=V", set over the agent's own environment
   uint32_t stdin_pipe = 0;             // 1: the rank's stdin is a pipe fed by Stdin frames, else /dev/null
   uint32_t python_path = 1;            // 1: the runtime's Python package goes first on PYTHONPATH
-  void put(Writer& w) const { w.str(cwd).strings(argv).strings(env).u32(stdin_pipe).u32(python_path); }
+  // 1: the rank's stdout and stderr are one pipe, as when both are one terminal: its output comes
+  // in the order it wrote it, all as stream 1. 0: a pipe each (the order between them is lost).
+  uint32_t one_stream = 0;
+  void put(Writer& w) const {
+    w.str(cwd).strings(argv).strings(env).u32(stdin_pipe).u32(python_path).u32(one_stream);
+  }
   void get(Reader& r) {
     cwd = r.str(), argv = r.strings(), env = r.strings(), stdin_pipe = r.u32(), python_path = r.u32();
+    if (r.left() > 0) one_stream = r.u32();
   }
 };
 struct Stdin {  // id = rank; bytes for the stdin of a rank spawned with stdin_pipe

@@ -280,9 +280,11 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
   for (auto& a : argv) args.push_back(a.data());
   args.push_back(nullptr);
 
-  int out[2], err[2], status_pipe[2], in[2] = {-1, -1};
-  if (::pipe2(out, O_CLOEXEC) || ::pipe2(err, O_CLOEXEC) || ::pipe2(status_pipe, O_CLOEXEC) ||
-      (m.stdin_pipe && ::pipe2(in, O_CLOEXEC))) {
+  // One pipe for stdout and stderr when asked (Spawn::one_stream): the kernel keeps the order of
+  // the rank's writes, which two pipes read in turns cannot.
+  int out[2], err[2] = {-1, -1}, status_pipe[2], in[2] = {-1, -1};
+  if (::pipe2(out, O_CLOEXEC) || (!m.one_stream && ::pipe2(err, O_CLOEXEC)) ||
+      ::pipe2(status_pipe, O_CLOEXEC) || (m.stdin_pipe && ::pipe2(in, O_CLOEXEC))) {
     send(msg::SpawnFailed{std::string("pipe: ") + std::strerror(errno)}, id);
     return;
   }
@@ -291,7 +293,8 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
       if (fd >= 0) ::close(fd);
   };
   // The agent's ends only (the ranks' ends stay blocking); they are not inherited (O_CLOEXEC).
-  if (!set_nonblocking(out[0]) || !set_nonblocking(err[0]) || (in[1] >= 0 && !set_nonblocking(in[1]))) {
+  if (!set_nonblocking(out[0]) || (err[0] >= 0 && !set_nonblocking(err[0])) ||
+      (in[1] >= 0 && !set_nonblocking(in[1]))) {
     send(msg::SpawnFailed{std::string("fcntl: ") + std::strerror(errno)}, id);
     close_all();
     return;
@@ -333,7 +336,7 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
       failed = "dup2 of stdin";
     else if (::dup2(out[1], 1) < 0)
       failed = "dup2 of stdout";
-    else if (::dup2(err[1], 2) < 0)
+    else if (::dup2(err[1] >= 0 ? err[1] : out[1], 2) < 0)
       failed = "dup2 of stderr";
     if (failed) {
       char msg[256];
@@ -363,7 +366,7 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
   // child has already exec'd, by which time the child's own setpgid has done it.
   (void)::setpgid(pid, pid);
   ::close(out[1]);
-  ::close(err[1]);
+  if (err[1] >= 0) ::close(err[1]);
   ::close(status_pipe[1]);
   if (in[0] >= 0) ::close(in[0]);
   char msg[512];
@@ -374,7 +377,7 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
   if (n > 0) {
     // exec failed: the child exits 127 on its own; report why and let reap() collect it.
     ::close(out[0]);
-    ::close(err[0]);
+    if (err[0] >= 0) ::close(err[0]);
     if (in[1] >= 0) ::close(in[1]);
     int status = 0;
     ::waitpid(pid, &status, 0);

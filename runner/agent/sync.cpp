@@ -501,6 +501,7 @@ void Agent::on(uint32_t, msg::Setup& m) {
   s.cwd = cwd;
   s.argv = {"/bin/sh", "-c", m.command};
   s.env = std::move(m.env);
+  s.one_stream = 1;  // shown and kept as one stream: in the order it was written
   setup_running_ = true;
   on(kSetupId, s);
 }

@@ -165,8 +165,10 @@ std::string shell_quote(std::string_view s) {
 
 namespace {
 
-// host_text and escape_console: one walk, `output` says whether tab and SGR codes pass.
-std::string sanitise(std::string_view b, bool output, size_t max) {
+// host_text and escape_console: one walk, `output` says whether tab and SGR codes pass, `bytes`
+// whether bytes that are not UTF-8 pass (0xa0-0xff: never a control code, even to a terminal in an
+// 8-bit mode, which takes 0x80-0x9f for C1).
+std::string sanitise(std::string_view b, bool output, size_t max, bool bytes = false) {
   std::string out;
   const bool cut = max > 0 && b.size() > max;
   if (cut) b = b.substr(0, max);
@@ -210,7 +212,11 @@ std::string sanitise(std::string_view b, bool output, size_t max) {
              !(cp >= 0xd800 && cp <= 0xdfff);
       }
       if (!ok) {
-        hex(c), ++i;
+        if (bytes && c >= 0xa0)
+          out += char(c);
+        else
+          hex(c);
+        ++i;
         continue;
       }
       // C1 controls (a terminal may take U+009B for CSI) and bidirectional overrides, which
@@ -252,7 +258,7 @@ long long parse_int_arg(std::string_view s, std::string_view what, long long lo,
 
 std::string host_text(std::string_view s, size_t max) { return sanitise(s, false, max); }
 
-std::string escape_console(std::string_view b) { return sanitise(b, true, 0); }
+std::string escape_console(std::string_view b, bool terminal) { return sanitise(b, true, 0, !terminal); }
 
 size_t complete_utf8(std::string_view s) {
   size_t i = s.size();

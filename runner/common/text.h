@@ -57,8 +57,11 @@ std::string excerpt(std::string_view s, size_t max = 120);
 std::string host_text(std::string_view s, size_t max = 0);
 
 // `bytes` as a terminal should show a rank's output: host_text, except that tab and SGR colour
-// codes pass (the live console, `mltrain logs` and [setup] output alike).
-std::string escape_console(std::string_view bytes);
+// codes pass (the live console, `mltrain logs` and [setup] output alike). `terminal` false (the
+// console is a pipe or a file): bytes that are not UTF-8 pass as they are too, except 0x80-0x9f
+// (C1 control codes to a terminal in an 8-bit mode; a pipe may end at one); control codes and the
+// rest stay escaped, so nothing that moves a cursor or sets a title gets through either way.
+std::string escape_console(std::string_view bytes, bool terminal = true);
 // How many bytes of `s` end before an incomplete UTF-8 sequence at its end.
 size_t complete_utf8(std::string_view s);
 

@@ -46,6 +46,13 @@ std::string duration(int64_t ms) {
   return b;
 }
 
+// The IN COLLECTIVES cell of a rank without comm counters, `width` columns.
+std::string not_timed(int width) {
+  std::string t = "not timed";
+  t.resize(size_t(std::max<int>(width, int(t.size()))), ' ');
+  return t;
+}
+
 // "[|||||     ]" for 0..100, `width` columns in all.
 std::string bar(std::optional<double> v, int width) {
   int inner = std::max(width - 2, 1);
@@ -147,6 +154,7 @@ std::string render_top(const telemetry::Snapshot& snap, const TopScreen& screen)
            std::to_string(gpus_total) + " GPU" + (gpus_total == 1 ? "" : "s");
   sc.line(title);
   if (!screen.note.empty()) sc.line(screen.note);
+  if (!snap.collectives_timed && !snap.ranks.empty()) sc.line(telemetry::kNotTimedNote);
   if (snap.straggler) {
     std::string host;
     for (const auto& r : snap.ranks)
@@ -277,7 +285,7 @@ std::string render_top(const telemetry::Snapshot& snap, const TopScreen& screen)
         std::snprintf(b, sizeof b, "%-6d %-16s %8d %-5s %6s %7s %s %5s %8s %-6s %s%s", s.rank,
                       r->host.c_str(), s.pid, s.state ? std::string(1, *s.state).c_str() : "gone",
                       pct(rank_cpu(*r)).c_str(), s.rss_bytes ? human_bytes(*s.rss_bytes).c_str() : "-",
-                      bar(comm, bar_w).c_str(), pct(comm).c_str(),
+                      s.comm_ns ? bar(comm, bar_w).c_str() : not_timed(bar_w).c_str(), pct(comm).c_str(),
                       r->calls_per_s ? fmt("%.1f", *r->calls_per_s).c_str() : "-",
                       gpus.empty() ? "-" : gpus.c_str(),
                       r->gpu_util ? (std::to_string(*r->gpu_util) + "%").c_str() : "-",
@@ -314,10 +322,14 @@ std::string snapshot_json(const telemetry::Snapshot& snap, const std::string& ru
     std::string host;
     for (const auto& r : snap.ranks)
       if (r.straggler) host = r.host;
-    j["straggler"] = {{"rank", *snap.straggler}, {"host", host}, {"why", snap.straggler_why}};
+    j["straggler"] = {{"rank", *snap.straggler},
+                      {"host", host},
+                      {"why", snap.straggler_why},
+                      {"estimated", snap.straggler_estimated}};
   } else {
     j["straggler"] = nullptr;
   }
+  j["collectives_timed"] = snap.collectives_timed;
   Json hosts = Json::array();
   for (const auto& h : snap.hosts) {
     Json o;
@@ -412,6 +424,8 @@ std::string format_utilization(const telemetry::Summary& sum) {
       out += b;
     }
   }
+  if (!sum.collectives_timed && !sum.ranks.empty())
+    out += std::string("\n") + telemetry::kNotTimedNote + "\n";
   if (sum.straggler) out += "\nstraggler: " + sum.straggler_why + "\n";
   return out;
 }
@@ -450,8 +464,11 @@ std::string utilization_json(const telemetry::Summary& sum) {
   for (const auto& v : sum.timeline) timeline.push_back(rounded(v));
   j["timeline"] = {{"of", sum.timeline_is_gpu ? "gpu_util_percent" : "host_cpu_percent"},
                    {"values", timeline}};
-  j["straggler"] =
-      sum.straggler ? Json({{"rank", *sum.straggler}, {"why", sum.straggler_why}}) : Json(nullptr);
+  j["straggler"] = sum.straggler ? Json({{"rank", *sum.straggler},
+                                         {"why", sum.straggler_why},
+                                         {"estimated", sum.straggler_estimated}})
+                                 : Json(nullptr);
+  j["collectives_timed"] = sum.collectives_timed;
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
@@ -470,7 +487,8 @@ std::string status_line(const telemetry::Snapshot& snap, int alive, int ranks, i
     if (n) out += " - CPU " + fmt("%.0f%%", sum / double(n));
   }
   if (snap.straggler) {
-    out += " - straggler: rank " + std::to_string(*snap.straggler);
+    out += " - straggler: rank " + std::to_string(*snap.straggler) +
+           (snap.straggler_estimated ? " (estimated from CPU time)" : "");
   } else {
     // The slowest rank: the one with the lowest share in collectives, when shares are known.
     const RankRow* low = nullptr;

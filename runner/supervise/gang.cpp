@@ -587,6 +587,7 @@ void Gang::spawn_all() {
     for (const auto& [k, v] : r.env) m.env.push_back(k + "=" + v);
     m.stdin_pipe = r.rank == opts_.stdin_rank;
     m.python_path = plan_.python_path;
+    m.one_stream = out_ && out_->one_stream();
     send_to(hosts_[size_t(r.host)], m, uint32_t(r.rank));
     // A restarted rank finds the launcher's stdin already at its end.
     if (m.stdin_pipe && stdin_eof_) send_to(hosts_[size_t(r.host)], msg::StdinClose{}, uint32_t(r.rank));

@@ -116,6 +116,11 @@ Output::Output(std::vector<RankInfo> ranks, bool multi_host, const std::string& 
                int out_fd, int err_fd)
     : run_dir_(run_dir), opts_(std::move(opts)), out_fd_(out_fd), err_fd_(err_fd) {
   tty_ = !opts_.quiet && ::isatty(out_fd_) == 1;
+  err_tty_ = !opts_.quiet && ::isatty(err_fd_) == 1;
+  struct stat so {
+  }, se{};
+  one_stream_ = opts_.quiet || (::fstat(out_fd_, &so) == 0 && ::fstat(err_fd_, &se) == 0 &&
+                                so.st_dev == se.st_dev && so.st_ino == se.st_ino);
   writer_ = std::make_unique<ConsoleWriter>();
   const std::string order = records::order_path_in(run_dir);
   order_fd_ = ::open(order.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
@@ -164,6 +169,25 @@ void Output::to_file(Rank& r, std::string_view bytes) {
 
 std::string Output::log_path(int rank) const { return run_dir_ + "/rank-" + std::to_string(rank) + ".log"; }
 
+std::string& Output::console(int s) {
+  const int fd = fd_of(s);
+  if (pending_.empty() || pending_.back().first != fd) {
+    if (!pending_.empty()) pending_bytes_ += pending_.back().second.size();
+    pending_.emplace_back(fd, std::string());
+  }
+  return pending_.back().second;
+}
+
+std::string Output::shown(int s, std::string_view bytes) const {
+  return text::escape_console(bytes, s == 1 ? err_tty_ : tty_);
+}
+
+void Output::queue_console() {
+  for (auto& [fd, bytes] : pending_) to_console(fd, bytes);
+  pending_.clear();
+  pending_bytes_ = 0;
+}
+
 std::string Output::line_start(const Rank& r) const {
   return (opts_.timestamps ? timestamp() : std::string()) + r.prefix;
 }
@@ -177,21 +201,20 @@ void Output::close_fragment() {
 void Output::end_line(Rank& r, int s) {
   Stream& st = r.streams[s];
   std::string_view seg = st.seg, vis = !st.seg.empty() ? st.seg : std::string_view(st.last);
-  std::string shown_text = text::escape_console(vis);
   if (r.tail.size() == kTailLines) r.tail.pop_front();
-  r.tail.push_back(shown_text.substr(0, 4096));
+  r.tail.push_back(text::escape_console(vis.substr(0, 4096)));  // for messages: escaped everywhere
   if (r.shown) {
     if (st.cr) status_changed_ = true;
     bool continues = !st.cr && st.shown > 0 && open_rank_ == r.info.rank && open_stream_ == s;
     if (continues) {
-      console(s) += text::escape_console(seg.substr(st.shown)) + "\n";
+      console(s) += shown(s, seg.substr(st.shown)) + "\n";
       open_rank_ = -1;
     } else if (st.cr || st.shown == 0 || st.shown < seg.size()) {
       close_fragment();
-      console(s) += line_start(r) + (st.cr ? shown_text : text::escape_console(seg.substr(st.shown))) + "\n";
+      console(s) += line_start(r) + shown(s, st.cr ? vis : seg.substr(st.shown)) + "\n";
     }
-    std::string& out = console(s);
-    if (out.size() >= kConsoleFlushAt) to_console(s == 1 ? err_fd_ : out_fd_, out);
+    if (!pending_.empty() && pending_bytes_ + pending_.back().second.size() >= kConsoleFlushAt)
+      queue_console();
   }
   std::string file = std::move(st.file);
   st = Stream{};
@@ -209,7 +232,7 @@ void Output::show_fragment(Rank& r, int s) {
     close_fragment();
     console(s) += line_start(r);
   }
-  console(s) += text::escape_console(std::string_view(st.seg).substr(st.shown, end - st.shown));
+  console(s) += shown(s, std::string_view(st.seg).substr(st.shown, end - st.shown));
   st.shown = end;
   open_rank_ = r.info.rank;
   open_stream_ = s;
@@ -350,8 +373,7 @@ std::chrono::milliseconds Output::due_in() const {
 
 void Output::before_message() {
   close_fragment();
-  to_console(out_fd_, out_buf_);
-  to_console(err_fd_, err_buf_);
+  queue_console();
   if (drawn_ > 0) {
     std::string erase = "\x1b[" + std::to_string(drawn_) + "F\x1b[J";
     to_console(out_fd_, erase);
@@ -420,29 +442,27 @@ void Output::flush() {
       if (st.cr && !tty_ && st.changed && now - st.printed >= kProgressEvery) {
         // Not a terminal: a progress line's latest state, now and then, as a line of its own.
         close_fragment();
-        console(s) += line_start(r) + text::escape_console(!st.seg.empty() ? st.seg : st.last) + "\n";
+        console(s) += line_start(r) + shown(s, !st.seg.empty() ? st.seg : st.last) + "\n";
         st.printed = now;
         st.changed = false;
       }
     }
   }
-  bool lines = !out_buf_.empty() || !err_buf_.empty();
+  bool lines = !pending_.empty();
   if (tty_ && (lines || drawn_ > 0 || status_changed_) &&
       (lines || (status_changed_ && now - last_draw_ >= kRedraw))) {
     // Erase the status area, print the lines above it, draw it again below them (not while a
     // partial line holds the cursor).
     std::string erase = drawn_ > 0 ? "\x1b[" + std::to_string(drawn_) + "F\x1b[J" : "";
     std::string area = open_rank_ < 0 ? status_area() : std::string();
-    out_buf_.insert(0, erase);
-    to_console(out_fd_, out_buf_);
-    to_console(err_fd_, err_buf_);
+    to_console(out_fd_, erase);
+    queue_console();
     drawn_ = int(std::count(area.begin(), area.end(), '\n'));
     to_console(out_fd_, area);
     if (open_rank_ < 0) status_changed_ = false;
     last_draw_ = now;
   } else {
-    to_console(out_fd_, out_buf_);
-    to_console(err_fd_, err_buf_);
+    queue_console();
   }
   // A console that keeps up sees it now; a slow one does not hold the loop.
   if (writer_) writer_->wait_written(std::chrono::milliseconds(20));

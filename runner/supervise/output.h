@@ -8,7 +8,11 @@
 //   area at the bottom, redrawn in place (at most every kRedraw) while completed lines scroll above
 //   it; elsewhere only each line's final state is printed, plus its latest state every
 //   kProgressEvery while it stays open;
-// - control bytes and invalid UTF-8 are shown as \xNN on every line (colour codes pass);
+// - control bytes are shown as \xNN on every line (colour codes pass); so is invalid UTF-8 on a
+//   terminal, while into a pipe or a file it passes as it is (text::escape_console);
+// - lines go out in the order they came, stdout's and stderr's alike; when the console's stdout and
+//   stderr are one file (a terminal, `2>&1`) or there is no console, each rank writes both into one
+//   pipe (one_stream()), so that order is the order the rank wrote in;
 // - a line longer than kMaxLine is passed on in pieces so memory stays bounded under any output.
 #pragma once
 
@@ -103,6 +107,9 @@ class Output {
   // redrawn with them. Elsewhere it is ignored.
   void set_status(std::string line);
   bool terminal() const { return tty_; }
+  // Whether each rank's stdout and stderr should be one stream (agent Spawn::one_stream): the
+  // console shows them in one place (its stdout and stderr are the same file) or not at all.
+  bool one_stream() const { return one_stream_; }
   // The last lines a rank wrote (for the failure summary).
   std::vector<std::string> tail(int rank) const;
   std::string log_path(int rank) const;
@@ -146,7 +153,12 @@ class Output {
   void end_line(Rank& r, int s);
   void show_fragment(Rank& r, int s);
   void close_fragment();
-  std::string& console(int s) { return s == 1 ? err_buf_ : out_buf_; }
+  // The console bytes for stream `s` (0 stdout, 1 stderr), after everything queued before them.
+  std::string& console(int s);
+  int fd_of(int s) const { return s == 1 ? err_fd_ : out_fd_; }
+  // A rank's bytes as stream `s`'s console shows them (escaped for a terminal, or for a pipe).
+  std::string shown(int s, std::string_view bytes) const;
+  void queue_console();  // hands every pending piece to the writer, in order
   std::string line_start(const Rank& r) const;
   std::string status_area() const;
   // Writes what it can; returns how many bytes were written (errno says why when short).
@@ -161,9 +173,14 @@ class Output {
   std::string run_dir_;
   ConsoleOptions opts_;
   int out_fd_, err_fd_;
-  std::string out_buf_, err_buf_;
-  bool tty_ = false;  // out_fd is a terminal: status area for progress
-  int drawn_ = 0;     // lines of status area on the terminal now
+  // Console bytes not yet queued, in the order they came: (fd, bytes), one piece per run of the
+  // same fd, so a stderr line between two stdout lines is written between them.
+  std::vector<std::pair<int, std::string>> pending_;
+  size_t pending_bytes_ = 0;  // the bytes of every piece but the last
+  bool tty_ = false;          // out_fd is a terminal: status area for progress
+  bool err_tty_ = false;
+  bool one_stream_ = false;
+  int drawn_ = 0;  // lines of status area on the terminal now
   bool status_changed_ = false;
   std::string status_line_;  // set_status's
   Time last_draw_{};

@@ -301,10 +301,11 @@ void Gang::setup_output(size_t i, std::string_view bytes, bool end) {
   size_t start = 0;
   auto emit = [&](std::string line) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    line = text::escape_console(line);  // the host's bytes, shown as rank output is
+    // The host's bytes, shown as rank output is (on stderr); the tail, for messages, escaped.
+    const std::string shown = text::escape_console(line, ::isatty(2) == 1);
     out_->before_message();
-    std::fprintf(stderr, "[%s] %s\n", h.plan->host.name.c_str(), line.c_str());
-    h.setup.tail.push_back(std::move(line));
+    std::fprintf(stderr, "[%s] %s\n", h.plan->host.name.c_str(), shown.c_str());
+    h.setup.tail.push_back(text::escape_console(line));
     if (h.setup.tail.size() > kSetupTail) h.setup.tail.erase(h.setup.tail.begin());
   };
   for (size_t nl; (nl = h.setup.partial.find('\n', start)) != std::string::npos; start = nl + 1)

@@ -32,15 +32,36 @@ std::string straggler_words(int32_t rank, const std::vector<std::optional<double
          " of their time in collectives waiting, it spends " + percent(*shares[who]);
 }
 
+// Why `cpu[who]` is the estimated straggler; `samples`: "in 9 of 14 samples " for a summary.
+std::string estimate_words(int32_t rank, double own, double others, const std::string& samples) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.0f%% of a CPU, the other ranks %.0f%%", own, others);
+  return "rank " + std::to_string(rank) + ": estimated from CPU time (collectives not timed): " + samples +
+         "it used " + b + ", as ranks waiting for it in a collective would";
+}
+
+double median_others(const std::vector<std::optional<double>>& v, size_t who) {
+  std::vector<double> others;
+  for (size_t i = 0; i < v.size(); ++i)
+    if (i != who && v[i]) others.push_back(*v[i]);
+  std::sort(others.begin(), others.end());
+  return others.empty() ? 0.0 : others[(others.size() - 1) / 2];
+}
+
 void mark_idle(std::vector<GpuRow>& gpus) {
   bool busy = false;
   for (const auto& g : gpus) busy = busy || (g.sample.util_percent && *g.sample.util_percent > kBusyGpu);
   for (auto& g : gpus) g.idle = busy && g.sample.util_percent && *g.sample.util_percent < kIdleGpu;
 }
 
+// The summary's estimate from CPU time: the rank cpu_straggler_of finds in most of the samples
+// where it finds one (at least kEstimateMinSamples); its CPU and the others' over those samples.
+void estimate_straggler(const std::vector<std::map<int32_t, double>>& buckets, Summary& out);
+
 }  // namespace
 
-std::optional<size_t> straggler_of(const std::vector<std::optional<double>>& shares) {
+std::optional<size_t> straggler_of(const std::vector<std::optional<double>>& shares, double min_peer,
+                                   double min_gap) {
   std::optional<size_t> low;
   size_t known = 0;
   for (size_t i = 0; i < shares.size(); ++i) {
@@ -55,8 +76,20 @@ std::optional<size_t> straggler_of(const std::vector<std::optional<double>>& sha
   std::sort(others.begin(), others.end());
   // The lower median for an even count: one waiting peer of two is not "the others".
   double median = others[(others.size() - 1) / 2];
-  if (median < kStragglerMinPeerShare || median - *shares[*low] < kStragglerMinGap) return std::nullopt;
+  if (median < min_peer || median - *shares[*low] < min_gap) return std::nullopt;
   return low;
+}
+
+std::optional<size_t> cpu_straggler_of(const std::vector<std::optional<double>>& cpu) {
+  double busiest = 0;
+  for (const auto& c : cpu)
+    if (c) busiest = std::max(busiest, *c);
+  if (busiest < kEstimateMinCpu) return std::nullopt;
+  // Each rank's idle part relative to the busiest: the busiest is 0, a rank that slept through
+  // its wait near 1. Then the rule for shares, with the estimate's own bar.
+  std::vector<std::optional<double>> idle;
+  for (const auto& c : cpu) idle.push_back(c ? std::optional<double>(1.0 - *c / busiest) : std::nullopt);
+  return straggler_of(idle, kEstimateMinPeerIdle, kEstimateMinPeerIdle);
 }
 
 std::optional<uint64_t> comm_time_ns(const RankSample& r, std::optional<uint64_t> monotonic_ns) {
@@ -154,12 +187,33 @@ Snapshot Board::snapshot() const {
   mark_idle(snap.gpus);
   std::stable_sort(snap.ranks.begin(), snap.ranks.end(),
                    [](const RankRow& a, const RankRow& b) { return a.sample.rank < b.sample.rank; });
-  std::vector<std::optional<double>> shares;
-  for (const auto& r : snap.ranks) shares.push_back(r.comm_share);
+  std::vector<std::optional<double>> shares, cpu, cpu_before;
+  for (const auto& r : snap.ranks) {
+    shares.push_back(r.comm_share);
+    cpu.push_back(r.sample.cpu_percent_x100 ? std::optional<double>(*r.sample.cpu_percent_x100 / 100.0)
+                                            : std::nullopt);
+    cpu_before.push_back(std::nullopt);
+    if (const auto& prev = latest_.at(r.host).previous)
+      for (const auto& p : prev->ranks)
+        if (p.rank == r.sample.rank && p.pid == r.sample.pid && p.cpu_percent_x100)
+          cpu_before.back() = *p.cpu_percent_x100 / 100.0;
+    snap.collectives_timed = snap.collectives_timed || r.sample.comm_ns.has_value();
+  }
+  // The estimate holds over the last two intervals, so a moment (one rank's slower start) is not
+  // named.
+  const std::optional<size_t> est = snap.collectives_timed ? std::nullopt : cpu_straggler_of(cpu);
+  const bool steady = est && cpu_straggler_of(cpu_before) == est;
+  const size_t busiest = est.value_or(0);
   if (auto who = straggler_of(shares)) {
     snap.ranks[*who].straggler = true;
     snap.straggler = snap.ranks[*who].sample.rank;
     snap.straggler_why = straggler_words(*snap.straggler, shares, *who);
+  } else if (steady) {
+    snap.ranks[busiest].straggler = true;
+    snap.straggler = snap.ranks[busiest].sample.rank;
+    snap.straggler_estimated = true;
+    snap.straggler_why = estimate_words(snap.ranks[busiest].sample.rank, cpu[busiest].value_or(0),
+                                        median_others(cpu, busiest), "");
   }
   return snap;
 }
@@ -190,9 +244,14 @@ Summary summarize(const std::vector<std::pair<std::string, Sample>>& samples, si
     std::optional<uint64_t> t0, m0, t1, m1;  // comm time and clock at the first and last counted sample
   };
   std::map<int32_t, RankAcc> ranks;
+  // For the estimate from CPU time: each host's k-th sample in bucket k (hosts sample together).
+  std::map<std::string, size_t> taken;
+  std::vector<std::map<int32_t, double>> cpu_buckets;
   bool any_gpu = false;
   for (const auto* hs : sorted) {
     const auto& [host, s] = *hs;
+    const size_t k = taken[host]++;
+    if (cpu_buckets.size() <= k) cpu_buckets.resize(k + 1);
     if (std::find(out.hosts.begin(), out.hosts.end(), host) == out.hosts.end()) out.hosts.push_back(host);
     if (s.host.cpu_percent_x100) out.host_cpu.add(*s.host.cpu_percent_x100 / 100.0);
     std::unordered_map<int32_t, int32_t> rank_of_pid;
@@ -217,6 +276,8 @@ Summary summarize(const std::vector<std::pair<std::string, Sample>>& samples, si
       a.sum.host = host;
       a.sum.rank = r.rank;
       if (r.cpu_percent_x100) a.sum.cpu.add(*r.cpu_percent_x100 / 100.0);
+      if (r.cpu_percent_x100) cpu_buckets[k][r.rank] = *r.cpu_percent_x100 / 100.0;
+      out.collectives_timed = out.collectives_timed || r.comm_ns.has_value();
       if (r.rss_bytes) a.sum.rss_peak = std::max(a.sum.rss_peak.value_or(0), *r.rss_bytes);
       if (r.calls) a.sum.calls = r.calls;
       auto t = comm_time_ns(r, s.monotonic_ns);
@@ -242,6 +303,8 @@ Summary summarize(const std::vector<std::pair<std::string, Sample>>& samples, si
     out.ranks[*who].straggler = true;
     out.straggler = out.ranks[*who].rank;
     out.straggler_why = straggler_words(*out.straggler, shares, *who);
+  } else if (!out.collectives_timed) {
+    estimate_straggler(cpu_buckets, out);
   }
 
   // The timeline: every slice's mean over the samples taken in it.
@@ -266,6 +329,45 @@ Summary summarize(const std::vector<std::pair<std::string, Sample>>& samples, si
     if (b.n || distinct >= slices / 2) out.timeline.push_back(b.mean());
   return out;
 }
+
+namespace {
+
+void estimate_straggler(const std::vector<std::map<int32_t, double>>& buckets, Summary& out) {
+  struct Found {
+    size_t samples = 0;
+    double own = 0, others = 0;
+  };
+  std::map<int32_t, Found> found;
+  size_t any = 0, judged = 0;
+  for (const auto& b : buckets) {
+    if (b.size() < 2) continue;
+    ++judged;
+    std::vector<int32_t> ranks;
+    std::vector<std::optional<double>> cpu;
+    for (const auto& [rank, c] : b) ranks.push_back(rank), cpu.push_back(c);
+    auto who = cpu_straggler_of(cpu);
+    if (!who) continue;
+    ++any;
+    Found& f = found[ranks[*who]];
+    ++f.samples;
+    f.own += *cpu[*who];
+    f.others += median_others(cpu, *who);
+  }
+  const std::pair<const int32_t, Found>* best = nullptr;
+  for (const auto& e : found)
+    if (!best || e.second.samples > best->second.samples) best = &e;
+  if (!best || best->second.samples < kEstimateMinSamples || best->second.samples * 2 <= any) return;
+  for (auto& r : out.ranks)
+    if (r.rank == best->first) r.straggler = true;
+  out.straggler = best->first;
+  out.straggler_estimated = true;
+  const double n = double(best->second.samples);
+  out.straggler_why = estimate_words(
+      best->first, best->second.own / n, best->second.others / n,
+      "in " + std::to_string(best->second.samples) + " of " + std::to_string(judged) + " samples ");
+}
+
+}  // namespace
 
 std::string sparkline(const std::vector<std::optional<double>>& values) {
   static const char* const kLevels[] = {"▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"};

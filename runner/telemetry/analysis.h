@@ -7,6 +7,11 @@
 // Every rank of a collective leaves it together, so ranks that arrive early spend the difference
 // inside it and the rank that arrives last has the lowest share: the straggler. It is named only
 // when the others clearly wait (straggler_of below), never from one rank or a quiet job.
+//
+// Without counters (stock DDP: no rank uses the comm library, so no collective is timed) the
+// straggler is estimated from CPU time instead, and says so: a rank blocked in a gloo collective
+// sleeps while the rank it waits for still computes, so the others' CPU time is a small part of
+// its own (cpu_straggler_of). A GPU rank waiting in NCCL may spin its CPU: then no one is named.
 #pragma once
 
 #include <cstdint>
@@ -27,9 +32,20 @@ inline constexpr double kStragglerMinGap = 0.15;
 inline constexpr uint32_t kIdleGpu = 10;
 inline constexpr uint32_t kBusyGpu = 50;
 
+// The estimate from CPU time: the busiest rank must use this much of one CPU (%), and the others'
+// median at most 1 - kEstimateMinPeerIdle of its CPU time; summaries name a rank so found in at
+// least kEstimateMinSamples samples and in most of those where one was found.
+inline constexpr double kEstimateMinCpu = 10.0;
+inline constexpr double kEstimateMinPeerIdle = 0.40;
+inline constexpr size_t kEstimateMinSamples = 3;
+
 // The index into `shares` of the rank the others wait for, or none: fewer than two known shares,
-// peers that do not wait (median under kStragglerMinPeerShare), or no clear gap.
-std::optional<size_t> straggler_of(const std::vector<std::optional<double>>& shares);
+// peers that do not wait (median under min_peer), or no clear gap (under min_gap).
+std::optional<size_t> straggler_of(const std::vector<std::optional<double>>& shares,
+                                   double min_peer = kStragglerMinPeerShare,
+                                   double min_gap = kStragglerMinGap);
+// The index into `cpu` (% of one CPU, per rank) of the rank busy while the others idle, or none.
+std::optional<size_t> cpu_straggler_of(const std::vector<std::optional<double>>& cpu);
 
 // A rank's time inside collectives up to the sample (finished ones plus the open one so far).
 std::optional<uint64_t> comm_time_ns(const RankSample& r, std::optional<uint64_t> monotonic_ns);
@@ -65,7 +81,9 @@ struct Snapshot {
   std::vector<GpuRow> gpus;    // by host, then index
   std::vector<RankRow> ranks;  // by rank
   std::optional<int32_t> straggler;
-  std::string straggler_why;  // "rank 3: its peers spend 62% of their time waiting for it, it 4%"
+  std::string straggler_why;         // "rank 3: its peers spend 62% of their time waiting for it, it 4%"
+  bool straggler_estimated = false;  // named from CPU time (collectives_timed is false)
+  bool collectives_timed = false;    // some rank has comm counters
 };
 
 // The latest two samples of each host; snapshot() compares them.
@@ -128,7 +146,14 @@ struct Summary {
   bool timeline_is_gpu = false;
   std::optional<int32_t> straggler;
   std::string straggler_why;
+  bool straggler_estimated = false;
+  bool collectives_timed = false;  // some rank had comm counters in some sample
 };
+
+// What top and show say when no rank's collectives are timed (stock DDP), in one line.
+inline constexpr const char* kNotTimedNote =
+    "collectives not timed: only mltrain's comm library and its DDP hook time them (stock DDP: add the "
+    "hook, docs/python.md)";
 
 // `samples` as (host, sample) in any order; `slices`: how many points the timeline has.
 Summary summarize(const std::vector<std::pair<std::string, Sample>>& samples, size_t slices = 40);

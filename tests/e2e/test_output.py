@@ -137,10 +137,11 @@ def test_stderr_lines_reach_stderr_and_the_log(ml):
     assert [ln for ln in log if ln.startswith("err")] == [f"err 2 {i}" for i in range(n)]
 
 
-def test_binary_and_invalid_utf8_escaped_on_the_console_kept_in_the_file(ml):
+def test_control_bytes_escaped_on_the_console_everything_kept_in_the_file(ml):
     r = ml("run", "-n", "1", "--no-prefix", "--", "printf", "a\\377\\001b\\r\\n", text=False)
     assert r.returncode == 0
-    # docs/spec.md, "Console output": \xNN on the console, a CRLF ending is a line ending.
-    assert r.stdout == b"a\\xff\\x01b\n"
+    # docs/spec.md, "Console output": control bytes as \xNN on the console, invalid UTF-8 as it is
+    # into a pipe; a CRLF ending is a line ending.
+    assert r.stdout == b"a\xff\\x01b\n"
     (d,) = ml.run_dirs()
     assert (d / "rank-0.log").read_bytes() == b"a\xff\x01b\r\n"

@@ -9,8 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from multihost_fixtures import python_has_torch
+
 WORKERS = Path(__file__).resolve().parent / "py_workers"
 PY = "/usr/bin/python3"
+HAS_TORCH, WHY_NOT = python_has_torch(PY)
+needs_torch = pytest.mark.skipif(not HAS_TORCH, reason=WHY_NOT)
 
 
 def detached_straggler(ml, steps=80, delay="0.1"):
@@ -78,6 +82,45 @@ def test_top_and_show_name_the_rank_the_others_wait_for(ml):
     assert ended.returncode == 2, ended.stderr
     assert f"run {run_id} is not running (succeeded)" in ended.stderr
     assert f"mltrain show {run_id}" in ended.stderr
+
+
+@needs_torch
+def test_stock_ddp_without_the_hook_gets_a_straggler_estimated_from_cpu_time_and_the_note(ml):
+    # Stock DDP over gloo, no mltrain hook: no collective is timed. Rank 1 computes 0.1 s more a
+    # step, so ranks 0 and 2 sleep in DDP's allreduce while it works.
+    r = ml("run", "-d", "-n", "3", "--", PY, WORKERS / "ddp_straggler.py", timeout=60,
+           env={"SECS": "4", "BUSY": "0.1", "MLTRAIN_TELEMETRY_INTERVAL": "250ms"})
+    assert r.returncode == 0, r.stderr
+    run_id = r.stdout.strip()
+    deadline = time.monotonic() + 60  # torch takes its time to import on a busy machine
+    snap, text = None, ""
+    while time.monotonic() < deadline:
+        t = ml("top", "--once", "--json", run_id, timeout=60)
+        if t.returncode != 0:  # ended meanwhile: show has the rest
+            break
+        snap = json.loads(t.stdout)
+        if snap["straggler"] and snap["straggler"]["rank"] == 1:  # once training runs
+            text = ml("top", "--once", run_id, timeout=60).stdout
+            break
+        time.sleep(0.3)
+    assert snap and snap["straggler"] and snap["straggler"]["rank"] == 1, snap
+    assert snap["collectives_timed"] is False, snap
+    assert snap["straggler"]["estimated"] is True
+    assert "estimated from CPU time" in snap["straggler"]["why"], snap["straggler"]
+    # The screen says plainly that collectives are not timed and how to have them timed.
+    assert "collectives not timed: only mltrain's comm library and its DDP hook" in text, text
+    assert "(stock DDP: add the hook, docs/python.md)" in text, text
+    assert "not timed" in [ln for ln in text.splitlines() if ln.startswith("0 ")][0], text
+
+    rec = wait_ended(ml, run_id)
+    assert rec["status"] == "succeeded", rec
+    show = ml("show", run_id)
+    assert "collectives not timed: only mltrain's comm library" in show.stdout, show.stdout
+    assert "\nstraggler: rank 1: estimated from CPU time" in show.stdout, show.stdout
+    u = json.loads(ml("show", "--json", run_id).stdout)["utilization"]
+    assert u["collectives_timed"] is False
+    assert u["straggler"]["rank"] == 1 and u["straggler"]["estimated"] is True, u["straggler"]
+    assert [k["rank"] for k in u["ranks"] if k["straggler"]] == [1]
 
 
 def test_show_without_telemetry_prints_no_utilization(ml):

@@ -56,6 +56,58 @@ TEST_CASE("analysis: the straggler is named only when its peers clearly wait for
   CHECK_FALSE(straggler_of(S{0.9, 0.0, 0.05}));
 }
 
+TEST_CASE("analysis: without comm counters the straggler is estimated from CPU time, and says so") {
+  using S = std::vector<std::optional<double>>;
+  CHECK(cpu_straggler_of(S{3, 95, 2, 4}) == std::optional<size_t>(1));  // the others sleep in gloo
+  CHECK_FALSE(cpu_straggler_of(S{98, 100, 97}));                        // every rank computes
+  CHECK_FALSE(cpu_straggler_of(S{0.5, 4, 0.2}));                        // a quiet job: under 10%
+  CHECK_FALSE(cpu_straggler_of(S{70, 100, 75}));                        // others use over 60% of it
+  CHECK_FALSE(cpu_straggler_of(S{std::nullopt, 90}));                   // one rank known
+
+  auto bare = [](int32_t r, int32_t pid, uint32_t cpu_x100) {
+    RankSample s;
+    s.rank = r, s.pid = pid, s.state = 'S', s.cpu_percent_x100 = cpu_x100;
+    return s;
+  };
+  Board b;
+  b.add("h1", at(1000, 1 * kSec, {bare(0, 10, 200), bare(1, 11, 9000), bare(2, 12, 300)}));
+  b.add("h1", at(2000, 2 * kSec, {bare(0, 10, 300), bare(1, 11, 9500), bare(2, 12, 200)}));
+  Snapshot snap = b.snapshot();
+  CHECK_FALSE(snap.collectives_timed);
+  REQUIRE(snap.straggler == 1);
+  CHECK(snap.straggler_estimated);
+  CHECK(snap.straggler_why.find("rank 1: estimated from CPU time (collectives not timed)") == 0);
+  CHECK(snap.ranks[1].straggler);
+  // The interval before named another rank (a slower start): not yet.
+  Board moment;
+  moment.add("h1", at(1000, 1 * kSec, {bare(0, 10, 9000), bare(1, 11, 200), bare(2, 12, 300)}));
+  moment.add("h1", at(2000, 2 * kSec, {bare(0, 10, 300), bare(1, 11, 9500), bare(2, 12, 200)}));
+  CHECK_FALSE(moment.snapshot().straggler);
+
+  // The same ranks with counters: no estimate, however their CPU looks.
+  Board timed;
+  timed.add("h1", at(1000, 1 * kSec, {rank(0, 10, 0, 1), rank(1, 11, 0, 1)}));
+  timed.add("h1", at(2000, 2 * kSec, {rank(0, 10, 0, 2), rank(1, 11, 0, 2)}));
+  CHECK(timed.snapshot().collectives_timed);
+  CHECK_FALSE(timed.snapshot().straggler);
+
+  // A summary: named from the samples where a rank stood out, not from means that start-up (all
+  // ranks busy importing) would blur; fewer than three such samples name no one.
+  std::vector<std::pair<std::string, Sample>> run;
+  for (int i = 0; i < 6; ++i)  // start-up: all busy
+    run.push_back({"h1", at(1000 * i, uint64_t(i) * kSec, {bare(0, 10, 9000), bare(1, 11, 9500)})});
+  for (int i = 6; i < 9; ++i)  // training: rank 1 works, rank 0 waits asleep
+    run.push_back({"h1", at(1000 * i, uint64_t(i) * kSec, {bare(0, 10, 300), bare(1, 11, 9000)})});
+  Summary sum = summarize(run);
+  CHECK_FALSE(sum.collectives_timed);
+  REQUIRE(sum.straggler == 1);
+  CHECK(sum.straggler_estimated);
+  CHECK(sum.straggler_why.find("in 3 of 9 samples it used 90% of a CPU, the other ranks 3%") !=
+        std::string::npos);
+  run.pop_back();
+  CHECK_FALSE(summarize(run).straggler);
+}
+
 TEST_CASE("analysis: an open collective counts toward a rank's time inside collectives") {
   RankSample r = rank(0, 10, 2 * kSec, 5, /*entered=*/9 * kSec);
   CHECK(comm_time_ns(r, 10 * kSec) == 3 * kSec);

@@ -70,6 +70,36 @@ TEST_CASE("output: interleaved partial writes come out as whole prefixed lines")
   CHECK(fx.file(1) == "world\n");
 }
 
+TEST_CASE("output: stdout and stderr lines reach the console in the order they came") {
+  Fixture fx;
+  {
+    Output o(fx.ranks(1), false, fx.dir.string(), ConsoleOptions{}, fx.out[1], fx.err[1]);
+    CHECK_FALSE(o.one_stream());  // two pipes: the console's stdout and stderr are apart
+    o.data(0, 1, "a\n");
+    o.data(0, 2, "b\n");
+    o.data(0, 1, "c\n");
+    o.flush();
+  }
+  CHECK(fx.file(0) == "a\nb\nc\n");
+  // One pipe for both, read as it was written: the order across the two is the order of the calls.
+  int both[2];
+  REQUIRE(::pipe(both) == 0);
+  {
+    Output o(fx.ranks(1), false, fx.dir.string(), ConsoleOptions{}, both[1], both[1]);
+    CHECK(o.one_stream());
+    o.data(0, 2, "err 1\n");
+    o.data(0, 1, "out 1\n");
+    o.data(0, 2, "err 2\n");
+    o.flush();
+  }
+  ::close(both[1]);
+  CHECK(Fixture::drain(both[0]) == "[0] err 1\n[0] out 1\n[0] err 2\n");
+  ::close(both[0]);
+  ConsoleOptions quiet;
+  quiet.quiet = true;
+  CHECK(Output(fx.ranks(1), false, fx.dir.string(), quiet, fx.out[1], fx.err[1]).one_stream());
+}
+
 TEST_CASE("output: an unterminated last line is kept; the console ends it") {
   Fixture fx;
   {
@@ -169,6 +199,10 @@ TEST_CASE("output: escape_console and complete_utf8") {
   CHECK(escape_console("\x1b[1;31mred\x1b[0m") == "\x1b[1;31mred\x1b[0m");
   CHECK(escape_console("\x1b]0;t\x07") == "\\x1b]0;t\\x07");
   CHECK(escape_console("\xe2\x9c\x93 \xff \xe2\x9c") == "\xe2\x9c\x93 \\xff \\xe2\\x9c");
+  // Not a terminal: invalid UTF-8 passes, but never a C1 control, raw (0x9b) or encoded (U+009B).
+  CHECK(escape_console("caf\xe9 \xff\xfe \x9b \xc2\x9b \x1b]0;t\x07 \xe2\x9c", false) ==
+        "caf\xe9 \xff\xfe \\x9b \\u{009b} \\x1b]0;t\\x07 \xe2\\x9c");
+  CHECK(escape_console("\x1b[31mred\x1b[0m\t\xe2\x9c\x93", false) == "\x1b[31mred\x1b[0m\t\xe2\x9c\x93");
   CHECK(complete_utf8("ab\xe2\x9c") == 2);
   CHECK(complete_utf8("ab\xe2\x9c\x93") == 5);
   CHECK(complete_utf8("ab") == 2);

@@ -222,7 +222,8 @@ std::vector<std::string> one_of_each() {
 TEST_CASE("protocol: every message round-trips through its struct") {
   round_trip(msg::Hello{kMagic, kVersion, 5000, 10000}, 0);
   round_trip(msg::Spawn{"/w d", {"python3", "-c", "print(1)", ""}, {"A=1", "B=x=y"}, 1}, 3);
-  round_trip(msg::Spawn{"/", {"x"}, {}, 0, 0}, 4);  // python_path off
+  round_trip(msg::Spawn{"/", {"x"}, {}, 0, 0}, 4);     // python_path off
+  round_trip(msg::Spawn{"/", {"x"}, {}, 0, 1, 1}, 4);  // stdout and stderr one pipe
   round_trip(msg::Signal{2}, kAllRanks);
   round_trip(msg::Terminate{1500}, kAllRanks);
   round_trip(msg::Ping{0x0123456789abcdefULL}, 0);
