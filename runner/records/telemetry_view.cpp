@@ -455,9 +455,11 @@ std::string utilization_json(const telemetry::Summary& sum) {
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
-std::string status_line(const telemetry::Snapshot& snap, int alive, int ranks, int64_t elapsed_ms) {
-  std::string out =
-      std::to_string(alive) + "/" + std::to_string(ranks) + " ranks alive - " + duration(elapsed_ms);
+std::string status_line(const telemetry::Snapshot& snap, const std::vector<int>& alive, int ranks,
+                        int64_t elapsed_ms) {
+  std::string out = std::to_string(alive.size()) + "/" + std::to_string(ranks) + " ranks alive";
+  if (!alive.empty() && int(alive.size()) < ranks) out += " (" + text::int_ranges(alive, 24) + ")";
+  out += " - " + duration(elapsed_ms);
   double sum = 0;
   size_t n = 0;
   for (const auto& g : snap.gpus)

@@ -86,3 +86,26 @@ def test_doctor_names_a_missing_interpreter_with_host_path_and_hint(ml):
     r = ml("doctor", spec, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "(python3 in the ranks' PATH (the job's program is not a python))" in r.stdout, r.stdout
+
+
+# --- 14a. the timeout names the ranks still running --------------------------------------------
+
+def test_timeout_names_the_ranks_still_running_and_their_hosts(ml):
+    r = ml("run", "-n", "5", "--timeout", "1s", "--", "sleep", "30", timeout=60)
+    assert r.returncode == 124, r.stderr
+    assert "timeout of 1.0s; all 5 ranks (on localhost) still running: stopping them" in r.stderr, r.stderr
+    r = ml("run", "-H", "localhost:2,127.0.0.2:2", "--timeout", "2s", "--",
+           "sh", "-c", '[ "$RANK" = 1 ] && exit 0; sleep 30', timeout=60)
+    assert r.returncode == 124, r.stderr
+    assert ("the job ran past its timeout of 2.0s; ranks 0,2,3 (on localhost, 127.0.0.2) still running: "
+            "stopping them") in r.stderr, r.stderr
+
+
+# --- 14b. the status line says which ranks are alive -------------------------------------------
+
+def test_status_line_names_the_ranks_alive(ml):
+    cmd = 'case $RANK in 2|5) sleep 6;; *) sleep 0.2;; esac'
+    rc, out = run_on_pty(ml, ["run", "-n", "8", "--", "sh", "-c", cmd], env={"TERM": "xterm"}, timeout=30)
+    assert rc == 0, out[-2000:]
+    text = re.sub(rb"\x1b\[[0-9;?]*[A-Za-z]", b"", out).decode(errors="replace")
+    assert "2/8 ranks alive (2,5) - " in text, text[-3000:]
