@@ -78,6 +78,13 @@ void register_bench(CLI::App& app, Global& g, std::function<int()>& handler) {
                 "every host) beside ring allreduce of the same bytes")
       ->check(CLI::IsMember({"allreduce", "ps"}));
   c->add_option("--servers", f.servers, "--mode ps: server counts to measure (default 1,2,4,... up to all)");
+  // As `run` takes them (the same semantics); -e is --maxbytes here, as in nccl-tests.
+  c->add_option("--env", f.hosts.env,
+                "Set a variable for every rank (K=V; repeatable; -e is --maxbytes here)")
+      ->allow_extra_args(false);
+  c->add_option("-x", f.hosts.forward,
+                "Forward the launcher's value of K to every rank (-x K), or set it (-x K=V); repeatable")
+      ->allow_extra_args(false);
   c->add_flag("-c,--check", f.check, "Check every result against a reference (#wrong column)");
   c->add_flag("--json", f.json, "One JSON object per size instead of the table");
   c->footer(
@@ -85,10 +92,13 @@ void register_bench(CLI::App& app, Global& g, std::function<int()>& handler) {
       "--check\n"
       "  mltrain bench --hostfile hosts.txt --procs-per-host 2\n"
       "  mltrain bench -n 8 --backend nccl -b 1M -e 1G -f 4\n"
+      "  mltrain bench -n 4 -x NCCL_DEBUG=INFO --env MLTRAIN_COMM_ALGO=ring   (variables for the ranks)\n"
       "  mltrain bench ps-job.toml --mode ps -b 1M -e 64M -f 4   (push_pull through [ps] servers vs "
       "allreduce)\n"
-      "Columns: size, count, type, redop, time (us), algbw, busbw (GB/s), #wrong; allreduce busbw = "
-      "algbw*2(n-1)/n.");
+      "The header says which allreduce algorithm the job uses and why. Columns: size, count, type, redop,\n"
+      "time (us), algbw, busbw (GB/s), #wrong; allreduce busbw = algbw*2(n-1)/n. The table ends as\n"
+      "nccl-tests' does: '# Out of bounds values : 0 OK' (with --check), '# Avg bus bandwidth    : N.NNN'\n"
+      "(the mean busbw over the sizes).");
   c->callback([&] {
     handler = [&]() -> int {
       check_sizes(f.min_bytes, f.max_bytes.empty() ? (f.mode == "ps" ? "64M" : "256M") : f.max_bytes,

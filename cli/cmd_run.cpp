@@ -92,8 +92,11 @@ void register_doctor(CLI::App& app, Global& g, std::function<int()>& handler) {
   c->footer(
       "Examples:\n  mltrain doctor job.toml\n  mltrain doctor --hostfile hosts.txt --ssh-config "
       "./ssh_config\n"
-      "torch is checked with the interpreter the job runs (its python program, else python3 in the\n"
-      "ranks' PATH); the output names it. Exit code 0 when every host is ready, 255 when one is not.");
+      "torch is checked with the interpreter the job runs, found as a rank finds it: the spec's program\n"
+      "(a command's first word) when it is a python (.venv/bin/python from the workdir, python3.11 in the\n"
+      "ranks' PATH), else the python its #! line names (torchrun), else python3; the output names it. A\n"
+      "host without the job's interpreter fails (stage python). Exit code 0 when every host is ready, 255\n"
+      "when one is not.");
   c->callback([&] { handler = [&] { return do_doctor(f, g); }; });
 }
 

@@ -341,6 +341,42 @@ double bus_factor(BenchOp op, int n) {
   return 1.0;
 }
 
+// How the job's large allreduce works and why this one, in words: the benchmark's header.
+std::string allreduce_words(Algo got, const Options& asked, int n) {
+  const std::string ranks = std::to_string(n) + " ranks";
+  std::string how, why;
+  switch (got) {
+    case Algo::direct:
+      how = "each rank combines one slice of all the inputs, in one shared-memory segment";
+      why = "all ranks on one host";
+      break;
+    case Algo::hd:
+      how = "halving/doubling, pairwise exchanges at doubling distances";
+      why = "ranks on more than one host, " + ranks + " a power of two";
+      break;
+    case Algo::bidir:
+      how = "two rings in opposite directions, each link busy both ways";
+      why = "ranks on more than one host, " + ranks + " not a power of two";
+      break;
+    default:
+      how = "one ring, each rank passing a slice to the next";
+      why = n < 3 ? ranks + ": one ring is all it takes" : "the ranks could not share one segment";
+      break;
+  }
+  if (asked.algo == got)
+    why = "MLTRAIN_COMM_ALGO=" + std::string(name_of(got));
+  else if (asked.algo != Algo::automatic)
+    why = "MLTRAIN_COMM_ALGO=" + std::string(name_of(asked.algo)) + " does not apply: " +
+          (asked.algo == Algo::direct ? "it needs every rank on one host"
+           : n < 3                    ? "it needs 3 ranks or more"
+                                      : "it needs a power-of-two number of ranks");
+  char small[32];
+  std::snprintf(small, sizeof small, "%zuK", asked.small_bytes >> 10);
+  return "allreduce of messages over " +
+         std::string(asked.small_bytes % 1024 ? std::to_string(asked.small_bytes) : small) + ": " + how +
+         " (" + why + ")";
+}
+
 // --mode ps: push_pull of `size` bytes through s servers (for each s asked), beside ring allreduce
 // of the same bytes on the same ranks, in interleaved rounds. A push_pull of N bytes over s servers
 // is split in pieces of at most the job's partition size, piece i on server i % s, as the client's
@@ -525,8 +561,10 @@ int bench_main(int argc, char** argv) {
     const std::size_t es = size_of(a.dtype);
     const bool reduces = a.op == BenchOp::allreduce || a.op == BenchOp::reduce_scatter;
     if (r == 0 && !a.json) {
-      std::printf("# mltrain-comm-bench: %s, %d ranks, rank 0 on %s, large allreduce: %s\n",
-                  a.op_name.c_str(), n, comm->host().c_str(), name_of(comm->algo()).data());
+      std::printf("# mltrain-comm-bench: %s, %d ranks, rank 0 on %s\n", a.op_name.c_str(), n,
+                  comm->host().c_str());
+      if (a.op == BenchOp::allreduce && !a.device)
+        std::printf("# %s\n", allreduce_words(comm->algo(), Options::from_env(), n).c_str());
       std::printf("# %s; buffers in %s memory\n", nccl_status().c_str(), a.device ? "device" : "host");
       std::printf("# iters %d, warmup %d, %s\n", a.iters, a.warmup, a.inplace ? "in place" : "out of place");
       std::printf("#%12s %12s %6s %6s %11s %8s %8s %7s\n", "size", "count", "type", "redop", "time", "algbw",
@@ -547,6 +585,9 @@ int bench_main(int argc, char** argv) {
       }
     }
     Buffers b;
+    double busbw_sum = 0;  // nccl-tests' closing average, over the sizes
+    std::int64_t wrong_sum = 0;
+    int rows = 0;
     for (double size : sizes(a)) {
       std::size_t total = static_cast<std::size_t>(size) / es;
       if (a.op == BenchOp::allgather || a.op == BenchOp::reduce_scatter)
@@ -577,6 +618,7 @@ int bench_main(int argc, char** argv) {
       const double bytes = static_cast<double>(total * es);
       const double algbw = bytes / slowest / 1e3;  // bytes/us = MB/s; /1e3 -> GB/s
       const double busbw = algbw * bus_factor(a.op, n);
+      busbw_sum += busbw, wrong_sum += wrong, ++rows;
       if (r == 0) {
         const char* redop = reduces ? name_of(a.redop).data() : "none";
         if (a.json) {
@@ -602,6 +644,13 @@ int bench_main(int argc, char** argv) {
         std::fflush(stdout);
       }
       if (a.check && wrong != 0 && r == 0 && !a.json) std::printf("# WRONG results at size %.0f\n", bytes);
+    }
+    if (r == 0 && !a.json) {  // nccl-tests' closing lines, which scripts grep for
+      if (a.check)
+        std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(wrong_sum),
+                    wrong_sum == 0 ? "OK" : "FAILED");
+      std::printf("# Avg bus bandwidth    : %.3f\n#\n", rows ? busbw_sum / rows : 0.0);
+      std::fflush(stdout);
     }
     return 0;
   } catch (const Error& e) {

@@ -102,9 +102,11 @@ std::string effective_path(const std::string& requested, const char* agent_path)
   return agent_path ? agent_path : "/usr/bin:/bin";
 }
 
-std::vector<std::string> program_candidates(const std::string& argv0, const std::string& workdir,
+std::vector<std::string> program_candidates(const std::string& argv0, const std::string& folder,
                                             const std::string& path) {
   if (argv0.empty()) return {};
+  std::string workdir = folder;  // "proj/" joins as "proj/x", not "proj//x"
+  while (workdir.size() > 1 && workdir.back() == '/') workdir.pop_back();
   if (argv0.find('/') != std::string::npos)
     return {argv0[0] == '/' || workdir.empty() ? argv0 : workdir + "/" + argv0};
   std::vector<std::string> out;

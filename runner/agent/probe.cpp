@@ -1,6 +1,7 @@
 // What `mltrain doctor` learns about a host.
 #include <dlfcn.h>
 #include <gnu/libc-version.h>
+#include <sys/stat.h>
 #include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
@@ -40,6 +41,48 @@ std::string first_line(const std::string& cmd) {
   return out;
 }
 
+// The file a rank in `workdir` would run for `name` (a path, or a name in `path`), or "".
+std::string find_program(const std::string& name, const std::string& workdir, const std::string& path) {
+  auto fs = real_file_system();
+  for (const auto& candidate : program_candidates(name, workdir, path))
+    if (fs.is_executable_file(candidate)) return candidate;
+  return {};
+}
+
+// Why `name` is not found as find_program looks for it.
+std::string not_found(const std::string& name, const std::string& workdir, const std::string& path) {
+  if (name.find('/') == std::string::npos) return "not found in PATH (" + path + ")";
+  std::string file = program_candidates(name, workdir, path).at(0);
+  struct stat st {};
+  if (::stat(file.c_str(), &st) != 0)
+    return file + (::lstat(file.c_str(), &st) == 0 ? " is a link to nothing" : " does not exist");
+  return file + (S_ISREG(st.st_mode) ? " is not executable" : " is not a file");
+}
+
+// The interpreter a script's "#!" line names when it is a python ("#!/opt/venv/bin/python3",
+// "#!/usr/bin/env python3"), else "": for a job that runs torchrun or accelerate.
+std::string python_of_script(const std::string& file) {
+  FILE* f = std::fopen(file.c_str(), "rb");
+  if (!f) return {};
+  char buf[256] = {};
+  bool got = std::fgets(buf, sizeof buf, f) != nullptr;
+  std::fclose(f);
+  std::string line = got ? buf : "";
+  if (line.rfind("#!", 0) != 0) return {};
+  std::vector<std::string> words;
+  size_t i = 2;
+  while (i < line.size()) {
+    size_t j = line.find_first_of(" \t\r\n", i);
+    if (j == std::string::npos) j = line.size();
+    if (j > i) words.push_back(line.substr(i, j - i));
+    i = j + 1;
+  }
+  if (words.size() >= 2 && basename_of(words[0]) == "env") words.erase(words.begin());
+  while (!words.empty() && words[0].rfind('-', 0) == 0) words.erase(words.begin());  // env -S
+  if (words.empty() || basename_of(words[0]).rfind("python", 0) != 0) return {};
+  return words[0];
+}
+
 // `s` as one word for /bin/sh.
 std::string quote(const std::string& s) {
   std::string out = "'";
@@ -72,11 +115,25 @@ void Agent::on(uint32_t id, const msg::Probe& m) {
     facts.push_back("gpus_usable=" + std::to_string(visible_gpus(inv, visible).size()));
   }
   if (!inv.library.empty()) facts.push_back("nvml_library=" + inv.library);
-  // The interpreter the job would run: the spec's python program, else python3, looked up in the
-  // PATH the ranks get (as the agent's preflight does), not the agent's own.
+  // The interpreter the job would run, as its ranks would find it: its program when that is a
+  // python, or the python a script's #! line names, looked up from the ranks' folder in the PATH
+  // the ranks get (as the agent's preflight does), not the agent's own; else python3 in that PATH.
   std::string path = effective_path(m.path, ::getenv("PATH"));
-  std::string want = m.python.empty() ? std::string("python3") : m.python;
-  std::string python = python_for(want, path);
+  std::string workdir = expand_home(m.workdir);
+  std::string want = m.python, from = "the job's program", python;
+  if (want.empty() && !m.program.empty())
+    if (std::string script = find_program(expand_home(m.program), workdir, path); !script.empty())
+      if (want = python_of_script(script); !want.empty()) from = "the #! line of " + script;
+  if (!want.empty()) {
+    python = find_program(expand_home(want), workdir, path);
+    facts.push_back("python_from=" + from);
+    if (python.empty())
+      facts.push_back("python_missing=" + want + ": " + not_found(expand_home(want), workdir, path));
+  } else {
+    want = "python3";
+    python = python_for(want, path);
+    facts.push_back("python_from=python3 in the ranks' PATH (the job's program is not a python)");
+  }
   // NCCL and cudart where a rank of the job would find them (knobs/gpu_library.h), and which file.
   std::string nccl = "not found";
   knobs::LoadedLibrary found =
@@ -98,7 +155,9 @@ void Agent::on(uint32_t id, const msg::Probe& m) {
     facts.push_back("cudart_library=" + cudart.found_text());
     ::dlclose(cudart.handle);
   }
-  facts.push_back("python=" + (python.empty() ? want + " (not found in PATH " + path + ")" : python));
+  facts.push_back("python=" + (python.empty()
+                                   ? want + " (" + not_found(expand_home(want), workdir, path) + ")"
+                                   : python));
   std::string py = python.empty() ? std::string() : first_line(quote(python) + " --version");
   facts.push_back("python3=" + (py.rfind("Python ", 0) == 0 ? py.substr(7) : std::string("not found")));
   std::string torch = python.empty()

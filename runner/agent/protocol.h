@@ -322,25 +322,33 @@ struct Probe {  // doctor
   static constexpr Type kType = Type::probe;
   bool operator==(const Probe&) const = default;
   uint32_t port = 0;  // to test for being free; 0: none
-  // The interpreter the job runs: a python program the spec names (a path or a name looked up in
-  // `path`), or "" for python3; `path` is the ranks' PATH ("" = the agent's own).
+  // The interpreter the job runs: the job's program when it is a python (a path, relative to
+  // `workdir`, or a name looked up in `path`), or "" for python3; `path` is the ranks' PATH ("" =
+  // the agent's own).
   std::string python, path;
   // Where to look for GPUs, as in Prepare.
   std::string nvml_library;
   uint32_t has_cuda_visible_devices = 0;
   std::string cuda_visible_devices;
+  // The ranks' folder, and the job's program when it is not a python itself (torchrun): the agent
+  // follows its #! line to the interpreter.
+  std::string workdir, program;
   void put(Writer& w) const {
     w.u32(port)
         .str(python)
         .str(path)
         .str(nvml_library)
         .u32(has_cuda_visible_devices)
-        .str(cuda_visible_devices);
+        .str(cuda_visible_devices)
+        .str(workdir)
+        .str(program);
   }
   void get(Reader& r) {
     port = r.u32(), python = r.str(), path = r.str();
     if (r.left() == 0) return;
     nvml_library = r.str(), has_cuda_visible_devices = r.u32(), cuda_visible_devices = r.str();
+    if (r.left() == 0) return;
+    workdir = r.str(), program = r.str();
   }
 };
 
@@ -603,7 +611,8 @@ struct Probed {
   static constexpr Type kType = Type::probed;
   bool operator==(const Probed&) const = default;
   // "key=value": arch, kernel, glibc, gpus, gpu_source, gpu_driver, gpu_note, gpus_usable,
-  // cuda_visible_devices, nccl, python, python3, torch, time_ms, port_free
+  // cuda_visible_devices, nccl, python, python_from, python_missing, python3, torch, time_ms,
+  // port_free
   std::vector<std::string> facts;
   std::vector<Gpu> gpus;  // the host's GPUs
   void put(Writer& w) const {

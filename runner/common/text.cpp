@@ -1,6 +1,7 @@
 #include "runner/common/text.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -285,6 +286,90 @@ std::string excerpt(std::string_view s, size_t max) {
   }
   if (s.size() > max) out += "...";
   return out;
+}
+
+std::string int_ranges(std::vector<int> v, size_t columns) {
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  std::string out;
+  for (size_t i = 0; i < v.size();) {
+    size_t j = i;
+    while (j + 1 < v.size() && v[j + 1] == v[j] + 1) ++j;
+    out += (out.empty() ? "" : ",") + std::to_string(v[i]);
+    if (j > i) out += (j == i + 1 ? "," : "-") + std::to_string(v[j]);
+    i = j + 1;
+  }
+  if (columns == 0 || out.size() <= columns) return out;
+  size_t comma = out.rfind(',', columns >= 2 ? columns - 2 : 0);  // room for ",…"
+  return comma == std::string::npos ? "\u2026" : out.substr(0, comma) + ",\u2026";
+}
+
+std::string compact_names(const std::vector<std::string>& names) {
+  // A group: the same stem, and numbers of one width when zero-padded (gpu01..gpu16).
+  struct Group {
+    std::string stem;
+    size_t width = 0;  // 0: not zero-padded
+    std::vector<std::string> names;
+    std::vector<int> numbers;
+  };
+  std::vector<Group> groups;
+  std::vector<std::string> seen;
+  for (const auto& n : names) {
+    if (std::find(seen.begin(), seen.end(), n) != seen.end()) continue;
+    seen.push_back(n);
+    size_t d = n.size();
+    while (d > 0 && std::isdigit(static_cast<unsigned char>(n[d - 1]))) --d;
+    const size_t digits = n.size() - d;
+    Group key;
+    key.stem = n.substr(0, d);
+    if (digits == 0 || digits > 9 || d == 0)
+      key.stem = n, key.width = std::string::npos;  // no number
+    else if (n[d] == '0' && digits > 1)
+      key.width = digits;
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const Group& x) {
+      return x.width != std::string::npos && x.stem == key.stem &&
+             (x.width == key.width || (key.width == 0 && x.width == digits));  // gpu10 joins gpu01
+    });
+    if (g == groups.end()) g = groups.insert(groups.end(), key);
+    g->names.push_back(n);
+    if (g->width != std::string::npos) g->numbers.push_back(std::stoi(n.substr(d)));
+  }
+  std::vector<std::string> parts;
+  for (const auto& g : groups) {
+    if (g.names.size() < 3) {
+      parts.insert(parts.end(), g.names.begin(), g.names.end());
+      continue;
+    }
+    std::string ranges = int_ranges(g.numbers);
+    if (g.width > 0) {  // zero-padded: each number at the group's width
+      std::string padded, num;
+      auto pad = [&](const std::string& x) {
+        return std::string(g.width - std::min(g.width, x.size()), '0') + x;
+      };
+      for (char c : ranges + ",") {
+        if (std::isdigit(static_cast<unsigned char>(c))) {
+          num += c;
+          continue;
+        }
+        padded += pad(num) + c;
+        num.clear();
+      }
+      ranges = padded.substr(0, padded.size() - 1);
+    }
+    parts.push_back(g.stem + "[" + ranges + "]");
+  }
+  return join(parts, ", ");
+}
+
+std::string cut(std::string_view s, size_t columns) {
+  size_t cols = 0, i = 0, keep = 0;
+  for (; i < s.size(); ++i) {
+    if ((static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) continue;  // inside a character
+    if (cols + 1 == columns) keep = i;                                // where "…" would go
+    if (++cols > columns) break;
+  }
+  if (cols <= columns) return std::string(s);
+  return columns == 0 ? std::string() : std::string(s.substr(0, keep)) + "\u2026";
 }
 
 }  // namespace mltrain::text

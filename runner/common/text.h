@@ -41,6 +41,17 @@ std::optional<long long> parse_int_in(std::string_view s, long long lo, long lon
 // Parses "0,3,5-7" into rank numbers; nullopt when malformed.
 std::optional<std::vector<int>> parse_int_list(std::string_view s);
 
+// Whole numbers as ranges, ascending, each once: {6, 0, 1, 2, 3} -> "0-3,6" (rank lists in messages;
+// parse_int_list reads it back). With `columns`, at most that many: cut after a whole item, ",…".
+std::string int_ranges(std::vector<int> v, size_t columns = 0);
+
+// Host names, each once, in the order given; three or more that differ only in a trailing number
+// as one Slurm-style range, as -H takes it: {h1, h2, h3, h5, login} -> "h[1-3,5], login".
+std::string compact_names(const std::vector<std::string>& names);
+
+// `s` in at most `columns` terminal columns (a UTF-8 character is one), "…" last when cut.
+std::string cut(std::string_view s, size_t columns);
+
 // Quotes `s` for a POSIX shell, only when needed (for display in --dry-run output).
 std::string shell_quote(std::string_view s);
 

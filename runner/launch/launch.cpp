@@ -428,9 +428,12 @@ HostTransports& lasting_transports(const spec::JobSpec& s) {
 
 DoctorResult doctor(const JobRequest& req) {
   JobRequest r = req;
-  if (!r.command) r.command = std::vector<std::string>{"true"};  // doctor checks hosts, not a program
+  // Without a spec or a command doctor checks hosts alone; a spec's program names the interpreter.
+  if (!r.command && r.specs.empty()) r.command = std::vector<std::string>{"true"};
   spec::JobSpec s = resolve_spec(r);
   plan::Plan p = plan::make_plan(s, detail::plan_inputs(r, "doctor", "doctor", detail::Ports::placeholder));
+  // The ranks' folder as a run would give it: with [sync], the synced one (not listed here).
+  if (s.sync.enabled || s.sync.reuse) p.workdir = detail::synced_workdir(s, detail::sync_folders(s, r));
   DoctorResult d;
   d.exit_code =
       supervise::run_doctor(p, detail::supervise_defaults(), detail::lasting_transports(s).for_host(),

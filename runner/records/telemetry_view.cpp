@@ -107,6 +107,25 @@ class Screen {
     out_ += text + "\n";
     ++lines_;
   }
+  // A line that must not lose its end: wrapped at spaces to the width, up to `max_lines` (the
+  // last cut with "…"), continuation lines indented; one line when the width is unlimited.
+  void wrapped(const std::string& text, int max_lines = 3) {
+    if (s_.width <= 8) return line(text);
+    std::string rest = text;
+    for (int n = 1;; ++n) {
+      const std::string head = n == 1 ? "" : "  ";
+      const size_t room = size_t(s_.width) - head.size();
+      if (rest.size() <= room || n == max_lines) return line(head + text::cut(rest, room));
+      size_t space = rest.rfind(' ', room);  // rest[0, space) fits
+      if (space == std::string::npos || space == 0) {
+        line(head + rest.substr(0, room));
+        rest.erase(0, room);
+      } else {
+        line(head + rest.substr(0, space));
+        rest.erase(0, space + 1);
+      }
+    }
+  }
   std::string take() { return std::move(out_); }
   int lines() const { return lines_; }
 
@@ -208,10 +227,18 @@ std::string render_top(const telemetry::Snapshot& snap, const TopScreen& screen)
   if (all || screen.view == TopView::gpus) {
     sc.line("");
     if (snap.gpus.empty()) {
-      std::string t = "no GPUs";
-      for (const auto& h : snap.hosts)
-        if (!h.gpu_note.empty()) t += " (" + h.host + ": " + text::host_text(h.gpu_note) + ")";
-      sc.line(t.size() > 200 ? t.substr(0, 200) : t);
+      // One line per distinct reason, its hosts named once: hosts usually share the reason.
+      std::vector<std::pair<std::string, std::vector<std::string>>> notes;
+      for (const auto& h : snap.hosts) {
+        if (h.gpu_note.empty()) continue;
+        std::string note = text::host_text(h.gpu_note, 300);
+        auto it = std::find_if(notes.begin(), notes.end(), [&](const auto& n) { return n.first == note; });
+        if (it == notes.end()) it = notes.insert(notes.end(), {note, {}});
+        it->second.push_back(h.host);
+      }
+      if (notes.empty()) sc.line("no GPUs");
+      for (const auto& [note, hosts] : notes)
+        sc.wrapped("no GPUs (" + text::cut(text::compact_names(hosts), 60) + ": " + note + ")");
     } else {
       std::vector<const GpuRow*> rows;
       for (const auto& g : snap.gpus) rows.push_back(&g);
@@ -472,9 +499,11 @@ std::string utilization_json(const telemetry::Summary& sum) {
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
-std::string status_line(const telemetry::Snapshot& snap, int alive, int ranks, int64_t elapsed_ms) {
-  std::string out =
-      std::to_string(alive) + "/" + std::to_string(ranks) + " ranks alive - " + duration(elapsed_ms);
+std::string status_line(const telemetry::Snapshot& snap, const std::vector<int>& alive, int ranks,
+                        int64_t elapsed_ms) {
+  std::string out = std::to_string(alive.size()) + "/" + std::to_string(ranks) + " ranks alive";
+  if (!alive.empty() && int(alive.size()) < ranks) out += " (" + text::int_ranges(alive, 24) + ")";
+  out += " - " + duration(elapsed_ms);
   double sum = 0;
   size_t n = 0;
   for (const auto& g : snap.gpus)

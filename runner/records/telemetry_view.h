@@ -39,8 +39,10 @@ std::string format_utilization(const telemetry::Summary& sum);
 // The same as a JSON object's text.
 std::string utilization_json(const telemetry::Summary& sum);
 
-// The run's status line: "4/4 ranks · 3m12s · GPU 87% · straggler rank 3" (no newline).
-std::string status_line(const telemetry::Snapshot& snap, int alive, int ranks, int64_t elapsed_ms);
+// The run's status line: "4/4 ranks alive - 3m12s - GPU 87% - straggler: rank 3" (no newline); with
+// some ranks ended, the ones alive: "1/8 ranks alive (5) - ...", their list cut at 24 columns.
+std::string status_line(const telemetry::Snapshot& snap, const std::vector<int>& alive, int ranks,
+                        int64_t elapsed_ms);
 
 // 1536 -> "1.5K", 3 GiB -> "3.0G": powers of 1024, one decimal under 100.
 std::string human_bytes(uint64_t v);

@@ -1,5 +1,6 @@
 #include "runner/supervise/doctor.h"
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +26,68 @@ std::string stage_of(const std::string& msg) {
   if (msg.find("authentication") != std::string::npos) return "auth";
   if (msg.find("cannot connect") != std::string::npos) return "connect";
   return "agent";
+}
+
+// The program a shell command line runs first, as the shell would find its name: past variable
+// assignments and `exec`/`env`/`command`, quotes removed; "" when it depends on the shell's
+// expansions ($VAR, globs) or there is none.
+std::string first_program(const std::string& line) {
+  size_t i = 0;
+  bool after_env = false;
+  while (i < line.size()) {
+    while (i < line.size() && (line[i] == ' ' || line[i] == '\t')) ++i;
+    std::string word;
+    bool quoted = false, assignment = false;
+    for (; i < line.size(); ++i) {
+      char c = line[i];
+      if (c == ' ' || c == '\t' || c == '\n' || c == ';' || c == '&' || c == '|' || c == '<' || c == '>' ||
+          c == '(' || c == ')')
+        break;
+      if (c == '$' || c == '`' || c == '*' || c == '?' || c == '[') return {};
+      if (c == '\\' && i + 1 < line.size()) {
+        word += line[++i];
+        quoted = true;
+      } else if (c == '\'' || c == '"') {
+        size_t end = line.find(c, i + 1);
+        if (end == std::string::npos) return {};
+        std::string inside = line.substr(i + 1, end - i - 1);
+        if (c == '"' && inside.find_first_of("$`\\") != std::string::npos) return {};
+        word += inside;
+        quoted = true;
+        i = end;
+      } else {
+        if (c == '=' && !quoted && !word.empty() &&
+            word.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_") ==
+                std::string::npos &&
+            !std::isdigit(static_cast<unsigned char>(word[0])))
+          assignment = true;
+        word += c;
+      }
+    }
+    if (word.empty()) return {};
+    if (assignment) continue;
+    if (!quoted && (word == "exec" || word == "command" || word == "env")) {
+      after_env = word == "env";
+      continue;
+    }
+    if (after_env && !quoted && word[0] == '-') continue;  // env -u NAME is beyond this; -i is not
+    return word;
+  }
+  return {};
+}
+
+// What doctor should do about a missing interpreter, by how the job names it.
+std::string python_hint(const std::string& want, const std::string& workdir) {
+  if (want.find('/') == std::string::npos)
+    return "install it on the host, or set PATH in [run] env to the folder that holds it";
+  if (want[0] == '/' || want[0] == '~')
+    return "install it there, or point the job at an interpreter the host has";
+  size_t bin = want.find("/bin/");
+  return "a relative path is looked up from the ranks' workdir (" + workdir + "): create it there" +
+         (bin == std::string::npos
+              ? std::string()
+              : " (for example in [setup]: python3 -m venv " + want.substr(0, bin) + ")") +
+         ", or give an absolute path";
 }
 
 std::string fact(const HostReport& r, const char* k) {
@@ -54,21 +117,29 @@ void Gang::on_probe_pong(size_t i) {
   if (h.state != HostState::preparing || h.probing.probe_sent_wall_ms != 0) return;
   h.probing.rtt_ms = std::chrono::duration<double, std::milli>(clock_.now() - h.probing.ping_sent).count();
   h.probing.probe_sent_wall_ms = wall_ms();
-  // torch is checked with the interpreter the job runs: its program when that is a python, else
-  // python3, each looked up in the PATH the ranks get.
+  // torch is checked with the interpreter the job runs: its program (a command line's first one)
+  // when that is a python, else the python its #! line names, else python3, each found from the
+  // ranks' folder in the PATH the ranks get. A PS server host runs no program.
   msg::Probe probe;
   probe.port = uint32_t(i == 0 ? doctor_port_ : 0);
-  if (!plan_.argv.empty()) {
-    const std::string& prog = plan_.argv[0];
+  std::string prog = job_program();
+  if (!plan_.hosts[i].ranks.empty() && !prog.empty()) {
     std::string base = prog.substr(prog.rfind('/') + 1);
-    if (base.rfind("python", 0) == 0) probe.python = prog;
+    (base.rfind("python", 0) == 0 ? probe.python : probe.program) = prog;
   }
+  probe.workdir = plan_.workdir;
   for (const auto& [k, v] : plan_.ranks[0].env)
     if (k == "PATH") probe.path = v;
   probe.nvml_library = plan_.nvml_library;
   probe.has_cuda_visible_devices = plan_.user_cuda_visible_devices ? 1 : 0;
   probe.cuda_visible_devices = plan_.user_cuda_visible_devices.value_or("");
   send_to(h, probe);
+}
+
+std::string Gang::job_program() const {
+  const auto& argv = plan_.argv;
+  if (argv.size() >= 3 && argv[0] == "/bin/sh" && argv[1] == "-c") return first_program(argv[2]);
+  return argv.empty() ? std::string() : argv[0];
 }
 
 void Gang::on(size_t i, uint32_t, msg::Probed& m) {
@@ -104,6 +175,13 @@ std::vector<HostReport> Gang::doctor_reports() const {
     r.rtt_ms = h.probing.rtt_ms;
     r.gpus = h.probed->gpus;
     r.ok = true;
+    if (auto missing = r.facts.find("python_missing"); missing != r.facts.end()) {
+      // The job's own interpreter: its ranks could not start here.
+      std::string want = missing->second.substr(0, missing->second.find(": "));  // "WANT: why"
+      r.ok = false;
+      r.stage = "python";
+      r.problem = "the job's interpreter " + missing->second + "; hint: " + python_hint(want, plan_.workdir);
+    }
     if (r.facts.count("port_free") && r.facts["port_free"] == "no") {
       r.ok = false;
       r.stage = "port";
@@ -170,12 +248,13 @@ std::string format_doctor(const std::vector<HostReport>& reports, bool json) {
   std::string out;
   char line[512];
   std::snprintf(line, sizeof line, "%-16s %-6s %-8s %-7s %-5s %-8s %-8s %-9s %-13s %-7s %s\n", "HOST",
-                "STATUS", "ARCH", "GLIBC", "GPUS", "NCCL", "PYTHON3", "TORCH", "CLOCK OFFSET", "PORT",
+                "STATUS", "ARCH", "GLIBC", "GPUS", "NCCL", "PYTHON", "TORCH", "CLOCK OFFSET", "PORT",
                 "PROBLEM");
   out += line;
   for (const auto& r : reports) {
     char clock[32] = "-";
-    if (r.ok || r.stage == "port") std::snprintf(clock, sizeof clock, "%+.0fms", r.clock_offset_ms);
+    if (r.ok || r.stage == "port" || r.stage == "python")
+      std::snprintf(clock, sizeof clock, "%+.0fms", r.clock_offset_ms);
     std::snprintf(line, sizeof line, "%-16s %-6s %-8s %-7s %-5s %-8s %-8s %-9s %-13s %-7s %s\n",
                   r.host.c_str(), r.ok ? "ok" : "FAIL", fact(r, "arch").c_str(), fact(r, "glibc").c_str(),
                   fact(r, "gpus").c_str(), fact(r, "nccl").c_str(), fact(r, "python3").c_str(),
@@ -185,8 +264,9 @@ std::string format_doctor(const std::vector<HostReport>& reports, bool json) {
     out += line;
   }
   for (const auto& r : reports)
-    if (r.facts.count("python"))
-      out += r.host + ": python3 and torch checked with " + r.facts.at("python") + "\n";
+    if (r.facts.count("python") && !r.facts.count("python_missing"))  // missing: the problem says it
+      out += r.host + ": python and torch checked with " + r.facts.at("python") +
+             (r.facts.count("python_from") ? " (" + r.facts.at("python_from") + ")" : std::string()) + "\n";
   // Which file each GPU library is, and which step of the search found it (knobs/gpu_library.h).
   for (const auto& r : reports)
     for (const auto& [key, label] : {std::pair<const char*, const char*>{"nccl_library", "NCCL"},

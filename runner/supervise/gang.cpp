@@ -275,8 +275,9 @@ void Gang::on_timers(Clock::time_point now) {
         ending_ = Ending::timeout;
         out_->flush();
         out_->before_message();
-        std::fprintf(stderr, "mltrain: the job ran past its timeout of %s; stopping every rank\n",
-                     text::format_duration(opts_.timeout).c_str());
+        std::fprintf(stderr, "mltrain: the job ran past its timeout of %s; %s still running: stopping %s\n",
+                     text::format_duration(opts_.timeout).c_str(), running_ranks_text().c_str(),
+                     ranks_running() == 1 ? "it" : "them");
         terminate_all(opts_.grace);
       }
       if (escalate_at_ && now >= *escalate_at_) terminate_all(opts_.grace);
@@ -561,7 +562,7 @@ void Gang::on(size_t i, uint32_t, msg::Telemetry& m) {
   }
 }
 
-// "3/4 ranks alive - 3m12s - GPU 87% - straggler: rank 3", once a second while ranks run.
+// "3/4 ranks alive (0-1,3) - 3m12s - GPU 87% - straggler: rank 3", once a second while ranks run.
 void Gang::update_status(Clock::time_point now) {
   // Only where colour is on: --color never and NO_COLOR ask for a terminal without escape codes.
   if (!out_ || !out_->terminal() || !opts_.console.color) return;
@@ -575,7 +576,7 @@ void Gang::update_status(Clock::time_point now) {
   auto elapsed = std::chrono::duration_cast<milliseconds>(now - job_start_).count();
   if (elapsed < 1000) return;  // a job over in a second needs no status line
   out_->set_status(
-      records::status_line(board_.snapshot(), ranks_running(), int(ranks_.size()), int64_t(elapsed)));
+      records::status_line(board_.snapshot(), running_ranks(), int(ranks_.size()), int64_t(elapsed)));
 }
 
 void Gang::spawn_all() {
@@ -646,6 +647,25 @@ void Gang::fail_first(int rank, const std::string& host, int code, int sig, cons
 
 int Gang::ranks_running() const {
   return int(std::count_if(ranks_.begin(), ranks_.end(), [](const RankState& r) { return !r.exited; }));
+}
+
+std::vector<int> Gang::running_ranks() const {
+  std::vector<int> out;
+  for (size_t r = 0; r < ranks_.size(); ++r)
+    if (!ranks_[r].exited) out.push_back(int(r));
+  return out;
+}
+
+std::string Gang::running_ranks_text() const {
+  std::vector<int> running = running_ranks();
+  std::vector<std::string> hosts;
+  for (int r : running)
+    if (size_t(r) < plan_.ranks.size())
+      hosts.push_back(plan_.hosts[size_t(plan_.ranks[size_t(r)].host)].host.name);
+  std::string where = " (on " + text::cut(text::compact_names(hosts), 60) + ")";
+  if (running.size() == ranks_.size() && running.size() > 1)
+    return "all " + std::to_string(running.size()) + " ranks" + where;
+  return (running.size() == 1 ? "rank " : "ranks ") + text::int_ranges(running, 60) + where;
 }
 
 void Gang::host_lost(size_t i, const std::string& why) {

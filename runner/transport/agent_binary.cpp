@@ -4,6 +4,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -69,8 +70,10 @@ std::string local_agent_path() {
     if (std::string m = memfd_agent(); !m.empty()) return m;
   if (::access(path.c_str(), X_OK) == 0) return path;
 
-  // Write to a private name, then rename: concurrent launchers never see a half-written agent.
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  // Write to a private name, then rename: concurrent launchers never see a half-written agent. The
+  // name is private to the thread too: two local hosts of one job connect at once.
+  static std::atomic<unsigned> installs{0};
+  std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(installs++);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0755);
   if (fd < 0)
     throw Error("cannot write the agent to " + tmp + ": " + std::strerror(errno),

@@ -486,8 +486,9 @@ def test_bench_check_no_wrong_results(mh, cluster):
     wrong = cols.index("#wrong")
     assert all(len(r) == len(cols) and r[wrong] == "0" for r in rows), p.stdout
     assert "4 ranks" in p.stdout
-    # Across hosts on a power-of-two world the large allreduce is halving/doubling.
-    assert "large allreduce: hd" in p.stdout, p.stdout
+    # Across hosts on a power-of-two world the large allreduce is halving/doubling, said in words.
+    assert ("# allreduce of messages over 64K: halving/doubling, pairwise exchanges at doubling distances "
+            "(ranks on more than one host, 4 ranks a power of two)") in p.stdout, p.stdout
 
 
 def test_ssh_config_accept_new_is_honoured(mh, cluster):

@@ -142,8 +142,14 @@ const msg::Prepare kPrepare{"10.0.0.1",
                             "0.9",
                             "0",
                             "25%"};
-const msg::Probe kProbe{29500, "/opt/venv/bin/python", "/opt/venv/bin:/usr/bin", "/opt/libnvidia-ml.so.1", 1,
-                        ""};
+const msg::Probe kProbe{29500,
+                        "/opt/venv/bin/python",
+                        "/opt/venv/bin:/usr/bin",
+                        "/opt/libnvidia-ml.so.1",
+                        1,
+                        "",
+                        "/home/u/proj",
+                        "torchrun"};
 const msg::Prepared kPrepared{
     "eth0", "10.0.0.2", {"29500", "29501"}, {"program x not found"}, 1, {kH100, {}}, {3, 0}, "nvml", "",
     1,      "3,0",      {40001, 40002}};
@@ -297,6 +303,12 @@ TEST_CASE("protocol: messages from a peer without the GPU fields decode with the
   auto r = decode(std::move(probed), error);
   REQUIRE_MESSAGE(r, error);
   CHECK(std::get<msg::Probed>(*r).facts == std::vector<std::string>{"gpus=0"});
+  Frame probe{Type::probe, 0, 0,
+              Writer().u32(0).str("python3.11").str("").str("").u32(0).str("").take()};  // before workdir
+  auto o = decode(std::move(probe), error);
+  REQUIRE_MESSAGE(o, error);
+  CHECK(std::get<msg::Probe>(*o).python == "python3.11");
+  CHECK(std::get<msg::Probe>(*o).workdir.empty());
   // A GPU count larger than the payload could hold is a malformed frame, not a huge allocation.
   Frame lying{Type::probed, 0, 0, Writer().strings({}).u32(0x7fffffff).take()};
   CHECK_FALSE(decode(std::move(lying), error));

@@ -378,7 +378,13 @@ TEST_CASE("records: top's screen and JSON, show's utilization, the status line")
   CHECK(records::format_utilization(telemetry::Summary{}).empty());
   CHECK(records::utilization_json(sum).find("\"straggler\":{\"rank\":1,") != std::string::npos);
 
-  CHECK(records::status_line(snap, 2, 2, 75'000) == "2/2 ranks alive - 1m15s - GPU 41% - straggler: rank 1");
+  CHECK(records::status_line(snap, {0, 1}, 2, 75'000) ==
+        "2/2 ranks alive - 1m15s - GPU 41% - straggler: rank 1");
+  CHECK(records::status_line(snap, {5}, 8, 75'000).rfind("1/8 ranks alive (5) - 1m15s", 0) == 0);
+  std::vector<int> every_other;
+  for (int r = 0; r < 200; r += 2) every_other.push_back(r);
+  std::string many = records::status_line(snap, every_other, 200, 75'000);
+  CHECK(many.rfind("100/200 ranks alive (0,2,4,6,8,10,12,14,16,\u2026) - 1m15s", 0) == 0);
   CHECK(records::human_bytes(1536) == "1.5K");
   CHECK(records::human_bytes(3ull << 30) == "3.0G");
   CHECK(records::human_bytes(512) == "512B");

@@ -56,6 +56,25 @@ TEST_CASE("text: rank lists") {
   }
 }
 
+TEST_CASE("text: rank ranges, compact host names, cut to a width") {
+  CHECK(int_ranges({6, 0, 1, 2, 3}) == "0-3,6");
+  CHECK(int_ranges({2, 5}) == "2,5");
+  CHECK(int_ranges({4, 5, 5}) == "4,5");
+  CHECK(int_ranges({}).empty());
+  CHECK(int_ranges({0, 2, 4, 6, 8, 10, 12}, 10) == "0,2,4,6,\u2026");
+  CHECK(int_ranges({0, 2, 4}, 10) == "0,2,4");
+  CHECK(parse_int_list(int_ranges({9, 1, 2, 3, 7})) == std::vector<int>{1, 2, 3, 7, 9});
+  CHECK(compact_names({"h1", "h3"}) == "h1, h3");
+  CHECK(compact_names({"h1", "h2", "h3", "h5", "login", "h2"}) == "h[1-3,5], login");
+  CHECK(compact_names({"gpu01", "gpu02", "gpu03", "gpu10"}) == "gpu[01-03,10]");
+  CHECK(compact_names({"localhost", "127.0.0.2", "127.0.0.3"}) == "localhost, 127.0.0.2, 127.0.0.3");
+  CHECK(compact_names({"10.0.0.1", "10.0.0.2", "10.0.0.3"}) == "10.0.0.[1-3]");
+  CHECK(cut("abcde", 5) == "abcde");
+  CHECK(cut("abcdefg", 5) == "abcd\u2026");
+  CHECK(cut("h\u00e9llo world", 4) == "h\u00e9l\u2026");
+  CHECK(cut("ab", 0).empty());
+}
+
 TEST_CASE("text: shell quoting for display") {
   CHECK(shell_quote("plain-word_1.txt") == "plain-word_1.txt");
   CHECK(shell_quote("a b") == "'a b'");

@@ -51,6 +51,8 @@ std::string nccl_library_for(const std::string& job_value);
 // The interpreter a job would run: `want` ("" = python3) as the ranks' PATH finds it; "" if none.
 // Its wheels' nvidia/*/lib folders are where NCCL and cudart are looked for last.
 std::string python_for(const std::string& want, const std::string& path);
+// "/opt/venv/bin/python3" -> "python3".
+std::string basename_of(const std::string& p);
 std::optional<std::string> cuda_visible_devices_for(uint32_t job_sets_it, const std::string& job_value);
 
 // A rank's comm counter block name (telemetry.cpp): /mltrain-<run>-stats-<rank>-<16 random hex>.

@@ -277,10 +277,15 @@ class Gang {
   void all_ranks_ended();
   void update_status(Clock::time_point now);  // the console's status line (a terminal only)
   int ranks_running() const;
+  std::vector<int> running_ranks() const;
+  // "ranks 0,2-3 (on h1, h3)", "all 4 ranks (on h[1-4])": those still running, for messages.
+  std::string running_ranks_text() const;
 
   // Doctor (doctor.cpp).
   void send_probes();
   void on_probe_pong(size_t i);
+  // doctor: the program the ranks run first (a command line's first word), "" when unknown.
+  std::string job_program() const;
   std::vector<HostReport> doctor_reports() const;
 
   // Top on hosts (watch.cpp).
