@@ -131,6 +131,7 @@ def test_show_without_telemetry_prints_no_utilization(ml):
     assert json.loads(ml("show", "--json", "latest").stdout)["utilization"] is None
 
 
+@pytest.mark.alone  # it finds every mltrain rank on the machine: those of tests beside it too
 def test_top_watches_this_host_when_no_run_is_running(ml):
     r = ml("top", "--once", "--json", "-i", "300ms", timeout=60)
     assert r.returncode == 0, r.stderr
