@@ -1,6 +1,7 @@
 // launch::run: the run record, the git commit, detaching (after preflight), the transports, then
 // the supervisor.
 #include <fcntl.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -189,6 +190,19 @@ void await_background_start(int report_fd, pid_t child, const JobRequest& req, R
 
 namespace detail {
 
+// The hosts' folder for a project: named after the folder, keyed by who syncs it from where
+// (user@machine:path), so two projects never share one, whatever their job names or programs.
+std::string project_work_dir(const std::string& src) {
+  std::string user = std::to_string(::geteuid());
+  if (const passwd* pw = ::getpwuid(::geteuid())) user = pw->pw_name;
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) host[0] = 0;
+  std::string base = std::filesystem::path(src).filename().string();
+  base = spec::derived_name(base.empty() ? "root" : base);
+  if (base.size() > 40) base.resize(40);
+  return "~/.cache/mltrain/work/" + base + "-" + sync::hash_hex(user + '@' + host + ':' + src).substr(0, 8);
+}
+
 SyncPlan sync_folders(const spec::JobSpec& s, const JobRequest& req) {
   namespace fs = std::filesystem;
   SyncPlan sp;
@@ -198,7 +212,7 @@ SyncPlan sync_folders(const spec::JobSpec& s, const JobRequest& req) {
                                : cwd;
   sp.src = fs::absolute(sp.src).lexically_normal().string();
   while (sp.src.size() > 1 && sp.src.back() == '/') sp.src.pop_back();
-  sp.remote = s.sync.remote_dir.empty() ? spec::default_remote_dir(s.name) : s.sync.remote_dir;
+  sp.remote = s.sync.remote_dir.empty() ? project_work_dir(sp.src) : s.sync.remote_dir;
   return sp;
 }
 

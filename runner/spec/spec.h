@@ -91,7 +91,7 @@ struct SyncSection {
   bool enabled = false;              // [sync] present (unless enabled = false), or --sync
   bool reuse = false;                // --no-sync over a [sync]: ranks run in the folder synced last
   std::string src;                   // the local folder; "": the spec's folder (or the current one)
-  std::string remote_dir;            // on the hosts; "": ~/.cache/mltrain/work/<name>
+  std::string remote_dir;            // on the hosts; "": ~/.cache/mltrain/work/<folder>-<key>
   std::vector<std::string> exclude;  // patterns, as in .gitignore
   struct File {
     std::string src, dst, origin;  // src resolved from the spec's folder; dst relative to remote_dir
@@ -149,9 +149,6 @@ struct JobSpec {
 // A valid job name made from a file's stem or a command's program (what the user did not choose
 // as a name): each run of other characters becomes one '-'; "job" when nothing is left.
 std::string derived_name(const std::string& from);
-
-// The folder the hosts get for `s.name` when [sync] names none.
-std::string default_remote_dir(const std::string& name);
 
 // Loads a job spec file, merging it over its profile (see docs/spec.md, "Profiles").
 // Throws mltrain::Error (exit code 2) with "file:line:col: message" on any problem.

@@ -929,8 +929,6 @@ std::string derived_name(const std::string& from) {
   return out.empty() ? "job" : out;
 }
 
-std::string default_remote_dir(const std::string& name) { return "~/.cache/mltrain/work/" + name; }
-
 const std::vector<std::string>& prefix_placeholders() {
   static const std::vector<std::string> kNames = {"rank", "host", "local_rank", "node"};
   return kNames;
@@ -1115,7 +1113,7 @@ std::string to_toml(const JobSpec& s) {
   if (s.sync.enabled) {
     toml::table sync;
     if (!s.sync.src.empty()) sync.insert("src", s.sync.src);
-    sync.insert("remote_dir", s.sync.remote_dir.empty() ? default_remote_dir(s.name) : s.sync.remote_dir);
+    if (!s.sync.remote_dir.empty()) sync.insert("remote_dir", s.sync.remote_dir);
     toml::array ex, pull, files;
     for (const auto& e : s.sync.exclude) ex.push_back(e);
     for (const auto& e : s.sync.pull) pull.push_back(e);

@@ -262,11 +262,11 @@ class Mltrain:
             pytest.fail(f"mltrain {' '.join(map(str, args))} did not finish within {timeout}s; "
                         f"stdout={e.stdout!r:.2000} stderr={e.stderr!r:.2000}")
 
-    def popen(self, *args, env=None, unset=(), **kw):
+    def popen(self, *args, env=None, unset=(), cwd=None, **kw):
         kw.setdefault("stdout", subprocess.PIPE)
         kw.setdefault("stderr", subprocess.PIPE)
         p = subprocess.Popen([self.bin, *map(str, args)], env=self._env(env, unset),
-                             cwd=str(self.dir), **kw)
+                             cwd=str(cwd or self.dir), **kw)
         self.procs.append(p)
         return p
 
@@ -321,6 +321,14 @@ def communicate(p: subprocess.Popen, timeout: float):
     if isinstance(out, bytes):
         out, err = out.decode(errors="replace"), err.decode(errors="replace")
     return out, err
+
+
+def work_dir(home: Path, project: str) -> Path:
+    """The folder a sync of the project folder named `project` made under `home` (the default
+    ~/.cache/mltrain/work/<project>-<8 hex of its key>); a path that does not exist when none."""
+    found = sorted((Path(home) / ".cache" / "mltrain" / "work").glob(project + "-" + "[0-9a-f]" * 8))
+    assert len(found) <= 1, f"two synced folders for {project}: {found}"
+    return found[0] if found else Path(home) / ".cache" / "mltrain" / "work" / (project + "-none")
 
 
 def wait_for(pred, timeout: float, what: str, step: float = 0.05):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import communicate
+from conftest import communicate, work_dir
 
 
 def project(ml, name="adv", remote=None, command="true"):
@@ -104,7 +104,7 @@ def test_the_synced_folder_and_its_secrets_are_private_to_the_user(ml):
     (p / "job.toml").write_text((p / "job.toml").read_text() + '[run.env]\nWANDB_API_KEY = "wk-123456"\n')
     r = run(ml, p, env={"HOME": str(home)})
     assert r.returncode == 0, r.stderr
-    folder = home / ".cache" / "mltrain" / "work" / "secretjob"
+    folder = work_dir(home, "secretjob")
     assert (folder / "job.toml").exists()
     assert folder.stat().st_mode & 0o077 == 0, oct(folder.stat().st_mode)
     peek = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "cat",
@@ -156,5 +156,5 @@ def test_20_first_syncs_on_3_hosts_sharing_a_home_all_succeed(mh, cluster):  # n
         r = mh.run(p / "job.toml", "-H", "h1,h2,h3", timeout=120)
         assert r.returncode == 0, f"sync {k}: {r.stderr}"
         assert r.stdout.count(f"V = {k}.7") == 3, r.stdout
-        folder = Path(pwd.getpwnam("mltest").pw_dir) / ".cache" / "mltrain" / "work" / f"first{k}"
+        folder = work_dir(pwd.getpwnam("mltest").pw_dir, f"first{k}")
         assert (folder / "src" / "m29.py").read_text() == f"V = {k}.29\n" * 200

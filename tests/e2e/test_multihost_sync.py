@@ -9,7 +9,7 @@ import stat
 import time
 from pathlib import Path
 
-from conftest import communicate, wait_for
+from conftest import communicate, wait_for, work_dir
 from multihost_fixtures import mh, module_cluster, shared_root  # noqa: F401 (fixtures)
 
 # `mh` takes this module's cluster: hosts with homes of their own.
@@ -38,7 +38,7 @@ def project(root: Path, name: str, command: str, extra: str = "") -> Path:
 
 
 def synced(cluster, h, name) -> Path:  # noqa: F811
-    return cluster.home(h) / ".cache" / "mltrain" / "work" / name
+    return work_dir(cluster.home(h), name)
 
 
 def run(mh, spec, *args, timeout=120):
@@ -61,7 +61,7 @@ def test_code_only_on_the_launcher_runs_after_a_sync_and_only_changes_travel(mh,
     for k, h in enumerate(HOSTS):
         assert f"train on {h} rank {k}: VERSION = 1" in r.stdout, r.stdout
     s = summary(r.stderr)
-    assert "to ~/.cache/mltrain/work/jobsync on 4 hosts" in s and "6 files sent to each" in s, s
+    assert re.search(r"to ~/\.cache/mltrain/work/jobsync-[0-9a-f]{8} on 4 hosts", s) and "6 files sent to each" in s, s
     for h in HOSTS:
         d = synced(cluster, h, "jobsync")
         assert sorted(str(f.relative_to(d)) for f in d.rglob("*") if ".mltrain-sync" not in f.parts) == [
@@ -139,10 +139,10 @@ def test_a_sync_killed_halfway_leaves_no_partial_file_and_the_next_completes_it(
         f.write(os.urandom(96 << 20))  # incompressible: it takes a while over four links
     want = hashlib.sha256(big.read_bytes()).hexdigest()
     proc = mh.popen(p / "job.toml", "-H", ",".join(HOSTS))
-    state = [synced(cluster, h, "jobkill") / ".mltrain-sync" for h in HOSTS]
-    # Kill the launcher while a host has the file half-written under its temporary name.
+    # Kill the launcher while a host has the file half-written under its temporary name (the
+    # synced folder's name is known once the sync made it).
     def partial():
-        for d in state:
+        for d in (synced(cluster, h, "jobkill") / ".mltrain-sync" for h in HOSTS):
             try:
                 if any(f.name.startswith("tmp-") and f.stat().st_size > 0 for f in d.iterdir()):
                     return True
@@ -204,4 +204,4 @@ def test_cp_and_ssh_reach_a_rank_in_its_synced_folder(mh, cluster, tmp_path):  #
     # ssh lands in the synced folder below that host's own home.
     c = mh.ml("ssh", "latest", "-r", "3", *mh.args(), "--", 'echo "$(hostname) $(pwd)"', timeout=60)
     assert c.returncode == 0, c.stderr
-    assert c.stdout.strip() == "h4 /home/mltest/.cache/mltrain/work/jobcp", c.stdout
+    assert c.stdout.strip() == "h4 /home/mltest/.cache/mltrain/work/" + synced(cluster, "h4", "jobcp").name, c.stdout

@@ -15,6 +15,7 @@ namespace fs = std::filesystem;
 using namespace mltrain;
 
 using mltrain::testing::TempDir;
+using mltrain::testing::TempHome;
 
 namespace {
 
@@ -253,4 +254,26 @@ partition_bytes = "4M"
   CHECK(plain.find("ps:") == std::string::npos);
   CHECK(plain.find("ps servers") == std::string::npos);
   CHECK(plain.find("DMLC_") == std::string::npos);
+}
+
+TEST_CASE("launch: the hosts' folder is keyed by the project, not by the job's name or program") {
+  TempHome d;
+  fs::create_directories(d.str() + "/a/proj");
+  fs::create_directories(d.str() + "/b/proj");
+  auto workdir = [&](const std::string& cwd, std::vector<std::string> cmd) {
+    auto r = adhoc(std::move(cmd));
+    r.cwd = cwd;
+    r.overrides.sync = true;
+    return launch::dry_run(r).workdir;
+  };
+  const std::string a = workdir(d.str() + "/a/proj", {"python3", "a.py"});
+  // The same program from another folder of the same name: another folder on the hosts.
+  const std::string b = workdir(d.str() + "/b/proj", {"python3", "b.py"});
+  CHECK(a.rfind("~/.cache/mltrain/work/proj-", 0) == 0);
+  CHECK(a.size() == std::string("~/.cache/mltrain/work/proj-").size() + 8);
+  CHECK(b.rfind("~/.cache/mltrain/work/proj-", 0) == 0);
+  CHECK(a != b);
+  // Another program (so another job name) from the same folder: the same folder.
+  CHECK(workdir(d.str() + "/a/proj", {"sh", "train.sh"}) == a);
+  CHECK(workdir(d.str() + "/a/proj/", {"python3", "a.py"}) == a);
 }
