@@ -1,0 +1,265 @@
+#include "runner/lease/lease.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace mltrain::lease {
+namespace {
+
+constexpr std::string_view kPrefix = "mltrain-lease/";
+constexpr size_t kMaxFields = 32;
+
+// The abstract address of `name`: a leading NUL, then the prefixed name (no trailing NUL: the
+// length says where it ends).
+socklen_t address_of(std::string_view name, sockaddr_un& a) {
+  std::memset(&a, 0, sizeof a);
+  a.sun_family = AF_UNIX;
+  std::string full = std::string(kPrefix) + std::string(name);
+  std::memcpy(a.sun_path + 1, full.data(), full.size());
+  return socklen_t(offsetof(sockaddr_un, sun_path) + 1 + full.size());
+}
+
+bool key_ok(std::string_view k) {
+  return !k.empty() && k.size() <= 32 &&
+         std::all_of(k.begin(), k.end(), [](char c) { return (c >= 'a' && c <= 'z') || c == '_'; });
+}
+
+int64_t ms_left(std::chrono::steady_clock::time_point deadline) {
+  auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  return std::max<int64_t>(0, left.count());
+}
+
+// A reader's connection: the holder's credentials at once, its answer when it comes.
+struct Asking {
+  Seen seen;
+  int fd = -1;
+  std::string got;
+};
+
+// Connects to `name`'s holder; false when nobody holds it.
+bool connect_to(std::string_view name, Asking& a) {
+  sockaddr_un addr;
+  socklen_t len = address_of(name, addr);
+  a.fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (a.fd < 0) return false;
+  // A listener's backlog takes the connection even while its holder is busy (or stopped).
+  if (::connect(a.fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 && errno != EINPROGRESS &&
+      errno != EAGAIN) {
+    ::close(a.fd);
+    a.fd = -1;
+    return false;
+  }
+  ucred cred{};
+  socklen_t clen = sizeof cred;
+  if (::getsockopt(a.fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0) {
+    a.seen.uid = cred.uid;
+    a.seen.pid = cred.pid;
+  }
+  a.seen.name = std::string(name);
+  return true;
+}
+
+// Reads every connection's answer until each has ended or the deadline passed.
+void read_answers(std::vector<Asking>& asks, std::chrono::steady_clock::time_point deadline) {
+  while (true) {
+    std::vector<pollfd> fds;
+    std::vector<Asking*> owners;
+    for (auto& a : asks)
+      if (a.fd >= 0) fds.push_back({a.fd, POLLIN, 0}), owners.push_back(&a);
+    if (fds.empty()) return;
+    int64_t left = ms_left(deadline);
+    if (left == 0) break;
+    int n = ::poll(fds.data(), fds.size(), int(left));
+    if (n < 0 && errno != EINTR) break;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (!fds[i].revents) continue;
+      Asking& a = *owners[i];
+      char buf[1024];
+      ssize_t r = ::read(a.fd, buf, sizeof buf);
+      if (r > 0 && a.got.size() < kMaxInfoBytes)
+        a.got.append(buf, std::min(size_t(r), kMaxInfoBytes - a.got.size()));
+      if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR) || a.got.size() >= kMaxInfoBytes) {
+        a.seen.answered = r == 0;
+        ::close(a.fd);
+        a.fd = -1;
+      }
+    }
+  }
+  for (auto& a : asks)
+    if (a.fd >= 0) ::close(a.fd), a.fd = -1;
+}
+
+std::string read_proc_net_unix(size_t max_bytes) {
+  int fd = ::open("/proc/net/unix", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string text;
+  char buf[65536];
+  ssize_t r;
+  while (text.size() < max_bytes && (r = ::read(fd, buf, sizeof buf)) > 0) text.append(buf, size_t(r));
+  ::close(fd);
+  return text;
+}
+
+}  // namespace
+
+bool valid_name(std::string_view name) {
+  if (name.empty() || name.size() > kMaxName) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '_' || c == ':' || c == '/' || c == '-';
+  });
+}
+
+std::string encode(const Info& info) {
+  std::string out;
+  size_t n = 0;
+  for (const auto& [k, v] : info) {
+    if (!key_ok(k) || ++n > kMaxFields) continue;
+    std::string value = v;
+    std::replace(value.begin(), value.end(), '\n', ' ');
+    out += k + "=" + value + "\n";
+  }
+  if (out.size() > kMaxInfoBytes) out.resize(kMaxInfoBytes);
+  return out;
+}
+
+Info decode(std::string_view text) {
+  Info info;
+  if (text.size() > kMaxInfoBytes) text = text.substr(0, kMaxInfoBytes);
+  while (!text.empty() && info.size() < kMaxFields) {
+    size_t end = text.find('\n');
+    std::string_view line = text.substr(0, end);
+    text = end == std::string_view::npos ? std::string_view() : text.substr(end + 1);
+    size_t eq = line.find('=');
+    if (eq == std::string_view::npos || !key_ok(line.substr(0, eq))) continue;
+    info.emplace(std::string(line.substr(0, eq)), std::string(line.substr(eq + 1)));
+  }
+  return info;
+}
+
+Lease::Lease(int fd, std::string name, Info info) : fd_(fd), name_(std::move(name)), answer_(encode(info)) {}
+
+Lease::Lease(Lease&& o) noexcept : fd_(o.fd_), name_(std::move(o.name_)), answer_(std::move(o.answer_)) {
+  o.fd_ = -1;
+}
+
+Lease& Lease::operator=(Lease&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.fd_, name_ = std::move(o.name_), answer_ = std::move(o.answer_);
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+Lease::~Lease() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void Lease::set_info(Info info) { answer_ = encode(info); }
+
+void Lease::answer() {
+  while (fd_ >= 0) {
+    int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (c < 0) return;  // EAGAIN: nobody else waits
+    // One short write into an empty socket buffer: it fits; a reader that does not read loses it.
+    (void)::send(c, answer_.data(), answer_.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    ::close(c);
+  }
+}
+
+std::optional<Lease> take(std::string_view name, Info info, std::string* error) {
+  if (!valid_name(name)) {
+    if (error) *error = "'" + std::string(name) + "' is not a lease name";
+    return std::nullopt;
+  }
+  // CLOEXEC: the ranks the agent starts never hold its leases past its own end.
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    if (error) *error = std::string("socket: ") + std::strerror(errno);
+    return std::nullopt;
+  }
+  sockaddr_un addr;
+  socklen_t len = address_of(name, addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    int e = errno;
+    ::close(fd);
+    if (e != EADDRINUSE && error)
+      *error = "cannot take the lease " + std::string(name) + ": " + std::strerror(e);
+    return std::nullopt;
+  }
+  if (::listen(fd, 64) != 0) {
+    if (error) *error = std::string("listen: ") + std::strerror(errno);
+    ::close(fd);
+    return std::nullopt;
+  }
+  return Lease(fd, std::string(name), std::move(info));
+}
+
+namespace detail {
+
+std::vector<std::string> names_in_proc_net_unix(std::string_view text, std::string_view prefix, size_t max) {
+  std::vector<std::string> names;
+  std::string want = "@" + std::string(kPrefix) + std::string(prefix);
+  while (!text.empty() && names.size() < max) {
+    size_t end = text.find('\n');
+    std::string_view line = text.substr(0, end);
+    text = end == std::string_view::npos ? std::string_view() : text.substr(end + 1);
+    // "Num: RefCount Protocol Flags Type St Inode Path": a listener has __SO_ACCEPTCON (0x10000).
+    size_t at = line.find(" @");
+    if (at == std::string_view::npos) continue;
+    std::string_view path = line.substr(at + 1);
+    if (path.substr(0, want.size()) != want) continue;
+    std::string_view head = line.substr(0, at);
+    size_t colon = head.find(':');
+    if (colon == std::string_view::npos) continue;
+    std::string_view fields = head.substr(colon + 1);
+    char flags[16] = {};
+    unsigned refcount = 0, protocol = 0;
+    if (std::sscanf(std::string(fields).c_str(), "%x %x %15s", &refcount, &protocol, flags) != 3) continue;
+    if ((std::strtoul(flags, nullptr, 16) & 0x10000u) == 0) continue;
+    std::string name(path.substr(1 + kPrefix.size()));
+    if (valid_name(name)) names.push_back(std::move(name));
+  }
+  return names;
+}
+
+}  // namespace detail
+
+std::vector<Seen> list(std::string_view prefix, std::chrono::milliseconds timeout, size_t max) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::vector<std::string> names = detail::names_in_proc_net_unix(read_proc_net_unix(64u << 20), prefix, max);
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  std::vector<Asking> asks;
+  for (const auto& n : names) {
+    Asking a;
+    if (connect_to(n, a)) asks.push_back(std::move(a));
+  }
+  read_answers(asks, deadline);
+  std::vector<Seen> out;
+  for (auto& a : asks) {
+    a.seen.info = decode(a.got);
+    out.push_back(std::move(a.seen));
+  }
+  return out;
+}
+
+std::optional<Seen> holder(std::string_view name, std::chrono::milliseconds timeout) {
+  if (!valid_name(name)) return std::nullopt;
+  std::vector<Asking> asks(1);
+  if (!connect_to(name, asks[0])) return std::nullopt;
+  read_answers(asks, std::chrono::steady_clock::now() + timeout);
+  asks[0].seen.info = decode(asks[0].got);
+  return std::move(asks[0].seen);
+}
+
+}  // namespace mltrain::lease

@@ -1,0 +1,95 @@
+// Leases on a host's shared things (its GPUs, the whole host, a place in its queue), held by the
+// kernel: a lease is a listening socket bound to a name in the host's abstract unix namespace
+// ("@mltrain-lease/gpu/GPU-…"). The kernel lets one socket hold a name and frees it when the
+// socket's last holder exits however it ends (SIGKILL too), so a crash can never leak a lease; no
+// file is involved, so no user of the host can remove, replace or break another's, and every user
+// sees every lease (/proc/net/unix) with its holder's uid and pid as the kernel gives them
+// (SO_PEERCRED). The holder answers each connection with a line saying who and what it is.
+//
+// The namespace is the host's network namespace: one per machine, as the GPUs are, and one per
+// test-cluster host. libc and the standard library only: the agent compiles this.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace mltrain::lease {
+
+// What a lease says of its holder: text fields, one "key=value" line each on the wire, escaped
+// and bounded by whoever shows them (a holder may be a stranger).
+using Info = std::map<std::string, std::string>;
+
+// The longest name a lease may have (an abstract socket name is at most 107 bytes).
+inline constexpr size_t kMaxName = 96;
+// What a reader takes of a holder's answer.
+inline constexpr size_t kMaxInfoBytes = 2048;
+
+// Names: "gpu/<uuid>", "exclusive", "job/<run id>", "queue/<order key>". A name holds only
+// [A-Za-z0-9._:/-]; anything else is refused (returns false).
+bool valid_name(std::string_view name);
+
+// One held lease. Movable, not copyable; released when destroyed (or when the process ends).
+class Lease {
+ public:
+  Lease(Lease&& o) noexcept;
+  Lease& operator=(Lease&& o) noexcept;
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+  ~Lease();
+
+  const std::string& name() const { return name_; }
+  // Readable when a reader is waiting for the answer: poll it and call answer() then.
+  int fd() const { return fd_; }
+  // Answers every reader waiting now with the info (never blocks; a reader that does not read
+  // loses its answer).
+  void answer();
+  void set_info(Info info);
+
+ private:
+  friend std::optional<Lease> take(std::string_view name, Info info, std::string* error);
+  Lease(int fd, std::string name, Info info);
+  int fd_ = -1;
+  std::string name_;
+  std::string answer_;  // the encoded info
+};
+
+// Takes the lease `name` on this host. nullopt when someone holds it (error stays empty) or when
+// it cannot be taken (error says why: a bad name, no sockets).
+std::optional<Lease> take(std::string_view name, Info info, std::string* error);
+
+// A lease as a reader sees it.
+struct Seen {
+  std::string name;
+  uid_t uid = uid_t(-1);  // the holder, as the kernel says; -1 when it could not be asked
+  pid_t pid = 0;
+  Info info;  // what the holder answered; empty when it did not answer in time
+  bool answered = false;
+};
+
+// Every lease on this host whose name starts with `prefix` ("" for all; "gpu/" for the GPUs),
+// sorted by name, each with its holder asked within `timeout` (all asked at once).
+// At most `max` leases are looked at (a host may hold any number of names).
+std::vector<Seen> list(std::string_view prefix, std::chrono::milliseconds timeout, size_t max = 4096);
+
+// The holder of one lease; nullopt when nobody holds it.
+std::optional<Seen> holder(std::string_view name, std::chrono::milliseconds timeout);
+
+// The info's wire form and back (bounded: kMaxInfoBytes, 32 fields; a field that is not
+// key=value, or a key outside [a-z_], is dropped).
+std::string encode(const Info& info);
+Info decode(std::string_view text);
+
+namespace detail {
+// The names under the lease prefix in /proc/net/unix text (listening sockets only), in order of
+// appearance, at most `max`.
+std::vector<std::string> names_in_proc_net_unix(std::string_view text, std::string_view prefix, size_t max);
+}  // namespace detail
+
+}  // namespace mltrain::lease
