@@ -13,15 +13,14 @@
 namespace mltrain::lease {
 namespace {
 
-constexpr std::string_view kPrefix = "mltrain-lease/";
 constexpr size_t kMaxFields = 32;
 
 // The abstract address of `name`: a leading NUL, then the prefixed name (no trailing NUL: the
 // length says where it ends).
-socklen_t address_of(std::string_view name, sockaddr_un& a) {
+socklen_t address_of(const Space& space, std::string_view name, sockaddr_un& a) {
   std::memset(&a, 0, sizeof a);
   a.sun_family = AF_UNIX;
-  std::string full = std::string(kPrefix) + std::string(name);
+  std::string full = space.prefix() + std::string(name);
   std::memcpy(a.sun_path + 1, full.data(), full.size());
   return socklen_t(offsetof(sockaddr_un, sun_path) + 1 + full.size());
 }
@@ -45,9 +44,9 @@ struct Asking {
 };
 
 // Connects to `name`'s holder; false when nobody holds it.
-bool connect_to(std::string_view name, Asking& a) {
+bool connect_to(const Space& space, std::string_view name, Asking& a) {
   sockaddr_un addr;
-  socklen_t len = address_of(name, addr);
+  socklen_t len = address_of(space, name, addr);
   a.fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (a.fd < 0) return false;
   // A listener's backlog takes the connection even while its holder is busy (or stopped).
@@ -109,6 +108,12 @@ std::string read_proc_net_unix(size_t max_bytes) {
 }
 
 }  // namespace
+
+bool valid_space(std::string_view name) {
+  return name.size() <= 32 && std::all_of(name.begin(), name.end(), [](char c) {
+           return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-';
+         });
+}
 
 bool valid_name(std::string_view name) {
   if (name.empty() || name.size() > kMaxName) return false;
@@ -176,8 +181,8 @@ void Lease::answer() {
   }
 }
 
-std::optional<Lease> take(std::string_view name, Info info, std::string* error) {
-  if (!valid_name(name)) {
+std::optional<Lease> take(const Space& space, std::string_view name, Info info, std::string* error) {
+  if (!valid_name(name) || !valid_space(space.name)) {
     if (error) *error = "'" + std::string(name) + "' is not a lease name";
     return std::nullopt;
   }
@@ -188,7 +193,7 @@ std::optional<Lease> take(std::string_view name, Info info, std::string* error) 
     return std::nullopt;
   }
   sockaddr_un addr;
-  socklen_t len = address_of(name, addr);
+  socklen_t len = address_of(space, name, addr);
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
     int e = errno;
     ::close(fd);
@@ -206,9 +211,11 @@ std::optional<Lease> take(std::string_view name, Info info, std::string* error) 
 
 namespace detail {
 
-std::vector<std::string> names_in_proc_net_unix(std::string_view text, std::string_view prefix, size_t max) {
+std::vector<std::string> names_in_proc_net_unix(std::string_view text, const Space& space,
+                                                std::string_view prefix, size_t max) {
   std::vector<std::string> names;
-  std::string want = "@" + std::string(kPrefix) + std::string(prefix);
+  const std::string own = space.prefix();
+  const std::string want = "@" + own + std::string(prefix);
   while (!text.empty() && names.size() < max) {
     size_t end = text.find('\n');
     std::string_view line = text.substr(0, end);
@@ -226,7 +233,7 @@ std::vector<std::string> names_in_proc_net_unix(std::string_view text, std::stri
     unsigned refcount = 0, protocol = 0;
     if (std::sscanf(std::string(fields).c_str(), "%x %x %15s", &refcount, &protocol, flags) != 3) continue;
     if ((std::strtoul(flags, nullptr, 16) & 0x10000u) == 0) continue;
-    std::string name(path.substr(1 + kPrefix.size()));
+    std::string name(path.substr(1 + own.size()));
     if (valid_name(name)) names.push_back(std::move(name));
   }
   return names;
@@ -234,15 +241,24 @@ std::vector<std::string> names_in_proc_net_unix(std::string_view text, std::stri
 
 }  // namespace detail
 
-std::vector<Seen> list(std::string_view prefix, std::chrono::milliseconds timeout, size_t max) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::vector<std::string> names = detail::names_in_proc_net_unix(read_proc_net_unix(64u << 20), prefix, max);
+std::vector<Seen> list(const Space& space, std::string_view prefix, std::chrono::milliseconds timeout,
+                       size_t max) {
+  if (!valid_space(space.name)) return {};
+  std::vector<std::string> names =
+      detail::names_in_proc_net_unix(read_proc_net_unix(64u << 20), space, prefix, max);
   std::sort(names.begin(), names.end());
   names.erase(std::unique(names.begin(), names.end()), names.end());
+  return holders(space, names, timeout);
+}
+
+std::vector<Seen> holders(const Space& space, const std::vector<std::string>& names,
+                          std::chrono::milliseconds timeout) {
+  if (!valid_space(space.name)) return {};
+  auto deadline = std::chrono::steady_clock::now() + timeout;
   std::vector<Asking> asks;
   for (const auto& n : names) {
     Asking a;
-    if (connect_to(n, a)) asks.push_back(std::move(a));
+    if (valid_name(n) && connect_to(space, n, a)) asks.push_back(std::move(a));
   }
   read_answers(asks, deadline);
   std::vector<Seen> out;
@@ -253,13 +269,10 @@ std::vector<Seen> list(std::string_view prefix, std::chrono::milliseconds timeou
   return out;
 }
 
-std::optional<Seen> holder(std::string_view name, std::chrono::milliseconds timeout) {
-  if (!valid_name(name)) return std::nullopt;
-  std::vector<Asking> asks(1);
-  if (!connect_to(name, asks[0])) return std::nullopt;
-  read_answers(asks, std::chrono::steady_clock::now() + timeout);
-  asks[0].seen.info = decode(asks[0].got);
-  return std::move(asks[0].seen);
+std::optional<Seen> holder(const Space& space, std::string_view name, std::chrono::milliseconds timeout) {
+  auto seen = holders(space, {std::string(name)}, timeout);
+  if (seen.empty()) return std::nullopt;
+  return std::move(seen[0]);
 }
 
 }  // namespace mltrain::lease

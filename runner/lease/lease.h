@@ -22,6 +22,16 @@
 
 namespace mltrain::lease {
 
+// Where leases live: every job of one space sees and contends for the same names. Jobs use the
+// default; tests give each test a space of its own (MLTRAIN_LEASE_SPACE), so tests that run at
+// once on one machine never contend for its (fake) GPUs.
+struct Space {
+  std::string name;  // "" for the default; else [a-z0-9-], at most 32
+  std::string prefix() const { return name.empty() ? "mltrain-lease/" : "mltrain-lease-" + name + "/"; }
+};
+// Whether `name` may name a space.
+bool valid_space(std::string_view name);
+
 // What a lease says of its holder: text fields, one "key=value" line each on the wire, escaped
 // and bounded by whoever shows them (a holder may be a stranger).
 using Info = std::map<std::string, std::string>;
@@ -53,7 +63,7 @@ class Lease {
   void set_info(Info info);
 
  private:
-  friend std::optional<Lease> take(std::string_view name, Info info, std::string* error);
+  friend std::optional<Lease> take(const Space& space, std::string_view name, Info info, std::string* error);
   Lease(int fd, std::string name, Info info);
   int fd_ = -1;
   std::string name_;
@@ -62,7 +72,7 @@ class Lease {
 
 // Takes the lease `name` on this host. nullopt when someone holds it (error stays empty) or when
 // it cannot be taken (error says why: a bad name, no sockets).
-std::optional<Lease> take(std::string_view name, Info info, std::string* error);
+std::optional<Lease> take(const Space& space, std::string_view name, Info info, std::string* error);
 
 // A lease as a reader sees it.
 struct Seen {
@@ -76,10 +86,15 @@ struct Seen {
 // Every lease on this host whose name starts with `prefix` ("" for all; "gpu/" for the GPUs),
 // sorted by name, each with its holder asked within `timeout` (all asked at once).
 // At most `max` leases are looked at (a host may hold any number of names).
-std::vector<Seen> list(std::string_view prefix, std::chrono::milliseconds timeout, size_t max = 4096);
+std::vector<Seen> list(const Space& space, std::string_view prefix, std::chrono::milliseconds timeout,
+                       size_t max = 4096);
+
+// The holders of these leases, asked all at once within `timeout`; a name nobody holds is left out.
+std::vector<Seen> holders(const Space& space, const std::vector<std::string>& names,
+                          std::chrono::milliseconds timeout);
 
 // The holder of one lease; nullopt when nobody holds it.
-std::optional<Seen> holder(std::string_view name, std::chrono::milliseconds timeout);
+std::optional<Seen> holder(const Space& space, std::string_view name, std::chrono::milliseconds timeout);
 
 // The info's wire form and back (bounded: kMaxInfoBytes, 32 fields; a field that is not
 // key=value, or a key outside [a-z_], is dropped).
@@ -87,9 +102,10 @@ std::string encode(const Info& info);
 Info decode(std::string_view text);
 
 namespace detail {
-// The names under the lease prefix in /proc/net/unix text (listening sockets only), in order of
-// appearance, at most `max`.
-std::vector<std::string> names_in_proc_net_unix(std::string_view text, std::string_view prefix, size_t max);
+// The names under the space's prefix and then `prefix` in /proc/net/unix text (listening sockets
+// only), in order of appearance, at most `max`.
+std::vector<std::string> names_in_proc_net_unix(std::string_view text, const Space& space,
+                                                std::string_view prefix, size_t max);
 }  // namespace detail
 
 }  // namespace mltrain::lease

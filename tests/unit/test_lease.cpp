@@ -17,8 +17,11 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// Names of this test process alone, so parallel runs of the suite never meet.
-std::string unique(const std::string& what) { return "test/" + std::to_string(::getpid()) + "/" + what; }
+// A space of this test process alone, so parallel runs of the suite (and jobs) never meet.
+const lease::Space& space() {
+  static const lease::Space s{"test-" + std::to_string(::getpid())};
+  return s;
+}
 
 // Answers readers on a thread until stopped, as the agent's loop does.
 struct Answering {
@@ -42,25 +45,25 @@ struct Answering {
 
 TEST_CASE("lease: one holder a name; the name is free again once the holder lets go") {
   std::string err;
-  auto a = lease::take(unique("gpu/GPU-1"), {{"run", "r1"}}, &err);
+  auto a = lease::take(space(), "gpu/GPU-1", {{"run", "r1"}}, &err);
   REQUIRE(a);
   CHECK(err.empty());
-  auto b = lease::take(unique("gpu/GPU-1"), {{"run", "r2"}}, &err);
+  auto b = lease::take(space(), "gpu/GPU-1", {{"run", "r2"}}, &err);
   CHECK_FALSE(b);
-  CHECK(err.empty());                                 // held, not an error
-  CHECK(lease::take(unique("gpu/GPU-2"), {}, &err));  // another name is another lease
+  CHECK(err.empty());                                  // held, not an error
+  CHECK(lease::take(space(), "gpu/GPU-2", {}, &err));  // another name is another lease
   a.reset();
-  CHECK(lease::take(unique("gpu/GPU-1"), {}, &err));
+  CHECK(lease::take(space(), "gpu/GPU-1", {}, &err));
 }
 
 TEST_CASE("lease: a holder that dies, even by SIGKILL, frees its lease") {
-  const std::string name = unique("gpu/GPU-killed");
+  const std::string name = "gpu/GPU-killed";
   int ready[2];
   REQUIRE(::pipe(ready) == 0);
   pid_t child = ::fork();
   REQUIRE(child >= 0);
   if (child == 0) {
-    auto l = lease::take(name, {{"run", "child"}}, nullptr);
+    auto l = lease::take(space(), name, {{"run", "child"}}, nullptr);
     char c = l ? 'y' : 'n';
     (void)!::write(ready[1], &c, 1);
     ::pause();
@@ -69,29 +72,29 @@ TEST_CASE("lease: a holder that dies, even by SIGKILL, frees its lease") {
   char c = 0;
   REQUIRE(::read(ready[0], &c, 1) == 1);
   CHECK(c == 'y');
-  CHECK_FALSE(lease::take(name, {}, nullptr));
-  auto seen = lease::holder(name, 50ms);
+  CHECK_FALSE(lease::take(space(), name, {}, nullptr));
+  auto seen = lease::holder(space(), name, 50ms);
   REQUIRE(seen);
   CHECK(seen->pid == child);
   CHECK(seen->uid == ::getuid());
   CHECK_FALSE(seen->answered);  // the child never answers: the kernel's word is all a reader gets
   ::kill(child, SIGKILL);
   ::waitpid(child, nullptr, 0);
-  CHECK(lease::take(name, {}, nullptr));
-  CHECK_FALSE(lease::holder(name, 50ms));
+  CHECK(lease::take(space(), name, {}, nullptr));
+  CHECK_FALSE(lease::holder(space(), name, 50ms));
   ::close(ready[0]);
   ::close(ready[1]);
 }
 
 TEST_CASE("lease: readers list every lease under a prefix with its holder and what it says") {
-  auto a = lease::take(unique("gpu/GPU-a"), {{"run", "20261206-run-a"}, {"user", "alice"}}, nullptr);
-  auto b = lease::take(unique("gpu/GPU-b"), {{"run", "20261206-run-b"}, {"user", "bob"}}, nullptr);
-  auto other = lease::take(unique("queue/1"), {{"run", "q"}}, nullptr);
+  auto a = lease::take(space(), "gpu/GPU-a", {{"run", "20261206-run-a"}, {"user", "alice"}}, nullptr);
+  auto b = lease::take(space(), "gpu/GPU-b", {{"run", "20261206-run-b"}, {"user", "bob"}}, nullptr);
+  auto other = lease::take(space(), "queue/1", {{"run", "q"}}, nullptr);
   REQUIRE((a && b && other));
   Answering answering_a(*a), answering_b(*b);
-  auto seen = lease::list(unique("gpu/"), 2s);
+  auto seen = lease::list(space(), "gpu/", 2s);
   REQUIRE(seen.size() == 2);
-  CHECK(seen[0].name == unique("gpu/GPU-a"));
+  CHECK(seen[0].name == "gpu/GPU-a");
   CHECK(seen[0].answered);
   CHECK(seen[0].info.at("run") == "20261206-run-a");
   CHECK(seen[0].info.at("user") == "alice");
@@ -99,21 +102,28 @@ TEST_CASE("lease: readers list every lease under a prefix with its holder and wh
   CHECK(seen[1].info.at("user") == "bob");
   // A changed info is what the next reader gets.
   a->set_info({{"run", "20261206-run-a"}, {"state", "running"}});
-  auto one = lease::holder(unique("gpu/GPU-a"), 2s);
+  auto one = lease::holder(space(), "gpu/GPU-a", 2s);
   REQUIRE(one);
   CHECK(one->info.at("state") == "running");
 }
 
 TEST_CASE("lease: a holder that never answers costs a reader its timeout, not more") {
-  auto mute = lease::take(unique("gpu/GPU-mute"), {{"run", "x"}}, nullptr);
+  auto mute = lease::take(space(), "gpu/GPU-mute", {{"run", "x"}}, nullptr);
   REQUIRE(mute);
   auto t0 = std::chrono::steady_clock::now();
-  auto seen = lease::list(unique("gpu/"), 100ms);
+  auto seen = lease::list(space(), "gpu/", 100ms);
   auto took = std::chrono::steady_clock::now() - t0;
   REQUIRE(seen.size() == 1);
   CHECK_FALSE(seen[0].answered);
   CHECK(seen[0].info.empty());
   CHECK(took < 5s);
+}
+
+TEST_CASE("lease: two spaces never contend for a name") {
+  auto a = lease::take(space(), "gpu/GPU-same", {}, nullptr);
+  auto b = lease::take(lease::Space{space().name + "-other"}, "gpu/GPU-same", {}, nullptr);
+  CHECK((a && b));
+  CHECK_FALSE(lease::take(lease::Space{"Bad Space"}, "gpu/GPU-same", {}, nullptr));
 }
 
 TEST_CASE("lease: names and infos are bounded and checked") {
@@ -124,7 +134,7 @@ TEST_CASE("lease: names and infos are bounded and checked") {
   CHECK_FALSE(lease::valid_name("gpu/\n"));
   CHECK_FALSE(lease::valid_name(std::string(lease::kMaxName + 1, 'a')));
   std::string err;
-  CHECK_FALSE(lease::take("bad name", {}, &err));
+  CHECK_FALSE(lease::take(space(), "bad name", {}, &err));
   CHECK(err.find("not a lease name") != std::string::npos);
 
   CHECK(lease::decode(lease::encode({{"run", "a\nb"}, {"user", "u"}})) ==
@@ -149,17 +159,21 @@ TEST_CASE("lease: /proc/net/unix is read for listeners under the prefix only") {
       "0000000000000000: 00000002 00000000 00010000 0001 01 104 /run/mltrain-lease/gpu/GPU-4\n"
       "0000000000000000: 00000002 00000000 00010000 0001 01 105 @mltrain-lease/queue/7\n"
       "0000000000000000: 00000002 00000000 00010000 0001 01 106 @mltrain-lease/gpu/bad name\n"
+      "0000000000000000: 00000002 00000000 00010000 0001 01 107 @mltrain-lease-t1/gpu/GPU-5\n"
       "garbage\n";
-  CHECK(lease::detail::names_in_proc_net_unix(text, "gpu/", 10) == std::vector<std::string>{"gpu/GPU-1"});
-  CHECK(lease::detail::names_in_proc_net_unix(text, "", 10) ==
+  CHECK(lease::detail::names_in_proc_net_unix(text, lease::Space{}, "gpu/", 10) ==
+        std::vector<std::string>{"gpu/GPU-1"});
+  CHECK(lease::detail::names_in_proc_net_unix(text, lease::Space{}, "", 10) ==
         std::vector<std::string>{"gpu/GPU-1", "queue/7"});
-  CHECK(lease::detail::names_in_proc_net_unix(text, "", 1).size() == 1);
+  CHECK(lease::detail::names_in_proc_net_unix(text, lease::Space{}, "", 1).size() == 1);
+  CHECK(lease::detail::names_in_proc_net_unix(text, lease::Space{"t1"}, "", 10) ==
+        std::vector<std::string>{"gpu/GPU-5"});
 }
 
 TEST_CASE("lease: another user of the host sees the lease and its holder but cannot take it") {
   if (::geteuid() != 0) return;  // switching users needs root (CI runs as root)
-  const std::string name = unique("gpu/GPU-mine");
-  auto mine = lease::take(name, {{"run", "mine"}}, nullptr);
+  const std::string name = "gpu/GPU-mine";
+  auto mine = lease::take(space(), name, {{"run", "mine"}}, nullptr);
   REQUIRE(mine);
   int out[2];
   REQUIRE(::pipe(out) == 0);
@@ -167,8 +181,8 @@ TEST_CASE("lease: another user of the host sees the lease and its holder but can
   REQUIRE(child >= 0);
   if (child == 0) {
     if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
-    auto seen = lease::holder(name, 100ms);
-    char r[2] = {lease::take(name, {}, nullptr) ? 't' : '-', seen && seen->uid == 0 ? 's' : '-'};
+    auto seen = lease::holder(space(), name, 100ms);
+    char r[2] = {lease::take(space(), name, {}, nullptr) ? 't' : '-', seen && seen->uid == 0 ? 's' : '-'};
     (void)!::write(out[1], r, 2);
     ::_exit(0);
   }
@@ -177,9 +191,9 @@ TEST_CASE("lease: another user of the host sees the lease and its holder but can
   int status = 0;
   ::waitpid(child, &status, 0);
   CHECK(WEXITSTATUS(status) == 0);
-  CHECK(r[0] == '-');                // not taken
-  CHECK(r[1] == 's');                // seen, held by root
-  CHECK(lease::holder(name, 10ms));  // still held
+  CHECK(r[0] == '-');                         // not taken
+  CHECK(r[1] == 's');                         // seen, held by root
+  CHECK(lease::holder(space(), name, 10ms));  // still held
   ::close(out[0]);
   ::close(out[1]);
 }

@@ -1,0 +1,156 @@
+#include "runner/lease/claim.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace mltrain::lease {
+namespace {
+
+// A lease name part from a run id: the characters a name may hold, cut to fit.
+std::string name_part(const std::string& s, size_t max) {
+  std::string out;
+  for (char c : s) {
+    if (out.size() >= max) break;
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+              c == '_' || c == '-';
+    out += ok ? c : '_';
+  }
+  return out;
+}
+
+// The presence lease of a job on a host: job/<run id>.
+std::string job_name(const std::string& run_id) { return "job/" + name_part(run_id, kMaxName - 4); }
+
+}  // namespace
+
+std::string order_key(int64_t wall_ns, const std::string& run_id) {
+  char ns[24];
+  std::snprintf(ns, sizeof ns, "%019lld", static_cast<long long>(std::max<int64_t>(0, wall_ns)));
+  return std::string(ns) + "-" + name_part(run_id, kMaxName - 6 - 20);
+}
+
+std::vector<Lease*> Claim::leases() {
+  std::vector<Lease*> out;
+  for (auto* l : {&presence_, &ticket_, &exclusive_})
+    if (*l) out.push_back(&**l);
+  for (auto& l : gpu_leases_) out.push_back(&l);
+  return out;
+}
+
+void Claim::release_grant() {
+  gpu_leases_.clear();
+  exclusive_.reset();
+  gpus_.clear();
+  uuids_.clear();
+  granted_ = false;
+}
+
+// Jobs queued before this one (every queued job, for one that does not queue): they go first.
+bool Claim::ahead_in_queue(const Ask& ask, std::chrono::milliseconds t) {
+  const std::string mine = ask.order_key.empty() ? "" : "queue/" + ask.order_key;
+  for (auto& s : list(ask.space, "queue/", t)) {
+    if (!mine.empty() && s.name >= mine) continue;
+    if (s.info.count("run") && s.info.at("run") == ask.run_id) continue;  // our own, from another agent
+    if (ahead_++ == 0) in_the_way_.push_back({"queue", s, s.name});
+  }
+  return ahead_ > 0;
+}
+
+// Exclusive: no other job on the host, and no one else exclusive; shared: no one exclusive.
+// Each side takes its own lease before it looks for the other, so two racing jobs cannot both
+// miss each other (one of them, or both, waits).
+bool Claim::exclusive_ok(const Ask& ask, std::chrono::milliseconds t) {
+  if (!ask.exclusive) {
+    if (auto h = holder(ask.space, "exclusive", t);
+        h && !(h->info.count("run") && h->info.at("run") == ask.run_id)) {
+      in_the_way_.push_back({"exclusive", h, "exclusive"});
+      return false;
+    }
+    return true;
+  }
+  if (!exclusive_) exclusive_ = take(ask.space, "exclusive", ask.info, &error_);
+  if (!exclusive_) {
+    in_the_way_.push_back({"exclusive", holder(ask.space, "exclusive", t), "exclusive"});
+    return false;
+  }
+  for (auto& s : list(ask.space, "job/", t)) {
+    if (s.name == job_name(ask.run_id)) continue;
+    in_the_way_.push_back({"job", s, s.name});
+  }
+  if (in_the_way_.empty()) return true;
+  exclusive_.reset();
+  return false;
+}
+
+bool Claim::take_gpus(const Ask& ask, const std::vector<Gpu>& inventory, std::chrono::milliseconds t) {
+  std::vector<const Gpu*> candidates;
+  if (!ask.pinned.empty()) {
+    for (int want : ask.pinned) {
+      auto it =
+          std::find_if(inventory.begin(), inventory.end(), [&](const Gpu& g) { return g.index == want; });
+      if (it == inventory.end()) {
+        error_ = "GPU " + std::to_string(want) + " is not one of this host's usable GPUs";
+        return false;
+      }
+      candidates.push_back(&*it);
+    }
+  } else {
+    for (const auto& g : inventory) candidates.push_back(&g);
+  }
+  const size_t need = ask.pinned.empty() ? size_t(std::max(ask.gpus, 0)) : ask.pinned.size();
+  std::vector<Lease> taken;
+  std::vector<const Gpu*> got;
+  std::vector<std::string> held;  // by others
+  for (const Gpu* g : candidates) {
+    if (got.size() == need) break;
+    if (g->foreign) {
+      in_the_way_.push_back({"foreign process on gpu " + std::to_string(g->index), std::nullopt, ""});
+      continue;
+    }
+    Info info = ask.info;
+    info["gpu"] = std::to_string(g->index);
+    if (auto l = take(ask.space, "gpu/" + g->uuid, info, &error_)) {
+      taken.push_back(std::move(*l));
+      got.push_back(g);
+    } else {
+      if (!error_.empty()) return false;
+      held.push_back("gpu/" + g->uuid);
+      in_the_way_.push_back({"gpu " + std::to_string(g->index), std::nullopt, held.back()});
+    }
+  }
+  if (got.size() < need) {  // `taken` goes: all or nothing
+    // Who holds them, asked at once (a holder that does not answer costs the timeout once).
+    for (auto& s : holders(ask.space, held, t))
+      for (auto& w : in_the_way_)
+        if (w.lease == s.name) w.holder = s;
+    return false;
+  }
+  in_the_way_.clear();
+  gpu_leases_ = std::move(taken);
+  for (const Gpu* g : got) gpus_.push_back(g->index), uuids_.push_back(g->uuid);
+  return true;
+}
+
+void Claim::attempt(const Ask& ask, const std::vector<Gpu>& inventory,
+                    std::chrono::milliseconds ask_timeout) {
+  error_.clear();
+  in_the_way_.clear();
+  ahead_ = 0;
+  if (granted_) return;
+  if (!presence_) presence_ = take(ask.space, job_name(ask.run_id), ask.info, &error_);
+  if (!ask.order_key.empty() && !ticket_) {
+    ticket_ = take(ask.space, "queue/" + ask.order_key, ask.info, &error_);
+    if (!ticket_ && error_.empty()) error_ = "the queue place " + ask.order_key + " is taken";
+  }
+  if (!error_.empty()) return;
+  if (ahead_in_queue(ask, ask_timeout) || !exclusive_ok(ask, ask_timeout)) return;
+  if (ask.gpus > 0 || !ask.pinned.empty()) {
+    if (!take_gpus(ask, inventory, ask_timeout)) {
+      exclusive_.reset();
+      return;
+    }
+  }
+  granted_ = true;
+}
+
+}  // namespace mltrain::lease
