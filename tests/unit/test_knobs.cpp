@@ -248,3 +248,51 @@ TEST_CASE("gpu_library: the job's value, else this process's variable, else the 
   ::unsetenv("MLTRAIN_NVML_LIBRARY");
   CHECK(library_setting(GpuLibrary::nvml, "").empty());
 }
+
+// The environment is read through knobs/ alone: a read anywhere else would be a variable that
+// `mltrain knobs` does not list, with a default nobody declared.
+TEST_CASE("knobs: no getenv in C++ sources outside knobs/") {
+  namespace fs = std::filesystem;
+  const fs::path root(MLTRAIN_SOURCE_DIR);
+  // Folders that may read the environment themselves, each for its reason.
+  const std::vector<std::string> allowed = {
+      "knobs/",  // the registry: the one reader
+      // Being converted to the typed accessors; remove these two once they are.
+      "runner/agent/",
+      "comm/",
+      // Comparison programs built against gloo and MPI by bench/compare.sh, not part of mltrain.
+      "bench/compare/",
+      // Stand-ins for NCCL, CUDA and NVML: they read those libraries' own variables, as the real ones do.
+      "tests/fakes/",
+      // A switch of the test itself, set by ctest for comm_full_matrix.
+      "tests/unit/test_comm.cpp",
+  };
+  const std::string needle = std::string("getenv") + "(";
+  std::vector<std::string> readers;
+  size_t scanned = 0;
+  for (auto it = fs::recursive_directory_iterator(root); it != fs::recursive_directory_iterator(); ++it) {
+    const fs::path& p = it->path();
+    if (it->is_directory()) {
+      // Build trees (a CMakeCache.txt) and hidden folders (.git) hold no source of ours.
+      if (p.filename().string().front() == '.' || fs::exists(p / "CMakeCache.txt"))
+        it.disable_recursion_pending();
+      continue;
+    }
+    const auto ext = p.extension();
+    if (ext != ".cpp" && ext != ".cc" && ext != ".h" && ext != ".hpp") continue;
+    const std::string rel = p.lexically_relative(root).generic_string();
+    if (std::any_of(allowed.begin(), allowed.end(),
+                    [&](const std::string& a) { return rel.rfind(a, 0) == 0; }))
+      continue;
+    ++scanned;
+    std::ifstream in(p);
+    std::string line;
+    for (int n = 1; std::getline(in, line); ++n) {
+      const std::string code = line.substr(0, line.find("//"));  // a comment may name it
+      if (code.find(needle) != std::string::npos)
+        readers.push_back(rel + ":" + std::to_string(n) + ": " + line);
+    }
+  }
+  CHECK(scanned > 100);  // the scan sees the tree
+  for (const auto& r : readers) FAIL_CHECK("reads the environment outside knobs/ (use knobs/knobs.h): " << r);
+}
