@@ -114,7 +114,7 @@ namespace {
 
 // A text as a knob of kind K reads it.
 template <Kind K>
-typename ValueOf<K>::type parsed(const Knob& k, std::string_view text) {
+ValueOf<K> parsed(const Knob& k, std::string_view text) {
   if constexpr (K == Kind::duration)
     return duration_value(k, text);
   else if constexpr (K == Kind::integer)

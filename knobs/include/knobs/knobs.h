@@ -8,37 +8,19 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "knobs/registry.h"
 
 namespace mltrain::knobs {
 
+// The type a knob of kind K reads as: choices and strings as text.
 template <Kind K>
-struct ValueOf;
-template <>
-struct ValueOf<Kind::duration> {
-  using type = std::chrono::milliseconds;
-};
-template <>
-struct ValueOf<Kind::integer> {
-  using type = std::int64_t;
-};
-template <>
-struct ValueOf<Kind::bytes> {
-  using type = std::uint64_t;
-};
-template <>
-struct ValueOf<Kind::choice> {
-  using type = std::string;
-};
-template <>
-struct ValueOf<Kind::string> {
-  using type = std::string;
-};
-template <>
-struct ValueOf<Kind::flag> {
-  using type = bool;
-};
+using ValueOf = std::conditional_t<
+    K == Kind::duration, std::chrono::milliseconds,
+    std::conditional_t<K == Kind::integer, std::int64_t,
+                       std::conditional_t<K == Kind::bytes, std::uint64_t,
+                                          std::conditional_t<K == Kind::flag, bool, std::string>>>>;
 
 // A row's position in all(): the rows are declared in knobs.def's order.
 enum class Id : unsigned {
@@ -50,7 +32,7 @@ enum class Id : unsigned {
 template <Kind K>
 class Var {
  public:
-  using Value = typename ValueOf<K>::type;
+  using Value = ValueOf<K>;
 
   constexpr explicit Var(Id id) : id_(id) {}
 
