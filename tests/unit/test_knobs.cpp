@@ -117,7 +117,7 @@ TEST_CASE("knobs: getters read the environment and name a bad value") {
 // Every environment variable the sources read must be in the table (so `mltrain knobs` lists it).
 TEST_CASE("knobs: every variable the sources read is declared") {
   namespace fs = std::filesystem;
-  // getenv("X"), knobs::get_*("X") / is_set("X"), and lookups in the launcher's environ map.
+  // Reads by name: getenv, knobs::get_* and is_set of "X", and lookups in the launcher's environ map.
   const std::regex read(
       R"re((?:getenv|get_string|get_int|get_duration|get_bytes|get_flag|get_choice|is_set|environ\.find|env\.find)\("([A-Z][A-Z0-9_]*)"\))re");
   // knobs::x.get() and its kin: the typed accessor of the variable X (its name in lower case).
