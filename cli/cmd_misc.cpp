@@ -8,7 +8,7 @@
 #include <cstdlib>
 
 #include "cli/commands.h"
-#include "knobs/registry.h"
+#include "knobs/knobs.h"
 #include "runner/common/error.h"
 #include "runner/common/secret.h"
 #include "runner/common/text.h"
@@ -49,14 +49,14 @@ void print_knobs_json() {
   const auto table = knobs::all();
   for (size_t i = 0; i < table.size(); ++i) {
     const auto& k = table[i];
-    const char* now = std::getenv(std::string(k.name).c_str());
+    const std::optional<std::string> now = knobs::current(k);
     std::printf(
         "    {\"name\": %s, \"kind\": %s, \"default\": %s, \"default_shown\": %s, \"who\": %s, \"help\": %s, "
         "\"value\": %s}%s\n",
         json_string(k.name).c_str(), json_string(knobs::kind_text(k)).c_str(),
         k.default_value.empty() ? "null" : json_string(k.default_value).c_str(),
         json_string(shown_default(k)).c_str(), json_string(knobs::readers_text(k.readers)).c_str(),
-        json_string(k.help).c_str(), now ? json_string(secret::shown_value(k.name, now)).c_str() : "null",
+        json_string(k.help).c_str(), now ? json_string(secret::shown_value(k.name, *now)).c_str() : "null",
         i + 1 < table.size() ? "," : "");
   }
   std::printf("  ]\n}\n");
@@ -64,7 +64,8 @@ void print_knobs_json() {
 
 // The terminal's width: $COLUMNS, else the TTY's; 0 (no wrapping) for a pipe.
 size_t terminal_width() {
-  if (const char* c = std::getenv("COLUMNS"); c && std::atoi(c) > 0) return size_t(std::atoi(c));
+  if (const std::string c = knobs::columns.get(); std::atoi(c.c_str()) > 0)
+    return size_t(std::atoi(c.c_str()));
   winsize ws{};
   if (::isatty(1) && ::ioctl(1, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
   return 0;

@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "cli/job_flags.h"
 #include "config.h"
+#include "knobs/knobs.h"
 #include "runner/common/error.h"
 #include "runner/common/log.h"
 #include "runner/common/text.h"
@@ -21,10 +22,8 @@ namespace mltrain::cli {
 bool use_color(const Global& g, int fd) {
   if (g.color == "always") return true;
   if (g.color == "never") return false;
-  const char* no = std::getenv("NO_COLOR");
-  if (no && *no) return false;
-  const char* term = std::getenv("TERM");
-  if (term && std::strcmp(term, "dumb") == 0) return false;
+  if (knobs::no_color.is_set()) return false;
+  if (knobs::term.get() == "dumb") return false;
   return ::isatty(fd);
 }
 

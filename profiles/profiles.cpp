@@ -2,11 +2,12 @@
 
 #include <dirent.h>
 
-#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string_view>
 #include <utility>
+
+#include "knobs/knobs.h"
 
 namespace mltrain::profiles {
 namespace detail {
@@ -16,8 +17,8 @@ extern const int kEmbeddedCount;
 
 namespace {
 std::string user_dir() {
-  if (const char* x = std::getenv("XDG_CONFIG_HOME"); x && *x) return std::string(x) + "/mltrain/profiles";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.config/mltrain/profiles";
+  if (const std::string x = knobs::xdg_config_home.get(); !x.empty()) return x + "/mltrain/profiles";
+  if (const std::string h = knobs::home.get(); !h.empty()) return h + "/.config/mltrain/profiles";
   return {};
 }
 

@@ -97,6 +97,12 @@ const char* library_knob(GpuLibrary lib) {
 
 const char* library_default_name(GpuLibrary lib) { return names_of(lib).front(); }
 
+std::string library_setting(GpuLibrary lib, const std::string& job_value) {
+  if (!job_value.empty()) return job_value;
+  const char* own = std::getenv(library_knob(lib));
+  return own ? own : "";
+}
+
 std::vector<LibraryCandidate> library_candidates(GpuLibrary lib, const std::string& named,
                                                  const std::string& python) {
   if (!named.empty()) return {{named, library_knob(lib)}};

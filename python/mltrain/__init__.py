@@ -15,13 +15,11 @@ one, the communicator is broken and every later call raises too. Pure Python ove
 (comm/include/mltrain/comm.h): hosts need no compiler. docs/python.md has the whole story.
 Parameter-server mode (a job spec with [ps]): `import mltrain.ps` (push, pull, push_pull).
 """
-import atexit
 import ctypes
-import os
 import queue
 import threading
 
-from . import _capi
+from . import _capi, _common, _env
 
 __all__ = [
     "CommError", "Communicator", "Handle", "init", "is_initialized", "shutdown", "rank", "size",
@@ -118,52 +116,23 @@ def _op_code(op):
 
 # --- handles and the communicator -----------------------------------------------------------------
 
-class Handle:
+class Handle(_common.Handle):
     """An operation started by an *_async call. wait() returns its result (the output array) or
-    raises its CommError. The arrays stay referenced until it is done."""
+    raises its CommError. The arrays stay referenced until it is done. Runs on the communicator's
+    thread (_run)."""
 
     def __init__(self, fn, result):
+        super().__init__(result)
         self._fn = fn
-        self._result = result
-        self._error = None
-        self._done = threading.Event()
-        self._callbacks = []
-        self._cb_lock = threading.Lock()
 
     def _run(self):
+        error = None
         try:
             self._fn()
         except BaseException as e:  # noqa: B902 - delivered to wait()
-            self._error = e
+            error = e
         self._fn = None
-        with self._cb_lock:
-            self._done.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for cb in callbacks:
-            cb(self)
-
-    def done(self):
-        return self._done.is_set()
-
-    def wait(self, timeout=None):
-        if not self._done.wait(timeout):
-            raise TimeoutError("the operation is still running")
-        if self._error is not None:
-            raise self._error
-        return self._result
-
-    def exception(self):
-        self._done.wait()
-        return self._error
-
-    def add_done_callback(self, cb):
-        """cb(handle) runs once the operation is done: on the communicator's thread, or at once
-        when it already is."""
-        with self._cb_lock:
-            if not self._done.is_set():
-                self._callbacks.append(cb)
-                return
-        cb(self)
+        self._finished(error)
 
 
 class Communicator:
@@ -178,8 +147,8 @@ class Communicator:
         self._ptr = ptr
         self.rank = self._lib.mltrain_comm_rank(ptr)
         self.size = self._lib.mltrain_comm_size(ptr)
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        self.local_rank = _env.local_rank()
+        self.local_size = _env.local_world_size()
         #: "nccl" when device (CUDA) buffers go through NCCL, else "tcp" (the CPU backend).
         self.nccl = self._lib.mltrain_comm_backend(ptr) == 1
         self.backend = "nccl" if self.nccl else "tcp"
@@ -386,39 +355,27 @@ class Communicator:
 
 # --- the process's communicator -------------------------------------------------------------------
 
-_default = None
-_default_lock = threading.Lock()
+_default = _common.ProcessDefault(Communicator, "mltrain is not initialized: call mltrain.init() first")
 
 
 def init():
     """Joins the job from the rank environment (RANK, WORLD_SIZE, MLTRAIN_STORE or MASTER_ADDR /
     MASTER_PORT, MLTRAIN_TOKEN: what `mltrain run` sets). Collective; idempotent. Returns the
     process's Communicator."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = Communicator()
-            atexit.register(shutdown)
-        return _default
+    return _default.init()
 
 
 def is_initialized():
-    return _default is not None
+    return _default.is_initialized()
 
 
 def shutdown():
     """Leaves the job (after the async operations in flight). init() may join again."""
-    global _default
-    with _default_lock:
-        if _default is not None:
-            _default.close()
-            _default = None
+    _default.shutdown()
 
 
 def _comm():
-    if _default is None:
-        raise ValueError("mltrain is not initialized: call mltrain.init() first")
-    return _default
+    return _default.get()
 
 
 def rank():

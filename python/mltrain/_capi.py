@@ -11,6 +11,8 @@ import ctypes.util
 import os
 import threading
 
+from . import _env
+
 LIB_NAME = "libmltrain-comm.so.0"
 
 # enum mltrain_dtype / mltrain_redop / mltrain_comm_status
@@ -24,7 +26,7 @@ _lib = None
 
 def library_path():
     """Where libmltrain-comm is loaded from (None when it is nowhere to be found)."""
-    env = os.environ.get("MLTRAIN_COMM_LIB")
+    env = _env.comm_lib()
     if env:
         return env
     here = os.path.dirname(os.path.abspath(__file__))

@@ -23,7 +23,6 @@ writes them in place, with no copy. An async call's arrays must stay valid and u
 handle is waited: the handle keeps a reference to them, and waits in __del__ if it is dropped
 unwaited. Failures raise mltrain.CommError with the library's message.
 """
-import atexit
 import ctypes
 import hashlib
 import queue
@@ -31,7 +30,7 @@ import threading
 import traceback
 import weakref
 
-from . import _capi
+from . import _capi, _common
 from . import CommError, _NUMPY_DTYPES, _TORCH_DTYPES, _is_torch, _view
 
 __all__ = ["Client", "Handle", "init", "is_initialized", "shutdown", "client", "worker",
@@ -134,44 +133,41 @@ def _run_callback(cb, handle):
 
 # --- handles --------------------------------------------------------------------------------------
 
-class Handle:
+class Handle(_common.Handle):
     """A request started by an *_async call. wait() returns its result (the output array, None for
     a push) or raises its CommError; done() says whether wait() would return at once. The arrays
     stay referenced until it is waited; a handle dropped unwaited waits in __del__, so the library
-    never writes memory Python has freed."""
+    never writes memory Python has freed. wait() and exception() wait in the library."""
 
     def __init__(self, client, hptr, keep, result, what):
+        super().__init__(result)
         self._client = client
         self._h = hptr            # ctypes.c_void_p; None once waited (mltrain_ps_wait frees it)
         self._keep = keep         # the arrays the library reads and writes
-        self._result = result
         self._what = what
-        self._error = None
         self._lock = threading.Lock()  # held while waiting in the library
-        self._finished = threading.Event()
-        self._callbacks = []
-        self._cb_lock = threading.Lock()
         client._track(self)
 
-    def _finish(self):
+    def _settle(self):
         """Waits in the library once (the first caller does; the others wait on the lock)."""
         with self._lock:
             if self._h is None:
                 return
             lib, h = self._client._lib, self._h
             rc = lib.mltrain_ps_wait(h)
-            if rc != 0:
-                self._error = self._client._error(rc, self._what)
+            error = self._client._error(rc, self._what) if rc != 0 else None
             self._h = None
             self._keep = None
-        with self._cb_lock:
-            self._finished.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for cb in callbacks:
-            _run_callback(cb, self)
+        self._finished(error)
+
+    def _run_callback(self, cb):
+        _run_callback(cb, self)
+
+    def _first_callback(self):
+        self._client._wait_in_background(self)
 
     def done(self):
-        if self._finished.is_set():
+        if self._done.is_set():
             return True
         if not self._lock.acquire(blocking=False):
             return False  # another thread is waiting in the library
@@ -180,38 +176,10 @@ class Handle:
         finally:
             self._lock.release()
 
-    def wait(self):
-        """Blocks until the request is done; returns its result, or raises its CommError."""
-        self._finish()
-        self._finished.wait()
-        if self._error is not None:
-            raise self._error
-        return self._result
-
-    def exception(self):
-        """Waits, then returns the request's error (None when it succeeded)."""
-        self._finish()
-        self._finished.wait()
-        return self._error
-
-    def add_done_callback(self, cb):
-        """cb(handle) runs once the request is done: on the client's waiter thread, or at once
-        when it already is."""
-        with self._cb_lock:
-            if not self._finished.is_set():
-                self._callbacks.append(cb)
-                first = len(self._callbacks) == 1
-            else:
-                first = None
-        if first is None:
-            cb(self)
-        elif first:
-            self._client._wait_in_background(self)
-
     def __del__(self):
         try:
             if self._h is not None:
-                self._finish()
+                self._settle()
         except Exception:  # noqa: BLE001 - at interpreter exit the library may be gone
             pass
 
@@ -285,7 +253,7 @@ class Client:
             if h is None:
                 return
             try:
-                h._finish()
+                h._settle()
             except BaseException:  # noqa: B902 - the handles after it must still finish
                 traceback.print_exc()
 
@@ -406,7 +374,7 @@ class Client:
             pending = list(self._handles)
         for h in pending:
             try:
-                h._finish()
+                h._settle()
             except Exception:  # noqa: BLE001 - an error stays with its handle
                 pass
         with self._waiter_lock:
@@ -420,40 +388,28 @@ class Client:
 
 # --- the process's client -------------------------------------------------------------------------
 
-_default = None
-_default_lock = threading.Lock()
+_default = _common.ProcessDefault(Client, "mltrain.ps is not initialized: call mltrain.ps.init() first")
 
 
 def init():
     """Connects to the job's parameter servers from the rank environment (MLTRAIN_PS_SERVERS,
     RANK, WORLD_SIZE, MLTRAIN_TOKEN, ...: what `mltrain run` sets for a job with [ps]).
     Idempotent. Returns the process's Client."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = Client()
-            atexit.register(shutdown)
-        return _default
+    return _default.init()
 
 
 def is_initialized():
-    return _default is not None
+    return _default.is_initialized()
 
 
 def shutdown():
     """Waits for the requests in flight and disconnects (also at exit). init() may connect again."""
-    global _default
-    with _default_lock:
-        if _default is not None:
-            _default.close()
-            _default = None
+    _default.shutdown()
 
 
 def client():
     """The process's Client (init() first)."""
-    if _default is None:
-        raise ValueError("mltrain.ps is not initialized: call mltrain.ps.init() first")
-    return _default
+    return _default.get()
 
 
 def worker():

@@ -1,19 +1,13 @@
 #include "runner/agent/gpu_inventory.h"
 
-#include <dlfcn.h>
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 
-#include "knobs/gpu_library.h"
 #include "runner/agent/preflight.h"
+#include "runner/gpu/nvml.h"
+#include "runner/gpu/run_tool.h"
 
 namespace mltrain::agent {
 namespace {
@@ -48,183 +42,62 @@ std::string join(const std::vector<std::string>& v, const char* sep) {
   return out;
 }
 
-// The NVML ABI mltrain uses (nvml.h; declared here so the agent builds without it).
-using nvmlReturn_t = int;
-using nvmlDevice_t = struct nvmlDevice_st*;
-struct nvmlMemory_t {
-  unsigned long long total, free, used;
-};
-constexpr nvmlReturn_t NVML_SUCCESS = 0;
-constexpr nvmlReturn_t NVML_ERROR_NOT_SUPPORTED = 3;
-constexpr nvmlReturn_t NVML_ERROR_DRIVER_NOT_LOADED = 9;
-constexpr unsigned kNvmlNameSize = 96;    // NVML_DEVICE_NAME_V2_BUFFER_SIZE
-constexpr unsigned kNvmlUuidSize = 96;    // NVML_DEVICE_UUID_V2_BUFFER_SIZE
-constexpr unsigned kNvmlDriverSize = 80;  // NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE
-
-struct Nvml {
-  nvmlReturn_t (*init)() = nullptr;
-  nvmlReturn_t (*shutdown)() = nullptr;
-  nvmlReturn_t (*count)(unsigned*) = nullptr;
-  nvmlReturn_t (*handle)(unsigned, nvmlDevice_t*) = nullptr;
-  nvmlReturn_t (*name)(nvmlDevice_t, char*, unsigned) = nullptr;
-  nvmlReturn_t (*uuid)(nvmlDevice_t, char*, unsigned) = nullptr;
-  nvmlReturn_t (*memory)(nvmlDevice_t, nvmlMemory_t*) = nullptr;
-  nvmlReturn_t (*mig)(nvmlDevice_t, unsigned*, unsigned*) = nullptr;
-  const char* (*error)(nvmlReturn_t) = nullptr;
-  nvmlReturn_t (*driver)(char*, unsigned) = nullptr;
-
-  std::string what(nvmlReturn_t r) const {
-    const char* s = error ? error(r) : nullptr;
-    return s ? std::string(s) : "NVML error " + std::to_string(r);
-  }
-};
-
-template <class F>
-bool bind(void* lib, F& fn, const char* name, std::string& missing) {
-  fn = reinterpret_cast<F>(::dlsym(lib, name));
-  if (!fn && missing.empty()) missing = name;
-  return fn != nullptr;
-}
-
 // True when NVML answered (whatever it counted); else `why` and `no_driver` say what happened.
 bool probe_nvml(const std::string& library, GpuInventory& inv, std::vector<std::string>& why,
                 bool& no_driver) {
-  const bool named = !library.empty();
-  knobs::LoadedLibrary found = knobs::load_library(knobs::GpuLibrary::nvml, library);
-  const std::string lib_name = named ? library : found.handle ? found.file : std::string(kDefaultNvmlLibrary);
-  void* lib = found.handle;
-  if (!lib) {
-    std::string err = found.error.empty() ? "unknown error" : found.error;
-    if (!named) {
-      why.push_back(lib_name + " not found");
-    } else {
-      // dlerror() starts with the path; say where the path came from instead.
-      if (err.compare(0, lib_name.size() + 2, lib_name + ": ") == 0) err.erase(0, lib_name.size() + 2);
-      why.push_back("MLTRAIN_NVML_LIBRARY=" + lib_name + ": " + err);
+  gpu::Nvml::Failure failed;
+  std::unique_ptr<gpu::Nvml> nvml = gpu::Nvml::open(library, failed);
+  if (!nvml) {
+    const std::string lib_name = failed.file.empty() ? std::string(kDefaultNvmlLibrary) : failed.file;
+    if (failed.step == gpu::Nvml::Failure::Step::load) {
+      std::string err = failed.error.empty() ? "unknown error" : failed.error;
+      if (!failed.named) {
+        why.push_back(lib_name + " not found");
+      } else {
+        // dlerror() starts with the path; say where the path came from instead.
+        if (err.compare(0, lib_name.size() + 2, lib_name + ": ") == 0) err.erase(0, lib_name.size() + 2);
+        why.push_back("MLTRAIN_NVML_LIBRARY=" + lib_name + ": " + err);
+        no_driver = false;
+      }
+    } else if (failed.step == gpu::Nvml::Failure::Step::symbols) {
+      why.push_back(lib_name + " lacks " + failed.missing);
       no_driver = false;
+    } else {
+      why.push_back("nvmlInit: " + failed.init_error);
+      if (failed.code != gpu::Nvml::kDriverNotLoaded) no_driver = false;
     }
     return false;
   }
-  inv.library = found.found_text();
-  Nvml n;
-  std::string missing;
-  bind(lib, n.error, "nvmlErrorString", missing);
-  bool ok = bind(lib, n.init, "nvmlInit_v2", missing) && bind(lib, n.shutdown, "nvmlShutdown", missing) &&
-            bind(lib, n.count, "nvmlDeviceGetCount_v2", missing) &&
-            bind(lib, n.handle, "nvmlDeviceGetHandleByIndex_v2", missing);
-  bind(lib, n.name, "nvmlDeviceGetName", missing);
-  bind(lib, n.uuid, "nvmlDeviceGetUUID", missing);
-  bind(lib, n.memory, "nvmlDeviceGetMemoryInfo", missing);
-  bind(lib, n.mig, "nvmlDeviceGetMigMode", missing);
-  bind(lib, n.driver, "nvmlSystemGetDriverVersion", missing);
-  if (!ok) {
-    why.push_back(lib_name + " lacks " + missing);
-    no_driver = false;
-    ::dlclose(lib);
-    return false;
-  }
-  if (nvmlReturn_t r = n.init(); r != NVML_SUCCESS) {
-    why.push_back("nvmlInit: " + n.what(r));
-    if (r != NVML_ERROR_DRIVER_NOT_LOADED) no_driver = false;
-    ::dlclose(lib);
-    return false;
-  }
+  inv.library = nvml->found_text();
   inv.source = "nvml";
   std::vector<std::string> errors;
-  if (n.driver) {
-    char buf[kNvmlDriverSize] = {};
-    if (n.driver(buf, sizeof buf) == NVML_SUCCESS) inv.driver_version = buf;
-  }
+  nvml->driver_version(inv.driver_version);
   unsigned count = 0;
-  if (nvmlReturn_t r = n.count(&count); r != NVML_SUCCESS) {
-    errors.push_back("nvmlDeviceGetCount: " + n.what(r));
+  if (int r = nvml->device_count(count); r != gpu::Nvml::kSuccess) {
+    errors.push_back("nvmlDeviceGetCount: " + nvml->what(r));
     count = 0;
   }
   for (unsigned i = 0; i < count && i < 1024; ++i) {
-    nvmlDevice_t dev = nullptr;
-    if (nvmlReturn_t r = n.handle(i, &dev); r != NVML_SUCCESS) {
-      errors.push_back("GPU " + std::to_string(i) + ": " + n.what(r));
+    gpu::Nvml::Device dev = nullptr;
+    if (int r = nvml->device(i, dev); r != gpu::Nvml::kSuccess) {
+      errors.push_back("GPU " + std::to_string(i) + ": " + nvml->what(r));
       continue;
     }
     Gpu g;
     g.index = int32_t(i);
-    char buf[kNvmlNameSize > kNvmlUuidSize ? kNvmlNameSize : kNvmlUuidSize] = {};
-    if (n.name && n.name(dev, buf, kNvmlNameSize) == NVML_SUCCESS) g.name = buf;
-    buf[0] = 0;
-    if (n.uuid && n.uuid(dev, buf, kNvmlUuidSize) == NVML_SUCCESS) g.uuid = buf;
-    nvmlMemory_t mem{};
-    if (n.memory && n.memory(dev, &mem) == NVML_SUCCESS) g.memory_mib = mem.total >> 20;
+    nvml->name(dev, g.name);
+    nvml->uuid(dev, g.uuid);
+    gpu::Nvml::Memory mem;
+    if (nvml->memory(dev, mem) == gpu::Nvml::kSuccess) g.memory_mib = mem.total >> 20;
     unsigned current = 0, pending = 0;
-    if (n.mig) {
-      nvmlReturn_t r = n.mig(dev, &current, &pending);
-      g.mig = r == NVML_SUCCESS ? (current ? 1 : 0) : r == NVML_ERROR_NOT_SUPPORTED ? 0 : -1;
-    }
+    const int r = nvml->mig_mode(dev, current, pending);
+    if (r != gpu::Nvml::kFunctionNotFound)
+      g.mig = r == gpu::Nvml::kSuccess ? (current ? 1 : 0) : r == gpu::Nvml::kNotSupported ? 0 : -1;
     inv.gpus.push_back(std::move(g));
   }
   if (count == 0 && errors.empty()) errors.push_back("NVML lists no GPU");
   inv.note = join(errors, "; ");
-  n.shutdown();
-  ::dlclose(lib);
   return true;
-}
-
-int64_t monotonic_ms() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
-}
-
-// Runs `program -L` with stdout and stderr into one pipe, for at most kNvidiaSmiTimeoutMs.
-// Returns the wait status (-1: could not run, -2: timed out) and fills `out`.
-int run_list(const std::string& program, std::string& out) {
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return -1;
-  const char* argv[] = {program.c_str(), "-L", nullptr};
-  pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(fds[0]);
-    ::close(fds[1]);
-    return -1;
-  }
-  if (pid == 0) {
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);  // the agent blocks some for its signalfd
-    int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (null >= 0) ::dup2(null, 0);
-    ::dup2(fds[1], 1);
-    ::dup2(fds[1], 2);
-    ::execv(argv[0], const_cast<char* const*>(argv));
-    ::_exit(127);
-  }
-  ::close(fds[1]);
-  int64_t deadline = monotonic_ms() + kNvidiaSmiTimeoutMs;
-  bool timed_out = false;
-  char buf[4096];
-  while (true) {
-    int64_t left = deadline - monotonic_ms();
-    if (left <= 0) {
-      timed_out = true;
-      break;
-    }
-    pollfd p{fds[0], POLLIN, 0};
-    int r = ::poll(&p, 1, int(left));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
-      timed_out = r == 0;
-      break;
-    }
-    ssize_t n = ::read(fds[0], buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    if (out.size() < kNvidiaSmiMaxOutput) out.append(buf, size_t(n));
-  }
-  ::close(fds[0]);
-  if (timed_out) ::kill(pid, SIGKILL);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  return timed_out ? -2 : status;
 }
 
 std::string first_line(const std::string& text) {
@@ -246,18 +119,19 @@ bool probe_nvidia_smi(const std::string& path, GpuInventory& inv, std::vector<st
     return false;
   }
   std::string out;
-  int status = run_list(program, out);
-  if (status == -1) {
+  const char* argv[] = {program.c_str(), "-L", nullptr};
+  int status = gpu::run_tool(argv, kNvidiaSmiTimeoutMs, kNvidiaSmiMaxOutput, out);
+  if (status == gpu::kToolNotStarted) {
     why.push_back("cannot run " + program + ": " + std::strerror(errno));
     no_driver = false;
     return false;
   }
-  if (status == -2) {
+  if (status == gpu::kToolTimedOut) {
     why.push_back(program + " -L did not answer within " + std::to_string(kNvidiaSmiTimeoutMs / 1000) + " s");
     no_driver = false;
     return false;
   }
-  int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  int code = gpu::tool_exit_code(status);
   std::vector<Gpu> gpus = code == 0 ? parse_nvidia_smi_list(out) : std::vector<Gpu>{};
   if (gpus.empty()) {
     std::string said = first_line(out);

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <string>
 
-#include "knobs/registry.h"
+#include "knobs/knobs.h"
 
 namespace mltrain::log {
 namespace {
@@ -54,7 +54,7 @@ void set_level(Level l) { g_level = l; }
 std::string set_level_from_env() {
   std::string s;
   try {
-    s = knobs::get_choice("MLTRAIN_LOG");
+    s = knobs::mltrain_log.get();
   } catch (const knobs::BadValue& e) {
     return e.what();
   }

@@ -4,7 +4,7 @@
 
 #include <cctype>
 
-#include "knobs/registry.h"
+#include "knobs/knobs.h"
 #include "runner/common/text.h"
 
 namespace mltrain::secret {
@@ -25,7 +25,7 @@ bool is_secret_name(std::string_view name) {
   if (n.size() >= 4 && n.compare(n.size() - 4, 4, "_KEY") == 0) return true;
   for (const char* word : {"TOKEN", "SECRET", "PASSWORD"})
     if (n.find(word) != std::string::npos) return true;
-  for (const auto& glob : text::split(knobs::get_string("MLTRAIN_SECRET_VARS"), ',')) {
+  for (const auto& glob : text::split(knobs::mltrain_secret_vars.get(), ',')) {
     const std::string g = upper(text::trim(glob));
     if (!g.empty() && ::fnmatch(g.c_str(), n.c_str(), 0) == 0) return true;
   }

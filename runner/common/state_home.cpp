@@ -4,18 +4,17 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 
-#include "knobs/registry.h"
+#include "knobs/knobs.h"
 #include "runner/common/error.h"
 #include "runner/common/sys_check.h"
 
 namespace mltrain {
 
 std::string state_home() {
-  if (knobs::is_set("MLTRAIN_HOME")) return knobs::get_string("MLTRAIN_HOME");
-  if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x) return std::string(x) + "/mltrain";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.local/state/mltrain";
+  if (knobs::mltrain_home.is_set()) return knobs::mltrain_home.get();
+  if (const std::string x = knobs::xdg_state_home.get(); !x.empty()) return x + "/mltrain";
+  if (const std::string h = knobs::home.get(); !h.empty()) return h + "/.local/state/mltrain";
   return "/tmp/mltrain-" + std::to_string(::getuid());
 }
 

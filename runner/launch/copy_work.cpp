@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "knobs/registry.h"
+#include "knobs/knobs.h"
 #include "runner/common/error.h"
 #include "runner/common/text.h"
 #include "runner/launch/detail/launch_detail.h"
@@ -76,8 +76,8 @@ void merge(int from, int to, const std::string& shown, std::vector<std::string>&
 
 void pull_limits(supervise::PullJob& job) {
   try {
-    job.max_bytes = knobs::get_bytes("MLTRAIN_PULL_MAX_BYTES");
-    job.stall_timeout = knobs::get_duration("MLTRAIN_PULL_STALL_TIMEOUT");
+    job.max_bytes = knobs::mltrain_pull_max_bytes.get();
+    job.stall_timeout = knobs::mltrain_pull_stall_timeout.get();
   } catch (const knobs::BadValue& e) {
     throw Error(e.what(), "set it like the default (see 'mltrain knobs')", exit_code::usage);
   }
@@ -88,8 +88,8 @@ void pull_limits(supervise::PullJob& job) {
 supervise::Options supervise_defaults() {
   supervise::Options o;
   try {
-    o.heartbeat_interval = knobs::get_duration("MLTRAIN_HEARTBEAT_INTERVAL");
-    o.heartbeat_timeout = knobs::get_duration("MLTRAIN_HEARTBEAT_TIMEOUT");
+    o.heartbeat_interval = knobs::mltrain_heartbeat_interval.get();
+    o.heartbeat_timeout = knobs::mltrain_heartbeat_timeout.get();
   } catch (const knobs::BadValue& e) {
     throw Error(e.what(), "set it like the default (see 'mltrain knobs')", exit_code::usage);
   }

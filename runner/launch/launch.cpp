@@ -13,6 +13,7 @@
 #include <sstream>
 #include <vector>
 
+#include "knobs/knobs.h"
 #include "runner/common/error.h"
 #include "runner/common/secret.h"
 #include "runner/common/text.h"
@@ -143,8 +144,7 @@ void apply_overrides(spec::JobSpec& s, const Overrides& f,
 std::vector<std::string> check_resolution(const plan::Plan& p, const spec::JobSpec& s,
                                           std::vector<std::string>& failures) {
   std::vector<std::string> lines;
-  const char* home_env = std::getenv("HOME");
-  std::string home = home_env ? home_env : "";
+  const std::string home = knobs::home.get();
   std::string config = transport::expand_home(s.ssh.config.empty() ? "~/.ssh/config" : s.ssh.config, home);
   transport::SshConfig cfg = transport::SshConfig::load(config, home);
   for (const auto& h : p.hosts) {

@@ -14,7 +14,7 @@
 #include <filesystem>
 #include <set>
 
-#include "knobs/registry.h"
+#include "knobs/knobs.h"
 #include "runner/common/error.h"
 #include "runner/common/secret.h"
 #include "runner/common/state_home.h"
@@ -259,7 +259,7 @@ RunResult run(const JobRequest& req) {
   }
   std::chrono::milliseconds telemetry_interval{0};  // read first: a bad value leaves no run behind
   try {
-    telemetry_interval = knobs::get_duration("MLTRAIN_TELEMETRY_INTERVAL");
+    telemetry_interval = knobs::mltrain_telemetry_interval.get();
   } catch (const knobs::BadValue& e) {
     throw Error(e.what(), "set it like 1s or 500ms, or to 0 for no telemetry");
   }
@@ -297,13 +297,13 @@ RunResult run(const JobRequest& req) {
   rec = new_record(s, p);
   if (p.slurm) {
     auto env = req.environ ? *req.environ : plan::current_environ();
-    if (auto it = env.find("SLURM_JOB_ID"); it != env.end()) rec.slurm_job_id = it->second;
+    if (const std::string* id = knobs::slurm_job_id.in(env)) rec.slurm_job_id = *id;
   }
   if (sp) rec.git_commit = git_commit(sp->src);
   rec.kind = req.exec ? "exec" : "run";
   // `ssh` and `cp` reach the hosts again the way this run did, however it was given its config.
   if (!s.ssh.config.empty()) {
-    const std::string home = knobs::get_string("HOME");
+    const std::string home = knobs::home.get();
     std::string config = s.ssh.config;
     if (config.rfind("~/", 0) == 0 && !home.empty()) config = home + config.substr(1);
     rec.ssh_config = std::filesystem::absolute(config).lexically_normal().string();
@@ -332,13 +332,12 @@ RunResult run(const JobRequest& req) {
                                              "start") +
                      " (docs/sync.md), or give a workdir every host has";
   if (sp) {
-    const char* home = std::getenv("HOME");
+    const std::string home = knobs::home.get();
     std::string shown = sp->src;
-    if (home && *home && shown.rfind(std::string(home) + "/", 0) == 0)
-      shown = "~" + shown.substr(std::strlen(home));
+    if (!home.empty() && shown.rfind(home + "/", 0) == 0) shown = "~" + shown.substr(home.size());
     o.sync = supervise::SyncJob{&sp->tree, sp->remote, shown};
     try {
-      o.sync->warn_bytes = knobs::get_bytes("MLTRAIN_SYNC_WARN_BYTES");
+      o.sync->warn_bytes = knobs::mltrain_sync_warn_bytes.get();
     } catch (const knobs::BadValue& e) {
       throw Error(e.what(), "set it like 100M", exit_code::usage);
     }

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <thread>
 
+#include "knobs/gpu_library.h"
 #include "runner/common/error.h"
 #include "runner/common/text.h"
 #include "runner/launch/detail/launch_detail.h"
@@ -97,9 +98,7 @@ class Watch final : public Source {
       throw Error(std::string("pipe: ") + std::strerror(errno), {}, exit_code::internal);
     w_.interval = interval;
     // The job's MLTRAIN_NVML_LIBRARY, else this process's (a path every host has), else the agents' own.
-    w_.nvml_library = plan_.nvml_library;
-    if (const char* own = ::getenv("MLTRAIN_NVML_LIBRARY"); w_.nvml_library.empty() && own)
-      w_.nvml_library = own;
+    w_.nvml_library = knobs::library_setting(knobs::GpuLibrary::nvml, plan_.nvml_library);
     w_.stop_fd = stop_[0];
     std::vector<std::string> hosts;
     for (const auto& h : plan_.hosts) hosts.push_back(h.host.name);

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <set>
 
+#include "knobs/knobs.h"
 #include "knobs/parse.h"
 #include "runner/common/error.h"
 #include "runner/common/text.h"
@@ -110,12 +111,12 @@ std::vector<hostfile::Host> cluster_hosts(const spec::JobSpec& s,
     std::string origin = s.origin("cluster.hosts", "-H");
     hosts =
         hostfile_call([&] { return hostfile::parse_host_list(text::join(s.cluster.hosts, ","), origin); });
-  } else if (auto it = env.find("SLURM_JOB_NODELIST"); it != env.end() && !it->second.empty()) {
-    auto names = hostfile_call([&] { return hostfile::expand_nodelist(it->second); });
+  } else if (const std::string* nodes = knobs::slurm_job_nodelist.in(env); nodes && !nodes->empty()) {
+    auto names = hostfile_call([&] { return hostfile::expand_nodelist(*nodes); });
     // SLURM_TASKS_PER_NODE ("2(x3),1"): each node's slots, in the node list's order.
     std::vector<int> tasks;
-    if (auto t = env.find("SLURM_TASKS_PER_NODE"); t != env.end())
-      for (const auto& item : text::split(t->second, ',')) {
+    if (const std::string* per_node = knobs::slurm_tasks_per_node.in(env))
+      for (const auto& item : text::split(*per_node, ',')) {
         int n = std::atoi(item.c_str()), times = 1;
         if (auto x = item.find("(x"); x != std::string::npos) times = std::atoi(item.c_str() + x + 2);
         for (int k = 0; k < times && n > 0 && tasks.size() < names.size(); ++k) tasks.push_back(n);
@@ -291,8 +292,9 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
                 "lower -n or the slot counts");
 
   const std::string& launcher = s.cluster.launcher;
-  p.slurm = launcher == "slurm" || (launcher == "auto" && in.environ.count("SLURM_JOB_ID") &&
-                                    !in.environ.at("SLURM_JOB_ID").empty() && !implicit_local);
+  const std::string* slurm_job = knobs::slurm_job_id.in(in.environ);
+  p.slurm =
+      launcher == "slurm" || (launcher == "auto" && slurm_job && !slurm_job->empty() && !implicit_local);
   if (launcher == "slurm" && implicit_local)
     throw Error(s.origin("cluster.launcher", "--launcher") +
                     ": launcher \"slurm\" needs hosts, and no "
@@ -396,7 +398,7 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
   p.gpus_per_proc = s.gpus.per_proc;
   p.procs_per_gpu = s.gpus.procs_per_gpu;
   std::string ps_memory;
-  if (auto it = in.environ.find("MLTRAIN_PS_MEMORY"); it != in.environ.end()) ps_memory = it->second;
+  if (const std::string* launchers = knobs::mltrain_ps_memory.in(in.environ)) ps_memory = *launchers;
   for (const auto& [k, v] : base) {
     if (k == "CUDA_VISIBLE_DEVICES") p.user_cuda_visible_devices = v;
     if (k == "MLTRAIN_NVML_LIBRARY") p.nvml_library = v;

@@ -14,7 +14,7 @@
 #include <system_error>
 #include <utility>
 
-#include "knobs/registry.h"
+#include "knobs/knobs.h"
 #include "runner/common/error.h"
 #include "runner/common/log.h"
 #include "runner/common/sys_check.h"
@@ -79,7 +79,7 @@ class LocalTransport : public Transport {
     }
     // MLTRAIN_LOCAL_AGENT_WRAPPER: a program (and its words) the agent runs under, its path last.
     std::vector<std::string> argv;
-    for (const auto& w : text::split(knobs::get_string("MLTRAIN_LOCAL_AGENT_WRAPPER"), ' '))
+    for (const auto& w : text::split(knobs::mltrain_local_agent_wrapper.get(), ' '))
       if (!w.empty()) argv.push_back(w);
     const std::string program = argv.empty()                             ? agent
                                 : argv[0].find('/') != std::string::npos ? argv[0]

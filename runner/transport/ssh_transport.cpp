@@ -19,6 +19,7 @@
 #include <optional>
 #include <vector>
 
+#include "knobs/knobs.h"
 #include "runner/common/error.h"
 #include "runner/common/log.h"
 #include "runner/common/text.h"
@@ -31,10 +32,7 @@ namespace {
 
 using detail::Session;
 
-std::string home_dir() {
-  const char* home = std::getenv("HOME");
-  return home ? home : "";
-}
+std::string home_dir() { return knobs::home.get(); }
 
 std::string lower(std::string s) {
   for (auto& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
@@ -455,8 +453,8 @@ int SshTransport::interactive(const plan::HostPlan& hp, const std::string& scrip
   if (tty) {
     winsize w{};
     if (::ioctl(0, TIOCGWINSZ, &w) != 0 || w.ws_col == 0) w.ws_col = 80, w.ws_row = 24;
-    const char* term = std::getenv("TERM");
-    if (ssh_channel_request_pty_size(ch, term && *term ? term : "xterm", w.ws_col, w.ws_row) != SSH_OK)
+    const std::string term = knobs::term.get();
+    if (ssh_channel_request_pty_size(ch, term.empty() ? "xterm" : term.c_str(), w.ws_col, w.ws_row) != SSH_OK)
       throw Error(name + ": the host refused a terminal: " + ssh_get_error(ss),
                   "sshd may forbid PTYs (PermitTTY no); give a command after '--'", exit_code::host_failure);
   }

@@ -65,3 +65,16 @@ def test_comm_reads_durations_with_units(ml):
     assert r.returncode != 0
     assert ("MLTRAIN_COMM_TIMEOUT='5x' is not a duration (write it like 90s, 5m, 1h30m"
             in r.stderr), r.stderr
+
+
+def test_the_python_package_reads_only_declared_knobs(ml):
+    # python/mltrain/_env.py is the package's one reader of the environment.
+    r = ml("knobs", "--json")
+    assert r.returncode == 0, r.stderr
+    declared = {k["name"] for k in json.loads(r.stdout)["knobs"]}
+    text = (REPO / "python" / "mltrain" / "_env.py").read_text()
+    names = set(re.findall(r'"([A-Z][A-Z0-9_]+)"', text))
+    assert names and names <= declared, names - declared
+    for path in (REPO / "python" / "mltrain").glob("*.py"):
+        if path.name != "_env.py":
+            assert "os.environ" not in path.read_text() and "getenv" not in path.read_text(), path

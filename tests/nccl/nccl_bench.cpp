@@ -42,8 +42,7 @@ struct Raw {
 
 // The library the comm library loads: the same knob, the same search (knobs/gpu_library.h).
 void* open_lib(mltrain::knobs::GpuLibrary lib) {
-  const char* v = std::getenv(mltrain::knobs::library_knob(lib));
-  return mltrain::knobs::load_library(lib, v ? v : "").handle;
+  return mltrain::knobs::load_library(lib, mltrain::knobs::library_setting(lib, "")).handle;
 }
 
 template <class F>

@@ -34,8 +34,10 @@ struct Cuda {
   int (*DeviceSynchronize)() = nullptr;
 
   bool load() {
-    const char* chosen = std::getenv("MLTRAIN_CUDART_LIBRARY");
-    void* h = mltrain::knobs::load_library(mltrain::knobs::GpuLibrary::cudart, chosen ? chosen : "").handle;
+    using mltrain::knobs::GpuLibrary;
+    void* h = mltrain::knobs::load_library(GpuLibrary::cudart,
+                                           mltrain::knobs::library_setting(GpuLibrary::cudart, ""))
+                  .handle;
     if (!h) return false;
     Malloc = reinterpret_cast<decltype(Malloc)>(::dlsym(h, "cudaMalloc"));
     Free = reinterpret_cast<decltype(Free)>(::dlsym(h, "cudaFree"));

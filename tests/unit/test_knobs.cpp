@@ -1,14 +1,19 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <set>
 #include <sstream>
+#include <type_traits>
+#include <vector>
 
 #include "knobs/gpu_library.h"
+#include "knobs/knobs.h"
 #include "knobs/parse.h"
 #include "knobs/registry.h"
 
@@ -112,9 +117,11 @@ TEST_CASE("knobs: getters read the environment and name a bad value") {
 // Every environment variable the sources read must be in the table (so `mltrain knobs` lists it).
 TEST_CASE("knobs: every variable the sources read is declared") {
   namespace fs = std::filesystem;
-  // getenv("X"), knobs::get_*("X") / is_set("X"), and lookups in the launcher's environ map.
+  // Reads by name: getenv, knobs::get_* and is_set of "X", and lookups in the launcher's environ map.
   const std::regex read(
       R"re((?:getenv|get_string|get_int|get_duration|get_bytes|get_flag|get_choice|is_set|environ\.find|env\.find)\("([A-Z][A-Z0-9_]*)"\))re");
+  // knobs::x.get() and its kin: the typed accessor of the variable X (its name in lower case).
+  const std::regex typed(R"re(knobs::([a-z][a-z0-9_]*)\.(?:get|is_set|raw|value_of|in|name|knob)\()re");
   std::set<std::string> found, missing;
   for (const char* dir : {"cli", "runner", "comm/src", "comm/tools", "hostfile", "profiles", "knobs"}) {
     const fs::path root = fs::path(MLTRAIN_SOURCE_DIR) / dir;
@@ -131,13 +138,19 @@ TEST_CASE("knobs: every variable the sources read is declared") {
         if (find((*it)[1].str()) == nullptr)
           missing.insert((*it)[1].str() + " (" + entry.path().string() + ")");
       }
+      for (std::sregex_iterator it(s.begin(), s.end(), typed), end; it != end; ++it) {
+        std::string name = (*it)[1];
+        for (auto& c : name) c = char(std::toupper(static_cast<unsigned char>(c)));
+        found.insert(name);
+        if (find(name) == nullptr) missing.insert(name + " (" + entry.path().string() + ")");
+      }
     }
   }
   // The scan sees the reads it must (it is not looking at an empty tree).
   CHECK(found.count("MLTRAIN_HOME") == 1);
   CHECK(found.count("MLTRAIN_COMM_TIMEOUT") == 1);
   CHECK(found.count("SLURM_JOB_NODELIST") == 1);
-  for (const auto& m : missing) FAIL_CHECK("not declared in knobs/src/registry.cpp: " << m);
+  for (const auto& m : missing) FAIL_CHECK("not declared in knobs/include/knobs/knobs.def: " << m);
 }
 
 TEST_CASE("gpu_library: the knob alone when set; else the loader path, then the Python's wheels") {
@@ -174,4 +187,112 @@ TEST_CASE("gpu_library: the knob alone when set; else the loader path, then the 
   CHECK(loaded.handle == nullptr);
   CHECK(!loaded.error.empty());
   fs::remove_all(root);
+}
+
+TEST_CASE("knobs: each row's accessor is its variable's name in lower case, typed by its kind") {
+  std::vector<std::pair<std::string, std::string>> rows;
+#define MLTRAIN_KNOB(id, name, ...) rows.emplace_back(#id, name);
+#include "knobs/knobs.def"
+#undef MLTRAIN_KNOB
+  REQUIRE(rows.size() == all().size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    CAPTURE(rows[i].second);
+    std::string lower = rows[i].second;
+    for (auto& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
+    CHECK(rows[i].first == lower);
+    CHECK(all()[i].name == rows[i].second);  // the table is in the rows' order
+  }
+  static_assert(std::is_same_v<decltype(mltrain_heartbeat_timeout.get()), milliseconds>);
+  static_assert(std::is_same_v<decltype(mltrain_pull_max_bytes.get()), std::uint64_t>);
+  static_assert(std::is_same_v<decltype(mltrain_comm_stats.get()), bool>);
+  static_assert(std::is_same_v<decltype(master_port.get()), std::int64_t>);
+  static_assert(std::is_same_v<decltype(mltrain_log.get()), std::string>);
+  CHECK(mltrain_heartbeat_timeout.name() == "MLTRAIN_HEARTBEAT_TIMEOUT");
+  CHECK(&home.knob() == find("HOME"));
+}
+
+TEST_CASE("knobs: typed accessors read the environment, a map, or a text, and name a bad value") {
+  ::unsetenv("MLTRAIN_HEARTBEAT_TIMEOUT");
+  CHECK(mltrain_heartbeat_timeout.get() == milliseconds(10000));
+  CHECK_FALSE(mltrain_heartbeat_timeout.is_set());
+  CHECK_FALSE(mltrain_heartbeat_timeout.raw().has_value());
+  ::setenv("MLTRAIN_HEARTBEAT_TIMEOUT", "", 1);  // empty reads as unset, but is there
+  CHECK(mltrain_heartbeat_timeout.get() == milliseconds(10000));
+  CHECK_FALSE(mltrain_heartbeat_timeout.is_set());
+  CHECK(mltrain_heartbeat_timeout.raw() == std::string());
+  ::setenv("MLTRAIN_HEARTBEAT_TIMEOUT", "1m30s", 1);
+  CHECK(mltrain_heartbeat_timeout.get() == milliseconds(90000));
+  CHECK(mltrain_heartbeat_timeout.is_set());
+  ::setenv("MLTRAIN_HEARTBEAT_TIMEOUT", "soon", 1);
+  CHECK_THROWS_WITH_AS(mltrain_heartbeat_timeout.get(),
+                       doctest::Contains("MLTRAIN_HEARTBEAT_TIMEOUT='soon' is not a duration"), BadValue);
+  ::unsetenv("MLTRAIN_HEARTBEAT_TIMEOUT");
+
+  CHECK(mltrain_comm_algo.value_of("hd") == "hd");
+  CHECK_THROWS_AS(mltrain_comm_algo.value_of("tree"), BadValue);
+  CHECK(mltrain_ps_sync.value_of("no") == false);
+  CHECK(mltrain_comm_shm_bytes.value_of("2M") == (2u << 20));
+
+  const std::map<std::string, std::string> env = {{"SLURM_JOB_ID", "42"}};
+  REQUIRE(slurm_job_id.in(env) != nullptr);
+  CHECK(*slurm_job_id.in(env) == "42");
+  CHECK(slurm_job_nodelist.in(env) == nullptr);
+}
+
+TEST_CASE("gpu_library: the job's value, else this process's variable, else the search") {
+  ::setenv("MLTRAIN_NVML_LIBRARY", "/own/libnvidia-ml.so.1", 1);
+  CHECK(library_setting(GpuLibrary::nvml, "/job/libnvidia-ml.so.1") == "/job/libnvidia-ml.so.1");
+  CHECK(library_setting(GpuLibrary::nvml, "") == "/own/libnvidia-ml.so.1");
+  ::setenv("MLTRAIN_NVML_LIBRARY", "", 1);
+  CHECK(library_setting(GpuLibrary::nvml, "").empty());
+  ::unsetenv("MLTRAIN_NVML_LIBRARY");
+  CHECK(library_setting(GpuLibrary::nvml, "").empty());
+}
+
+// The environment is read through knobs/ alone: a read anywhere else would be a variable that
+// `mltrain knobs` does not list, with a default nobody declared.
+TEST_CASE("knobs: no getenv in C++ sources outside knobs/") {
+  namespace fs = std::filesystem;
+  const fs::path root(MLTRAIN_SOURCE_DIR);
+  // Folders that may read the environment themselves, each for its reason.
+  const std::vector<std::string> allowed = {
+      "knobs/",  // the registry: the one reader
+      // Being converted to the typed accessors; remove these two once they are.
+      "runner/agent/",
+      "comm/",
+      // Comparison programs built against gloo and MPI by bench/compare.sh, not part of mltrain.
+      "bench/compare/",
+      // Stand-ins for NCCL, CUDA and NVML: they read those libraries' own variables, as the real ones do.
+      "tests/fakes/",
+      // A switch of the test itself, set by ctest for comm_full_matrix.
+      "tests/unit/test_comm.cpp",
+  };
+  const std::string needle = std::string("getenv") + "(";
+  std::vector<std::string> readers;
+  size_t scanned = 0;
+  for (auto it = fs::recursive_directory_iterator(root); it != fs::recursive_directory_iterator(); ++it) {
+    const fs::path& p = it->path();
+    if (it->is_directory()) {
+      // Build trees (a CMakeCache.txt) and hidden folders (.git) hold no source of ours.
+      if (p.filename().string().front() == '.' || fs::exists(p / "CMakeCache.txt"))
+        it.disable_recursion_pending();
+      continue;
+    }
+    const auto ext = p.extension();
+    if (ext != ".cpp" && ext != ".cc" && ext != ".h" && ext != ".hpp") continue;
+    const std::string rel = p.lexically_relative(root).generic_string();
+    if (std::any_of(allowed.begin(), allowed.end(),
+                    [&](const std::string& a) { return rel.rfind(a, 0) == 0; }))
+      continue;
+    ++scanned;
+    std::ifstream in(p);
+    std::string line;
+    for (int n = 1; std::getline(in, line); ++n) {
+      const std::string code = line.substr(0, line.find("//"));  // a comment may name it
+      if (code.find(needle) != std::string::npos)
+        readers.push_back(rel + ":" + std::to_string(n) + ": " + line);
+    }
+  }
+  CHECK(scanned > 100);  // the scan sees the tree
+  for (const auto& r : readers) FAIL_CHECK("reads the environment outside knobs/ (use knobs/knobs.h): " << r);
 }

@@ -19,6 +19,11 @@ const char* library_knob(GpuLibrary lib);
 // "libnccl.so.2", "libcudart.so.13", "libnvidia-ml.so.1": the first name tried.
 const char* library_default_name(GpuLibrary lib);
 
+// The one precedence for a library's knob: the job's value (its env table, --env) when non-empty,
+// else this process's variable; "" leaves the choice to library_candidates' search. The launcher
+// applies it to what it asks of the agents (top's watch), each agent again for itself.
+std::string library_setting(GpuLibrary lib, const std::string& job_value);
+
 struct LibraryCandidate {
   std::string file;   // what dlopen is given: a name (the loader path) or a path
   std::string where;  // "MLTRAIN_NCCL_LIBRARY", "loader path", "/usr/local/cuda", "python /x/bin/python3"

@@ -1,10 +1,12 @@
 // Every environment variable mltrain reads (the launcher, the agent and the comm library), declared
-// once with its kind, default and help. `mltrain knobs` prints this table; the typed getters read a
-// variable and parse it with its kind's parser (knobs/parse.h).
+// once with its kind, default and help (knobs/knobs.def). `mltrain knobs` prints this table; the
+// getters read a variable and parse it with its kind's parser (knobs/parse.h). Code reads a knob
+// through its typed accessor (knobs/knobs.h); the getters by name serve what is not yet converted.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -46,6 +48,9 @@ const Knob* find(std::string_view name);
 std::string readers_text(unsigned readers);
 // "duration", "bytes", "auto|tcp|shm", ...
 std::string kind_text(const Knob& k);
+
+// The variable as the environment holds it, set but empty included; nullopt when unset.
+std::optional<std::string> current(const Knob& k);
 
 // The raw value: the environment's when set and non-empty, else the knob's default_value.
 // Every getter throws std::logic_error for a name the table does not declare (a bug, caught by the
