@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "runner/agent/detail/agent_impl.h"
-#include "runner/agent/protocol.h"
+#include "runner/protocol/protocol.h"
 
 namespace mltrain::agent::detail {
 

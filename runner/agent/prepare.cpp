@@ -13,7 +13,7 @@
 #include "runner/agent/detail/agent_impl.h"
 #include "runner/agent/gpu_inventory.h"
 #include "runner/agent/preflight.h"
-#include "runner/agent/protocol.h"
+#include "runner/protocol/protocol.h"
 
 namespace mltrain::agent::detail {
 

@@ -16,7 +16,7 @@
 
 #include "runner/agent/detail/agent_impl.h"
 #include "runner/agent/oom.h"
-#include "runner/agent/protocol.h"
+#include "runner/protocol/protocol.h"
 
 extern char** environ;
 

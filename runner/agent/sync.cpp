@@ -10,7 +10,7 @@
 // removes only the work folders whose sync has ended.
 //
 // Every path below the folder is walked from its fd one part at a time, never through a link
-// (runner/sync/beneath.h): a link the job or anyone else made inside the folder cannot make a sync
+// (runner/tree/beneath.h): a link the job or anyone else made inside the folder cannot make a sync
 // write or remove anything outside it.
 #include <dirent.h>
 #include <fcntl.h>
@@ -31,10 +31,10 @@
 #include <vector>
 
 #include "runner/agent/detail/agent_impl.h"
-#include "runner/agent/protocol.h"
-#include "runner/sync/beneath.h"
-#include "runner/sync/hash.h"
-#include "runner/sync/ignore.h"
+#include "runner/protocol/protocol.h"
+#include "runner/tree/beneath.h"
+#include "runner/tree/hash.h"
+#include "runner/tree/ignore.h"
 
 namespace mltrain::agent::detail {
 

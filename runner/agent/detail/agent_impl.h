@@ -15,10 +15,10 @@
 #include <string_view>
 #include <vector>
 
-#include "runner/agent/protocol.h"
-#include "runner/sync/beneath.h"
+#include "runner/protocol/protocol.h"
 #include "runner/telemetry/sample.h"
 #include "runner/telemetry/sampler.h"
+#include "runner/tree/beneath.h"
 
 struct mltrain_comm_stats;
 

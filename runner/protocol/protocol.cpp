@@ -1,4 +1,4 @@
-#include "runner/agent/protocol.h"
+#include "runner/protocol/protocol.h"
 
 #include <cstring>
 
