@@ -361,6 +361,12 @@ bool is_set(std::string_view name) {
   return value != nullptr && *value != '\0';
 }
 
+std::optional<std::string> get_raw(std::string_view name) {
+  const Knob& k = declared(name);
+  const char* value = std::getenv(std::string(k.name).c_str());
+  return value ? std::optional<std::string>(value) : std::nullopt;
+}
+
 std::chrono::milliseconds get_duration(std::string_view name) {
   const Knob& k = declared(name);
   return duration_value(k, raw(k));

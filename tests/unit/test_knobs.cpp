@@ -112,9 +112,10 @@ TEST_CASE("knobs: getters read the environment and name a bad value") {
 // Every environment variable the sources read must be in the table (so `mltrain knobs` lists it).
 TEST_CASE("knobs: every variable the sources read is declared") {
   namespace fs = std::filesystem;
-  // getenv("X"), knobs::get_*("X") / is_set("X"), and lookups in the launcher's environ map.
+  // getenv("X"), knobs::get_*("X") / is_set("X"), lookups in the launcher's environ map, and the
+  // agent's reads through its environment seam (env_.get("X")).
   const std::regex read(
-      R"re((?:getenv|get_string|get_int|get_duration|get_bytes|get_flag|get_choice|is_set|environ\.find|env\.find)\("([A-Z][A-Z0-9_]*)"\))re");
+      R"re((?:getenv|get_string|get_int|get_duration|get_bytes|get_flag|get_choice|get_raw|is_set|environ\.find|env\.find|env_\.get)\("([A-Z][A-Z0-9_]*)"\))re");
   std::set<std::string> found, missing;
   for (const char* dir : {"cli", "runner", "comm/src", "comm/tools", "hostfile", "profiles", "knobs"}) {
     const fs::path root = fs::path(MLTRAIN_SOURCE_DIR) / dir;

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -53,6 +54,8 @@ std::string kind_text(const Knob& k);
 std::string get_string(std::string_view name);
 // True when the variable is set to a non-empty value.
 bool is_set(std::string_view name);
+// The value as set, empty included (CUDA_VISIBLE_DEVICES="" hides every GPU); nullopt when unset.
+std::optional<std::string> get_raw(std::string_view name);
 std::chrono::milliseconds get_duration(std::string_view name);
 std::int64_t get_int(std::string_view name);
 std::uint64_t get_bytes(std::string_view name);
