@@ -91,7 +91,13 @@ class FakeProcesses final : public agent::ProcessTable {
     return pid;
   }
 
-  bool kill_descendants(pid_t) override { return false; }  // no process outside the ranks' groups
+  // Processes below the ranks that left their groups: found by the next `stray_sweeps` sweeps.
+  bool kill_descendants(pid_t) override {
+    if (stray_sweeps == 0) return false;
+    --stray_sweeps;
+    ++sweeps;
+    return true;
+  }
 
   int start_warden(const std::string&, const std::string&, pid_t& warden) override {
     warden = 1;
@@ -111,6 +117,7 @@ class FakeProcesses final : public agent::ProcessTable {
   }
 
   std::map<pid_t, FakeRank> ranks;
+  int stray_sweeps = 0, sweeps = 0;
 
  private:
   static void close_ends(FakeRank& r) {
@@ -342,6 +349,24 @@ TEST_CASE("agent_core: a rank that ignores TERM is killed at the heartbeat teard
   CHECK(l.procs.ranks.at(pid).alive);
   l.clock.advance(1);
   CHECK(l.turns() == 0);
+  auto got = l.said();
+  auto exits = all_of<msg::Exited>(got);
+  REQUIRE(exits.size() == 1);
+  CHECK(WTERMSIG(exits[0].status) == SIGKILL);
+  CHECK(std::holds_alternative<msg::Bye>(got.back()));
+}
+
+TEST_CASE("agent_core: Shutdown kills at once and sweeps what left the groups until a sweep finds none") {
+  Launcher l;
+  l.hello(5000, 0);
+  const pid_t pid = l.spawn(0, "ignores-term");
+  l.procs.stray_sweeps = 3;
+  const int64_t before = l.clock.now_ms();
+  l.send(msg::Shutdown{});
+  CHECK(l.turns() == 0);
+  CHECK(l.procs.ranks.at(pid).signals == std::vector<int>{SIGCONT, SIGKILL});  // no grace
+  CHECK(l.procs.sweeps == 3);
+  CHECK(l.clock.now_ms() - before == 2);  // a millisecond between sweeps, after the first
   auto got = l.said();
   auto exits = all_of<msg::Exited>(got);
   REQUIRE(exits.size() == 1);
