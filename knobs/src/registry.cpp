@@ -171,6 +171,8 @@ bool is_set(std::string_view name) {
   return value != nullptr && *value != '\0';
 }
 
+std::optional<std::string> get_raw(std::string_view name) { return current(declared(name)); }
+
 std::chrono::milliseconds get_duration(std::string_view name) {
   const Knob& k = declared(name);
   return duration_value(k, value_or_default(k));

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "runner/agent/protocol.h"
+#include "runner/protocol/protocol.h"
 
 namespace mltrain::agent {
 

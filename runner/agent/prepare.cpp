@@ -3,38 +3,36 @@
 // The checks themselves live in preflight.cpp and gpu_inventory.cpp.
 #include <dlfcn.h>
 
-#include <cstdlib>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "knobs/gpu_library.h"
+#include "knobs/registry.h"
 #include "runner/agent/detail/agent_impl.h"
 #include "runner/agent/gpu_inventory.h"
 #include "runner/agent/preflight.h"
-#include "runner/agent/protocol.h"
+#include "runner/protocol/protocol.h"
 
 namespace mltrain::agent::detail {
 
 std::string nvml_library_for(const std::string& job_value) {
   if (!job_value.empty()) return job_value;
-  const char* own = ::getenv("MLTRAIN_NVML_LIBRARY");
-  return own ? own : "";
+  return knobs::get_string("MLTRAIN_NVML_LIBRARY");
 }
 
-std::optional<std::string> cuda_visible_devices_for(uint32_t job_sets_it, const std::string& job_value) {
+std::optional<std::string> cuda_visible_devices_for(uint32_t job_sets_it, const std::string& job_value,
+                                                    const std::optional<std::string>& own) {
   if (job_sets_it) return job_value;
-  const char* own = ::getenv("CUDA_VISIBLE_DEVICES");
-  return own ? std::optional<std::string>(own) : std::nullopt;
+  return own;
 }
 
 // Why NCCL cannot serve a job that requires it here, or "" when it loads and is new enough. The
 // same names and the same oldest version as the comm library (comm/src/transport/nccl.h).
 std::string nccl_library_for(const std::string& job_value) {
   if (!job_value.empty()) return job_value;
-  const char* own = ::getenv("MLTRAIN_NCCL_LIBRARY");
-  return own ? own : "";
+  return knobs::get_string("MLTRAIN_NCCL_LIBRARY");
 }
 
 std::string basename_of(const std::string& p) {
@@ -89,20 +87,20 @@ void Agent::on(uint32_t id, const msg::Prepare& m) {
                        " is already in use here (rank 0's host): set [comm] master_port to a free port, "
                        "or to \"auto\", or stop what listens on it");
   out.ports = reserve_free_ports(m.nports, problems);
-  auto missing = check_workdir_and_program(expand_home(m.workdir), m.argv0,
-                                           effective_path(m.path, ::getenv("PATH")), real_file_system());
+  auto missing =
+      check_workdir_and_program(expand_home(m.workdir), m.argv0, ranks_path(m.path), real_file_system());
   out.cannot_start = missing.empty() ? 0 : 1;
   for (auto& p : missing) problems.push_back(std::move(p));
   if (m.nccl_required)
     if (std::string why = nccl_problem(
             m.nccl_library, python_for(basename_of(m.argv0).rfind("python", 0) == 0 ? m.argv0 : std::string(),
-                                       effective_path(m.path, ::getenv("PATH"))));
+                                       ranks_path(m.path)));
         !why.empty())
       problems.push_back(std::move(why));
   // Forced NCCL without [gpus] asks for no GPU slots, but NCCL needs a GPU per rank: a host with
   // the library and no driver fails here, not in every rank's traceback.
   if (m.nccl_required && m.gpu_slots_needed == 0) {
-    GpuInventory inv = probe_gpus(nvml_library_for(m.nvml_library), effective_path(m.path, ::getenv("PATH")));
+    GpuInventory inv = probe_gpus(nvml_library_for(m.nvml_library), ranks_path(m.path));
     if (inv.gpus.empty())
       problems.push_back("[comm] backend = \"nccl\" needs a GPU per rank, and this host has none (" +
                          inv.note +
@@ -111,9 +109,9 @@ void Agent::on(uint32_t id, const msg::Prepare& m) {
   // GPUs only when the job asks for some: a CPU job pays nothing. Whether there are enough is the
   // launcher's call, which knows what [gpus] asked.
   if (m.gpu_slots_needed > 0) {
-    GpuInventory inv = probe_gpus(nvml_library_for(m.nvml_library), effective_path(m.path, ::getenv("PATH")));
-    std::optional<std::string> visible =
-        cuda_visible_devices_for(m.has_cuda_visible_devices, m.cuda_visible_devices);
+    GpuInventory inv = probe_gpus(nvml_library_for(m.nvml_library), ranks_path(m.path));
+    std::optional<std::string> visible = cuda_visible_devices_for(
+        m.has_cuda_visible_devices, m.cuda_visible_devices, env_.get("CUDA_VISIBLE_DEVICES"));
     for (int i : visible_gpus(inv, visible)) out.gpu_usable.push_back(i);
     out.gpus = std::move(inv.gpus);
     out.gpu_source = inv.source;

@@ -12,18 +12,16 @@
 #include <vector>
 
 #include "knobs/gpu_library.h"
+#include "knobs/registry.h"
 #include "runner/agent/detail/agent_impl.h"
 #include "runner/agent/gpu_inventory.h"
 #include "runner/agent/preflight.h"
-#include "runner/agent/protocol.h"
+#include "runner/protocol/protocol.h"
 
 namespace mltrain::agent::detail {
 namespace {
 
-std::string cudart_library_for() {
-  const char* own = ::getenv("MLTRAIN_CUDART_LIBRARY");
-  return own ? own : "";
-}
+std::string cudart_library_for() { return knobs::get_string("MLTRAIN_CUDART_LIBRARY"); }
 
 }  // namespace
 
@@ -105,12 +103,13 @@ void Agent::on(uint32_t id, const msg::Probe& m) {
   facts.push_back(std::string("kernel=") + u.release);
   facts.push_back(std::string("glibc=") + gnu_get_libc_version());
   // GPUs as a run's preflight would find them (the job's NVML library, the ranks' PATH).
-  GpuInventory inv = probe_gpus(nvml_library_for(m.nvml_library), effective_path(m.path, ::getenv("PATH")));
+  GpuInventory inv = probe_gpus(nvml_library_for(m.nvml_library), ranks_path(m.path));
   facts.push_back("gpus=" + std::to_string(inv.gpus.size()));
   facts.push_back("gpu_source=" + inv.source);
   if (!inv.driver_version.empty()) facts.push_back("gpu_driver=" + inv.driver_version);
   if (!inv.note.empty()) facts.push_back("gpu_note=" + inv.note);
-  if (auto visible = cuda_visible_devices_for(m.has_cuda_visible_devices, m.cuda_visible_devices)) {
+  if (auto visible = cuda_visible_devices_for(m.has_cuda_visible_devices, m.cuda_visible_devices,
+                                              env_.get("CUDA_VISIBLE_DEVICES"))) {
     facts.push_back("cuda_visible_devices=" + *visible);
     facts.push_back("gpus_usable=" + std::to_string(visible_gpus(inv, visible).size()));
   }
@@ -118,7 +117,7 @@ void Agent::on(uint32_t id, const msg::Probe& m) {
   // The interpreter the job would run, as its ranks would find it: its program when that is a
   // python, or the python a script's #! line names, looked up from the ranks' folder in the PATH
   // the ranks get (as the agent's preflight does), not the agent's own; else python3 in that PATH.
-  std::string path = effective_path(m.path, ::getenv("PATH"));
+  std::string path = ranks_path(m.path);
   std::string workdir = expand_home(m.workdir);
   std::string want = m.python, from = "the job's program", python;
   if (want.empty() && !m.program.empty())

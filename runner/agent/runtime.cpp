@@ -3,6 +3,8 @@
 // before the first rank starts, and checked byte for byte every time, so a damaged or half-written
 // copy (disk full, a killed agent, a user's edit) is repaired by the next job. Each file is written
 // to a private name and renamed: a rank never sees part of a file.
+#include "runner/agent/runtime.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,12 +12,10 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
-#include "runner/agent/agent.h"
-#include "runner/agent/detail/agent_impl.h"
+#include "knobs/registry.h"
 
 namespace {
 struct RuntimeFile {
@@ -29,7 +29,7 @@ struct RuntimeFile {
 extern "C" const RuntimeFile mltrain_runtime_files[];
 extern "C" const char mltrain_runtime_hash[];
 
-namespace mltrain::agent::detail {
+namespace mltrain::agent {
 
 namespace {
 
@@ -109,8 +109,8 @@ std::string base_dir() {
     std::string exe(buf, size_t(n));
     return exe.substr(0, exe.rfind('/'));
   }
-  const char* home = std::getenv("HOME");
-  return std::string(home && *home ? home : "/tmp") + "/.cache/mltrain";
+  const std::string home = knobs::get_string("HOME");
+  return (home.empty() ? std::string("/tmp") : home) + "/.cache/mltrain";
 }
 
 }  // namespace
@@ -127,13 +127,9 @@ std::string unpack_runtime(std::string& why) {
   return dir;
 }
 
-}  // namespace mltrain::agent::detail
-
-namespace mltrain::agent {
-
 int print_runtime_dir() {
   std::string why;
-  const std::string dir = detail::unpack_runtime(why);
+  const std::string dir = unpack_runtime(why);
   if (dir.empty()) {
     std::fprintf(stderr, "mltrain-agent: cannot unpack the mltrain runtime: %s\n", why.c_str());
     return 1;

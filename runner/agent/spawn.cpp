@@ -1,24 +1,21 @@
 // Starting ranks, forwarding their output and reporting their exits.
 #include <fcntl.h>
+#include <pwd.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "runner/agent/detail/agent_impl.h"
-#include "runner/agent/oom.h"
-#include "runner/agent/protocol.h"
-
-extern char** environ;
+#include "runner/agent/preflight.h"
+#include "runner/protocol/protocol.h"
 
 namespace mltrain::agent::detail {
 
@@ -116,8 +113,8 @@ std::string take_error_file(const std::string& path, bool failed, const std::str
 const std::string& Agent::private_dir(std::string& why) {
   if (!private_dir_.empty() || private_dir_tried_) return private_dir_;
   private_dir_tried_ = true;
-  const char* tmp = ::getenv("TMPDIR");
-  std::string base = tmp && *tmp == '/' ? tmp : "/tmp";
+  const std::string tmp = env_.get("TMPDIR").value_or("");
+  std::string base = !tmp.empty() && tmp[0] == '/' ? tmp : "/tmp";
   std::string run;
   for (char c : run_id_.substr(0, 60))
     run += (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '.'
@@ -161,7 +158,7 @@ void Agent::drain_rank(Rank& r) {
 void Agent::reap() {
   while (true) {
     int status = 0;
-    pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    pid_t pid = procs_.reap(status);
     if (pid <= 0) break;
     for (auto& [id, r] : ranks_) {
       if (r.pid != pid || r.reaped) continue;
@@ -175,7 +172,7 @@ void Agent::reap() {
       else
         send(msg::Exited{status, take_error_file(r.error_file, status != 0, private_dir_),
                          WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL &&
-                                 oom_killed(pid, r.started_us, r.oom_kills_at_start)
+                                 procs_.oom_killed(pid, r.oom_mark)
                              ? 1u
                              : 0u},
              r.id);
@@ -190,7 +187,10 @@ void Agent::add_runtime_env(std::map<std::string, std::string>& merged, const ms
   if (!runtime_tried_) {
     runtime_tried_ = true;
     std::string why;
-    runtime_dir_ = unpack_runtime(why);
+    if (unpack_runtime_)
+      runtime_dir_ = unpack_runtime_(why);
+    else
+      why = "the agent carries no runtime";
     if (runtime_dir_.empty())
       send(msg::AgentError{
           "cannot unpack the mltrain runtime (" + why +
@@ -217,11 +217,80 @@ void Agent::add_runtime_env(std::map<std::string, std::string>& merged, const ms
   }
 }
 
+// `~` or `~/...`: below this user's home.
+std::string Agent::expand_home(const std::string& path) const {
+  if (path.empty() || path[0] != '~' || (path.size() > 1 && path[1] != '/')) return path;
+  std::string h = env_.get("HOME").value_or("");
+  if (h.empty())
+    if (passwd* pw = ::getpwuid(::getuid())) h = pw->pw_dir;
+  return h + path.substr(1);
+}
+
+std::string Agent::ranks_path(const std::string& job_path) const {
+  const std::optional<std::string> own = env_.get("PATH");
+  return effective_path(job_path, own ? own->c_str() : nullptr);
+}
+
+// A bare TORCHELASTIC_ERROR_FILE name (a remote rank's: runner/plan/plan.cpp) goes into this
+// agent's private folder; without one the rank writes none (torch then just prints the error).
+void Agent::place_error_file(std::map<std::string, std::string>& merged) {
+  auto e = merged.find("TORCHELASTIC_ERROR_FILE");
+  if (e == merged.end()) return;
+  const std::string v = e->second.substr(sizeof "TORCHELASTIC_ERROR_FILE");
+  if (v.empty() || v[0] == '/') return;
+  std::string why;
+  const std::string& dir = v.find('/') == std::string::npos && v != "." && v != ".." ? private_dir(why) : "";
+  if (dir.empty()) {
+    if (!why.empty())
+      send(msg::AgentError{"cannot make a private folder for the ranks' error files (" + why +
+                           "): a failed rank's TORCHELASTIC_ERROR_FILE is not collected; free /tmp or set "
+                           "TMPDIR on this host"});
+    merged.erase(e);
+  } else {
+    e->second = "TORCHELASTIC_ERROR_FILE=" + dir + "/" + v;
+  }
+}
+
+std::map<std::string, std::string> Agent::rank_env(uint32_t id, const msg::Spawn& m,
+                                                   std::string& stats_name) {
+  // The agent's own, with the launcher's variables set over it.
+  std::map<std::string, std::string> merged;
+  const std::vector<std::string> own = env_.entries();
+  for (const std::vector<std::string>* list : {&own, &m.env})
+    for (const auto& kv : *list) {
+      auto eq = kv.find('=');
+      if (eq != std::string::npos) merged[kv.substr(0, eq)] = kv;
+    }
+  add_runtime_env(merged, m);
+  if (auto run = merged.find("MLTRAIN_RUN_ID"); run != merged.end() && run_id_.empty())
+    run_id_ = run->second.substr(sizeof "MLTRAIN_RUN_ID");  // after "MLTRAIN_RUN_ID="
+  place_error_file(merged);
+  // The rank's comm counter block: a name only this agent and the rank know (comm_stats.h).
+  if (auto run = merged.find("MLTRAIN_RUN_ID"); run != merged.end() && id != kSetupId) {
+    auto& given = merged["MLTRAIN_COMM_STATS_NAME"];
+    bool set_by_job = false;  // the job's own value stands; one the agent inherited does not
+    for (const auto& kv : m.env) set_by_job = set_by_job || kv.rfind("MLTRAIN_COMM_STATS_NAME=", 0) == 0;
+    if (!set_by_job)
+      given = "MLTRAIN_COMM_STATS_NAME=" + comm_stats_name(run->second.substr(sizeof "MLTRAIN_RUN_ID"), id);
+    stats_name = given.substr(sizeof "MLTRAIN_COMM_STATS_NAME");
+  }
+  return merged;
+}
+
+// Once, before the first rank; -2: it could not start (said once).
+void Agent::start_warden_once(const std::map<std::string, std::string>& merged) {
+  if (warden_fd_ != -1) return;
+  auto run_id = merged.find("MLTRAIN_RUN_ID");
+  if (run_id != merged.end() &&
+      (warden_fd_ = procs_.start_warden(run_id->second, private_dir_, warden_)) < 0) {
+    log_err("cannot start the warden (%s); if this agent is killed, its ranks' descendants may survive",
+            std::strerror(errno));
+    warden_fd_ = -2;
+  }
+}
+
 void Agent::on(uint32_t id, msg::Spawn& m) {
-  std::string cwd = expand_home(m.cwd);
-  std::vector<std::string>& argv = m.argv;
-  std::vector<std::string>& env = m.env;
-  if (argv.empty()) {
+  if (m.argv.empty()) {
     send(msg::SpawnFailed{"nothing to run (empty argv)"}, id);
     return;
   }
@@ -229,172 +298,32 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
     send(msg::SpawnFailed{"rank is already running"}, id);
     return;
   }
-
-  // Environment: the agent's own, with the launcher's variables set over it.
-  std::map<std::string, std::string> merged;
-  for (char** e = environ; *e; ++e) {
-    std::string kv(*e);
-    auto eq = kv.find('=');
-    if (eq != std::string::npos) merged[kv.substr(0, eq)] = kv;
-  }
-  for (const auto& kv : env) {
-    auto eq = kv.find('=');
-    if (eq != std::string::npos) merged[kv.substr(0, eq)] = kv;
-  }
-  add_runtime_env(merged, m);
-  if (auto run = merged.find("MLTRAIN_RUN_ID"); run != merged.end() && run_id_.empty())
-    run_id_ = run->second.substr(sizeof "MLTRAIN_RUN_ID");  // after "MLTRAIN_RUN_ID="
-  // A bare TORCHELASTIC_ERROR_FILE name (a remote rank's: runner/plan/plan.cpp) goes into this
-  // agent's private folder; without one the rank writes none (torch then just prints the error).
-  if (auto e = merged.find("TORCHELASTIC_ERROR_FILE"); e != merged.end()) {
-    const std::string v = e->second.substr(sizeof "TORCHELASTIC_ERROR_FILE");
-    if (!v.empty() && v[0] != '/') {
-      std::string why;
-      const std::string& dir =
-          v.find('/') == std::string::npos && v != "." && v != ".." ? private_dir(why) : "";
-      if (dir.empty()) {
-        if (!why.empty())
-          send(
-              msg::AgentError{"cannot make a private folder for the ranks' error files (" + why +
-                              "): a failed rank's TORCHELASTIC_ERROR_FILE is not collected; free /tmp or set "
-                              "TMPDIR on this host"});
-        merged.erase(e);
-      } else {
-        e->second = "TORCHELASTIC_ERROR_FILE=" + dir + "/" + v;
-      }
-    }
-  }
-  // The rank's comm counter block: a name only this agent and the rank know (comm_stats.h).
   std::string stats_name;
-  if (auto run = merged.find("MLTRAIN_RUN_ID"); run != merged.end() && id != kSetupId) {
-    auto& given = merged["MLTRAIN_COMM_STATS_NAME"];
-    bool set_by_job = false;  // the job's own value stands; one the agent inherited does not
-    for (const auto& kv : env) set_by_job = set_by_job || kv.rfind("MLTRAIN_COMM_STATS_NAME=", 0) == 0;
-    if (!set_by_job)
-      given = "MLTRAIN_COMM_STATS_NAME=" + comm_stats_name(run->second.substr(sizeof "MLTRAIN_RUN_ID"), id);
-    stats_name = given.substr(sizeof "MLTRAIN_COMM_STATS_NAME");
-  }
-  std::vector<char*> envp, args;
-  for (auto& [k, kv] : merged) envp.push_back(kv.data());
-  envp.push_back(nullptr);
-  for (auto& a : argv) args.push_back(a.data());
-  args.push_back(nullptr);
-
-  // One pipe for stdout and stderr when asked (Spawn::one_stream): the kernel keeps the order of
-  // the rank's writes, which two pipes read in turns cannot.
-  int out[2], err[2] = {-1, -1}, status_pipe[2], in[2] = {-1, -1};
-  if (::pipe2(out, O_CLOEXEC) || (!m.one_stream && ::pipe2(err, O_CLOEXEC)) ||
-      ::pipe2(status_pipe, O_CLOEXEC) || (m.stdin_pipe && ::pipe2(in, O_CLOEXEC))) {
-    send(msg::SpawnFailed{std::string("pipe: ") + std::strerror(errno)}, id);
-    return;
-  }
-  auto close_all = [&] {
-    for (int fd : {out[0], out[1], err[0], err[1], status_pipe[0], status_pipe[1], in[0], in[1]})
-      if (fd >= 0) ::close(fd);
-  };
-  // The agent's ends only (the ranks' ends stay blocking); they are not inherited (O_CLOEXEC).
-  if (!set_nonblocking(out[0]) || (err[0] >= 0 && !set_nonblocking(err[0])) ||
-      (in[1] >= 0 && !set_nonblocking(in[1]))) {
-    send(msg::SpawnFailed{std::string("fcntl: ") + std::strerror(errno)}, id);
-    close_all();
-    return;
-  }
-  if (warden_fd_ == -1) {  // once, before the first rank; -2: it could not start (said once)
-    auto run_id = merged.find("MLTRAIN_RUN_ID");
-    if (run_id != merged.end() && (warden_fd_ = start_warden(run_id->second, private_dir_, warden_)) < 0) {
-      log_err("cannot start the warden (%s); if this agent is killed, its ranks' descendants may survive",
-              std::strerror(errno));
-      warden_fd_ = -2;
-    }
-  }
-  const pid_t agent_pid = ::getpid();
-  pid_t pid = ::fork();
+  const std::map<std::string, std::string> merged = rank_env(id, m, stats_name);
+  ProcessSpec spec;
+  spec.argv = std::move(m.argv);
+  for (const auto& [k, kv] : merged) spec.env.push_back(kv);
+  spec.cwd = expand_home(m.cwd);
+  spec.one_stream = m.one_stream != 0;
+  spec.stdin_pipe = m.stdin_pipe != 0;
+  start_warden_once(merged);
+  ProcessPipes pipes;
+  std::string error;
+  const pid_t pid = procs_.spawn(spec, pipes, error);
   if (pid < 0) {
-    send(msg::SpawnFailed{std::string("fork: ") + std::strerror(errno)}, id);
-    close_all();
-    return;
-  }
-  if (pid == 0) {
-    // Child: own process group, clean signal state, pipes as stdout/stderr, /dev/null (or the
-    // launcher's forwarded stdin) as stdin.
-    // A step that fails is reported like a failed exec: through the status pipe, exit 127.
-    const char* failed = nullptr;
-    // The rank dies with its agent, even one killed with SIGKILL (its descendants: the sweep in
-    // kill_orphans while the agent lives). Checked after: the agent may have died before it.
-    (void)::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != agent_pid) ::_exit(127);
-    sigset_t none;
-    sigemptyset(&none);
-    int input = in[0];
-    if (::setpgid(0, 0) != 0)
-      failed = "setpgid";
-    else if (::sigprocmask(SIG_SETMASK, &none, nullptr) != 0)
-      failed = "sigprocmask";
-    else if (input < 0 && (input = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0)
-      failed = "open of /dev/null";
-    else if (::dup2(input, 0) < 0)
-      failed = "dup2 of stdin";
-    else if (::dup2(out[1], 1) < 0)
-      failed = "dup2 of stdout";
-    else if (::dup2(err[1] >= 0 ? err[1] : out[1], 2) < 0)
-      failed = "dup2 of stderr";
-    if (failed) {
-      char msg[256];
-      int len = std::snprintf(msg, sizeof msg, "%s: %s", failed, std::strerror(errno));
-      if (::write(status_pipe[1], msg, size_t(len)) < 0) {
-      }
-      ::_exit(127);
-    }
-    for (int s : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD}) ::signal(s, SIG_DFL);
-    const char* stage = "chdir";
-    int e = 0;
-    if (cwd.empty() || ::chdir(cwd.c_str()) == 0) {
-      stage = "exec";
-      environ = envp.data();  // so PATH set by the job also steers the program lookup
-      ::execvp(args[0], args.data());
-    }
-    e = errno;
-    char msg[512];
-    int len = std::snprintf(msg, sizeof msg, "%s%s'%s': %s", stage,
-                            std::strcmp(stage, "chdir") == 0 ? " to " : " of ",
-                            std::strcmp(stage, "chdir") == 0 ? cwd.c_str() : args[0], std::strerror(e));
-    if (::write(status_pipe[1], msg, size_t(len)) < 0) {
-    }
-    ::_exit(127);
-  }
-  // Also here, so a signal sent right away finds the group. It fails (EACCES) only when the
-  // child has already exec'd, by which time the child's own setpgid has done it.
-  (void)::setpgid(pid, pid);
-  ::close(out[1]);
-  if (err[1] >= 0) ::close(err[1]);
-  ::close(status_pipe[1]);
-  if (in[0] >= 0) ::close(in[0]);
-  char msg[512];
-  ssize_t n;
-  do n = ::read(status_pipe[0], msg, sizeof msg);
-  while (n < 0 && errno == EINTR);
-  ::close(status_pipe[0]);
-  if (n > 0) {
-    // exec failed: the child exits 127 on its own; report why and let reap() collect it.
-    ::close(out[0]);
-    if (err[0] >= 0) ::close(err[0]);
-    if (in[1] >= 0) ::close(in[1]);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    send(msg::SpawnFailed{std::string(msg, size_t(n))}, id);
+    send(msg::SpawnFailed{error}, id);
     return;
   }
   Rank r;
   r.id = id;
   r.pid = pid;
-  r.fds[0] = out[0];
-  r.fds[1] = err[0];
-  r.stdin_fd = in[1];
+  r.fds[0] = pipes.out;
+  r.fds[1] = pipes.err;
+  r.stdin_fd = pipes.in;
   if (auto e = merged.find("TORCHELASTIC_ERROR_FILE"); e != merged.end())
     r.error_file = e->second.substr(e->second.find('=') + 1);
   r.stats_name = std::move(stats_name);
-  r.started_us = monotonic_us();  // for the kernel's OOM record of it, if it dies of SIGKILL
-  r.oom_kills_at_start = cgroup_oom_kills(::getpid());  // its cgroup is the agent's
+  r.oom_mark = procs_.oom_mark();  // for the kernel's record of it, if it dies of SIGKILL
   ranks_[id] = r;
   send(msg::Started{pid}, id);
 }

@@ -10,11 +10,10 @@
 // removes only the work folders whose sync has ended.
 //
 // Every path below the folder is walked from its fd one part at a time, never through a link
-// (runner/sync/beneath.h): a link the job or anyone else made inside the folder cannot make a sync
+// (runner/tree/beneath.h): a link the job or anyone else made inside the folder cannot make a sync
 // write or remove anything outside it.
 #include <dirent.h>
 #include <fcntl.h>
-#include <pwd.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -31,10 +30,10 @@
 #include <vector>
 
 #include "runner/agent/detail/agent_impl.h"
-#include "runner/agent/protocol.h"
-#include "runner/sync/beneath.h"
-#include "runner/sync/hash.h"
-#include "runner/sync/ignore.h"
+#include "runner/protocol/protocol.h"
+#include "runner/tree/beneath.h"
+#include "runner/tree/hash.h"
+#include "runner/tree/ignore.h"
 
 namespace mltrain::agent::detail {
 
@@ -105,28 +104,18 @@ bool is_kind(char kind, const struct stat& st) {
 // What a sync's folder must be: ours, and private when it is mltrain's own (the default
 // ~/.cache/mltrain/work/<name>) or was made now: the spec, with any secret in [run.env], travels
 // in it.
-std::string check_root(int root, const std::string& dir, bool made) {
+std::string check_root(int root, const std::string& dir, bool made, const std::string& cache) {
   struct stat st {};
   if (::fstat(root, &st) != 0) return errno_text("cannot read", dir);
   if (st.st_uid != ::getuid())
     return "the sync folder " + dir + " belongs to another user (uid " + std::to_string(st.st_uid) +
            "); give [sync] remote_dir a folder of your own";
-  const std::string cache = expand_home("~/.cache/mltrain/");
   if ((st.st_mode & 077) && (made || dir.compare(0, cache.size(), cache) == 0) && ::fchmod(root, 0700) != 0)
     return errno_text("cannot make private", dir);
   return {};
 }
 
 }  // namespace
-
-std::string expand_home(const std::string& path) {
-  if (path.empty() || path[0] != '~' || (path.size() > 1 && path[1] != '/')) return path;
-  const char* home = ::getenv("HOME");
-  std::string h = home && *home ? home : "";
-  if (h.empty())
-    if (passwd* pw = ::getpwuid(::getuid())) h = pw->pw_dir;
-  return h + path.substr(1);
-}
 
 // ---- the index of what the last sync wrote ----
 
@@ -208,29 +197,24 @@ static std::string make_room(int parent, const std::string& leaf, const std::str
          "); it was kept and the file not written: move it away on the host, or rename the file";
 }
 
-void Agent::on(uint32_t, msg::SyncManifest& m) {
-  if (sync_.entries.empty() || !sync_.receiving) {
-    sync_ = SyncState{};
-    sync_.receiving = true;
-  }
-  for (auto& e : m.entries) sync_.entries.push_back(std::move(e));
-  if (!m.last) return;
-  sync_.receiving = false;
-  sync_.dir = expand_home(m.dir);
-  while (sync_.dir.size() > 1 && sync_.dir.back() == '/') sync_.dir.pop_back();
-  msg::SyncWant out;
+// The sync's folder, its .mltrain-sync and this sync's work folder; false when one cannot be
+// made (said in `out`, and the data that follows is ignored).
+bool Agent::open_sync_folder(const std::string& asked, msg::SyncWant& out) {
   auto fail = [&](const std::string& why) {
     out.problems.push_back(why);
     sync_.failed = true;
     send(out);
+    return false;
   };
   if (sync_.dir.empty() || sync_.dir[0] != '/')
-    return fail("the sync folder '" + m.dir + "' is not absolute");
+    return fail("the sync folder '" + asked + "' is not absolute");
   bool made = false;
   if (!mkdirs(sync_.dir, 0700, &made)) return fail(errno_text("cannot make the sync folder", sync_.dir));
   sync_.root.reset(::open(sync_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!sync_.root) return fail(errno_text("cannot open the sync folder", sync_.dir));
-  if (std::string why = check_root(sync_.root.get(), sync_.dir, made); !why.empty()) return fail(why);
+  if (std::string why = check_root(sync_.root.get(), sync_.dir, made, expand_home("~/.cache/mltrain/"));
+      !why.empty())
+    return fail(why);
   const int root = sync_.root.get();
   if (::mkdirat(root, kState, 0700) != 0 && errno != EEXIST)
     return fail(errno_text("cannot make", sync_.dir + "/" + kState));
@@ -242,12 +226,13 @@ void Agent::on(uint32_t, msg::SyncManifest& m) {
   sync::sweep_work_folders(state, "tmp-");
   if (!sync_.work.make(state, "tmp-"))
     return fail(errno_text("cannot make the sync's work folder in", sync_.dir + "/" + kState));
-  out.dir = sync_.dir;
-  load_sync_index();
+  return true;
+}
 
+// What an earlier sync wrote and the launcher no longer has goes; what the job wrote stays.
+void Agent::remove_gone_entries(msg::SyncWant& out) {
   std::set<std::string> wanted_paths;
   for (const auto& e : sync_.entries) wanted_paths.insert(e.path);
-  // What an earlier sync wrote and the launcher no longer has goes; what the job wrote stays.
   std::vector<std::pair<std::string, char>> gone;
   for (const auto& [path, e] : sync_.index)
     if (!wanted_paths.count(path)) gone.emplace_back(path, e.kind);
@@ -255,92 +240,112 @@ void Agent::on(uint32_t, msg::SyncManifest& m) {
   for (const auto& [path, kind] : gone) {
     sync_.index.erase(path);
     std::string leaf;
-    sync::Fd parent(sync::open_parent(root, path, leaf));
+    sync::Fd parent(sync::open_parent(sync_.root.get(), path, leaf));
     struct stat st {};
     if (!parent || ::fstatat(parent.get(), leaf.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
     if (!is_kind(kind, st)) continue;  // the job put something else there: not ours to remove
     // A folder is kept when the job put files in it.
     if (::unlinkat(parent.get(), leaf.c_str(), S_ISDIR(st.st_mode) ? AT_REMOVEDIR : 0) == 0) ++out.deleted;
   }
+}
 
-  for (size_t i = 0; i < sync_.entries.size(); ++i) {
-    const SyncEntry& e = sync_.entries[i];
-    if (!sync::is_below(e.path)) {  // "..", "." or a link on the way would let a path leave the folder
-      out.problems.push_back("refused the path '" + e.path + "'");
-      continue;
-    }
-    std::string leaf;
-    sync::Fd parent(sync::open_parent(root, e.path, leaf, true));
-    if (!parent) {
-      sync_.problems.push_back(walk_text("cannot write", e.path));
-      continue;
-    }
-    const int p = parent.get();
-    struct stat st {};
-    bool exists = ::fstatat(p, leaf.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
-    auto it = sync_.index.find(e.path);
-    const bool ours = it != sync_.index.end() && exists && is_kind(it->second.kind, st);
-    if (e.kind == SyncEntry::dir) {
-      if (exists && !S_ISDIR(st.st_mode)) {
-        if (!ours) {  // a file the job wrote where your folder has a folder: it stays
-          sync_.problems.push_back(e.path +
-                                   " is a folder in your folder, but here it is a file the job wrote; "
-                                   "it was kept: move it away on the host, or rename the folder");
-          continue;
-        }
-        ::unlinkat(p, leaf.c_str(), 0), exists = false;
-      }
-      if (!exists && ::mkdirat(p, leaf.c_str(), 0700) != 0 && errno != EEXIST)
-        sync_.problems.push_back(errno_text("cannot make", e.path));
-      sync_.index[e.path] = SyncIndexEntry{'d', {}, 0, 0, 0};
-      continue;
-    }
-    if (exists && S_ISDIR(st.st_mode)) {
-      if (std::string why = make_room(p, leaf, e.path); !why.empty()) {
-        sync_.problems.push_back(why);
-        continue;
-      }
-      exists = false;
-    }
-    if (e.kind == SyncEntry::symlink) {
-      char buf[4096];
-      ssize_t n = exists && S_ISLNK(st.st_mode) ? ::readlinkat(p, leaf.c_str(), buf, sizeof buf) : -1;
-      if (n < 0 || std::string(buf, size_t(n)) != e.target) {
-        const std::string tmp = "l-" + std::to_string(i);
-        if (::symlinkat(e.target.c_str(), sync_.work.fd(), tmp.c_str()) != 0 ||
-            ::renameat(sync_.work.fd(), tmp.c_str(), p, leaf.c_str()) != 0)
-          out.problems.push_back(errno_text("cannot make the link", e.path));
-      }
-      sync_.index[e.path] = SyncIndexEntry{'l', {}, 0, 0, 0};
-      continue;
-    }
-    // A file: the same content (by the index when size, time and inode match, else by reading
-    // it), then only its mode and time are fixed; else its bytes are wanted.
-    sync::Fd fd;
-    if (exists && S_ISREG(st.st_mode) && uint64_t(st.st_size) == e.size)
-      fd.reset(::openat(p, leaf.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
-    bool same = false;
-    if (fd && ::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode)) {
-      std::string h;
-      if (ours && it->second.kind == 'f' && it->second.size == e.size &&
-          it->second.mtime_ns == mtime_ns(st) && it->second.ino == uint64_t(st.st_ino))
-        h = it->second.hash;
-      else
-        h = hash_fd(fd.get());
-      same = h == e.hash;
-    }
-    if (!same) {
-      out.want.push_back(int32_t(i));
-      ++sync_.pending;
-      continue;
-    }
-    if ((st.st_mode & 07777) != e.mode) ::fchmod(fd.get(), e.mode);
-    if (mtime_ns(st) != e.mtime_ns) {
-      timespec ts[2] = {to_timespec(e.mtime_ns), to_timespec(e.mtime_ns)};
-      ::futimens(fd.get(), ts);
-    }
-    sync_.index[e.path] = SyncIndexEntry{'f', e.hash, e.size, e.mtime_ns, uint64_t(st.st_ino)};
+// Entry `i` of the manifest: a folder made, a link made, a file kept (its mode and time fixed)
+// when its content is the same, else its bytes wanted.
+void Agent::place_entry(size_t i, msg::SyncWant& out) {
+  const SyncEntry& e = sync_.entries[i];
+  if (!sync::is_below(e.path)) {  // "..", "." or a link on the way would let a path leave the folder
+    out.problems.push_back("refused the path '" + e.path + "'");
+    return;
   }
+  std::string leaf;
+  sync::Fd parent(sync::open_parent(sync_.root.get(), e.path, leaf, true));
+  if (!parent) {
+    sync_.problems.push_back(walk_text("cannot write", e.path));
+    return;
+  }
+  const int p = parent.get();
+  struct stat st {};
+  bool exists = ::fstatat(p, leaf.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
+  auto it = sync_.index.find(e.path);
+  const bool ours = it != sync_.index.end() && exists && is_kind(it->second.kind, st);
+  if (e.kind == SyncEntry::dir) {
+    if (exists && !S_ISDIR(st.st_mode)) {
+      if (!ours) {  // a file the job wrote where your folder has a folder: it stays
+        sync_.problems.push_back(e.path +
+                                 " is a folder in your folder, but here it is a file the job wrote; "
+                                 "it was kept: move it away on the host, or rename the folder");
+        return;
+      }
+      ::unlinkat(p, leaf.c_str(), 0), exists = false;
+    }
+    if (!exists && ::mkdirat(p, leaf.c_str(), 0700) != 0 && errno != EEXIST)
+      sync_.problems.push_back(errno_text("cannot make", e.path));
+    sync_.index[e.path] = SyncIndexEntry{'d', {}, 0, 0, 0};
+    return;
+  }
+  if (exists && S_ISDIR(st.st_mode)) {
+    if (std::string why = make_room(p, leaf, e.path); !why.empty()) {
+      sync_.problems.push_back(why);
+      return;
+    }
+    exists = false;
+  }
+  if (e.kind == SyncEntry::symlink) {
+    char buf[4096];
+    ssize_t n = exists && S_ISLNK(st.st_mode) ? ::readlinkat(p, leaf.c_str(), buf, sizeof buf) : -1;
+    if (n < 0 || std::string(buf, size_t(n)) != e.target) {
+      const std::string tmp = "l-" + std::to_string(i);
+      if (::symlinkat(e.target.c_str(), sync_.work.fd(), tmp.c_str()) != 0 ||
+          ::renameat(sync_.work.fd(), tmp.c_str(), p, leaf.c_str()) != 0)
+        out.problems.push_back(errno_text("cannot make the link", e.path));
+    }
+    sync_.index[e.path] = SyncIndexEntry{'l', {}, 0, 0, 0};
+    return;
+  }
+  // A file: the same content (by the index when size, time and inode match, else by reading
+  // it), then only its mode and time are fixed; else its bytes are wanted.
+  sync::Fd fd;
+  if (exists && S_ISREG(st.st_mode) && uint64_t(st.st_size) == e.size)
+    fd.reset(::openat(p, leaf.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  bool same = false;
+  if (fd && ::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode)) {
+    std::string h;
+    if (ours && it->second.kind == 'f' && it->second.size == e.size && it->second.mtime_ns == mtime_ns(st) &&
+        it->second.ino == uint64_t(st.st_ino))
+      h = it->second.hash;
+    else
+      h = hash_fd(fd.get());
+    same = h == e.hash;
+  }
+  if (!same) {
+    out.want.push_back(int32_t(i));
+    ++sync_.pending;
+    return;
+  }
+  if ((st.st_mode & 07777) != e.mode) ::fchmod(fd.get(), e.mode);
+  if (mtime_ns(st) != e.mtime_ns) {
+    timespec ts[2] = {to_timespec(e.mtime_ns), to_timespec(e.mtime_ns)};
+    ::futimens(fd.get(), ts);
+  }
+  sync_.index[e.path] = SyncIndexEntry{'f', e.hash, e.size, e.mtime_ns, uint64_t(st.st_ino)};
+}
+
+void Agent::on(uint32_t, msg::SyncManifest& m) {
+  if (sync_.entries.empty() || !sync_.receiving) {
+    sync_ = SyncState{};
+    sync_.receiving = true;
+  }
+  for (auto& e : m.entries) sync_.entries.push_back(std::move(e));
+  if (!m.last) return;
+  sync_.receiving = false;
+  sync_.dir = expand_home(m.dir);
+  while (sync_.dir.size() > 1 && sync_.dir.back() == '/') sync_.dir.pop_back();
+  msg::SyncWant out;
+  if (!open_sync_folder(m.dir, out)) return;
+  out.dir = sync_.dir;
+  load_sync_index();
+  remove_gone_entries(out);
+  for (size_t i = 0; i < sync_.entries.size(); ++i) place_entry(i, out);
   send(out);
 }
 
@@ -446,14 +451,19 @@ void Agent::on(uint32_t id, msg::SyncData& m) {
   }
 }
 
-void Agent::on(uint32_t, const msg::SyncEnd&) {
-  msg::SyncDone out;
+void Agent::close_sync_files() {
   for (auto& [id, f] : sync_.open) {
     ::close(f.fd);
     XXH3_freeState(static_cast<XXH3_state_t*>(f.hash));
-    sync_.problems.push_back(sync_.entries[id].path + " did not arrive whole");
   }
   sync_.open.clear();
+}
+
+void Agent::on(uint32_t, const msg::SyncEnd&) {
+  msg::SyncDone out;
+  for (const auto& [id, f] : sync_.open)
+    sync_.problems.push_back(sync_.entries[id].path + " did not arrive whole");
+  close_sync_files();
   if (!sync_.failed && sync_.root) {
     // Folder modes last (a read-only folder would have refused its files), deepest first.
     for (size_t i = sync_.entries.size(); i-- > 0;) {
@@ -527,9 +537,11 @@ namespace {
 constexpr size_t kMaxPullFiles = 1'000'000;
 constexpr int64_t kMaxListMs = 5000;
 
+// What `root` holds below `rel_dir` that the rules ask for (every file when `all`), until
+// `clock` passes `deadline_ms` or kMaxPullFiles are listed (`cut` then).
 void collect(const std::string& root, const std::string& rel_dir, const sync::Rules& rules, bool all,
-             std::vector<std::string>& out, int64_t deadline_ms, bool& cut) {
-  if (cut || out.size() >= kMaxPullFiles || now_ms() >= deadline_ms) {
+             std::vector<std::string>& out, const Clock& clock, int64_t deadline_ms, bool& cut) {
+  if (cut || out.size() >= kMaxPullFiles || clock.now_ms() >= deadline_ms) {
     cut = true;
     return;
   }
@@ -559,7 +571,7 @@ void collect(const std::string& root, const std::string& rel_dir, const sync::Ru
     }
     bool hit = all || rules.check(rel, S_ISDIR(st.st_mode)) == sync::Rules::excluded;
     if (S_ISDIR(st.st_mode))
-      collect(root, rel, rules, hit, out, deadline_ms, cut);
+      collect(root, rel, rules, hit, out, clock, deadline_ms, cut);
     else if (S_ISREG(st.st_mode) && hit)
       out.push_back(rel);
   }
@@ -582,7 +594,7 @@ void Agent::on(uint32_t, const msg::Pull& m) {
     pull_.single_file = true;
   } else {
     bool cut = false;
-    collect(pull_.dir, "", rules, m.patterns.empty(), pull_.files, now_ms() + kMaxListMs, cut);
+    collect(pull_.dir, "", rules, m.patterns.empty(), pull_.files, clock_, clock_.now_ms() + kMaxListMs, cut);
     if (cut)
       pull_.problems.push_back("listed " + std::to_string(pull_.files.size()) + " files in " + pull_.dir +
                                " and stopped there (at most " + std::to_string(kMaxPullFiles) + " files, " +

@@ -94,10 +94,10 @@ void Agent::on(uint32_t, const msg::TelemetryStart& m) {
   if (m.interval_ms == 0 || sampler_) return;
   telemetry::GpuSamplerOptions gpu;
   gpu.nvml_library = nvml_library_for(m.nvml_library);
-  if (const char* path = ::getenv("PATH")) gpu.path = path;
+  if (auto path = env_.get("PATH")) gpu.path = *path;
   gpu.nvidia_smi_timeout_ms = kSmiTimeoutMs;
   sampler_ = std::make_unique<telemetry::Sampler>(gpu);
-  next_sample_ms_ = now_ms();  // the first sample now: rates need two readings
+  next_sample_ms_ = clock_.now_ms();  // the first sample now: rates need two readings
 }
 
 // Maps (once) the counter block `name` (a /dev/shm name with its leading '/'); null when it is
@@ -279,7 +279,7 @@ void Agent::ranks_among_gpu_processes(const std::vector<telemetry::GpuSample>& g
 }
 
 void Agent::take_sample() {
-  next_sample_ms_ = now_ms() + telemetry_interval_ms_;
+  next_sample_ms_ = clock_.now_ms() + telemetry_interval_ms_;
   if (!watch_ && ranks_.empty()) return;  // TelemetryStart came before the ranks: nothing to say yet
   if (!watch_ && !any_alive()) {
     telemetry_interval_ms_ = 0;  // the gang is over here; a restart sends TelemetryStart again
@@ -287,7 +287,7 @@ void Agent::take_sample() {
   }
   // A launcher that does not read (stopped, slow) gets its rank output first; samples wait.
   if (outbox_.size() - outbox_pos_ > kOutboxHighWater / 2) return;
-  const int64_t start = now_ms();
+  const int64_t start = clock_.now_ms();
   try {
     sample_pids_.clear();
     if (watch_) {
@@ -330,7 +330,7 @@ void Agent::take_sample() {
     telemetry_interval_ms_ = 0;
   }
   // Time spent here (a slow nvidia-smi) is the agent's own, not the launcher's silence.
-  last_heard_ms_ += now_ms() - start;
+  last_heard_ms_ += clock_.now_ms() - start;
 }
 
 }  // namespace mltrain::agent::detail

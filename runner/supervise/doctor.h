@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "runner/agent/protocol.h"
 #include "runner/plan/plan.h"
+#include "runner/protocol/protocol.h"
 #include "runner/supervise/supervisor.h"
 
 namespace mltrain::supervise {

@@ -14,8 +14,8 @@
 
 #include "runner/common/error.h"
 #include "runner/common/text.h"
-#include "runner/sync/hash.h"
-#include "runner/sync/ignore.h"
+#include "runner/tree/hash.h"
+#include "runner/tree/ignore.h"
 
 namespace mltrain::sync {
 

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "runner/agent/protocol.h"
+#include "runner/protocol/protocol.h"
 
 namespace mltrain::sync {
 

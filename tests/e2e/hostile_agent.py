@@ -2,7 +2,7 @@
 last argument, as MLTRAIN_LOCAL_AGENT_WRAPPER gives it) and relays every frame both ways, except
 that a play (HOSTILE_PLAY) answers some requests itself with any frames it likes.
 
-Frame: u32 payload length, u16 type, u16 flags, u32 id, payload (runner/agent/protocol.h).
+Frame: u32 payload length, u16 type, u16 flags, u32 id, payload (runner/protocol/protocol.h).
 
 Plays (HOSTILE_ARG: a number the play reads):
   pull-names    a Pull gets HOSTILE_ARG PullFile frames of 2,000-byte names that are refused

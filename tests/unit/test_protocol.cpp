@@ -3,7 +3,7 @@
 
 #include <variant>
 
-#include "runner/agent/protocol.h"
+#include "runner/protocol/protocol.h"
 
 using namespace mltrain::agent;
 

@@ -21,10 +21,10 @@
 #include <sstream>
 #include <thread>
 
-#include "runner/agent/protocol.h"
 #include "runner/common/error.h"
 #include "runner/common/status.h"
 #include "runner/plan/plan.h"
+#include "runner/protocol/protocol.h"
 #include "runner/records/records.h"
 #include "runner/supervise/doctor.h"
 #include "runner/supervise/supervisor.h"

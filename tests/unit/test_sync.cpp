@@ -14,9 +14,9 @@
 
 #include "runner/common/error.h"
 #include "runner/common/text.h"
-#include "runner/sync/beneath.h"
-#include "runner/sync/ignore.h"
 #include "runner/sync/manifest.h"
+#include "runner/tree/beneath.h"
+#include "runner/tree/ignore.h"
 #include "temp_dir.h"
 
 using namespace mltrain::sync;

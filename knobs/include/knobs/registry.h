@@ -58,6 +58,8 @@ std::optional<std::string> current(const Knob& k);
 std::string get_string(std::string_view name);
 // True when the variable is set to a non-empty value.
 bool is_set(std::string_view name);
+// current() of the declared knob `name` (CUDA_VISIBLE_DEVICES="" hides every GPU: empty counts).
+std::optional<std::string> get_raw(std::string_view name);
 std::chrono::milliseconds get_duration(std::string_view name);
 std::int64_t get_int(std::string_view name);
 std::uint64_t get_bytes(std::string_view name);

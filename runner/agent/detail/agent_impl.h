@@ -1,12 +1,15 @@
 // The agent's state, shared by the files that serve it: agent.cpp (the event loop and frame
 // dispatch), spawn.cpp (starting ranks, forwarding their output, reaping them), prepare.cpp
-// (preflight) and probe.cpp (doctor's facts). Internal to the agent executable.
+// (preflight), probe.cpp (doctor's facts), sync.cpp, ps.cpp and telemetry.cpp. Internal to
+// agent_core; the clock, the processes and the environment come from its AgentWorld.
 #pragma once
 
+#include <poll.h>
 #include <sys/types.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -15,10 +18,11 @@
 #include <string_view>
 #include <vector>
 
-#include "runner/agent/protocol.h"
-#include "runner/sync/beneath.h"
+#include "runner/agent/agent_core.h"
+#include "runner/protocol/protocol.h"
 #include "runner/telemetry/sample.h"
 #include "runner/telemetry/sampler.h"
+#include "runner/tree/beneath.h"
 
 struct mltrain_comm_stats;
 
@@ -29,7 +33,6 @@ inline constexpr int64_t kLostLauncherGraceMs = 2000;
 inline constexpr size_t kOutboxHighWater = 8u << 20;  // stop reading ranks' pipes above this backlog
 inline constexpr size_t kStdinBacklog = 64u << 20;    // a rank's unread forwarded stdin, at most
 
-int64_t now_ms();
 bool set_nonblocking(int fd);  // false with errno set when fcntl fails
 void log_err(const char* fmt, const char* arg);
 // Forks the warden (warden.cpp), which kills this user's processes whose environment holds
@@ -39,12 +42,9 @@ int start_warden(const std::string& marker, const std::string& private_dir, pid_
 // Removes the agent's private folder (Agent::private_dir) and what this user has in it, one
 // level, never through a link; a folder not this user's is left alone.
 void remove_private_dir(const std::string& dir);
-// Unpacks (or repairs) the comm runtime the agent carries (runtime.cpp) and returns its folder:
-// lib/libmltrain-comm.so.0, bin/mltrain-comm-bench, python/mltrain/. "" with `why` on failure.
-std::string unpack_runtime(std::string& why);
 // Where GPUs are looked for (prepare.cpp): the job's MLTRAIN_NVML_LIBRARY, else the agent's own
 // ("" = the default name); the job's CUDA_VISIBLE_DEVICES when it sets one, else the agent's own
-// (nullopt: unset).
+// (`own`, nullopt: unset).
 std::string nvml_library_for(const std::string& job_value);
 // The job's MLTRAIN_NCCL_LIBRARY, else the agent's own ("" = search, knobs/gpu_library.h).
 std::string nccl_library_for(const std::string& job_value);
@@ -53,13 +53,11 @@ std::string nccl_library_for(const std::string& job_value);
 std::string python_for(const std::string& want, const std::string& path);
 // "/opt/venv/bin/python3" -> "python3".
 std::string basename_of(const std::string& p);
-std::optional<std::string> cuda_visible_devices_for(uint32_t job_sets_it, const std::string& job_value);
+std::optional<std::string> cuda_visible_devices_for(uint32_t job_sets_it, const std::string& job_value,
+                                                    const std::optional<std::string>& own);
 
 // A rank's comm counter block name (telemetry.cpp): /mltrain-<run>-stats-<rank>-<16 random hex>.
 std::string comm_stats_name(const std::string& run_id, uint32_t rank);
-
-// `~` or `~/...`: below this user's home.
-std::string expand_home(const std::string& path);
 
 // What the last sync wrote (sync.cpp): kind 'f' file, 'd' folder, 'l' link.
 struct SyncIndexEntry {
@@ -116,8 +114,7 @@ struct Rank {
   bool stdin_dropped = false;  // input beyond kStdinBacklog was dropped (said once)
   std::string error_file;      // its TORCHELASTIC_ERROR_FILE, read when it fails
   std::string stats_name;      // its comm counter block (MLTRAIN_COMM_STATS_NAME), unguessable
-  uint64_t started_us = 0;     // CLOCK_MONOTONIC at spawn, and its cgroup's OOM kills then
-  std::optional<uint64_t> oom_kills_at_start;
+  OomMark oom_mark;            // for the kernel's record of it, if it dies of SIGKILL
   bool reaped = false;
 };
 
@@ -132,13 +129,26 @@ struct CommStatsMapping {
 
 class Agent {
  public:
-  int run();
+  Agent(AgentStream stream, AgentWorld world);
+  ~Agent();
+  std::optional<int> step(int max_wait_ms);  // AgentCore::step
 
  private:
+  std::optional<int> act_on_time(int64_t now);  // the deadlines; the exit code once Bye is said
+  int poll_timeout(int64_t now, int max_wait_ms) const;
+  void read_stream();
   void handle_frame(Frame&& f);
   void on(uint32_t id, const msg::Hello& m);
   void on(uint32_t id, msg::Spawn& m);
+  // A rank's environment (spawn.cpp): the agent's own, the job's over it, then what the agent adds.
+  std::map<std::string, std::string> rank_env(uint32_t id, const msg::Spawn& m, std::string& stats_name);
   void add_runtime_env(std::map<std::string, std::string>& merged, const msg::Spawn& m);
+  void place_error_file(std::map<std::string, std::string>& merged);
+  void start_warden_once(const std::map<std::string, std::string>& merged);
+  // `~` or `~/...`: below this user's home (HOME, else the password database).
+  std::string expand_home(const std::string& path) const;
+  // The PATH a job's ranks look programs up in: the job's own, else the agent's.
+  std::string ranks_path(const std::string& job_path) const;
   void on(uint32_t id, const msg::Prepare& m);
   void on(uint32_t id, const msg::Probe& m);
   void on(uint32_t id, msg::Stdin& m);
@@ -151,6 +161,9 @@ class Agent {
   void on(uint32_t id, const msg::TelemetryStart& m);
   // Sync, setup and pull (sync.cpp).
   void on(uint32_t id, msg::SyncManifest& m);
+  bool open_sync_folder(const std::string& asked, msg::SyncWant& out);  // false: said why
+  void remove_gone_entries(msg::SyncWant& out);
+  void place_entry(size_t i, msg::SyncWant& out);
   void on(uint32_t id, msg::SyncData& m);
   void on(uint32_t id, const msg::SyncEnd& m);
   void on(uint32_t id, msg::Setup& m);
@@ -158,6 +171,7 @@ class Agent {
   void load_sync_index();
   bool save_sync_index();
   void finish_file(uint32_t index, SyncOpen& f);
+  void close_sync_files();  // the files being received, dropped
   void setup_exited(int status);
   void pump_pull();
   // PS servers (ps.cpp): started at preflight when Prepare asks, stopped before Bye.
@@ -197,11 +211,17 @@ class Agent {
   void ranks_among_gpu_processes(const std::vector<telemetry::GpuSample>& gpus,
                                  std::vector<telemetry::RankPid>& pids);
 
+  Clock& clock_;
+  ProcessTable& procs_;
+  Environment& env_;
+  std::function<std::string(std::string& why)> unpack_runtime_;
+  int in_fd_, out_fd_, sigfd_;
+  std::vector<pollfd> fds_;  // one turn's wait: signals, stream in, stream out, then owners_'
+  std::vector<std::pair<Rank*, int>> owners_;  // the rank and pipe of each fds_[3...]: 0, 1 out, 2 in
   std::map<uint32_t, Rank> ranks_;
   std::string outbox_;
   size_t outbox_pos_ = 0;
   Decoder decoder_;
-  int sigfd_ = -1;
   bool stdin_open_ = true;
   bool stdout_open_ = true;
   bool greeted_ = false;

@@ -7,8 +7,8 @@
 
 #include "runner/launch/launch.h"
 #include "runner/supervise/supervisor.h"
-#include "runner/sync/beneath.h"
 #include "runner/transport/transport.h"
+#include "runner/tree/beneath.h"
 
 namespace mltrain::launch::detail {
 

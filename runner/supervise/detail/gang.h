@@ -23,13 +23,13 @@
 #include <string>
 #include <vector>
 
-#include "runner/agent/protocol.h"
+#include "runner/protocol/protocol.h"
 #include "runner/records/telemetry_log.h"
 #include "runner/supervise/doctor.h"
 #include "runner/supervise/supervisor.h"
 #include "runner/supervise/watch.h"
-#include "runner/sync/beneath.h"
 #include "runner/telemetry/analysis.h"
+#include "runner/tree/beneath.h"
 
 namespace mltrain::supervise::detail {
 

@@ -4,7 +4,7 @@
 // text at a NUL. Internal to supervise/.
 #pragma once
 
-#include "runner/agent/protocol.h"
+#include "runner/protocol/protocol.h"
 
 namespace mltrain::supervise::detail {
 

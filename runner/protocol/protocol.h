@@ -430,7 +430,7 @@ struct Setup {
   void put(Writer& w) const { w.str(cwd).str(command).strings(env).str(key).u32(force); }
   void get(Reader& r) { cwd = r.str(), command = r.str(), env = r.strings(), key = r.str(), force = r.u32(); }
 };
-// Sends back the files under `dir` that match `patterns` (runner/sync/ignore.h's syntax): one
+// Sends back the files under `dir` that match `patterns` (runner/tree/ignore.h's syntax): one
 // PullFile each, its bytes as PullData (id = its number), then PullDone.
 struct Pull {
   static constexpr Type kType = Type::pull;

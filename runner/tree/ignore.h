@@ -1,6 +1,6 @@
 // Path patterns as .gitignore writes them, for the synced tree (.gitignore, .mltrainignore,
-// [sync] exclude) and for what `pull` brings back. libc and the standard library only: the agent
-// compiles this file itself.
+// [sync] exclude) and for what `pull` brings back. libc and the standard library only: the
+// launcher and the agent both link it.
 //
 //   *.log        a name at any depth          build/      a directory at any depth, and all below it
 //   /data        `data` beside the rule's file  a/**/b     a/b, a/x/b, a/x/y/b

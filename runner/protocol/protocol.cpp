@@ -1,6 +1,7 @@
-#include "runner/agent/protocol.h"
+#include "runner/protocol/protocol.h"
 
 #include <cstring>
+#include <utility>
 
 namespace mltrain::agent {
 
@@ -207,15 +208,26 @@ const char* type_name(Type t) {
 }
 
 namespace {
-template <class M>
-Message read_as(Reader& r) {
-  M m;
-  m.get(r);
-  return m;
+
+// Reads the payload as the alternative of Message whose kType is `type` (the variant is the one
+// list of messages); false when no alternative has it.
+template <size_t... I>
+bool read_alternative(Type type, Reader& r, Message& m, std::index_sequence<I...>) {
+  auto read_if = [&]<size_t N>() {
+    using M = std::variant_alternative_t<N, Message>;
+    if (M::kType != type) return false;
+    M message;
+    message.get(r);
+    m = std::move(message);
+    return true;
+  };
+  return (read_if.template operator()<I>() || ...);
 }
+
 }  // namespace
 
 std::optional<Message> decode(Frame&& f, std::string& error) {
+  // Output and sync data, the bulk of the stream: their bytes are moved, never copied.
   if (f.type == Type::output) return msg::Output{f.flags, std::move(f.payload)};
   if (f.type == Type::sync_data) {
     Reader r(f.payload);
@@ -230,118 +242,9 @@ std::optional<Message> decode(Frame&& f, std::string& error) {
   }
   Reader r(f.payload);
   Message m;
-  switch (f.type) {
-    case Type::hello:
-      m = read_as<msg::Hello>(r);
-      break;
-    case Type::spawn:
-      m = read_as<msg::Spawn>(r);
-      break;
-    case Type::signal:
-      m = read_as<msg::Signal>(r);
-      break;
-    case Type::terminate:
-      m = read_as<msg::Terminate>(r);
-      break;
-    case Type::ping:
-      m = read_as<msg::Ping>(r);
-      break;
-    case Type::shutdown:
-      m = read_as<msg::Shutdown>(r);
-      break;
-    case Type::prepare:
-      m = read_as<msg::Prepare>(r);
-      break;
-    case Type::probe:
-      m = read_as<msg::Probe>(r);
-      break;
-    case Type::stdin_data:
-      m = read_as<msg::Stdin>(r);
-      break;
-    case Type::stdin_close:
-      m = read_as<msg::StdinClose>(r);
-      break;
-    case Type::pause:
-      m = read_as<msg::Pause>(r);
-      break;
-    case Type::launcher_silent:
-      m = read_as<msg::LauncherSilent>(r);
-      break;
-    case Type::hello_ack:
-      m = read_as<msg::HelloAck>(r);
-      break;
-    case Type::started:
-      m = read_as<msg::Started>(r);
-      break;
-    case Type::spawn_failed:
-      m = read_as<msg::SpawnFailed>(r);
-      break;
-    case Type::output:
-    case Type::sync_data:
-      break;  // above
-    case Type::exited:
-      m = read_as<msg::Exited>(r);
-      break;
-    case Type::pong:
-      m = read_as<msg::Pong>(r);
-      break;
-    case Type::error:
-      m = read_as<msg::AgentError>(r);
-      break;
-    case Type::bye:
-      m = read_as<msg::Bye>(r);
-      break;
-    case Type::prepared:
-      m = read_as<msg::Prepared>(r);
-      break;
-    case Type::probed:
-      m = read_as<msg::Probed>(r);
-      break;
-    case Type::telemetry_start:
-      m = read_as<msg::TelemetryStart>(r);
-      break;
-    case Type::telemetry:
-      m = read_as<msg::Telemetry>(r);
-      break;
-    case Type::sync_manifest:
-      m = read_as<msg::SyncManifest>(r);
-      break;
-    case Type::sync_end:
-      m = read_as<msg::SyncEnd>(r);
-      break;
-    case Type::setup:
-      m = read_as<msg::Setup>(r);
-      break;
-    case Type::pull:
-      m = read_as<msg::Pull>(r);
-      break;
-    case Type::sync_want:
-      m = read_as<msg::SyncWant>(r);
-      break;
-    case Type::sync_done:
-      m = read_as<msg::SyncDone>(r);
-      break;
-    case Type::setup_done:
-      m = read_as<msg::SetupDone>(r);
-      break;
-    case Type::pull_file:
-      m = read_as<msg::PullFile>(r);
-      break;
-    case Type::pull_data:
-      m = read_as<msg::PullData>(r);
-      break;
-    case Type::pull_done:
-      m = read_as<msg::PullDone>(r);
-      break;
-    case Type::ps_log:
-      m = read_as<msg::PsLog>(r);
-      break;
-    case Type::ps_stats:
-      m = read_as<msg::PsStats>(r);
-      break;
-    default:
-      error = "unknown frame type " + std::to_string(unsigned(f.type));
-      return std::nullopt;
+  if (!read_alternative(f.type, r, m, std::make_index_sequence<std::variant_size_v<Message>>())) {
+    error = "unknown frame type " + std::to_string(unsigned(f.type));
+    return std::nullopt;
   }
   if (r.failed()) {
     error = std::string("malformed ") + type_name(f.type) + " frame (" + std::to_string(f.payload.size()) +

@@ -1,7 +1,8 @@
 // Paths that come from elsewhere (a manifest, a host's file names, a user's copy source) walked
 // below one open folder, one part at a time with O_NOFOLLOW: no part may be a link, "." or "..",
 // so nothing outside the folder can be named, written or removed, whatever links or renames the
-// other side (a job, a host, another user) made meanwhile. libc only: the agent compiles it too.
+// other side (a job, a host, another user) made meanwhile. libc only: the launcher and the agent
+// both link it.
 #pragma once
 
 #include <sys/types.h>

@@ -1,4 +1,4 @@
-#include "runner/sync/ignore.h"
+#include "runner/tree/ignore.h"
 
 namespace mltrain::sync {
 

@@ -1,6 +1,6 @@
 // What both sides of a sync need to agree on: a file's content hash (XXH3-128, its 16 canonical
 // bytes), how hashes are written as text, and file times as nanoseconds. Header-only and libc only:
-// the agent compiles it too.
+// the launcher and the agent both use it.
 #pragma once
 
 #include <sys/stat.h>

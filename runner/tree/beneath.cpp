@@ -1,4 +1,4 @@
-#include "runner/sync/beneath.h"
+#include "runner/tree/beneath.h"
 
 #include <dirent.h>
 #include <fcntl.h>
