@@ -271,8 +271,11 @@ std::optional<int> Agent::step(int max_wait_ms) {
   }
   const size_t ps_slot = fds_.size();
   fds_.push_back({ps_fd(), POLLIN, 0});
+  lease_slots_ = claim_ ? claim_->leases() : std::vector<lease::Lease*>{};
+  for (auto* l : lease_slots_) fds_.push_back({l->fd(), POLLIN, 0});
   int rc = ::poll(fds_.data(), fds_.size(), poll_timeout(now, max_wait_ms));
   if (rc < 0 && errno != EINTR) return 1;
+  answer_lease_readers(ps_slot + 1);  // before a frame (Unclaim) can change the leases
 
   if (fds_[0].revents & POLLIN) {
     signalfd_siginfo si;

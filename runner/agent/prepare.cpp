@@ -119,8 +119,13 @@ void Agent::on(uint32_t id, const msg::Prepare& m) {
     out.has_cuda_visible_devices = visible ? 1 : 0;
     out.cuda_visible_devices = visible.value_or("");
   }
-  // Servers last, and only when every check passed: a host that fails preflight serves nothing.
-  if (problems.empty()) start_ps(m, out);
+  // The claim once every check passed: a host that fails preflight holds nothing.
+  if (problems.empty() && m.claim) claim(m, out);
+  // Servers last, and only when every check passed and the claim, if any, was granted: a host
+  // that fails preflight, or waits, serves nothing.
+  if (problems.empty() && out.claim_state != uint32_t(msg::ClaimState::busy) &&
+      out.claim_state != uint32_t(msg::ClaimState::failed))
+    start_ps(m, out);
   send(out, id);
 }
 

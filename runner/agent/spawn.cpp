@@ -290,6 +290,7 @@ void Agent::start_warden_once(const std::map<std::string, std::string>& merged) 
 }
 
 void Agent::on(uint32_t id, msg::Spawn& m) {
+  if (claim_) claim_->leave_queue();  // the job runs: its leases hold what it has, not its place
   if (m.argv.empty()) {
     send(msg::SpawnFailed{"nothing to run (empty argv)"}, id);
     return;

@@ -199,6 +199,8 @@ const char* type_name(Type t) {
       return "pull_data";
     case Type::pull_done:
       return "pull_done";
+    case Type::unclaim:
+      return "unclaim";
     case Type::ps_log:
       return "ps_log";
     case Type::ps_stats:

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "runner/agent/agent_core.h"
+#include "runner/lease/claim.h"
 #include "runner/protocol/protocol.h"
 #include "runner/telemetry/sample.h"
 #include "runner/telemetry/sampler.h"
@@ -174,6 +175,12 @@ class Agent {
   void close_sync_files();  // the files being received, dropped
   void setup_exited(int status);
   void pump_pull();
+  // The job's claim on this host (claim.cpp): made at preflight when Prepare asks, its leases
+  // held until the agent ends; Unclaim gives back a grant (another host said no); the first Spawn
+  // leaves the queue.
+  void claim(const msg::Prepare& m, msg::Prepared& out);
+  void on(uint32_t id, const msg::Unclaim& m);
+  void answer_lease_readers(size_t first_slot);
   // PS servers (ps.cpp): started at preflight when Prepare asks, stopped before Bye.
   void start_ps(const msg::Prepare& m, msg::Prepared& out);
   int ps_fd() const;  // readable when a server has a line to say (-1: no servers)
@@ -256,6 +263,8 @@ class Agent {
   bool setup_running_ = false;
   PullState pull_;
   std::shared_ptr<PsHost> ps_;  // shared_ptr: PsHost is complete only in ps.cpp
+  std::optional<lease::Claim> claim_;
+  std::vector<lease::Lease*> lease_slots_;  // the leases polled this turn, in fds_ order
 };
 
 }  // namespace mltrain::agent::detail
