@@ -405,7 +405,7 @@ std::string describe_plan(const plan::Plan& p) {
     out += "\n";
     for (int r : h.ranks) {
       out += "  rank " + std::to_string(r) + ":";
-      for (const auto& [k, v] : p.ranks[size_t(r)].env)
+      for (const auto& [k, v] : plan::rank_env(p, p.runtime, r))
         out +=
             " " + k + "=" + (secret::is_secret_name(k) ? std::string(secret::kShown) : text::shell_quote(v));
       out += "\n";

@@ -235,25 +235,15 @@ std::string ps_memory_value(const std::string& text) {
 }
 }  // namespace
 
-Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
-  Plan p;
-  p.run_id = in.run_id;
-  p.name = s.name;
-  p.token = in.token;
-  const auto all_hosts = cluster_hosts(s, in.environ);
-  const auto hosts = worker_hosts(s, all_hosts);
-  const auto servers = server_hosts(s, all_hosts, hosts);
-  if (hosts.size() + servers.size() > size_t(spec::kMaxHosts))
-    throw Error("the job lists " + std::to_string(hosts.size() + servers.size()) +
-                    " hosts; mltrain runs on at most " + std::to_string(spec::kMaxHosts),
-                "narrow the host list (--include, a shorter hostfile or node-list pattern)");
+namespace {
 
-  // How many ranks each host runs. One rule, mpirun's: a host has the slots written for it (a host
-  // written without a count has 1); more ranks than slots is an error unless oversubscribing.
-  // Only the implicit localhost (no hosts given) stretches to -n.
+// How many ranks each host runs. One rule, mpirun's: a host has the slots written for it (a host
+// written without a count has 1); more ranks than slots is an error unless oversubscribing.
+// Only the implicit localhost (no hosts given) stretches to -n.
+std::vector<int> rank_counts(const spec::JobSpec& s, const std::vector<hostfile::Host>& hosts,
+                             bool implicit_local) {
   std::vector<int> counts;
   int n = s.cluster.nprocs;
-  bool implicit_local = hosts.size() == 1 && hosts[0].origin == "default";
   if (s.cluster.procs_per_host > 0) {
     for (size_t i = 0; i < hosts.size(); ++i) counts.push_back(s.cluster.procs_per_host);
   } else {
@@ -290,16 +280,11 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
     throw Error("the job would start " + std::to_string(ranks_total) + " ranks; mltrain runs at most " +
                     std::to_string(spec::kMaxRanks),
                 "lower -n or the slot counts");
+  return counts;
+}
 
-  const std::string& launcher = s.cluster.launcher;
-  const std::string* slurm_job = knobs::slurm_job_id.in(in.environ);
-  p.slurm =
-      launcher == "slurm" || (launcher == "auto" && slurm_job && !slurm_job->empty() && !implicit_local);
-  if (launcher == "slurm" && implicit_local)
-    throw Error(s.origin("cluster.launcher", "--launcher") +
-                    ": launcher \"slurm\" needs hosts, and no "
-                    "SLURM_JOB_NODELIST is set here",
-                "run it inside an allocation (salloc, sbatch, or mltrain sbatch), or give hosts");
+// The hosts with ranks, in order, each with its ranks in local-rank order.
+void place_ranks(Plan& p, const std::vector<hostfile::Host>& hosts, const std::vector<int>& counts) {
   for (size_t i = 0; i < hosts.size(); ++i) {
     if (counts[i] == 0) continue;
     HostPlan hp;
@@ -320,19 +305,24 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
   }
   if (p.ranks.empty())
     throw Error("the plan has no ranks", "set -n or [cluster] procs_per_host to at least 1");
-  if (!s.logs.ranks.empty())
-    if (auto shown = text::parse_int_list(s.logs.ranks))
-      for (int r : *shown)
-        if (r < 0 || size_t(r) >= p.ranks.size()) {
-          std::string last = std::to_string(p.ranks.size() - 1);
-          throw Error(s.origin("logs.ranks", "--ranks") + ": rank " + std::to_string(r) +
-                          " is not in this job, which has " + std::to_string(p.ranks.size()) + " rank" +
-                          (p.ranks.size() == 1 ? "" : "s"),
-                      "show ranks from 0 to " + last + ", e.g. --ranks 0" + (last == "0" ? "" : "," + last));
-        }
-  // PS servers: on a host with ranks, by its agent there; a server-only host comes after every host
-  // with ranks (node_rank -1: it is no node of the ranks' world), so node ranks and hosts[0] stay.
-  const size_t rank_hosts = p.hosts.size();
+}
+
+void check_console_ranks(const spec::JobSpec& s, const Plan& p) {
+  if (s.logs.ranks.empty()) return;
+  if (auto shown = text::parse_int_list(s.logs.ranks))
+    for (int r : *shown)
+      if (r < 0 || size_t(r) >= p.ranks.size()) {
+        std::string last = std::to_string(p.ranks.size() - 1);
+        throw Error(s.origin("logs.ranks", "--ranks") + ": rank " + std::to_string(r) +
+                        " is not in this job, which has " + std::to_string(p.ranks.size()) + " rank" +
+                        (p.ranks.size() == 1 ? "" : "s"),
+                    "show ranks from 0 to " + last + ", e.g. --ranks 0" + (last == "0" ? "" : "," + last));
+      }
+}
+
+// PS servers: on a host with ranks, by its agent there; a server-only host comes after every host
+// with ranks (node_rank -1: it is no node of the ranks' world), so node ranks and hosts[0] stay.
+void place_servers(Plan& p, const std::vector<std::pair<hostfile::Host, int>>& servers) {
   for (const auto& [h, count] : servers) {
     // The same host by name, or this machine under another name: one agent per host.
     const bool here = !p.slurm && is_local_host(h.name);
@@ -354,173 +344,233 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
   }
   p.multi_host = p.hosts.size() > 1 ||
                  std::any_of(p.hosts.begin(), p.hosts.end(), [](const HostPlan& h) { return !h.local; });
+}
 
-  // Program and working directory.
-  p.argv = s.run.command ? std::vector<std::string>{"/bin/sh", "-c", *s.run.command} : s.run.argv;
-  p.workdir = s.run.workdir.empty() ? in.cwd : s.run.workdir;
-  p.python_path = s.run.python_path;
-
-  // Rendezvous addresses. All-local jobs use loopback; the SSH transport replaces master_addr
-  // with an address of rank 0's host that the other hosts reach.
+// Rendezvous addresses. All-local jobs use loopback; preflight replaces master_addr with an
+// address of rank 0's host that the other hosts reach. PS mode's settings and root port too.
+void plan_rendezvous(Plan& p, const spec::JobSpec& s, const Inputs& in) {
   p.master_addr = p.multi_host ? p.hosts[0].host.name : "127.0.0.1";
   p.master_port = s.comm.master_port > 0 ? s.comm.master_port : in.free_port();
   int store_port = in.free_port();
   while (store_port == p.master_port) store_port = in.free_port();
   p.store_addr = p.master_addr + ":" + std::to_string(store_port);
-  int ps_port = 0;
-  if (s.comm.mode == "ps") {
-    p.ps.sync = s.ps.sync;
-    p.ps.partition_bytes = s.ps.partition_bytes;
-    if (!s.ps.sync && !s.ps.optimizer.name.empty()) {
-      p.ps.optimizer = s.ps.optimizer.name;
-      p.ps.lr = s.ps.optimizer.lr;
-      p.ps.momentum = s.ps.optimizer.momentum;
-      p.ps.weight_decay = s.ps.optimizer.weight_decay;
-    }
-    for (const auto& h : p.hosts) p.ps.servers += h.ps_servers;
-    ps_port = in.free_port();
-    while (ps_port == p.master_port || ps_port == store_port) ps_port = in.free_port();
+  if (s.comm.mode != "ps") return;
+  p.ps.sync = s.ps.sync;
+  p.ps.partition_bytes = s.ps.partition_bytes;
+  if (!s.ps.sync && !s.ps.optimizer.name.empty()) {
+    p.ps.optimizer = s.ps.optimizer.name;
+    p.ps.lr = s.ps.optimizer.lr;
+    p.ps.momentum = s.ps.optimizer.momentum;
+    p.ps.weight_decay = s.ps.optimizer.weight_decay;
   }
+  for (const auto& h : p.hosts) p.ps.servers += h.ps_servers;
+  p.ps_port = in.free_port();
+  while (p.ps_port == p.master_port || p.ps_port == store_port) p.ps_port = in.free_port();
+}
 
-  // Environment, lowest precedence first: forwarded variables, the spec's env, the contract.
-  Env base;
+// The ranks' own variables and what the launcher reads of them, lowest precedence first:
+// forwarded variables, then the spec's env.
+void plan_user_env(Plan& p, const spec::JobSpec& s, const Inputs& in) {
   for (const auto& glob : s.run.forward_env)
     for (const auto& [k, v] : in.environ)
-      if (::fnmatch(glob.c_str(), k.c_str(), 0) == 0) put(base, k, v);
-  for (const auto& [k, v] : s.run.env) put(base, k, v);
-  bool user_ifname_nccl = has(base, "NCCL_SOCKET_IFNAME");
-  bool user_ifname_gloo = has(base, "GLOO_SOCKET_IFNAME");
-  p.user_nccl_ifname = user_ifname_nccl;
-  p.user_gloo_ifname = user_ifname_gloo;
-  p.auto_master_port = s.comm.master_port == 0;
-  p.ps_mode = s.comm.mode == "ps";
-  p.nccl_required = s.comm.backend == "nccl";
-  p.gpus_per_proc = s.gpus.per_proc;
-  p.procs_per_gpu = s.gpus.procs_per_gpu;
+      if (::fnmatch(glob.c_str(), k.c_str(), 0) == 0) put(p.user_env, k, v);
+  for (const auto& [k, v] : s.run.env) put(p.user_env, k, v);
+  for (const char* k : {"OMP_NUM_THREADS", "PYTHONUNBUFFERED", "CUDA_DEVICE_ORDER"})
+    if (in.environ.count(k)) p.launcher_defaults.insert(k);
   std::string ps_memory;
   if (const std::string* launchers = knobs::mltrain_ps_memory.in(in.environ)) ps_memory = *launchers;
-  for (const auto& [k, v] : base) {
+  for (const auto& [k, v] : p.user_env) {
     if (k == "CUDA_VISIBLE_DEVICES") p.user_cuda_visible_devices = v;
     if (k == "MLTRAIN_NVML_LIBRARY") p.nvml_library = v;
     if (k == "MLTRAIN_NCCL_LIBRARY") p.nccl_library = v;
     if (k == "MLTRAIN_PS_MEMORY") ps_memory = v;  // the job's own wins over the launcher's
   }
   if (p.ps_mode && !ps_memory.empty()) p.ps_memory = ps_memory_value(ps_memory);
+}
 
-  int world = int(p.ranks.size());
+// GPUs: per_proc gives each rank a block of slots; procs_per_gpu shares one slot. A slot is an
+// index into the host's usable GPUs, known at preflight (assign_gpus).
+void plan_gpu_slots(Plan& p, const spec::JobSpec& s) {
   for (auto& r : p.ranks) {
-    const HostPlan& hp = p.hosts[size_t(r.host)];
-    Env env = base;
-    put(env, "RANK", std::to_string(r.rank));
-    put(env, "WORLD_SIZE", std::to_string(world));
-    put(env, "LOCAL_RANK", std::to_string(r.local_rank));
-    put(env, "LOCAL_WORLD_SIZE", std::to_string(hp.ranks.size()));
-    put(env, "NODE_RANK", std::to_string(hp.node_rank));
-    put(env, "GROUP_RANK", std::to_string(hp.node_rank));
-    put(env, "GROUP_WORLD_SIZE", std::to_string(rank_hosts));
-    put(env, "ROLE_NAME", "default");
-    put(env, "ROLE_RANK", std::to_string(r.rank));
-    put(env, "ROLE_WORLD_SIZE", std::to_string(world));
-    put(env, "MASTER_ADDR", p.master_addr);
-    put(env, "MASTER_PORT", std::to_string(p.master_port));
-    put(env, "TORCHELASTIC_RESTART_COUNT", std::to_string(in.restart_count));
-    put(env, "TORCHELASTIC_MAX_RESTARTS", std::to_string(s.run.max_restarts));
-    put(env, "TORCHELASTIC_RUN_ID", p.run_id);
-    put(env, "MLTRAIN_RUN_ID", p.run_id);
-    put(env, "MLTRAIN_STORE_ADDR", p.store_addr);
-    put(env, "MLTRAIN_TOKEN", p.token);
-    put(env, "MLTRAIN_COMM_BACKEND", s.comm.backend);
-    // torchrun's @record writes the failure there; the launcher's summary shows it. Elsewhere a
-    // bare name: the host's agent puts it in a private folder of its own (0700, a random name in
-    // /tmp, removed at its end), never at a path another user of the host can guess.
-    const std::string error_name = "rank-" + std::to_string(r.rank) + ".error.json";
-    put(env, "TORCHELASTIC_ERROR_FILE",
-        hp.local && !in.error_dir.empty() ? in.error_dir + "/" + error_name : error_name);
-    // As torchrun: several ranks on one host would each start a thread per core. A user's own
-    // value wins: the spec's env, --env, -x, forward_env, or (on this machine) the launcher's.
-    if (hp.ranks.size() > 1 && !has(base, "OMP_NUM_THREADS") &&
-        !(hp.local && in.environ.count("OMP_NUM_THREADS")))
-      put(env, "OMP_NUM_THREADS", "1");
-    // Python's stdout to a pipe is block-buffered: lines would reach the console in bursts. A
-    // user's own value wins, as for OMP_NUM_THREADS.
-    if (!has(base, "PYTHONUNBUFFERED") && !(hp.local && in.environ.count("PYTHONUNBUFFERED")))
-      put(env, "PYTHONUNBUFFERED", "1");
-    if (!p.multi_host) {
-      if (!user_ifname_nccl) put(env, "NCCL_SOCKET_IFNAME", "lo");
-      if (!user_ifname_gloo) put(env, "GLOO_SOCKET_IFNAME", "lo");
-    }
-    // GPUs: per_proc gives each rank a block of slots; procs_per_gpu shares one slot. A slot is
-    // an index into the host's usable GPUs, known at preflight (assign_gpus); until then the env
-    // shows them as if every GPU were usable, as a dry run prints it.
-    r.gpu_slots.clear();
+    HostPlan& hp = p.hosts[size_t(r.host)];
     if (s.gpus.per_proc > 0)
       for (int g = 0; g < s.gpus.per_proc; ++g) r.gpu_slots.push_back(r.local_rank * s.gpus.per_proc + g);
     else if (s.gpus.procs_per_gpu > 0)
       r.gpu_slots.push_back(r.local_rank / s.gpus.procs_per_gpu);
-    if (!r.gpu_slots.empty()) {
-      std::vector<int> devices = r.gpu_slots;
-      if (!hp.gpu_ids.empty())
-        for (auto& d : devices) {
-          if (size_t(d) >= hp.gpu_ids.size())
-            throw Error(hp.host.name + ": rank " + std::to_string(r.rank) + " needs GPU slot " +
-                            std::to_string(d) + " but the include/exclude filter leaves " +
-                            std::to_string(hp.gpu_ids.size()),
-                        "lower [gpus] per_proc or the ranks per host");
-          d = hp.gpu_ids[size_t(d)];
-        }
-      put(env, "CUDA_VISIBLE_DEVICES", join_ints(devices));
-      // So CUDA numbers GPUs as NVML and nvidia-smi do (its default puts the fastest first).
-      if (!has(base, "CUDA_DEVICE_ORDER") && !(hp.local && in.environ.count("CUDA_DEVICE_ORDER")))
-        put(env, "CUDA_DEVICE_ORDER", "PCI_BUS_ID");
-    }
-    if (p.ps_mode) {
-      put(env, "DMLC_ROLE", "worker");
-      put(env, "DMLC_NUM_WORKER", std::to_string(world));
-      put(env, "DMLC_NUM_SERVER", std::to_string(p.ps.servers));
-      put(env, "DMLC_PS_ROOT_URI", p.master_addr);
-      put(env, "DMLC_PS_ROOT_PORT", std::to_string(ps_port));
-      put(env, "DMLC_WORKER_ID", std::to_string(r.rank));
-      // MLTRAIN_PS_SERVERS comes at preflight (set_ps_servers), when the servers listen.
-      put(env, "MLTRAIN_PS_SYNC", p.ps.sync ? "1" : "0");
-      put(env, "MLTRAIN_PS_PARTITION_BYTES", std::to_string(p.ps.partition_bytes));
-    }
-    r.env = std::move(env);
+    if (!hp.gpu_ids.empty())
+      for (int d : r.gpu_slots)
+        if (size_t(d) >= hp.gpu_ids.size())
+          throw Error(hp.host.name + ": rank " + std::to_string(r.rank) + " needs GPU slot " +
+                          std::to_string(d) + " but the include/exclude filter leaves " +
+                          std::to_string(hp.gpu_ids.size()),
+                      "lower [gpus] per_proc or the ranks per host");
   }
   for (const auto& r : p.ranks)
     for (int d : r.gpu_slots) {
       int& needed = p.hosts[size_t(r.host)].gpu_slots_needed;
       needed = std::max(needed, d + 1);
     }
+}
+
+}  // namespace
+
+Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
+  Plan p;
+  p.run_id = in.run_id;
+  p.name = s.name;
+  p.token = in.token;
+  const auto all_hosts = cluster_hosts(s, in.environ);
+  const auto hosts = worker_hosts(s, all_hosts);
+  const auto servers = server_hosts(s, all_hosts, hosts);
+  if (hosts.size() + servers.size() > size_t(spec::kMaxHosts))
+    throw Error("the job lists " + std::to_string(hosts.size() + servers.size()) +
+                    " hosts; mltrain runs on at most " + std::to_string(spec::kMaxHosts),
+                "narrow the host list (--include, a shorter hostfile or node-list pattern)");
+  const bool implicit_local = hosts.size() == 1 && hosts[0].origin == "default";
+  const auto counts = rank_counts(s, hosts, implicit_local);
+  const std::string& launcher = s.cluster.launcher;
+  const std::string* slurm_job = knobs::slurm_job_id.in(in.environ);
+  p.slurm =
+      launcher == "slurm" || (launcher == "auto" && slurm_job && !slurm_job->empty() && !implicit_local);
+  if (launcher == "slurm" && implicit_local)
+    throw Error(s.origin("cluster.launcher", "--launcher") +
+                    ": launcher \"slurm\" needs hosts, and no "
+                    "SLURM_JOB_NODELIST is set here",
+                "run it inside an allocation (salloc, sbatch, or mltrain sbatch), or give hosts");
+  place_ranks(p, hosts, counts);
+  check_console_ranks(s, p);
+  place_servers(p, servers);
+
+  // Program and working directory.
+  p.argv = s.run.command ? std::vector<std::string>{"/bin/sh", "-c", *s.run.command} : s.run.argv;
+  p.workdir = s.run.workdir.empty() ? in.cwd : s.run.workdir;
+  p.python_path = s.run.python_path;
+  plan_rendezvous(p, s, in);
+  p.auto_master_port = s.comm.master_port == 0;
+  p.ps_mode = s.comm.mode == "ps";
+  p.nccl_required = s.comm.backend == "nccl";
+  p.comm_backend = s.comm.backend;
+  p.max_restarts = s.run.max_restarts;
+  p.error_dir = in.error_dir;
+  p.gpus_per_proc = s.gpus.per_proc;
+  p.procs_per_gpu = s.gpus.procs_per_gpu;
+  p.runtime.restart_count = in.restart_count;
+  plan_user_env(p, s, in);
+  plan_gpu_slots(p, s);
   return p;
+}
+
+namespace {
+
+// The torchrun contract and the comm library's variables.
+void put_contract(Env& env, const Plan& p, const Runtime& rt, const RankPlan& r) {
+  const HostPlan& hp = p.hosts[size_t(r.host)];
+  const std::string world = std::to_string(p.ranks.size());
+  size_t rank_hosts = 0;  // server-only hosts are no nodes of the ranks' world
+  for (const auto& h : p.hosts) rank_hosts += h.ranks.empty() ? 0 : 1;
+  put(env, "RANK", std::to_string(r.rank));
+  put(env, "WORLD_SIZE", world);
+  put(env, "LOCAL_RANK", std::to_string(r.local_rank));
+  put(env, "LOCAL_WORLD_SIZE", std::to_string(hp.ranks.size()));
+  put(env, "NODE_RANK", std::to_string(hp.node_rank));
+  put(env, "GROUP_RANK", std::to_string(hp.node_rank));
+  put(env, "GROUP_WORLD_SIZE", std::to_string(rank_hosts));
+  put(env, "ROLE_NAME", "default");
+  put(env, "ROLE_RANK", std::to_string(r.rank));
+  put(env, "ROLE_WORLD_SIZE", world);
+  put(env, "MASTER_ADDR", p.master_addr);
+  put(env, "MASTER_PORT", std::to_string(p.master_port));
+  put(env, "TORCHELASTIC_RESTART_COUNT", std::to_string(rt.restart_count));
+  put(env, "TORCHELASTIC_MAX_RESTARTS", std::to_string(p.max_restarts));
+  put(env, "TORCHELASTIC_RUN_ID", p.run_id);
+  put(env, "MLTRAIN_RUN_ID", p.run_id);
+  put(env, "MLTRAIN_STORE_ADDR", p.store_addr);
+  put(env, "MLTRAIN_TOKEN", p.token);
+  put(env, "MLTRAIN_COMM_BACKEND", p.comm_backend);
+  // torchrun's @record writes the failure there; the launcher's summary shows it. Elsewhere a
+  // bare name: the host's agent puts it in a private folder of its own (0700, a random name in
+  // /tmp, removed at its end), never at a path another user of the host can guess.
+  const std::string error_name = "rank-" + std::to_string(r.rank) + ".error.json";
+  put(env, "TORCHELASTIC_ERROR_FILE",
+      hp.local && !p.error_dir.empty() ? p.error_dir + "/" + error_name : error_name);
+}
+
+// A default mltrain fills unless the user set it: in the job's variables or, for ranks on this
+// machine, in the launcher's own environment (which they inherit).
+bool user_sets(const Plan& p, const HostPlan& hp, const std::string& k) {
+  return has(p.user_env, k) || (hp.local && p.launcher_defaults.count(k));
+}
+
+void put_gpus(Env& env, const Plan& p, const Runtime& rt, const RankPlan& r) {
+  if (r.gpu_slots.empty()) return;
+  const HostPlan& hp = p.hosts[size_t(r.host)];
+  // Until preflight assigns the host's usable GPUs, the slots as if every GPU were usable (as a
+  // dry run prints them), or the include/exclude slot ids.
+  std::vector<int> devices = r.gpu_slots;
+  if (auto it = rt.gpus.find(r.rank); it != rt.gpus.end())
+    devices = it->second;
+  else if (!hp.gpu_ids.empty())
+    for (auto& d : devices) d = hp.gpu_ids[size_t(d)];
+  put(env, "CUDA_VISIBLE_DEVICES", join_ints(devices));
+  // So CUDA numbers GPUs as NVML and nvidia-smi do (its default puts the fastest first).
+  if (!user_sets(p, hp, "CUDA_DEVICE_ORDER")) put(env, "CUDA_DEVICE_ORDER", "PCI_BUS_ID");
+}
+
+void put_ps(Env& env, const Plan& p, const RankPlan& r) {
+  put(env, "DMLC_ROLE", "worker");
+  put(env, "DMLC_NUM_WORKER", std::to_string(p.ranks.size()));
+  put(env, "DMLC_NUM_SERVER", std::to_string(p.ps.servers));
+  put(env, "DMLC_PS_ROOT_URI", p.master_addr);
+  put(env, "DMLC_PS_ROOT_PORT", std::to_string(p.ps_port));
+  put(env, "DMLC_WORKER_ID", std::to_string(r.rank));
+  put(env, "MLTRAIN_PS_SYNC", p.ps.sync ? "1" : "0");
+  put(env, "MLTRAIN_PS_PARTITION_BYTES", std::to_string(p.ps.partition_bytes));
+}
+
+}  // namespace
+
+Env rank_env(const Plan& p, const Runtime& rt, int rank) {
+  const RankPlan& r = p.ranks[size_t(rank)];
+  const HostPlan& hp = p.hosts[size_t(r.host)];
+  Env env = p.user_env;
+  put_contract(env, p, rt, r);
+  // As torchrun: several ranks on one host would each start a thread per core.
+  if (hp.ranks.size() > 1 && !user_sets(p, hp, "OMP_NUM_THREADS")) put(env, "OMP_NUM_THREADS", "1");
+  // Python's stdout to a pipe is block-buffered: lines would reach the console in bursts.
+  if (!user_sets(p, hp, "PYTHONUNBUFFERED")) put(env, "PYTHONUNBUFFERED", "1");
+  const bool user_nccl_ifname = has(p.user_env, "NCCL_SOCKET_IFNAME");
+  const bool user_gloo_ifname = has(p.user_env, "GLOO_SOCKET_IFNAME");
+  if (!p.multi_host) {
+    if (!user_nccl_ifname) put(env, "NCCL_SOCKET_IFNAME", "lo");
+    if (!user_gloo_ifname) put(env, "GLOO_SOCKET_IFNAME", "lo");
+  }
+  put_gpus(env, p, rt, r);
+  if (p.ps_mode) put_ps(env, p, r);
+  // What preflight learnt after the rest: the interface to the master, where the servers listen.
+  const std::string ifname = size_t(r.host) < rt.ifnames.size() ? rt.ifnames[size_t(r.host)] : "";
+  if (!ifname.empty()) {
+    if (!user_nccl_ifname) put(env, "NCCL_SOCKET_IFNAME", ifname);
+    if (!user_gloo_ifname) put(env, "GLOO_SOCKET_IFNAME", ifname);
+  }
+  if (rt.ps_servers) put(env, "MLTRAIN_PS_SERVERS", *rt.ps_servers);
+  return env;
 }
 
 void set_rendezvous(Plan& p, const Rendezvous& r) {
   p.master_addr = r.master_addr;
   p.master_port = r.master_port;
   p.store_addr = r.master_addr + ":" + std::to_string(r.store_port);
-  for (auto& rank : p.ranks) {
-    put(rank.env, "MASTER_ADDR", p.master_addr);
-    put(rank.env, "MASTER_PORT", std::to_string(p.master_port));
-    put(rank.env, "MLTRAIN_STORE_ADDR", p.store_addr);
-    if (p.ps_mode) {
-      put(rank.env, "DMLC_PS_ROOT_URI", p.master_addr);
-      if (r.ps_port) put(rank.env, "DMLC_PS_ROOT_PORT", std::to_string(r.ps_port));
-    }
-  }
+  if (p.ps_mode && r.ps_port) p.ps_port = r.ps_port;
 }
 
 void set_ps_servers(Plan& p, const std::vector<std::string>& servers) {
-  const std::string joined = text::join(servers, ",");
-  for (auto& rank : p.ranks) put(rank.env, "MLTRAIN_PS_SERVERS", joined);
+  p.runtime.ps_servers = text::join(servers, ",");
 }
 
 void set_interface(Plan& p, int host, const std::string& ifname) {
   if (ifname.empty()) return;
-  for (auto& rank : p.ranks) {
-    if (rank.host != host) continue;
-    if (!p.user_nccl_ifname) put(rank.env, "NCCL_SOCKET_IFNAME", ifname);
-    if (!p.user_gloo_ifname) put(rank.env, "GLOO_SOCKET_IFNAME", ifname);
-  }
+  p.runtime.ifnames.resize(std::max(p.runtime.ifnames.size(), p.hosts.size()));
+  p.runtime.ifnames[size_t(host)] = ifname;
 }
 
 std::string describe_gpus(const std::vector<int>& indices, const std::vector<std::string>& names) {
@@ -593,13 +643,10 @@ std::string assign_gpus(Plan& p, int host, const HostGpus& gpus) {
     }
     devices.push_back(std::move(d));
   }
-  for (size_t i = 0; i < hp.ranks.size(); ++i)
-    put(p.ranks[size_t(hp.ranks[i])].env, "CUDA_VISIBLE_DEVICES", join_ints(devices[i]));
+  for (size_t i = 0; i < hp.ranks.size(); ++i) p.runtime.gpus[hp.ranks[i]] = std::move(devices[i]);
   return {};
 }
 
-void set_restart_count(Plan& p, int restart_count) {
-  for (auto& r : p.ranks) put(r.env, "TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count));
-}
+void set_restart_count(Plan& p, int restart_count) { p.runtime.restart_count = restart_count; }
 
 }  // namespace mltrain::plan

@@ -1,11 +1,12 @@
-// Rank planning: which ranks run on which host, and the exact environment of each rank
-// (DESIGN.md, Contracts: Rank environment).
+// Rank planning: which ranks run on which host, the facts their environment is made of, and
+// rank_env(), the exact environment of each rank (DESIGN.md, Contracts: Rank environment).
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,10 +37,18 @@ struct RankPlan {
   int rank = 0;
   int host = 0;  // index into Plan::hosts
   int local_rank = 0;
-  Env env;  // the variables mltrain sets; the agent sets them over the host's environment
   // [gpus]: the rank's GPU slots, indices into its host's usable GPUs (or, where the host has
-  // gpu_ids, into those). assign_gpus() turns them into CUDA_VISIBLE_DEVICES at preflight.
+  // gpu_ids, into those). assign_gpus() turns them into physical GPUs at preflight.
   std::vector<int> gpu_slots;
+};
+
+// What the launcher learns after planning, at preflight and on restarts (the setters below fill
+// it); rank_env() reads it.
+struct Runtime {
+  std::vector<std::string> ifnames;       // per host: the interface its agent routes to the master ("": none)
+  std::optional<std::string> ps_servers;  // PS mode: MLTRAIN_PS_SERVERS, once the servers listen
+  std::map<int, std::vector<int>> gpus;   // rank -> its physical GPUs, from its host's inventory
+  int restart_count = 0;
 };
 
 // Parameter-server mode ([ps], or [comm] mode = "ps"); servers run inside the agents.
@@ -66,10 +75,8 @@ struct Plan {
   bool multi_host = false;
   bool auto_master_port = true;  // the ports are chosen on rank 0's host at preflight
   bool ps_mode = false;
-  PsPlan ps;                      // meaningful when ps_mode
-  bool slurm = false;             // every host's agent starts through srun ([cluster] launcher)
-  bool user_nccl_ifname = false;  // the user chose the interfaces; mltrain leaves them alone
-  bool user_gloo_ifname = false;
+  PsPlan ps;              // meaningful when ps_mode
+  bool slurm = false;     // every host's agent starts through srun ([cluster] launcher)
   int gpus_per_proc = 0;  // [gpus] per_proc
   int procs_per_gpu = 0;  // [gpus] procs_per_gpu
   // The job's own CUDA_VISIBLE_DEVICES ([run.env], --env, forward_env): it restricts every host's
@@ -82,9 +89,25 @@ struct Plan {
   // else the launcher's): "N" bytes or "P%" of the host's memory (the smaller of MemTotal and the
   // agent's cgroup limit).
   std::string ps_memory = "50%";
+  int ps_port = 0;  // PS mode: DMLC_PS_ROOT_PORT, a free port on rank 0's host
+  int max_restarts = 0;
+  std::string comm_backend = "auto";
+  std::string error_dir;  // Inputs::error_dir
+  // The ranks' own variables, lowest precedence first: forward_env matches, then [run] env (with
+  // the flags'). mltrain's variables go over them (rank_env).
+  Env user_env;
+  // Which of the defaults mltrain fills (OMP_NUM_THREADS, PYTHONUNBUFFERED, CUDA_DEVICE_ORDER) the
+  // launcher's own environment sets: ranks on this machine inherit it, so theirs stands.
+  std::set<std::string> launcher_defaults;
+  Runtime runtime;  // filled at preflight; make_plan sets only Inputs::restart_count
 };
 
-// Where ranks meet, as learnt from rank 0's host at preflight.
+// The exact environment mltrain sets for `rank` (DESIGN.md, Contracts: Rank environment), over
+// the host's own: the user's variables, then the torchrun contract, the comm library's, PS mode's
+// DMLC_* and the defaults, from the plan's facts and what preflight learnt. Pure: called at spawn.
+Env rank_env(const Plan& p, const Runtime& rt, int rank);
+
+// Where ranks meet, as learnt from rank 0's host at preflight: sets the plan's addresses and ports.
 struct Rendezvous {
   std::string master_addr;
   int master_port = 0;
@@ -93,9 +116,10 @@ struct Rendezvous {
 };
 void set_rendezvous(Plan& p, const Rendezvous& r);
 // PS mode: where the servers listen, in server order ("host=addr:port", as the ranks' comm library
-// reads MLTRAIN_PS_SERVERS), learnt from the server hosts' agents at preflight.
+// reads MLTRAIN_PS_SERVERS), learnt from the server hosts' agents at preflight (p.runtime).
 void set_ps_servers(Plan& p, const std::vector<std::string>& servers);
-// Sets NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME for the ranks of one host, unless the user set them.
+// The interface host `host`'s agent routes to the master through (p.runtime): NCCL_SOCKET_IFNAME
+// and GLOO_SOCKET_IFNAME of the ranks there, unless the user set them.
 void set_interface(Plan& p, int host, const std::string& ifname);
 
 // What a host's agent found at preflight: its GPUs (physical index and name, in NVML order), those
@@ -108,9 +132,9 @@ struct HostGpus {
   std::string note;
   std::optional<std::string> cuda_visible_devices;
 };
-// Sets CUDA_VISIBLE_DEVICES of host `host`'s ranks to the physical GPUs of their slots. Returns ""
-// or, when the host cannot give every rank its GPUs, one line naming the host, what [gpus] asked
-// and what the host has (the env is then left as it was).
+// Gives host `host`'s ranks the physical GPUs of their slots (p.runtime: their CUDA_VISIBLE_DEVICES).
+// Returns "" or, when the host cannot give every rank its GPUs, one line naming the host, what
+// [gpus] asked and what the host has (nothing is then assigned).
 std::string assign_gpus(Plan& p, int host, const HostGpus& gpus);
 // "GPU 0-3: NVIDIA H100 80GB HBM3" ("GPU 0,1: A; GPU 2: B" when names differ).
 std::string describe_gpus(const std::vector<int>& indices, const std::vector<std::string>& names);
@@ -137,7 +161,7 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in);
 std::vector<hostfile::Host> resolve_hosts(const spec::JobSpec& s,
                                           const std::map<std::string, std::string>& environ);
 
-// Sets TORCHELASTIC_RESTART_COUNT in every rank's env (on a gang restart).
+// The gang's restart count (p.runtime: TORCHELASTIC_RESTART_COUNT), on a gang restart.
 void set_restart_count(Plan& p, int restart_count);
 
 bool is_local_host(const std::string& name);

@@ -236,7 +236,7 @@ void fill_from_plan(RunRecord& r, const plan::Plan& p) {
     rr.rank = k.rank;
     rr.host = k.host;
     rr.local_rank = k.local_rank;
-    for (const auto& [key, v] : k.env)
+    for (const auto& [key, v] : plan::rank_env(p, p.runtime, k.rank))
       if (key != "MLTRAIN_TOKEN") rr.env[key] = secret::shown_value(key, v);  // the job's secret stays out
     r.ranks.push_back(rr);
   }
@@ -424,7 +424,7 @@ std::string plan_to_json(const plan::Plan& p) {
   json ranks = json::array();
   for (const auto& r : p.ranks) {
     json env = json::object();
-    for (const auto& [k, v] : r.env) env[k] = secret::shown_value(k, v);
+    for (const auto& [k, v] : plan::rank_env(p, p.runtime, r.rank)) env[k] = secret::shown_value(k, v);
     ranks.push_back({{"rank", r.rank},
                      {"host", p.hosts[size_t(r.host)].host.name},
                      {"node_rank", p.hosts[size_t(r.host)].node_rank},

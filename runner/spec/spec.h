@@ -1,5 +1,6 @@
 // The job spec: what `mltrain run` is asked to do, as loaded from TOML (docs/spec.md), merged
-// over its profile and overridden by command-line flags. Loading is in spec_load.cpp (toml++).
+// over its profile and overridden by command-line flags. Its keys are one table, the schema
+// (detail/schema.h), which loading (spec_load.cpp), check() and to_toml() read.
 #pragma once
 
 #include <chrono>
@@ -162,6 +163,9 @@ std::string to_toml(const JobSpec& s);
 
 // Final checks after command-line overrides; throws mltrain::Error.
 void check(const JobSpec& s);
+
+// Every key of the spec as a Markdown table, from the schema (docs/spec.md, "Every key", holds it).
+std::string keys_markdown();
 
 // The placeholders a [logs] prefix template may use.
 const std::vector<std::string>& prefix_placeholders();

@@ -128,7 +128,7 @@ void Gang::on_probe_pong(size_t i) {
     (base.rfind("python", 0) == 0 ? probe.python : probe.program) = prog;
   }
   probe.workdir = plan_.workdir;
-  for (const auto& [k, v] : plan_.ranks[0].env)
+  for (const auto& [k, v] : plan::rank_env(plan_, plan_.runtime, 0))
     if (k == "PATH") probe.path = v;
   probe.nvml_library = plan_.nvml_library;
   probe.has_cuda_visible_devices = plan_.user_cuda_visible_devices ? 1 : 0;

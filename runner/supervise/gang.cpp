@@ -585,7 +585,7 @@ void Gang::spawn_all() {
     msg::Spawn m;
     m.cwd = plan_.workdir;
     m.argv = plan_.argv;
-    for (const auto& [k, v] : r.env) m.env.push_back(k + "=" + v);
+    for (const auto& [k, v] : plan::rank_env(plan_, plan_.runtime, r.rank)) m.env.push_back(k + "=" + v);
     m.stdin_pipe = r.rank == opts_.stdin_rank;
     m.python_path = plan_.python_path;
     m.one_stream = out_ && out_->one_stream();

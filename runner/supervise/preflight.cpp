@@ -203,7 +203,7 @@ void Gang::begin_preflight() {
   m.master_addr = plan_.multi_host ? master_ : std::string();
   m.workdir = plan_.workdir;
   m.argv0 = plan_.argv.empty() ? std::string() : plan_.argv[0];
-  for (const auto& [k, v] : plan_.ranks[0].env)
+  for (const auto& [k, v] : plan::rank_env(plan_, plan_.runtime, 0))
     if (k == "PATH") m.path = v;
   m.nvml_library = plan_.nvml_library;
   m.nccl_required = plan_.nccl_required ? 1 : 0;

@@ -165,7 +165,7 @@ void Gang::print_summary(int code) {
         for (const auto& l : f.tail) std::fprintf(stderr, "    %s\n", l.c_str());
       }
       if (size_t(f.rank) < plan_.ranks.size() && size_t(f.rank) < ranks_.size())
-        for (const auto& [k, v] : plan_.ranks[size_t(f.rank)].env)
+        for (const auto& [k, v] : plan::rank_env(plan_, plan_.runtime, f.rank))
           if (k == "TORCHELASTIC_ERROR_FILE")
             if (std::string m = error_file_message(ranks_[size_t(f.rank)].error_file); !m.empty()) {
               std::fprintf(stderr, "mltrain: rank %d's error file (%s on %s):\n", f.rank, v.c_str(),

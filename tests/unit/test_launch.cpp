@@ -50,7 +50,11 @@ std::string error_of(const launch::JobRequest& r) {
   return "no error";
 }
 
-std::map<std::string, std::string> env_of(const plan::RankPlan& r) { return {r.env.begin(), r.env.end()}; }
+// Rank `rank`'s environment as plan `p` gives it at spawn.
+std::map<std::string, std::string> env_of(const plan::Plan& p, int rank) {
+  auto env = plan::rank_env(p, p.runtime, rank);
+  return {env.begin(), env.end()};
+}
 
 }  // namespace
 
@@ -193,7 +197,7 @@ TEST_CASE("launch: dry_run plans ranks and their environment without starting an
   REQUIRE(p.hosts.size() == 1);
   CHECK(p.hosts[0].local);
   for (int i = 0; i < 2; ++i) {
-    auto e = env_of(p.ranks[size_t(i)]);
+    auto e = env_of(p, i);
     CHECK(e["RANK"] == std::to_string(i));
     CHECK(e["WORLD_SIZE"] == "2");
     CHECK(e["OMP_NUM_THREADS"] == "2");

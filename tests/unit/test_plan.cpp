@@ -23,7 +23,11 @@ plan::Inputs inputs() {
   return in;
 }
 
-std::map<std::string, std::string> env_of(const plan::RankPlan& r) { return {r.env.begin(), r.env.end()}; }
+// Rank `rank`'s environment as plan `p` gives it at spawn.
+std::map<std::string, std::string> env_of(const plan::Plan& p, size_t rank) {
+  auto env = plan::rank_env(p, p.runtime, int(rank));
+  return {env.begin(), env.end()};
+}
 
 spec::JobSpec job() {
   spec::JobSpec s;
@@ -44,7 +48,7 @@ TEST_CASE("plan: -n on localhost") {
   CHECK_FALSE(p.multi_host);
   CHECK(p.master_addr == "127.0.0.1");
   for (int r = 0; r < 4; ++r) {
-    auto e = env_of(p.ranks[size_t(r)]);
+    auto e = env_of(p, size_t(r));
     CHECK(e["RANK"] == std::to_string(r));
     CHECK(e["LOCAL_RANK"] == std::to_string(r));
     CHECK(e["WORLD_SIZE"] == "4");
@@ -77,7 +81,7 @@ TEST_CASE("plan: hosts in order with slots") {
   CHECK(p.multi_host);
   CHECK(p.hosts[0].ranks == std::vector<int>{0, 1});
   CHECK(p.hosts[1].ranks == std::vector<int>{2, 3, 4});
-  auto e3 = env_of(p.ranks[3]);
+  auto e3 = env_of(p, 3);
   CHECK(e3["RANK"] == "3");
   CHECK(e3["LOCAL_RANK"] == "1");
   CHECK(e3["LOCAL_WORLD_SIZE"] == "3");
@@ -134,7 +138,7 @@ TEST_CASE("plan: torchrun's extra variables, OMP_NUM_THREADS unless the user set
   auto in = inputs();
   in.error_dir = "/runs/x";
   auto p = plan::make_plan(s, in);
-  auto e = env_of(p.ranks[1]);
+  auto e = env_of(p, 1);
   CHECK(e["OMP_NUM_THREADS"] == "1");
   CHECK(e["ROLE_NAME"] == "default");
   CHECK(e["GROUP_WORLD_SIZE"] == "1");
@@ -147,13 +151,14 @@ TEST_CASE("plan: torchrun's extra variables, OMP_NUM_THREADS unless the user set
   REQUIRE(rp.ranks.size() == 2);
   for (const auto& r : rp.ranks) {
     REQUIRE_FALSE(rp.hosts[size_t(r.host)].local);
-    CHECK(env_of(r)["TORCHELASTIC_ERROR_FILE"] == "rank-" + std::to_string(r.rank) + ".error.json");
+    CHECK(env_of(rp, size_t(r.rank))["TORCHELASTIC_ERROR_FILE"] ==
+          "rank-" + std::to_string(r.rank) + ".error.json");
   }
   s.run.env.emplace_back("OMP_NUM_THREADS", "4");
-  CHECK(env_of(plan::make_plan(s, in).ranks[0])["OMP_NUM_THREADS"] == "4");
+  CHECK(env_of(plan::make_plan(s, in), 0)["OMP_NUM_THREADS"] == "4");
   s.cluster.nprocs = 1;
   s.run.env.clear();
-  CHECK(env_of(plan::make_plan(s, in).ranks[0]).count("OMP_NUM_THREADS") == 0);
+  CHECK(env_of(plan::make_plan(s, in), 0).count("OMP_NUM_THREADS") == 0);
 }
 
 TEST_CASE("plan: procs_per_host overrides slots") {
@@ -169,7 +174,7 @@ TEST_CASE("plan: environment precedence: forwarded < spec env < contract") {
   s.cluster.nprocs = 1;
   s.run.forward_env = {"NCCL_*", "RANK"};
   s.run.env = {{"NCCL_ALGO", "Tree"}, {"X", "a b 'c' $d `e`\nf"}};
-  auto e = env_of(plan::make_plan(s, inputs()).ranks[0]);
+  auto e = env_of(plan::make_plan(s, inputs()), 0);
   CHECK(e["NCCL_DEBUG"] == "INFO");
   CHECK(e["NCCL_ALGO"] == "Tree");
   CHECK(e["X"] == "a b 'c' $d `e`\nf");
@@ -180,7 +185,7 @@ TEST_CASE("plan: environment precedence: forwarded < spec env < contract") {
 TEST_CASE("plan: the user's interface choice stands") {
   auto s = job();
   s.run.env = {{"NCCL_SOCKET_IFNAME", "eth1"}};
-  auto e = env_of(plan::make_plan(s, inputs()).ranks[0]);
+  auto e = env_of(plan::make_plan(s, inputs()), 0);
   CHECK(e["NCCL_SOCKET_IFNAME"] == "eth1");
   CHECK(e["GLOO_SOCKET_IFNAME"] == "lo");
 }
@@ -190,15 +195,15 @@ TEST_CASE("plan: GPUs per rank, shared GPUs, filtered slots") {
   s.cluster.nprocs = 2;
   s.gpus.per_proc = 2;
   auto p = plan::make_plan(s, inputs());
-  CHECK(env_of(p.ranks[0])["CUDA_VISIBLE_DEVICES"] == "0,1");
-  CHECK(env_of(p.ranks[1])["CUDA_VISIBLE_DEVICES"] == "2,3");
+  CHECK(env_of(p, 0)["CUDA_VISIBLE_DEVICES"] == "0,1");
+  CHECK(env_of(p, 1)["CUDA_VISIBLE_DEVICES"] == "2,3");
 
   auto sh = job();
   sh.cluster.nprocs = 4;
   sh.gpus.procs_per_gpu = 2;
   auto q = plan::make_plan(sh, inputs());
-  CHECK(env_of(q.ranks[1])["CUDA_VISIBLE_DEVICES"] == "0");
-  CHECK(env_of(q.ranks[2])["CUDA_VISIBLE_DEVICES"] == "1");
+  CHECK(env_of(q, 1)["CUDA_VISIBLE_DEVICES"] == "0");
+  CHECK(env_of(q, 2)["CUDA_VISIBLE_DEVICES"] == "1");
 
   auto f = job();
   f.cluster.hosts = {"a:4"};
@@ -206,8 +211,8 @@ TEST_CASE("plan: GPUs per rank, shared GPUs, filtered slots") {
   f.gpus.per_proc = 1;
   auto r = plan::make_plan(f, inputs());
   REQUIRE(r.ranks.size() == 2);
-  CHECK(env_of(r.ranks[0])["CUDA_VISIBLE_DEVICES"] == "1");
-  CHECK(env_of(r.ranks[1])["CUDA_VISIBLE_DEVICES"] == "3");
+  CHECK(env_of(r, 0)["CUDA_VISIBLE_DEVICES"] == "1");
+  CHECK(env_of(r, 1)["CUDA_VISIBLE_DEVICES"] == "3");
 }
 
 TEST_CASE("plan: GPU slots per rank, and what each host must have") {
@@ -217,7 +222,7 @@ TEST_CASE("plan: GPU slots per rank, and what each host must have") {
   auto p = plan::make_plan(s, inputs());
   CHECK(p.hosts[0].gpu_slots_needed == 8);
   CHECK(p.ranks[5].gpu_slots == std::vector<int>{2, 3});
-  CHECK(env_of(p.ranks[5])["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID");
+  CHECK(env_of(p, 5)["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID");
   CHECK(p.gpus_per_proc == 2);
 
   auto sh = job();
@@ -231,9 +236,9 @@ TEST_CASE("plan: GPU slots per rank, and what each host must have") {
   cpu.cluster.nprocs = 2;
   cpu.run.env = {{"CUDA_VISIBLE_DEVICES", "1"}, {"MLTRAIN_NVML_LIBRARY", "/opt/nvml.so"}};
   auto c = plan::make_plan(cpu, inputs());
-  CHECK(c.hosts[0].gpu_slots_needed == 0);                   // no [gpus]: no host is asked
-  CHECK(env_of(c.ranks[1])["CUDA_VISIBLE_DEVICES"] == "1");  // the user's own value, untouched
-  CHECK(env_of(c.ranks[1]).count("CUDA_DEVICE_ORDER") == 0);
+  CHECK(c.hosts[0].gpu_slots_needed == 0);             // no [gpus]: no host is asked
+  CHECK(env_of(c, 1)["CUDA_VISIBLE_DEVICES"] == "1");  // the user's own value, untouched
+  CHECK(env_of(c, 1).count("CUDA_DEVICE_ORDER") == 0);
   CHECK(c.user_cuda_visible_devices == "1");
   CHECK(c.nvml_library == "/opt/nvml.so");
 
@@ -241,7 +246,7 @@ TEST_CASE("plan: GPU slots per rank, and what each host must have") {
   own.cluster.nprocs = 1;
   own.gpus.per_proc = 1;
   own.run.env = {{"CUDA_DEVICE_ORDER", "FASTEST_FIRST"}};
-  CHECK(env_of(plan::make_plan(own, inputs()).ranks[0])["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST");
+  CHECK(env_of(plan::make_plan(own, inputs()), 0)["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST");
 }
 
 namespace {
@@ -268,7 +273,7 @@ TEST_CASE("plan: GPUs assigned from a host's inventory, or a line naming the hos
   };
   auto cvd = [](const plan::Plan& p) {
     std::vector<std::string> v;
-    for (const auto& r : p.ranks) v.push_back(env_of(r)["CUDA_VISIBLE_DEVICES"]);
+    for (const auto& r : p.ranks) v.push_back(env_of(p, size_t(r.rank))["CUDA_VISIBLE_DEVICES"]);
     return v;
   };
   using V = std::vector<std::string>;
@@ -334,7 +339,7 @@ TEST_CASE("plan: include/exclude slot ids must be among a host's usable GPUs") {
   auto p = plan::make_plan(f, inputs());
   auto g = h100s(4);
   CHECK(plan::assign_gpus(p, 0, g) == "");
-  CHECK(env_of(p.ranks[1])["CUDA_VISIBLE_DEVICES"] == "3");
+  CHECK(env_of(p, 1)["CUDA_VISIBLE_DEVICES"] == "3");
   g.usable = {0, 1};
   g.cuda_visible_devices = "0,1";
   CHECK(plan::assign_gpus(p, 0, g) ==
@@ -358,7 +363,7 @@ TEST_CASE("plan: PS mode variables") {
   s.cluster.hosts = {"a:2,b:2"};
   s.comm.mode = "ps";
   auto p = plan::make_plan(s, inputs());
-  auto e = env_of(p.ranks[3]);
+  auto e = env_of(p, 3);
   CHECK(e["DMLC_ROLE"] == "worker");
   CHECK(e["DMLC_NUM_WORKER"] == "4");
   CHECK(e["DMLC_NUM_SERVER"] == "2");
@@ -389,7 +394,7 @@ TEST_CASE("plan: restarts bump TORCHELASTIC_RESTART_COUNT") {
   s.cluster.nprocs = 2;
   auto p = plan::make_plan(s, inputs());
   plan::set_restart_count(p, 2);
-  CHECK(env_of(p.ranks[1])["TORCHELASTIC_RESTART_COUNT"] == "2");
+  CHECK(env_of(p, 1)["TORCHELASTIC_RESTART_COUNT"] == "2");
 }
 
 TEST_CASE("plan: hostfile errors become spec errors") {
@@ -417,7 +422,7 @@ TEST_CASE("plan: PS defaults: a server on every worker host, sync, 4 MiB partiti
   CHECK(p.ps.sync);
   CHECK(p.ps.partition_bytes == (4u << 20));
   CHECK(p.ps.optimizer.empty());
-  auto e = env_of(p.ranks[0]);
+  auto e = env_of(p, 0);
   CHECK(e["MLTRAIN_PS_SYNC"] == "1");
   CHECK(e["MLTRAIN_PS_PARTITION_BYTES"] == "4194304");
   CHECK(e.count("MLTRAIN_PS_SERVERS") == 0);  // set at preflight, when the servers listen
@@ -426,7 +431,7 @@ TEST_CASE("plan: PS defaults: a server on every worker host, sync, 4 MiB partiti
   auto q = plan::make_plan(s, inputs());
   CHECK(q.hosts[0].ps_servers == 0);
   CHECK(q.ps.servers == 0);
-  CHECK(env_of(q.ranks[0]).count("MLTRAIN_PS_SYNC") == 0);
+  CHECK(env_of(q, 0).count("MLTRAIN_PS_SYNC") == 0);
 }
 
 TEST_CASE("plan: [ps] hosts: a server-only host comes after the hosts with ranks") {
@@ -468,7 +473,7 @@ TEST_CASE("plan: [ps] hosts: a server-only host comes after the hosts with ranks
   CHECK(p.ps.weight_decay == doctest::Approx(0.001));
   for (const auto& r : p.ranks) {
     CHECK(r.host < 2);
-    auto e = env_of(r);
+    auto e = env_of(p, size_t(r.rank));
     CHECK(e["GROUP_WORLD_SIZE"] == "2");
     CHECK(e["DMLC_ROLE"] == "worker");
     CHECK(e["DMLC_NUM_WORKER"] == "6");
@@ -478,7 +483,7 @@ TEST_CASE("plan: [ps] hosts: a server-only host comes after the hosts with ranks
     CHECK(e["MLTRAIN_PS_SYNC"] == "0");
     CHECK(e["MLTRAIN_PS_PARTITION_BYTES"] == "65536");
   }
-  CHECK(env_of(p.ranks[4])["NODE_RANK"] == "1");
+  CHECK(env_of(p, 4)["NODE_RANK"] == "1");
 
   // doctor and validate see every host, the server-only one included.
   auto hosts = plan::resolve_hosts(s, {});
@@ -488,7 +493,7 @@ TEST_CASE("plan: [ps] hosts: a server-only host comes after the hosts with ranks
   // MLTRAIN_PS_SERVERS: the servers in order, in every rank's env.
   plan::set_ps_servers(p, {"b=10.0.0.2:7000", "b=10.0.0.2:7001", "c=10.0.0.3:7000", "c=10.0.0.3:7001"});
   for (const auto& r : p.ranks)
-    CHECK(env_of(r)["MLTRAIN_PS_SERVERS"] ==
+    CHECK(env_of(p, size_t(r.rank))["MLTRAIN_PS_SERVERS"] ==
           "b=10.0.0.2:7000,b=10.0.0.2:7001,c=10.0.0.3:7000,c=10.0.0.3:7001");
 }
 
@@ -511,8 +516,8 @@ TEST_CASE("plan: hostfile roles: server hosts get no ranks, both hosts get ranks
   CHECK(p.hosts[2].ps_servers == 1);
   CHECK(p.hosts[3].host.name == "s2");
   CHECK(p.ps.servers == 3);
-  CHECK(env_of(p.ranks[0])["DMLC_NUM_SERVER"] == "3");
-  CHECK(env_of(p.ranks[0])["GROUP_WORLD_SIZE"] == "2");
+  CHECK(env_of(p, 0)["DMLC_NUM_SERVER"] == "3");
+  CHECK(env_of(p, 0)["GROUP_WORLD_SIZE"] == "2");
 
   // [ps] hosts win over the roles; role=server hosts not named there are left out.
   s.ps.hosts = {"a"};
@@ -544,7 +549,7 @@ TEST_CASE("plan: [comm] num_servers spreads over the server hosts, the first tak
   CHECK(p.hosts[1].ps_servers == 2);
   CHECK(p.hosts[2].ps_servers == 1);
   CHECK(p.ps.servers == 5);
-  CHECK(env_of(p.ranks[0])["DMLC_NUM_SERVER"] == "5");
+  CHECK(env_of(p, 0)["DMLC_NUM_SERVER"] == "5");
   // Fewer servers than hosts: the last hosts run none.
   s.comm.num_servers = 2;
   auto q = plan::make_plan(s, inputs());
@@ -576,5 +581,99 @@ TEST_CASE("plan: a local job with a server on this machine stays one host") {
   REQUIRE(q.hosts.size() == 2);
   CHECK(q.multi_host);
   CHECK(q.hosts[1].ranks.empty());
-  CHECK(env_of(q.ranks[0]).count("NCCL_SOCKET_IFNAME") == 0);
+  CHECK(env_of(q, 0).count("NCCL_SOCKET_IFNAME") == 0);
+}
+
+namespace {
+std::vector<std::string> keys_of(const plan::Env& env) {
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : env) keys.push_back(k);
+  return keys;
+}
+}  // namespace
+
+TEST_CASE("plan: rank_env is one pure function of the plan's facts and what preflight learnt") {
+  auto s = job();
+  s.cluster.hosts = {"a:2,b:1"};
+  s.comm.mode = "ps";
+  s.gpus.per_proc = 1;
+  s.run.forward_env = {"NCCL_*"};
+  s.run.env = {{"ROLE_NAME", "mine"}, {"X", "1"}};
+  auto p = plan::make_plan(s, inputs());
+  const plan::Plan planned = p;
+
+  // The job's variables first (forwarded, then the spec's; a contract variable it wrote keeps its
+  // place), then the contract, the defaults, the GPUs and PS mode's.
+  const std::vector<std::string> contract = {"NCCL_ALGO",
+                                             "NCCL_DEBUG",
+                                             "ROLE_NAME",
+                                             "X",
+                                             "RANK",
+                                             "WORLD_SIZE",
+                                             "LOCAL_RANK",
+                                             "LOCAL_WORLD_SIZE",
+                                             "NODE_RANK",
+                                             "GROUP_RANK",
+                                             "GROUP_WORLD_SIZE",
+                                             "ROLE_RANK",
+                                             "ROLE_WORLD_SIZE",
+                                             "MASTER_ADDR",
+                                             "MASTER_PORT",
+                                             "TORCHELASTIC_RESTART_COUNT",
+                                             "TORCHELASTIC_MAX_RESTARTS",
+                                             "TORCHELASTIC_RUN_ID",
+                                             "MLTRAIN_RUN_ID",
+                                             "MLTRAIN_STORE_ADDR",
+                                             "MLTRAIN_TOKEN",
+                                             "MLTRAIN_COMM_BACKEND",
+                                             "TORCHELASTIC_ERROR_FILE",
+                                             "OMP_NUM_THREADS",
+                                             "PYTHONUNBUFFERED",
+                                             "CUDA_VISIBLE_DEVICES",
+                                             "CUDA_DEVICE_ORDER",
+                                             "DMLC_ROLE",
+                                             "DMLC_NUM_WORKER",
+                                             "DMLC_NUM_SERVER",
+                                             "DMLC_PS_ROOT_URI",
+                                             "DMLC_PS_ROOT_PORT",
+                                             "DMLC_WORKER_ID",
+                                             "MLTRAIN_PS_SYNC",
+                                             "MLTRAIN_PS_PARTITION_BYTES"};
+  CHECK(keys_of(plan::rank_env(p, p.runtime, 0)) == contract);
+  CHECK(env_of(p, 0)["ROLE_NAME"] == "default");
+
+  // What preflight learns: each value where it stands, the interface and the servers after the rest.
+  plan::set_rendezvous(p, {"10.0.0.1", 29400, 29401, 29402});
+  plan::set_interface(p, 0, "eth0");
+  plan::set_interface(p, 1, "");  // an agent that found no route changes nothing
+  REQUIRE(plan::assign_gpus(p, 0, {{0, 1, 2}, {"A", "A", "A"}, {2, 0}, "", std::nullopt}) == "");
+  plan::set_ps_servers(p, {"a=10.0.0.1:7000", "b=10.0.0.2:7000"});
+  plan::set_restart_count(p, 1);
+  auto with_runtime = contract;
+  for (const char* k : {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "MLTRAIN_PS_SERVERS"})
+    with_runtime.push_back(k);
+  CHECK(keys_of(plan::rank_env(p, p.runtime, 1)) == with_runtime);
+  auto e = env_of(p, 1);
+  CHECK(e["CUDA_VISIBLE_DEVICES"] == "0");  // rank 1 has slot 1: the second of a's usable GPUs {2, 0}
+  CHECK(e["NCCL_SOCKET_IFNAME"] == "eth0");
+  CHECK(e["TORCHELASTIC_RESTART_COUNT"] == "1");
+  // The master address lives in the plan alone: every variable that names it follows.
+  CHECK(e["MASTER_ADDR"] == "10.0.0.1");
+  CHECK(e["DMLC_PS_ROOT_URI"] == "10.0.0.1");
+  CHECK(e["MLTRAIN_STORE_ADDR"] == "10.0.0.1:29401");
+  CHECK(e["DMLC_PS_ROOT_PORT"] == "29402");
+  auto b = env_of(p, 2);  // host b: no interface learnt, its GPUs still as planned
+  CHECK(b.count("NCCL_SOCKET_IFNAME") == 0);
+  CHECK(b["CUDA_VISIBLE_DEVICES"] == "0");
+
+  // Pure: the same facts give the same environment, and another runtime leaves the plan alone.
+  CHECK(plan::rank_env(p, p.runtime, 1) == plan::rank_env(p, p.runtime, 1));
+  plan::Runtime later = p.runtime;
+  later.restart_count = 5;
+  CHECK(env_of(p, 1)["TORCHELASTIC_RESTART_COUNT"] == "1");
+  std::map<std::string, std::string> at_5;
+  for (const auto& [k, v] : plan::rank_env(p, later, 1)) at_5[k] = v;
+  CHECK(at_5["TORCHELASTIC_RESTART_COUNT"] == "5");
+  CHECK(plan::rank_env(planned, planned.runtime, 1) != plan::rank_env(p, p.runtime, 1));
+  CHECK(keys_of(plan::rank_env(planned, planned.runtime, 1)) == contract);
 }

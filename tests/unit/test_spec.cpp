@@ -5,7 +5,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
+#include <set>
+#include <sstream>
 #include <string>
 
 #include "runner/common/error.h"
@@ -458,4 +461,59 @@ TEST_CASE("spec: to_toml keeps [ps] and num_servers") {
   // Not PS: no [ps] table comes back.
   auto plain = spec::load_file(d.write("plain.toml", "[run]\ncommand = 'x'\n"));
   CHECK(spec::to_toml(plain).find("[ps]") == std::string::npos);
+}
+
+namespace {
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The keys of keys_markdown(): "`run.timeout`", sections as "[run]".
+std::set<std::string> schema_keys() {
+  std::set<std::string> out;
+  std::istringstream lines(spec::keys_markdown());
+  for (std::string l; std::getline(lines, l);)
+    if (l.rfind("| `", 0) == 0) out.insert(l.substr(3, l.find('`', 3) - 3));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("spec: docs/spec.md lists every key of the schema, and only those") {
+  const std::string doc = read_text(fs::path(MLTRAIN_SOURCE_DIR) / "docs/spec.md");
+  const std::string begin = "<!-- keys: begin -->\n", end = "<!-- keys: end -->";
+  const size_t b = doc.find(begin), e = doc.find(end);
+  REQUIRE(b != std::string::npos);
+  REQUIRE(e != std::string::npos);
+  // On a difference, paste the schema's table (printed here) between the markers.
+  const std::string table = spec::keys_markdown();
+  CHECK_MESSAGE(doc.substr(b + begin.size(), e - b - begin.size()) == table,
+                "docs/spec.md's key table differs from the schema's:\n"
+                    << table);
+
+  // Every key the page's TOML examples write (or show commented out) is a key of the schema.
+  const auto known = schema_keys();
+  std::istringstream lines(doc);
+  bool in_toml = false;
+  std::string section;
+  for (std::string l; std::getline(lines, l);) {
+    if (l.rfind("```", 0) == 0) {
+      in_toml = l == "```toml";
+      section.clear();
+      continue;
+    }
+    if (!in_toml) continue;
+    std::string line = l.rfind("# ", 0) == 0 ? l.substr(2) : l;
+    if (line.rfind("[", 0) == 0) {
+      section = line.substr(line.find_first_not_of('['), line.find(']') - line.find_first_not_of('['));
+      CHECK_MESSAGE(known.count("[" + section + "]") + known.count(section) == 1, l);
+      continue;
+    }
+    const size_t eq = line.find(" = ");
+    const std::string key = line.substr(0, eq);
+    if (eq == std::string::npos || key.empty() || key.find_first_of(" #\"") != std::string::npos) continue;
+    CHECK_MESSAGE(known.count(section.empty() ? key : section + "." + key) == 1, l);
+  }
 }

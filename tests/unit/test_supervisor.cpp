@@ -539,8 +539,8 @@ TEST_CASE("supervisor: a host's problem text is escaped and a NUL in it cuts not
 }
 
 namespace {
-std::string env_value(const plan::RankPlan& r, const std::string& k) {
-  for (const auto& [ek, ev] : r.env)
+std::string env_value(const plan::Plan& p, int rank, const std::string& k) {
+  for (const auto& [ek, ev] : plan::rank_env(p, p.runtime, rank))
     if (ek == k) return ev;
   return "<unset>";
 }
@@ -563,11 +563,11 @@ TEST_CASE("supervisor: GPUs are assigned from each host's usable GPUs at preflig
     run.go("a:2,b:2", t, {}, per_proc(1));
     CHECK(run.code == 0);
     CHECK(t.seen.gpu_slots_asked == 2);
-    CHECK(env_value(run.plan.ranks[0], "CUDA_VISIBLE_DEVICES") == "0");
-    CHECK(env_value(run.plan.ranks[1], "CUDA_VISIBLE_DEVICES") == "1");
-    CHECK(env_value(run.plan.ranks[2], "CUDA_VISIBLE_DEVICES") == "3");  // b's first usable GPU
-    CHECK(env_value(run.plan.ranks[3], "CUDA_VISIBLE_DEVICES") == "1");
-    CHECK(env_value(run.plan.ranks[3], "CUDA_DEVICE_ORDER") == "PCI_BUS_ID");
+    CHECK(env_value(run.plan, 0, "CUDA_VISIBLE_DEVICES") == "0");
+    CHECK(env_value(run.plan, 1, "CUDA_VISIBLE_DEVICES") == "1");
+    CHECK(env_value(run.plan, 2, "CUDA_VISIBLE_DEVICES") == "3");  // b's first usable GPU
+    CHECK(env_value(run.plan, 3, "CUDA_VISIBLE_DEVICES") == "1");
+    CHECK(env_value(run.plan, 3, "CUDA_DEVICE_ORDER") == "PCI_BUS_ID");
     // The run record shows what the ranks got.
     auto rec = records::load(run.rec.id);
     REQUIRE(rec.ranks.size() == 4);
@@ -602,7 +602,7 @@ TEST_CASE("supervisor: GPUs are assigned from each host's usable GPUs at preflig
     run.go("a:2", t);
     CHECK(run.code == 0);
     CHECK(t.seen.gpu_slots_asked == 0);
-    CHECK(env_value(run.plan.ranks[0], "CUDA_VISIBLE_DEVICES") == "<unset>");
+    CHECK(env_value(run.plan, 0, "CUDA_VISIBLE_DEVICES") == "<unset>");
   }
 }
 
