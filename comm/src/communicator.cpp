@@ -6,11 +6,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
-#if defined(__x86_64__)
-#include <x86intrin.h>
-#endif
 
 #include <algorithm>
 #include <cctype>
@@ -27,6 +23,7 @@
 #include "mltrain/comm.hpp"
 #include "mltrain/comm_stats.h"
 #include "rendezvous/store.h"
+#include "session/stat_recorder.h"
 #include "transport/nccl.h"
 #include "transport/shm_group.h"
 #include "transport/shm_link.h"
@@ -76,159 +73,6 @@ std::vector<std::string> split_lines(const std::string& text) {
     start = nl + 1;
   }
 }
-
-std::uint64_t monotonic_ns() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return std::uint64_t(ts.tv_sec) * 1000000000u + std::uint64_t(ts.tv_nsec);
-}
-
-// One writer: a relaxed load and store, no read-modify-write (docs: comm_stats.h).
-void stat_set(std::uint64_t& field, std::uint64_t v) { __atomic_store_n(&field, v, __ATOMIC_RELAXED); }
-void stat_add(std::uint64_t& field, std::uint64_t v) {
-  __atomic_store_n(&field, __atomic_load_n(&field, __ATOMIC_RELAXED) + v, __ATOMIC_RELAXED);
-}
-
-// Writes the counters (comm_stats.h) around each collective, cheaply: a 4 KiB allreduce on 2 ranks
-// takes 1-1.5 us. On a 2.4 GHz EPYC (bench/comm_stats_cost.sh) clock_gettime costs ~33 ns, the
-// TSC ~13 ns, converting ticks to ns ~5 ns. So on x86-64, where the kernel keeps time with the TSC
-// (it found it constant and in step across CPUs), the rank stores raw TSC ticks and publishes
-// their scale, measured against CLOCK_MONOTONIC again about once a second, so readers convert
-// within a millisecond of it whatever NTP's slewing (at most 500 ppm).
-// Two TSC reads per call still cost 17-29 ns there (1.1-1.9%). So once 64 timed calls in a row
-// each came less than 5 us after the one before (a tight loop, where timing every call would
-// cost over 0.5%), it times one call in 16 at random and counts each timed call's time for the
-// untimed ones since, capped at the time that passed: comm_ns stays right on average (5-8 ns a
-// call), and timing every call resumes as soon as a timed call finds more time passed. The
-// price: a long wait in the first untimed calls after a pause in such a loop goes uncounted.
-class StatRecorder {
- public:
-  // A first (ticks, ns) pair; start() takes the scale from the span since.
-  void begin() {
-#if defined(__x86_64__)
-    tsc_ = first_line("/sys/devices/system/clocksource/clocksource0/current_clocksource") == "tsc";
-#endif
-    if (tsc_) base_ = pair();
-  }
-  // Publishes the clock and started_ns in `s` (waiting until 1 ms has passed since begin()).
-  void start(mltrain_comm_stats& s) {
-    if (tsc_) {
-      Pair p = pair();
-      while (p.ns - base_.ns < 1000000u) p = pair();
-      rescale(p);
-      // Slower than 1 GHz (scale above 2^32) or not counting up: not a TSC to trust.
-      if (scale_ == 0 || scale_ > (std::uint64_t(1) << 32)) tsc_ = false;
-    }
-    if (!tsc_) base_ = {0, 0}, scale_ = std::uint64_t(1) << 32, rescale_ticks_ = ~std::uint64_t(0);
-    publish(s);
-    short_ticks_ = (std::uint64_t(kShortNs) << 32) / scale_;
-    last_exit_ = ticks();
-    random_ = static_cast<std::uint32_t>(last_exit_) | 1u;
-    stat_set(s.started_ns, last_exit_);
-  }
-  // A collective begins.
-  void enter(mltrain_comm_stats& s) {
-    timed_ = !sampling_ || next_random() % kOneIn == 0;
-    if (timed_) {
-      t0_ = ticks();
-      stat_set(s.entered_ns, t0_);
-    } else {
-      ++untimed_;
-      stat_set(s.entered_ns, last_exit_);  // open since then at the latest
-    }
-  }
-  // It ends.
-  void leave(mltrain_comm_stats& s, std::uint64_t bytes) {
-    stat_add(s.calls, 1);
-    stat_add(s.bytes, bytes);
-    if (!timed_) {
-      stat_set(s.entered_ns, 0);
-      return;
-    }
-    const std::uint64_t t1 = ticks();
-    const std::uint64_t took = t1 > t0_ ? t1 - t0_ : 0;  // 0: two CPUs' TSCs a few ticks apart
-    const std::uint64_t since = t0_ > last_exit_ ? t0_ - last_exit_ : 0;  // the untimed calls and gaps
-    stat_add(s.comm_ns, took + std::min(took * untimed_, since));
-    stat_set(s.last_exit_ns, t1);
-    stat_set(s.entered_ns, 0);
-    const bool tight = since + took < short_ticks_ * (untimed_ + 1);
-    in_a_row_ = tight ? in_a_row_ + 1 : 0;
-    sampling_ = in_a_row_ >= kInARow;
-    untimed_ = 0;
-    last_exit_ = t1;
-    if (t1 - base_.tsc >= rescale_ticks_) keep_up(s, t1);
-  }
-
- private:
-  static constexpr std::uint64_t kShortNs = 5000;  // per call and the gap before it
-  static constexpr std::uint32_t kInARow = 64, kOneIn = 16;
-
-  struct Pair {
-    std::uint64_t tsc = 0, ns = 0;
-  };
-  std::uint64_t ticks() const {
-#if defined(__x86_64__)
-    if (tsc_) return __rdtsc();
-#endif
-    return monotonic_ns();
-  }
-  std::uint32_t next_random() {  // xorshift32: sampling at random, not in step with a loop's pattern
-    random_ ^= random_ << 13;
-    random_ ^= random_ >> 17;
-    random_ ^= random_ << 5;
-    return random_;
-  }
-  // Measures the scale again once a second of ticks has passed.
-  [[gnu::noinline, gnu::cold]] void keep_up(mltrain_comm_stats& s, std::uint64_t t) {
-    if (t <= base_.tsc) return;
-    rescale(pair());
-    publish(s);
-  }
-  // The tightest of a few tries: a rank preempted between the reads would skew the scale.
-  static Pair pair() {
-    Pair best;
-#if defined(__x86_64__)
-    std::uint64_t best_width = ~std::uint64_t(0);
-    for (int i = 0; i < 5; ++i) {
-      const std::uint64_t a = __rdtsc();
-      const std::uint64_t ns = monotonic_ns();
-      const std::uint64_t width = __rdtsc() - a;
-      if (width < best_width) best = {a + width / 2, ns}, best_width = width;
-    }
-#endif
-    return best;
-  }
-  void rescale(Pair p) {
-    if (p.tsc > base_.tsc && p.ns > base_.ns)
-      scale_ = static_cast<std::uint64_t>((static_cast<unsigned __int128>(p.ns - base_.ns) << 32) /
-                                          (p.tsc - base_.tsc));
-    base_ = p;
-    rescale_ticks_ = scale_ ? (std::uint64_t(1000000000u) << 32) / scale_ : ~std::uint64_t(0);
-  }
-  // A seqlock: readers retry while clock_seq is odd or changed (mltrain_comm_stats_read_clock).
-  void publish(mltrain_comm_stats& s) const {
-    const std::uint64_t seq = __atomic_load_n(&s.clock_seq, __ATOMIC_RELAXED);
-    stat_set(s.clock_seq, seq + 1);
-    __atomic_thread_fence(__ATOMIC_RELEASE);
-    stat_set(s.clock_ticks, base_.tsc);
-    stat_set(s.clock_ns, base_.ns);
-    stat_set(s.clock_scale, scale_);
-    __atomic_store_n(&s.clock_seq, seq + 2, __ATOMIC_RELEASE);
-  }
-
-  // The clock.
-  bool tsc_ = false;
-  Pair base_;
-  std::uint64_t scale_ = 0;  // ns per tick, << 32
-  std::uint64_t rescale_ticks_ = ~std::uint64_t(0);
-  std::uint64_t short_ticks_ = 0;
-  // The calls.
-  std::uint64_t t0_ = 0, last_exit_ = 0;  // of the last timed call
-  std::uint64_t untimed_ = 0;             // calls since it
-  std::uint32_t in_a_row_ = 0;            // tight timed calls in a row
-  std::uint32_t random_ = 1;
-  bool sampling_ = false, timed_ = true;
-};
 
 std::string hex64(std::uint64_t v) {
   char buf[17];

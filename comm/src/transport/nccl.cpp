@@ -14,7 +14,6 @@
 #include "config.h"
 #include "knobs/gpu_library.h"
 #include "knobs/registry.h"
-#include "rendezvous/store.h"
 
 #if MLTRAIN_HAVE_NCCL_HEADERS
 #include <cuda_runtime_api.h>
@@ -423,8 +422,8 @@ struct NcclComm::State {
   }
 };
 
-NcclComm::NcclComm(int rank, int size, StoreClient* store, Deadline deadline,
-                   std::chrono::milliseconds timeout, const std::string& host)
+NcclComm::NcclComm(int rank, int size, KeyValue* store, Deadline deadline, std::chrono::milliseconds timeout,
+                   const std::string& host)
     : s_(std::make_unique<State>()) {
   State& s = *s_;
   s.timeout = timeout;
@@ -513,7 +512,7 @@ void use_device_of_local_rank(int) {
 
 struct NcclComm::State {};
 
-NcclComm::NcclComm(int, int, StoreClient*, Deadline, std::chrono::milliseconds, const std::string&) {
+NcclComm::NcclComm(int, int, KeyValue*, Deadline, std::chrono::milliseconds, const std::string&) {
   throw Error(Error::Kind::usage, "built without NCCL (no CUDA/NCCL headers at build time)");
 }
 NcclComm::~NcclComm() = default;

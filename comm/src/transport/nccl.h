@@ -10,11 +10,10 @@
 #include <vector>
 
 #include "mltrain/comm.hpp"
+#include "transport/key_value.h"
 #include "transport/socket.h"
 
 namespace mltrain::comm::detail {
-
-class StoreClient;
 
 // The oldest NCCL the backend accepts: ncclRemoteError and ncclGetLastError (2.13), ncclAvg and
 // ncclBfloat16 (2.10) are all used.
@@ -68,7 +67,7 @@ class NcclComm {
   // Rank 0 makes the unique id and publishes it in the store (null when the world is one rank);
   // the others wait for it until `deadline`. Throws Error.
   // `host` names this rank in errors it causes itself.
-  NcclComm(int rank, int size, StoreClient* store, Deadline deadline, std::chrono::milliseconds timeout,
+  NcclComm(int rank, int size, KeyValue* store, Deadline deadline, std::chrono::milliseconds timeout,
            const std::string& host);
   ~NcclComm();
   NcclComm(const NcclComm&) = delete;
