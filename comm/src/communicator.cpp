@@ -9,19 +9,18 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <optional>
-#include <random>
-#include <thread>
 
 #include "algorithms/collectives.h"
 #include "core/sys_check.h"
 #include "mltrain/comm.hpp"
 #include "mltrain/comm_stats.h"
+#include "rendezvous/blame.h"
+#include "rendezvous/join.h"
+#include "rendezvous/records.h"
 #include "rendezvous/store.h"
 #include "session/stat_recorder.h"
 #include "transport/nccl.h"
@@ -34,15 +33,6 @@ namespace mltrain::comm {
 using namespace detail;
 
 namespace {
-
-struct PeerInfo {
-  std::string host;  // identity, also shown in messages
-  std::string ip;
-  int port = 0;
-  int pid = 0;
-  std::string memory;  // who can share memory with whom: see memory_identity()
-  GpuVote gpu;         // what it offers the NCCL backend
-};
 
 std::string this_host() {
   char buf[256] = {};
@@ -63,23 +53,6 @@ std::string memory_identity(const std::string& host) {
   return boot;
 }
 
-std::vector<std::string> split_lines(const std::string& text) {
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  while (true) {
-    const auto nl = text.find('\n', start);
-    out.push_back(text.substr(start, nl == std::string::npos ? std::string::npos : nl - start));
-    if (nl == std::string::npos) return out;
-    start = nl + 1;
-  }
-}
-
-std::string hex64(std::uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 }  // namespace
 
 struct Communicator::Impl {
@@ -88,17 +61,15 @@ struct Communicator::Impl {
   std::unique_ptr<StoreServer> server;
   std::unique_ptr<StoreClient> store;
   std::uint64_t session = 0;
-  std::string session_hex;
   std::string shm_base;  // "/mltrain-<run id>-<session>": the start of every shared memory name
   Fd listener;
-  int listen_port = 0;
   std::unique_ptr<ShmMapping> bell_map;
   // Each shared-memory peer's bell, mapped at init so every name can go before init returns;
   // moved into the peer's link when it is made.
   std::vector<std::unique_ptr<ShmMapping>> peer_bells;
   Bell local_bell;  // used when shared memory is off
   Bell* bell = &local_bell;
-  std::vector<PeerInfo> peers;
+  std::vector<PeerRecord> peers;  // by rank, this one's included
   std::map<int, std::unique_ptr<Link>> links;
   std::unique_ptr<ShmGroup> group;  // algo direct: every rank's shared memory on this host
   std::map<int, Fd> accepted;       // connections from lower ranks not claimed yet
@@ -128,6 +99,8 @@ struct Communicator::Impl {
     return "rank " + std::to_string(peer) + " (" + peers[static_cast<std::size_t>(peer)].host + ")";
   }
   Link* link(int peer);
+  // Hosts the store (rank 0, unless the launcher does), connects to it, agrees on the session.
+  void join_store(Deadline dl);
   bool join_group(Deadline dl);  // false: rank 0 could not reserve it (every rank then uses the ring)
   Fd accept_from(int peer);
   bool wants_shm(int peer) const { return shm_between(opt.rank, peer); }
@@ -154,97 +127,34 @@ Communicator::Impl::Impl(const Options& o) : opt(o) {
   if (!opt.run_id.empty() && opt.stats) recorder.begin();  // joining gives the clock its scale
   opt.shm_bytes = std::max<std::size_t>((opt.shm_bytes + 4095) / 4096 * 4096, 64u << 10);
   opt.chunk_bytes = std::max<std::size_t>(opt.chunk_bytes, 4096);
+  PeerRecord mine;
+  mine.host = host;
+  mine.memory = memory_identity(host);
+  if (opt.host_splits_shm) mine.memory += "/name:" + host;
+  mine.gpu = probe_gpu();
+  gpu_here = mine.gpu.gpu;
   peers.resize(static_cast<std::size_t>(opt.world_size));
-  peers[static_cast<std::size_t>(opt.rank)].host = host;
-  std::string memory = memory_identity(host);
-  if (opt.host_splits_shm) memory += "/name:" + host;
-  peers[static_cast<std::size_t>(opt.rank)].memory = memory;
-  GpuVote& vote = peers[static_cast<std::size_t>(opt.rank)].gpu;
-  vote = probe_gpu();
-  gpu_here = vote.gpu;
+  peers[static_cast<std::size_t>(opt.rank)] = mine;
 
   const Deadline dl = deadline();
   if (opt.world_size == 1) {  // nothing to join
     settle_backend(dl);
     return;
   }
-  if (opt.rank == 0 && opt.host_store) {
-    try {
-      // A store at a loopback address serves ranks on this host only: it listens there alone.
-      const auto [store_host, store_port] = split_host_port(opt.store_addr);
-      const bool loopback = store_host == "localhost" || store_host.rfind("127.", 0) == 0;
-      server = std::make_unique<StoreServer>(store_port, opt.token, loopback);
-    } catch (const Error& e) {
-      throw Error(e.kind(), "mltrain-comm: " + me() + ": cannot host the store at " + opt.store_addr +
-                                " (MLTRAIN_STORE_ADDR): " + e.what());
-    }
-  }
-  store = std::make_unique<StoreClient>(opt.store_addr, opt.token, opt.rank, dl);
-  if (opt.rank == 0) {
-    std::random_device rd;
-    session = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^
-              static_cast<std::uint64_t>(Clock::now().time_since_epoch().count());
-    session_hex = hex64(session);
-    // Shared memory names carry the run id when there is one (rank 0's, so all agree).
-    std::string run;
-    for (char c : opt.run_id.substr(0, 100))
-      run += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ? c : '_';
-    shm_base = "/mltrain-" + (run.empty() ? "" : run + "-") + session_hex;
-    store->set("shm_base", shm_base, dl);
-    store->set("session", session_hex, dl);
-  } else {
-    session_hex = store->wait("session", dl);
-    session = std::stoull(session_hex, nullptr, 16);
-    shm_base = store->wait("shm_base", dl);
-  }
+  join_store(dl);
   auto [fd, port] = listen_tcp(0);
   listener = std::move(fd);
-  listen_port = port;
   if (opt.transport != Transport::tcp) {
     bell_map = std::make_unique<ShmMapping>(shm_base + "-bell-" + std::to_string(opt.rank), 4096, true);
     bell = new (bell_map->data()) Bell{};
   }
-  store->set("rank/" + std::to_string(opt.rank),
-             host + "\n" + store->local_address() + "\n" + std::to_string(listen_port) + "\n" +
-                 std::to_string(::getpid()) + "\n" + memory + "\n" + vote.encode(),
-             dl);
-  for (int p = 0; p < opt.world_size; ++p) {
-    if (p == opt.rank) continue;
-    std::string info;
-    try {
-      info = store->wait("rank/" + std::to_string(p), dl);
-    } catch (const Error& e) {
-      if (e.kind() != Error::Kind::timeout) throw;
-      throw Error(Error::Kind::timeout,
-                  "mltrain-comm: " + me() + ": rank " + std::to_string(p) +
-                      " did not join through the store at " + opt.store_addr + " within " +
-                      std::to_string(opt.timeout.count() / 1000) + " s (is it running?)",
-                  p);
-    }
-    const auto lines = split_lines(info);
-    if (lines.size() < 4) throw Error(Error::Kind::store, "bad rank record for rank " + std::to_string(p));
-    PeerInfo& pi = peers[static_cast<std::size_t>(p)];
-    pi.host = lines[0];
-    pi.ip = lines[1];
-    pi.port = std::stoi(lines[2]);
-    pi.pid = std::stoi(lines[3]);
-    pi.memory = lines.size() > 4 ? lines[4] : "host:" + pi.host;
-    pi.gpu = GpuVote::decode(lines.size() > 5 ? lines[5] : std::string());
-  }
-  // Over TCP, a connection that carries data both ways at once costs less CPU per byte than two
-  // one-way ones, and talking to one peer at a time less than to two (docs/comm.md, "Across
-  // hosts"): so across hosts, halving/doubling (pairwise exchanges) on power-of-two worlds and
-  // two opposite rings otherwise. Every rank sees the same hosts and options, so every rank
-  // decides the same; the wire header checks it anyway.
+  mine.ip = store->local_address();
+  mine.port = port;
+  mine.pid = ::getpid();
+  peers = exchange_records(*store, opt.rank, opt.world_size, mine, dl, opt.timeout, me());
   bool crosses = false;
   for (int p = 0; p < opt.world_size; ++p) crosses |= !shm_between(p, (p + 1) % opt.world_size);
-  const bool pow2 = (opt.world_size & (opt.world_size - 1)) == 0;
-  // On one host, the direct allreduce through one shared segment (algorithms/direct.cpp).
-  algo = opt.algo;
-  if (algo == Algo::automatic) algo = !crosses ? Algo::direct : pow2 ? Algo::hd : Algo::bidir;
-  if (algo == Algo::direct && (crosses || opt.world_size < 2)) algo = Algo::ring;
-  if (algo == Algo::hd && !pow2) algo = Algo::ring;
-  if (opt.world_size < 3 && algo != Algo::direct) algo = Algo::ring;  // with 2 ranks, one ring
+  algo = choose_algo(opt.algo, opt.world_size, crosses);
   if (algo == Algo::direct && !join_group(dl)) algo = Algo::ring;
   peer_bells.resize(static_cast<std::size_t>(opt.world_size));
   for (int p = 0; p < opt.world_size; ++p)
@@ -272,6 +182,24 @@ Communicator::Impl::Impl(const Options& o) : opt(o) {
   settle_backend(dl);
 }
 
+void Communicator::Impl::join_store(Deadline dl) {
+  if (opt.rank == 0 && opt.host_store) {
+    try {
+      // A store at a loopback address serves ranks on this host only: it listens there alone.
+      const auto [store_host, store_port] = split_host_port(opt.store_addr);
+      const bool loopback = store_host == "localhost" || store_host.rfind("127.", 0) == 0;
+      server = std::make_unique<StoreServer>(store_port, opt.token, loopback);
+    } catch (const Error& e) {
+      throw Error(e.kind(), "mltrain-comm: " + me() + ": cannot host the store at " + opt.store_addr +
+                                " (MLTRAIN_STORE_ADDR): " + e.what());
+    }
+  }
+  store = std::make_unique<StoreClient>(opt.store_addr, opt.token, opt.rank, dl);
+  const JobSession joined = agree_session(*store, opt.rank, opt.run_id, dl);
+  session = joined.id;
+  shm_base = joined.shm_base;
+}
+
 // The counter block is created exclusively, mode 0600 (ShmMapping). /dev/shm is everyone's: a
 // file already at the name that is not this user's (a stranger's, even one made to look like a
 // block) is neither removed nor used, and the rank goes without counters. The agent names each
@@ -281,10 +209,7 @@ void Communicator::Impl::publish_stats() {
   std::string name = opt.stats_name;
   if (name.size() < 10 || name.size() > 250 || name.compare(0, 9, "/mltrain-") != 0 ||
       name.find('/', 1) != std::string::npos) {
-    std::string run;
-    for (char c : opt.run_id.substr(0, 100))
-      run += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ? c : '_';
-    name = "/mltrain-" + run + "-stats-" + std::to_string(opt.rank);
+    name = "/mltrain-" + shm_safe(opt.run_id) + "-stats-" + std::to_string(opt.rank);
   }
   const std::string path = "/dev/shm" + name;
   // O_NONBLOCK: a FIFO planted there must not hold init.
@@ -463,7 +388,7 @@ Fd Communicator::Impl::accept_from(int peer) {
 
 Link* Communicator::Impl::link(int peer) {
   if (auto it = links.find(peer); it != links.end()) return it->second.get();
-  const PeerInfo& pi = peers[static_cast<std::size_t>(peer)];
+  const PeerRecord& pi = peers[static_cast<std::size_t>(peer)];
   const Deadline dl = deadline();
   const int r = opt.rank;
   std::unique_ptr<Link> made;
@@ -604,103 +529,17 @@ void Communicator::Impl::collective(Coll coll, DataType dtype, ReduceOp op, int 
 
 void Communicator::Impl::fail(Coll coll, const Error& e) {
   broken = true;
-  int culprit = e.kind() == Error::Kind::usage ? opt.rank : e.peer_rank();
-  std::string culprit_host = e.kind() == Error::Kind::usage ? host : e.peer_host();
-  std::string detail = e.what();
-  std::string first;  // the first failure in the job, when another rank reported it
-  if (store) {
-    // The rank that fails first publishes why before it closes its links; ranks that only saw
-    // a closed link report that root cause. Best effort: the store may be gone with rank 0.
-    const Deadline dl =
-        Clock::now() + std::min<std::chrono::milliseconds>(opt.timeout, std::chrono::seconds(2));
-    try {
-      std::optional<std::string> found;
-      if (e.kind() == Error::Kind::timeout && e.peer_rank() >= 0) {
-        // The peer we waited on may itself be waiting on another rank: record whom we wait on,
-        // give the others a moment to do the same, and follow the chain to the rank that
-        // stopped (the one not waiting on anybody).
-        store->set("waiting/" + std::to_string(opt.rank), std::to_string(e.peer_rank()), dl);
-        const auto grace_end =
-            Clock::now() + std::min<std::chrono::milliseconds>(opt.timeout / 2, std::chrono::seconds(1));
-        while (Clock::now() < grace_end && !(found = store->get("abort", dl)))
-          std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        if (!found) {
-          std::vector<bool> seen(peers.size(), false);
-          seen[static_cast<std::size_t>(opt.rank)] = true;
-          int at = e.peer_rank();
-          std::string chain;
-          bool cycle = false;
-          while (true) {
-            seen[static_cast<std::size_t>(at)] = true;
-            const auto next = store->get("waiting/" + std::to_string(at), dl);
-            if (!next) break;
-            chain += ", which waits on rank " + *next;
-            const int to = std::stoi(*next);
-            if (to < 0 || to >= opt.world_size || seen[static_cast<std::size_t>(to)]) {
-              cycle = true;  // ranks wait on each other: nobody in particular stopped
-              break;
-            }
-            at = to;
-          }
-          if (cycle) {
-            detail += "; rank " + std::to_string(e.peer_rank()) + chain +
-                      " (a cycle: the ranks wait on each other)";
-          } else if (at != e.peer_rank()) {
-            culprit = at;
-            culprit_host = peers[static_cast<std::size_t>(at)].host;
-            detail += "; rank " + std::to_string(e.peer_rank()) + chain + " (" + label(at) +
-                      " stopped making progress)";
-          }
-        }
-      }
-      if (!found && e.kind() == Error::Kind::peer_closed && e.peer_rank() < 0) {
-        // A remote failure with no rank named (NCCL's ncclRemoteError): the rank that failed is
-        // about to publish why; give it a moment rather than claim the first failure ourselves.
-        const auto grace_end =
-            Clock::now() + std::min<std::chrono::milliseconds>(opt.timeout / 2, std::chrono::seconds(1));
-        while (Clock::now() < grace_end && !(found = store->get("abort", dl)))
-          std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-      if (!found) found = store->get("abort", dl);
-      if (!found) {
-        if (store->add("abort/claims", 1, dl) == 1) {
-          store->set("abort",
-                     std::to_string(culprit) + "\n" + culprit_host + "\n" + me() + ": " + coll_name(coll) +
-                         " #" + std::to_string(seq) + ": " + detail,
-                     dl);
-        } else {
-          for (int i = 0; i < 100 && !found; ++i) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(10));
-            found = store->get("abort", dl);
-          }
-        }
-      }
-      if (found) {
-        const auto lines = split_lines(*found);
-        if (lines.size() >= 3 && lines[2].rfind(me() + ":", 0) != 0) {
-          culprit = std::stoi(lines[0]);
-          culprit_host = lines[1];
-          first = lines[2];
-          for (std::size_t i = 3; i < lines.size(); ++i) first += "\n" + lines[i];
-          // The rank at fault is exiting now: let it go first, so the launcher names it as the
-          // first failure rather than this rank, which only saw its effect.
-          if (culprit >= 0 && culprit != opt.rank)
-            std::this_thread::sleep_for(
-                std::min<std::chrono::milliseconds>(opt.timeout / 4, std::chrono::milliseconds(300)));
-        }
-      }
-    } catch (const Error&) {
-      // Store unreachable (rank 0 gone?): the local error below is all we can report.
-    }
-  }
+  std::vector<std::string> hosts;
+  for (const auto& p : peers) hosts.push_back(p.host);
+  const std::string what = std::string(coll_name(coll)) + " #" + std::to_string(seq);
+  const Verdict v = Blame(store.get(), opt.rank, std::move(hosts), opt.timeout).settle(e, what);
   if (nccl) nccl->abort();
   if (group) group->close();
   for (auto& [peer, l] : links) l->close();
-  std::string msg =
-      "mltrain-comm: " + me() + ": " + coll_name(coll) + " #" + std::to_string(seq) + ": " + detail;
-  if (!first.empty()) msg += "\n  first failure: " + first;
+  std::string msg = "mltrain-comm: " + me() + ": " + what + ": " + v.detail;
+  if (!v.first.empty()) msg += "\n  first failure: " + v.first;
   broken_reason = msg;
-  throw Error(e.kind(), msg, culprit, culprit_host);
+  throw Error(e.kind(), msg, v.culprit, v.culprit_host);
 }
 
 Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

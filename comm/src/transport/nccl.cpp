@@ -29,34 +29,6 @@ std::string nccl_version_text(int code) {
   return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(code % 100);
 }
 
-std::string GpuVote::encode() const {
-  // One line: "gpu nccl device version|why", fields separated by tabs (why may hold spaces).
-  return std::string(gpu ? "1" : "0") + "\t" + (nccl ? "1" : "0") + "\t" + device + "\t" + nccl_version +
-         "\t" + why;
-}
-
-GpuVote GpuVote::decode(const std::string& line) {
-  GpuVote v;
-  std::vector<std::string> f;
-  std::size_t start = 0;
-  for (int i = 0; i < 4; ++i) {
-    const auto tab = line.find('\t', start);
-    if (tab == std::string::npos) break;
-    f.push_back(line.substr(start, tab - start));
-    start = tab + 1;
-  }
-  if (f.size() < 4) {
-    v.why = "no GPU report (an older mltrain-comm?)";
-    return v;
-  }
-  v.gpu = f[0] == "1";
-  v.nccl = f[1] == "1";
-  v.device = f[2];
-  v.nccl_version = f[3];
-  v.why = line.substr(start);
-  return v;
-}
-
 BackendChoice choose_backend(Backend wanted, const std::vector<GpuVote>& votes,
                              const std::vector<std::string>& hosts, const std::vector<std::string>& memory) {
   BackendChoice c;
