@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "algorithms/collectives.h"
+#include "core/nccl_probe.h"
 #include "core/reduce.h"
 #include "core/refusal_log.h"
 #include "mltrain/comm.h"
@@ -1543,4 +1544,20 @@ TEST_CASE("progress wait: a TCP link wakes it when bytes arrive; with none it re
   CHECK(got == std::byte{'x'});
   std::vector<detail::Link*> to_b{&a};
   wait.wait(to_b, none, nullptr, 5000);  // room to write: at once
+}
+
+TEST_CASE("nccl probe: one oldest version and one message for the backend and the agent") {
+  CHECK(detail::nccl_too_old(21205, "/x/libnccl.so.2") ==
+        "NCCL 2.12.5 at /x/libnccl.so.2 is older than 2.13.0, the oldest mltrain supports (set "
+        "MLTRAIN_NCCL_LIBRARY to a newer one)");
+  const auto missing = detail::probe_nccl("/nonexistent/libnccl.so.2");
+  CHECK(missing.handle == nullptr);
+  CHECK(missing.error.find("/nonexistent/libnccl.so.2") != std::string::npos);
+  CHECK_FALSE(missing.new_enough());
+  detail::NcclProbe p;
+  p.version_known = true;
+  p.version = detail::kMinNcclVersion;
+  CHECK(p.new_enough());
+  p.version = 21205;
+  CHECK_FALSE(p.new_enough());
 }

@@ -9,16 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "core/nccl_probe.h"
 #include "mltrain/comm.hpp"
 #include "transport/key_value.h"
 #include "transport/socket.h"
 
 namespace mltrain::comm::detail {
-
-// The oldest NCCL the backend accepts: ncclRemoteError and ncclGetLastError (2.13), ncclAvg and
-// ncclBfloat16 (2.10) are all used.
-inline constexpr int kMinNcclVersion = 21300;  // 2.13.0
-std::string nccl_version_text(int code);
 
 // What this process can offer the NCCL backend, published by every rank at init (in its
 // PeerRecord, rendezvous/records.h) so that every rank resolves the backend the same way.
