@@ -17,6 +17,14 @@
 # to that folder ("" when no header matches). A header added, moved or removed re-runs CMake (CONFIGURE_DEPENDS), and the stage
 # is rebuilt from scratch so a deleted header does not stay reachable.
 function(mltrain_stage_headers out_var stage)
+  mltrain_stage_headers_from(dir ${stage} ${CMAKE_SOURCE_DIR} ${ARGN})
+  set(${out_var} ${dir} PARENT_SCOPE)
+endfunction()
+
+# mltrain_stage_headers_from(<out_var> <stage> <root> <glob>...)
+# As mltrain_stage_headers, keeping each header's path from <root> instead of the source root
+# (comm includes its own headers from comm/src: "transport/link.h").
+function(mltrain_stage_headers_from out_var stage root)
   set(globs ${ARGN})
   list(TRANSFORM globs PREPEND ${CMAKE_CURRENT_SOURCE_DIR}/)
   file(GLOB headers CONFIGURE_DEPENDS ${globs})
@@ -28,7 +36,7 @@ function(mltrain_stage_headers out_var stage)
   endif()
   foreach(header ${headers})
     cmake_path(NORMAL_PATH header)
-    file(RELATIVE_PATH rel ${CMAKE_SOURCE_DIR} ${header})
+    file(RELATIVE_PATH rel ${root} ${header})
     get_filename_component(parent ${dir}/${rel} DIRECTORY)
     file(MAKE_DIRECTORY ${parent})
     file(CREATE_LINK ${header} ${dir}/${rel} SYMBOLIC)

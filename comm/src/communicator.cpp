@@ -6,27 +6,23 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
-#if defined(__x86_64__)
-#include <x86intrin.h>
-#endif
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <optional>
-#include <random>
-#include <thread>
 
 #include "algorithms/collectives.h"
 #include "core/sys_check.h"
 #include "mltrain/comm.hpp"
 #include "mltrain/comm_stats.h"
+#include "rendezvous/blame.h"
+#include "rendezvous/join.h"
+#include "rendezvous/records.h"
 #include "rendezvous/store.h"
+#include "session/stat_recorder.h"
 #include "transport/nccl.h"
 #include "transport/shm_group.h"
 #include "transport/shm_link.h"
@@ -37,15 +33,6 @@ namespace mltrain::comm {
 using namespace detail;
 
 namespace {
-
-struct PeerInfo {
-  std::string host;  // identity, also shown in messages
-  std::string ip;
-  int port = 0;
-  int pid = 0;
-  std::string memory;  // who can share memory with whom: see memory_identity()
-  GpuVote gpu;         // what it offers the NCCL backend
-};
 
 std::string this_host() {
   char buf[256] = {};
@@ -66,176 +53,6 @@ std::string memory_identity(const std::string& host) {
   return boot;
 }
 
-std::vector<std::string> split_lines(const std::string& text) {
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  while (true) {
-    const auto nl = text.find('\n', start);
-    out.push_back(text.substr(start, nl == std::string::npos ? std::string::npos : nl - start));
-    if (nl == std::string::npos) return out;
-    start = nl + 1;
-  }
-}
-
-std::uint64_t monotonic_ns() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return std::uint64_t(ts.tv_sec) * 1000000000u + std::uint64_t(ts.tv_nsec);
-}
-
-// One writer: a relaxed load and store, no read-modify-write (docs: comm_stats.h).
-void stat_set(std::uint64_t& field, std::uint64_t v) { __atomic_store_n(&field, v, __ATOMIC_RELAXED); }
-void stat_add(std::uint64_t& field, std::uint64_t v) {
-  __atomic_store_n(&field, __atomic_load_n(&field, __ATOMIC_RELAXED) + v, __ATOMIC_RELAXED);
-}
-
-// Writes the counters (comm_stats.h) around each collective, cheaply: a 4 KiB allreduce on 2 ranks
-// takes 1-1.5 us. On a 2.4 GHz EPYC (bench/comm_stats_cost.sh) clock_gettime costs ~33 ns, the
-// TSC ~13 ns, converting ticks to ns ~5 ns. So on x86-64, where the kernel keeps time with the TSC
-// (it found it constant and in step across CPUs), the rank stores raw TSC ticks and publishes
-// their scale, measured against CLOCK_MONOTONIC again about once a second, so readers convert
-// within a millisecond of it whatever NTP's slewing (at most 500 ppm).
-// Two TSC reads per call still cost 17-29 ns there (1.1-1.9%). So once 64 timed calls in a row
-// each came less than 5 us after the one before (a tight loop, where timing every call would
-// cost over 0.5%), it times one call in 16 at random and counts each timed call's time for the
-// untimed ones since, capped at the time that passed: comm_ns stays right on average (5-8 ns a
-// call), and timing every call resumes as soon as a timed call finds more time passed. The
-// price: a long wait in the first untimed calls after a pause in such a loop goes uncounted.
-class StatRecorder {
- public:
-  // A first (ticks, ns) pair; start() takes the scale from the span since.
-  void begin() {
-#if defined(__x86_64__)
-    tsc_ = first_line("/sys/devices/system/clocksource/clocksource0/current_clocksource") == "tsc";
-#endif
-    if (tsc_) base_ = pair();
-  }
-  // Publishes the clock and started_ns in `s` (waiting until 1 ms has passed since begin()).
-  void start(mltrain_comm_stats& s) {
-    if (tsc_) {
-      Pair p = pair();
-      while (p.ns - base_.ns < 1000000u) p = pair();
-      rescale(p);
-      // Slower than 1 GHz (scale above 2^32) or not counting up: not a TSC to trust.
-      if (scale_ == 0 || scale_ > (std::uint64_t(1) << 32)) tsc_ = false;
-    }
-    if (!tsc_) base_ = {0, 0}, scale_ = std::uint64_t(1) << 32, rescale_ticks_ = ~std::uint64_t(0);
-    publish(s);
-    short_ticks_ = (std::uint64_t(kShortNs) << 32) / scale_;
-    last_exit_ = ticks();
-    random_ = static_cast<std::uint32_t>(last_exit_) | 1u;
-    stat_set(s.started_ns, last_exit_);
-  }
-  // A collective begins.
-  void enter(mltrain_comm_stats& s) {
-    timed_ = !sampling_ || next_random() % kOneIn == 0;
-    if (timed_) {
-      t0_ = ticks();
-      stat_set(s.entered_ns, t0_);
-    } else {
-      ++untimed_;
-      stat_set(s.entered_ns, last_exit_);  // open since then at the latest
-    }
-  }
-  // It ends.
-  void leave(mltrain_comm_stats& s, std::uint64_t bytes) {
-    stat_add(s.calls, 1);
-    stat_add(s.bytes, bytes);
-    if (!timed_) {
-      stat_set(s.entered_ns, 0);
-      return;
-    }
-    const std::uint64_t t1 = ticks();
-    const std::uint64_t took = t1 > t0_ ? t1 - t0_ : 0;  // 0: two CPUs' TSCs a few ticks apart
-    const std::uint64_t since = t0_ > last_exit_ ? t0_ - last_exit_ : 0;  // the untimed calls and gaps
-    stat_add(s.comm_ns, took + std::min(took * untimed_, since));
-    stat_set(s.last_exit_ns, t1);
-    stat_set(s.entered_ns, 0);
-    const bool tight = since + took < short_ticks_ * (untimed_ + 1);
-    in_a_row_ = tight ? in_a_row_ + 1 : 0;
-    sampling_ = in_a_row_ >= kInARow;
-    untimed_ = 0;
-    last_exit_ = t1;
-    if (t1 - base_.tsc >= rescale_ticks_) keep_up(s, t1);
-  }
-
- private:
-  static constexpr std::uint64_t kShortNs = 5000;  // per call and the gap before it
-  static constexpr std::uint32_t kInARow = 64, kOneIn = 16;
-
-  struct Pair {
-    std::uint64_t tsc = 0, ns = 0;
-  };
-  std::uint64_t ticks() const {
-#if defined(__x86_64__)
-    if (tsc_) return __rdtsc();
-#endif
-    return monotonic_ns();
-  }
-  std::uint32_t next_random() {  // xorshift32: sampling at random, not in step with a loop's pattern
-    random_ ^= random_ << 13;
-    random_ ^= random_ >> 17;
-    random_ ^= random_ << 5;
-    return random_;
-  }
-  // Measures the scale again once a second of ticks has passed.
-  [[gnu::noinline, gnu::cold]] void keep_up(mltrain_comm_stats& s, std::uint64_t t) {
-    if (t <= base_.tsc) return;
-    rescale(pair());
-    publish(s);
-  }
-  // The tightest of a few tries: a rank preempted between the reads would skew the scale.
-  static Pair pair() {
-    Pair best;
-#if defined(__x86_64__)
-    std::uint64_t best_width = ~std::uint64_t(0);
-    for (int i = 0; i < 5; ++i) {
-      const std::uint64_t a = __rdtsc();
-      const std::uint64_t ns = monotonic_ns();
-      const std::uint64_t width = __rdtsc() - a;
-      if (width < best_width) best = {a + width / 2, ns}, best_width = width;
-    }
-#endif
-    return best;
-  }
-  void rescale(Pair p) {
-    if (p.tsc > base_.tsc && p.ns > base_.ns)
-      scale_ = static_cast<std::uint64_t>((static_cast<unsigned __int128>(p.ns - base_.ns) << 32) /
-                                          (p.tsc - base_.tsc));
-    base_ = p;
-    rescale_ticks_ = scale_ ? (std::uint64_t(1000000000u) << 32) / scale_ : ~std::uint64_t(0);
-  }
-  // A seqlock: readers retry while clock_seq is odd or changed (mltrain_comm_stats_read_clock).
-  void publish(mltrain_comm_stats& s) const {
-    const std::uint64_t seq = __atomic_load_n(&s.clock_seq, __ATOMIC_RELAXED);
-    stat_set(s.clock_seq, seq + 1);
-    __atomic_thread_fence(__ATOMIC_RELEASE);
-    stat_set(s.clock_ticks, base_.tsc);
-    stat_set(s.clock_ns, base_.ns);
-    stat_set(s.clock_scale, scale_);
-    __atomic_store_n(&s.clock_seq, seq + 2, __ATOMIC_RELEASE);
-  }
-
-  // The clock.
-  bool tsc_ = false;
-  Pair base_;
-  std::uint64_t scale_ = 0;  // ns per tick, << 32
-  std::uint64_t rescale_ticks_ = ~std::uint64_t(0);
-  std::uint64_t short_ticks_ = 0;
-  // The calls.
-  std::uint64_t t0_ = 0, last_exit_ = 0;  // of the last timed call
-  std::uint64_t untimed_ = 0;             // calls since it
-  std::uint32_t in_a_row_ = 0;            // tight timed calls in a row
-  std::uint32_t random_ = 1;
-  bool sampling_ = false, timed_ = true;
-};
-
-std::string hex64(std::uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 }  // namespace
 
 struct Communicator::Impl {
@@ -244,17 +61,15 @@ struct Communicator::Impl {
   std::unique_ptr<StoreServer> server;
   std::unique_ptr<StoreClient> store;
   std::uint64_t session = 0;
-  std::string session_hex;
   std::string shm_base;  // "/mltrain-<run id>-<session>": the start of every shared memory name
   Fd listener;
-  int listen_port = 0;
   std::unique_ptr<ShmMapping> bell_map;
   // Each shared-memory peer's bell, mapped at init so every name can go before init returns;
   // moved into the peer's link when it is made.
   std::vector<std::unique_ptr<ShmMapping>> peer_bells;
   Bell local_bell;  // used when shared memory is off
   Bell* bell = &local_bell;
-  std::vector<PeerInfo> peers;
+  std::vector<PeerRecord> peers;  // by rank, this one's included
   std::map<int, std::unique_ptr<Link>> links;
   std::unique_ptr<ShmGroup> group;  // algo direct: every rank's shared memory on this host
   std::map<int, Fd> accepted;       // connections from lower ranks not claimed yet
@@ -284,6 +99,8 @@ struct Communicator::Impl {
     return "rank " + std::to_string(peer) + " (" + peers[static_cast<std::size_t>(peer)].host + ")";
   }
   Link* link(int peer);
+  // Hosts the store (rank 0, unless the launcher does), connects to it, agrees on the session.
+  void join_store(Deadline dl);
   bool join_group(Deadline dl);  // false: rank 0 could not reserve it (every rank then uses the ring)
   Fd accept_from(int peer);
   bool wants_shm(int peer) const { return shm_between(opt.rank, peer); }
@@ -310,97 +127,34 @@ Communicator::Impl::Impl(const Options& o) : opt(o) {
   if (!opt.run_id.empty() && opt.stats) recorder.begin();  // joining gives the clock its scale
   opt.shm_bytes = std::max<std::size_t>((opt.shm_bytes + 4095) / 4096 * 4096, 64u << 10);
   opt.chunk_bytes = std::max<std::size_t>(opt.chunk_bytes, 4096);
+  PeerRecord mine;
+  mine.host = host;
+  mine.memory = memory_identity(host);
+  if (opt.host_splits_shm) mine.memory += "/name:" + host;
+  mine.gpu = probe_gpu();
+  gpu_here = mine.gpu.gpu;
   peers.resize(static_cast<std::size_t>(opt.world_size));
-  peers[static_cast<std::size_t>(opt.rank)].host = host;
-  std::string memory = memory_identity(host);
-  if (opt.host_splits_shm) memory += "/name:" + host;
-  peers[static_cast<std::size_t>(opt.rank)].memory = memory;
-  GpuVote& vote = peers[static_cast<std::size_t>(opt.rank)].gpu;
-  vote = probe_gpu();
-  gpu_here = vote.gpu;
+  peers[static_cast<std::size_t>(opt.rank)] = mine;
 
   const Deadline dl = deadline();
   if (opt.world_size == 1) {  // nothing to join
     settle_backend(dl);
     return;
   }
-  if (opt.rank == 0 && opt.host_store) {
-    try {
-      // A store at a loopback address serves ranks on this host only: it listens there alone.
-      const auto [store_host, store_port] = split_host_port(opt.store_addr);
-      const bool loopback = store_host == "localhost" || store_host.rfind("127.", 0) == 0;
-      server = std::make_unique<StoreServer>(store_port, opt.token, loopback);
-    } catch (const Error& e) {
-      throw Error(e.kind(), "mltrain-comm: " + me() + ": cannot host the store at " + opt.store_addr +
-                                " (MLTRAIN_STORE_ADDR): " + e.what());
-    }
-  }
-  store = std::make_unique<StoreClient>(opt.store_addr, opt.token, opt.rank, dl);
-  if (opt.rank == 0) {
-    std::random_device rd;
-    session = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^
-              static_cast<std::uint64_t>(Clock::now().time_since_epoch().count());
-    session_hex = hex64(session);
-    // Shared memory names carry the run id when there is one (rank 0's, so all agree).
-    std::string run;
-    for (char c : opt.run_id.substr(0, 100))
-      run += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ? c : '_';
-    shm_base = "/mltrain-" + (run.empty() ? "" : run + "-") + session_hex;
-    store->set("shm_base", shm_base, dl);
-    store->set("session", session_hex, dl);
-  } else {
-    session_hex = store->wait("session", dl);
-    session = std::stoull(session_hex, nullptr, 16);
-    shm_base = store->wait("shm_base", dl);
-  }
+  join_store(dl);
   auto [fd, port] = listen_tcp(0);
   listener = std::move(fd);
-  listen_port = port;
   if (opt.transport != Transport::tcp) {
     bell_map = std::make_unique<ShmMapping>(shm_base + "-bell-" + std::to_string(opt.rank), 4096, true);
     bell = new (bell_map->data()) Bell{};
   }
-  store->set("rank/" + std::to_string(opt.rank),
-             host + "\n" + store->local_address() + "\n" + std::to_string(listen_port) + "\n" +
-                 std::to_string(::getpid()) + "\n" + memory + "\n" + vote.encode(),
-             dl);
-  for (int p = 0; p < opt.world_size; ++p) {
-    if (p == opt.rank) continue;
-    std::string info;
-    try {
-      info = store->wait("rank/" + std::to_string(p), dl);
-    } catch (const Error& e) {
-      if (e.kind() != Error::Kind::timeout) throw;
-      throw Error(Error::Kind::timeout,
-                  "mltrain-comm: " + me() + ": rank " + std::to_string(p) +
-                      " did not join through the store at " + opt.store_addr + " within " +
-                      std::to_string(opt.timeout.count() / 1000) + " s (is it running?)",
-                  p);
-    }
-    const auto lines = split_lines(info);
-    if (lines.size() < 4) throw Error(Error::Kind::store, "bad rank record for rank " + std::to_string(p));
-    PeerInfo& pi = peers[static_cast<std::size_t>(p)];
-    pi.host = lines[0];
-    pi.ip = lines[1];
-    pi.port = std::stoi(lines[2]);
-    pi.pid = std::stoi(lines[3]);
-    pi.memory = lines.size() > 4 ? lines[4] : "host:" + pi.host;
-    pi.gpu = GpuVote::decode(lines.size() > 5 ? lines[5] : std::string());
-  }
-  // Over TCP, a connection that carries data both ways at once costs less CPU per byte than two
-  // one-way ones, and talking to one peer at a time less than to two (docs/comm.md, "Across
-  // hosts"): so across hosts, halving/doubling (pairwise exchanges) on power-of-two worlds and
-  // two opposite rings otherwise. Every rank sees the same hosts and options, so every rank
-  // decides the same; the wire header checks it anyway.
+  mine.ip = store->local_address();
+  mine.port = port;
+  mine.pid = ::getpid();
+  peers = exchange_records(*store, opt.rank, opt.world_size, mine, dl, opt.timeout, me());
   bool crosses = false;
   for (int p = 0; p < opt.world_size; ++p) crosses |= !shm_between(p, (p + 1) % opt.world_size);
-  const bool pow2 = (opt.world_size & (opt.world_size - 1)) == 0;
-  // On one host, the direct allreduce through one shared segment (algorithms/direct.cpp).
-  algo = opt.algo;
-  if (algo == Algo::automatic) algo = !crosses ? Algo::direct : pow2 ? Algo::hd : Algo::bidir;
-  if (algo == Algo::direct && (crosses || opt.world_size < 2)) algo = Algo::ring;
-  if (algo == Algo::hd && !pow2) algo = Algo::ring;
-  if (opt.world_size < 3 && algo != Algo::direct) algo = Algo::ring;  // with 2 ranks, one ring
+  algo = choose_algo(opt.algo, opt.world_size, crosses);
   if (algo == Algo::direct && !join_group(dl)) algo = Algo::ring;
   peer_bells.resize(static_cast<std::size_t>(opt.world_size));
   for (int p = 0; p < opt.world_size; ++p)
@@ -428,6 +182,24 @@ Communicator::Impl::Impl(const Options& o) : opt(o) {
   settle_backend(dl);
 }
 
+void Communicator::Impl::join_store(Deadline dl) {
+  if (opt.rank == 0 && opt.host_store) {
+    try {
+      // A store at a loopback address serves ranks on this host only: it listens there alone.
+      const auto [store_host, store_port] = split_host_port(opt.store_addr);
+      const bool loopback = store_host == "localhost" || store_host.rfind("127.", 0) == 0;
+      server = std::make_unique<StoreServer>(store_port, opt.token, loopback);
+    } catch (const Error& e) {
+      throw Error(e.kind(), "mltrain-comm: " + me() + ": cannot host the store at " + opt.store_addr +
+                                " (MLTRAIN_STORE_ADDR): " + e.what());
+    }
+  }
+  store = std::make_unique<StoreClient>(opt.store_addr, opt.token, opt.rank, dl);
+  const JobSession joined = agree_session(*store, opt.rank, opt.run_id, dl);
+  session = joined.id;
+  shm_base = joined.shm_base;
+}
+
 // The counter block is created exclusively, mode 0600 (ShmMapping). /dev/shm is everyone's: a
 // file already at the name that is not this user's (a stranger's, even one made to look like a
 // block) is neither removed nor used, and the rank goes without counters. The agent names each
@@ -437,10 +209,7 @@ void Communicator::Impl::publish_stats() {
   std::string name = opt.stats_name;
   if (name.size() < 10 || name.size() > 250 || name.compare(0, 9, "/mltrain-") != 0 ||
       name.find('/', 1) != std::string::npos) {
-    std::string run;
-    for (char c : opt.run_id.substr(0, 100))
-      run += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ? c : '_';
-    name = "/mltrain-" + run + "-stats-" + std::to_string(opt.rank);
+    name = "/mltrain-" + shm_safe(opt.run_id) + "-stats-" + std::to_string(opt.rank);
   }
   const std::string path = "/dev/shm" + name;
   // O_NONBLOCK: a FIFO planted there must not hold init.
@@ -619,7 +388,7 @@ Fd Communicator::Impl::accept_from(int peer) {
 
 Link* Communicator::Impl::link(int peer) {
   if (auto it = links.find(peer); it != links.end()) return it->second.get();
-  const PeerInfo& pi = peers[static_cast<std::size_t>(peer)];
+  const PeerRecord& pi = peers[static_cast<std::size_t>(peer)];
   const Deadline dl = deadline();
   const int r = opt.rank;
   std::unique_ptr<Link> made;
@@ -760,103 +529,17 @@ void Communicator::Impl::collective(Coll coll, DataType dtype, ReduceOp op, int 
 
 void Communicator::Impl::fail(Coll coll, const Error& e) {
   broken = true;
-  int culprit = e.kind() == Error::Kind::usage ? opt.rank : e.peer_rank();
-  std::string culprit_host = e.kind() == Error::Kind::usage ? host : e.peer_host();
-  std::string detail = e.what();
-  std::string first;  // the first failure in the job, when another rank reported it
-  if (store) {
-    // The rank that fails first publishes why before it closes its links; ranks that only saw
-    // a closed link report that root cause. Best effort: the store may be gone with rank 0.
-    const Deadline dl =
-        Clock::now() + std::min<std::chrono::milliseconds>(opt.timeout, std::chrono::seconds(2));
-    try {
-      std::optional<std::string> found;
-      if (e.kind() == Error::Kind::timeout && e.peer_rank() >= 0) {
-        // The peer we waited on may itself be waiting on another rank: record whom we wait on,
-        // give the others a moment to do the same, and follow the chain to the rank that
-        // stopped (the one not waiting on anybody).
-        store->set("waiting/" + std::to_string(opt.rank), std::to_string(e.peer_rank()), dl);
-        const auto grace_end =
-            Clock::now() + std::min<std::chrono::milliseconds>(opt.timeout / 2, std::chrono::seconds(1));
-        while (Clock::now() < grace_end && !(found = store->get("abort", dl)))
-          std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        if (!found) {
-          std::vector<bool> seen(peers.size(), false);
-          seen[static_cast<std::size_t>(opt.rank)] = true;
-          int at = e.peer_rank();
-          std::string chain;
-          bool cycle = false;
-          while (true) {
-            seen[static_cast<std::size_t>(at)] = true;
-            const auto next = store->get("waiting/" + std::to_string(at), dl);
-            if (!next) break;
-            chain += ", which waits on rank " + *next;
-            const int to = std::stoi(*next);
-            if (to < 0 || to >= opt.world_size || seen[static_cast<std::size_t>(to)]) {
-              cycle = true;  // ranks wait on each other: nobody in particular stopped
-              break;
-            }
-            at = to;
-          }
-          if (cycle) {
-            detail += "; rank " + std::to_string(e.peer_rank()) + chain +
-                      " (a cycle: the ranks wait on each other)";
-          } else if (at != e.peer_rank()) {
-            culprit = at;
-            culprit_host = peers[static_cast<std::size_t>(at)].host;
-            detail += "; rank " + std::to_string(e.peer_rank()) + chain + " (" + label(at) +
-                      " stopped making progress)";
-          }
-        }
-      }
-      if (!found && e.kind() == Error::Kind::peer_closed && e.peer_rank() < 0) {
-        // A remote failure with no rank named (NCCL's ncclRemoteError): the rank that failed is
-        // about to publish why; give it a moment rather than claim the first failure ourselves.
-        const auto grace_end =
-            Clock::now() + std::min<std::chrono::milliseconds>(opt.timeout / 2, std::chrono::seconds(1));
-        while (Clock::now() < grace_end && !(found = store->get("abort", dl)))
-          std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-      if (!found) found = store->get("abort", dl);
-      if (!found) {
-        if (store->add("abort/claims", 1, dl) == 1) {
-          store->set("abort",
-                     std::to_string(culprit) + "\n" + culprit_host + "\n" + me() + ": " + coll_name(coll) +
-                         " #" + std::to_string(seq) + ": " + detail,
-                     dl);
-        } else {
-          for (int i = 0; i < 100 && !found; ++i) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(10));
-            found = store->get("abort", dl);
-          }
-        }
-      }
-      if (found) {
-        const auto lines = split_lines(*found);
-        if (lines.size() >= 3 && lines[2].rfind(me() + ":", 0) != 0) {
-          culprit = std::stoi(lines[0]);
-          culprit_host = lines[1];
-          first = lines[2];
-          for (std::size_t i = 3; i < lines.size(); ++i) first += "\n" + lines[i];
-          // The rank at fault is exiting now: let it go first, so the launcher names it as the
-          // first failure rather than this rank, which only saw its effect.
-          if (culprit >= 0 && culprit != opt.rank)
-            std::this_thread::sleep_for(
-                std::min<std::chrono::milliseconds>(opt.timeout / 4, std::chrono::milliseconds(300)));
-        }
-      }
-    } catch (const Error&) {
-      // Store unreachable (rank 0 gone?): the local error below is all we can report.
-    }
-  }
+  std::vector<std::string> hosts;
+  for (const auto& p : peers) hosts.push_back(p.host);
+  const std::string what = std::string(coll_name(coll)) + " #" + std::to_string(seq);
+  const Verdict v = Blame(store.get(), opt.rank, std::move(hosts), opt.timeout).settle(e, what);
   if (nccl) nccl->abort();
   if (group) group->close();
   for (auto& [peer, l] : links) l->close();
-  std::string msg =
-      "mltrain-comm: " + me() + ": " + coll_name(coll) + " #" + std::to_string(seq) + ": " + detail;
-  if (!first.empty()) msg += "\n  first failure: " + first;
+  std::string msg = "mltrain-comm: " + me() + ": " + what + ": " + v.detail;
+  if (!v.first.empty()) msg += "\n  first failure: " + v.first;
   broken_reason = msg;
-  throw Error(e.kind(), msg, culprit, culprit_host);
+  throw Error(e.kind(), msg, v.culprit, v.culprit_host);
 }
 
 Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -377,89 +377,129 @@ std::string allreduce_words(Algo got, const Options& asked, int n) {
          " (" + why + ")";
 }
 
+// The server counts --mode ps compares: --servers, else 1, 2, 4, ... and every server.
+std::vector<int> server_counts(const Args& a, int servers) {
+  std::vector<int> counts = a.server_counts;
+  if (counts.empty()) {
+    for (int s = 1; s <= servers; s *= 2) counts.push_back(s);
+    if (counts.back() != servers) counts.push_back(servers);
+  }
+  for (int s : counts)
+    if (s > servers)
+      throw Error(Error::Kind::usage, "--servers " + std::to_string(s) + ": the job has " +
+                                          std::to_string(servers) +
+                                          " PS servers ([ps] hosts and servers_per_host)");
+  return counts;
+}
+
+// Keys by the server they land on, handed out in order (the same on every rank).
+class KeyPool {
+ public:
+  explicit KeyPool(ps::Client& client) : client_(client), pool_(std::size_t(client.num_servers())) {}
+  std::uint64_t on(int server) {
+    auto& keys = pool_[std::size_t(server)];
+    while (used_[std::size_t(server)] >= keys.size()) {
+      const std::uint64_t k = next_key_++;
+      pool_[std::size_t(client_.server_of(k, 0))].push_back(k);
+    }
+    return keys[used_[std::size_t(server)]++];
+  }
+
+ private:
+  ps::Client& client_;
+  std::vector<std::vector<std::uint64_t>> pool_;
+  std::vector<std::size_t> used_ = std::vector<std::size_t>(pool_.size(), 0);
+  std::uint64_t next_key_ = 1u << 20;
+};
+
+void print_ps_head(const Args& a, Communicator& comm, const ps::Options& po, const ps::Client& client,
+                   std::size_t partition) {
+  std::string hosts;
+  for (const auto& sv : po.servers)
+    if (hosts.find(sv.host) == std::string::npos) hosts += (hosts.empty() ? "" : ", ") + sv.host;
+  std::printf(
+      "# mltrain-comm-bench --mode ps: %d workers, %d PS servers (on %s), %s, pieces of at most %zu B\n",
+      comm.size(), client.num_servers(), hosts.c_str(), client.sync() ? "sync" : "async", partition);
+  std::printf("# push_pull of each size through s servers, and allreduce (%s) of the same bytes;\n",
+              name_of(comm.algo()).data());
+  std::printf(
+      "# per worker: bytes / time; total: workers * bytes / time; ps speed: allreduce time / ps time\n");
+  std::printf("# iters %d, warmup %d, %s of interleaved rounds, the slowest worker's\n", a.iters, a.warmup,
+              a.median ? "median" : "mean");
+  std::printf("#%12s %7s %11s %10s %10s %11s %10s %8s %7s\n", "size", "servers", "ps time", "per-worker",
+              "total", "allreduce", "algbw", "ps speed", "#wrong");
+  std::printf("#%12s %7s %11s %10s %10s %11s %10s %8s %7s\n", "(B)", "", "(us)", "(GB/s)", "(GB/s)", "(us)",
+              "(GB/s)", "(x)", "");
+  std::fflush(stdout);
+}
+
+// One way to push_pull a size: its pieces (key, elements) over `servers` servers, and its times.
+struct Variant {
+  int servers = 0;
+  std::vector<std::pair<std::uint64_t, std::size_t>> pieces;
+  std::vector<double> times;
+};
+
+// A push_pull of N bytes over s servers is split in pieces of at most the job's partition size,
+// piece i on server i % s, as the client's own partitioning spreads a key's parts.
+Variant plan_variant(int s, std::size_t total, std::size_t es, std::size_t partition, KeyPool& keys,
+                     ps::Client& client, DataType dtype) {
+  Variant v;
+  v.servers = s;
+  std::size_t k = std::max<std::size_t>(std::size_t(s), (total * es + partition - 1) / partition);
+  k = (k + std::size_t(s) - 1) / std::size_t(s) * std::size_t(s);
+  k = std::min(k, total);
+  const std::size_t per = (total + k - 1) / k;
+  for (std::size_t i = 0, off = 0; off < total; ++i, off += per) {
+    const std::size_t cnt = std::min(per, total - off);
+    const std::uint64_t key = keys.on(int(i % std::size_t(s)));
+    client.declare(key, cnt, dtype);
+    v.pieces.emplace_back(key, cnt);
+  }
+  return v;
+}
+
+void print_ps_row(const Args& a, int n, const Variant& v, double bytes, double us, double ar,
+                  std::int64_t wrong) {
+  const double per_worker = bytes / us / 1e3, all = per_worker * n, ar_bw = bytes / ar / 1e3;
+  char wrong_text[24] = "N/A";
+  if (a.check) std::snprintf(wrong_text, sizeof wrong_text, "%lld", static_cast<long long>(wrong));
+  if (a.json)
+    std::printf(
+        "{\"schema\":1,\"op\":\"push_pull\",\"workers\":%d,\"servers\":%d,\"size\":%.0f,\"type\":\"%s\","
+        "\"time_us\":%.2f,\"per_worker\":%.4f,\"total\":%.4f,\"allreduce_us\":%.2f,"
+        "\"allreduce_algbw\":%.4f,\"ratio\":%.3f,\"wrong\":%s}\n",
+        n, v.servers, bytes, name_of(a.dtype).data(), us, per_worker, all, ar, ar_bw, ar / us,
+        a.check ? wrong_text : "null");
+  else
+    std::printf(" %12.0f %7d %11.2f %10.3f %10.3f %11.2f %10.3f %8.2f %7s\n", bytes, v.servers, us,
+                per_worker, all, ar, ar_bw, ar / us, wrong_text);
+  std::fflush(stdout);
+}
+
 // --mode ps: push_pull of `size` bytes through s servers (for each s asked), beside ring allreduce
-// of the same bytes on the same ranks, in interleaved rounds. A push_pull of N bytes over s servers
-// is split in pieces of at most the job's partition size, piece i on server i % s, as the client's
-// own partitioning spreads a key's parts; the keys are picked so that they land there.
+// of the same bytes on the same ranks, in interleaved rounds. The keys are picked so that each
+// piece lands on the server planned for it (plan_variant).
 int bench_ps(const Args& a) {
   auto comm = Communicator::init_from_env();
   ps::Options po = ps::Options::from_env();
   const std::size_t partition = po.partition_bytes;
   po.partition_bytes = std::size_t(1) << 30;  // the most: the bench splits, server by server
   auto client = ps::Client::create(po);
-  const int n = comm->size(), r = comm->rank(), S = client->num_servers();
-  std::vector<int> counts = a.server_counts;
-  if (counts.empty()) {  // 1, 2, 4, ... and every server
-    for (int s = 1; s <= S; s *= 2) counts.push_back(s);
-    if (counts.back() != S) counts.push_back(S);
-  }
-  for (int s : counts)
-    if (s > S)
-      throw Error(Error::Kind::usage, "--servers " + std::to_string(s) + ": the job has " +
-                                          std::to_string(S) +
-                                          " PS servers ([ps] hosts and servers_per_host)");
+  const int n = comm->size(), r = comm->rank();
+  const std::vector<int> counts = server_counts(a, client->num_servers());
   const std::size_t es = size_of(a.dtype);
-  // Keys by the server they land on, handed out in order (the same on every rank).
-  std::vector<std::vector<std::uint64_t>> pool(static_cast<std::size_t>(S));
-  std::vector<std::size_t> used(static_cast<std::size_t>(S), 0);
-  std::uint64_t next_key = 1u << 20;
-  auto key_on = [&](int server) {
-    auto& p = pool[std::size_t(server)];
-    while (used[std::size_t(server)] >= p.size()) {
-      const std::uint64_t k = next_key++;
-      pool[std::size_t(client->server_of(k, 0))].push_back(k);
-    }
-    return p[used[std::size_t(server)]++];
-  };
-  if (r == 0 && !a.json) {
-    std::string hosts;
-    for (const auto& sv : po.servers)
-      if (hosts.find(sv.host) == std::string::npos) hosts += (hosts.empty() ? "" : ", ") + sv.host;
-    std::printf(
-        "# mltrain-comm-bench --mode ps: %d workers, %d PS servers (on %s), %s, pieces of at most %zu B\n", n,
-        S, hosts.c_str(), client->sync() ? "sync" : "async", partition);
-    std::printf("# push_pull of each size through s servers, and allreduce (%s) of the same bytes;\n",
-                name_of(comm->algo()).data());
-    std::printf(
-        "# per worker: bytes / time; total: workers * bytes / time; ps speed: allreduce time / ps time\n");
-    std::printf("# iters %d, warmup %d, %s of interleaved rounds, the slowest worker's\n", a.iters, a.warmup,
-                a.median ? "median" : "mean");
-    std::printf("#%12s %7s %11s %10s %10s %11s %10s %8s %7s\n", "size", "servers", "ps time", "per-worker",
-                "total", "allreduce", "algbw", "ps speed", "#wrong");
-    std::printf("#%12s %7s %11s %10s %10s %11s %10s %8s %7s\n", "(B)", "", "(us)", "(GB/s)", "(GB/s)", "(us)",
-                "(GB/s)", "(x)", "");
-    std::fflush(stdout);
-  }
+  KeyPool keys(*client);
+  if (r == 0 && !a.json) print_ps_head(a, *comm, po, *client, partition);
   if (!client->sync())
     throw Error(Error::Kind::usage, "--mode ps measures sync push_pull: set [ps] sync = true in the job");
   for (double size : sizes(a)) {
     const std::size_t total = std::max<std::size_t>(1, static_cast<std::size_t>(size) / es);
-    struct Variant {
-      int servers = 0;
-      std::vector<std::pair<std::uint64_t, std::size_t>> pieces;  // key, elements
-      std::vector<double> times;
-    };
     std::vector<Variant> vs;
-    for (int s : counts) {
-      Variant v;
-      v.servers = s;
-      std::size_t k = std::max<std::size_t>(std::size_t(s), (total * es + partition - 1) / partition);
-      k = (k + std::size_t(s) - 1) / std::size_t(s) * std::size_t(s);
-      k = std::min(k, total);
-      const std::size_t per = (total + k - 1) / k;
-      for (std::size_t i = 0, off = 0; off < total; ++i, off += per) {
-        const std::size_t cnt = std::min(per, total - off);
-        const std::uint64_t key = key_on(int(i % std::size_t(s)));
-        client->declare(key, cnt, a.dtype);
-        v.pieces.emplace_back(key, cnt);
-      }
-      vs.push_back(std::move(v));
-    }
+    for (int s : counts) vs.push_back(plan_variant(s, total, es, partition, keys, *client, a.dtype));
     std::vector<std::byte> buf(total * es + 64), out(total * es + 64);
-    auto fill = [&] {
-      for (std::size_t i = 0; i < total; ++i)
-        detail::store_from_double(buf.data(), i, a.dtype, input_value(a, r, i));
-    };
+    for (std::size_t i = 0; i < total; ++i)
+      detail::store_from_double(buf.data(), i, a.dtype, input_value(a, r, i));
     auto push_pull = [&](const Variant& v) {
       std::vector<ps::Handle> hs;
       std::size_t off = 0;
@@ -469,22 +509,21 @@ int bench_ps(const Args& a) {
       }
       for (auto& h : hs) h.wait();
     };
+    auto timed = [](auto&& body) {
+      const auto t0 = std::chrono::steady_clock::now();
+      body();
+      return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    };
     std::vector<double> ar_times;
-    fill();
     for (int it = 0; it < a.warmup + a.iters; ++it) {
       for (auto& v : vs) {
         comm->barrier();
-        const auto t0 = std::chrono::steady_clock::now();
-        push_pull(v);
-        const double us =
-            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+        const double us = timed([&] { push_pull(v); });
         if (it >= a.warmup) v.times.push_back(us);
       }
       comm->barrier();
-      const auto t0 = std::chrono::steady_clock::now();
-      comm->allreduce(buf.data(), out.data(), total, a.dtype, ReduceOp::sum);
       const double us =
-          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+          timed([&] { comm->allreduce(buf.data(), out.data(), total, a.dtype, ReduceOp::sum); });
       if (it >= a.warmup) ar_times.push_back(us);
     }
     auto stat = [&](std::vector<double> t) {
@@ -500,7 +539,6 @@ int bench_ps(const Args& a) {
       return v;
     };
     const double ar = stat(ar_times);
-    const double bytes = double(total * es);
     for (auto& v : vs) {
       const double us = stat(v.times);
       std::int64_t wrong = 0;
@@ -511,24 +549,102 @@ int bench_ps(const Args& a) {
                                  expected_reduce(a, n, i, a.dtype), a.dtype);
         comm->allreduce(&wrong, 1, DataType::i64, ReduceOp::sum);
       }
-      if (r != 0) continue;
-      const double per_worker = bytes / us / 1e3, all = per_worker * n, ar_bw = bytes / ar / 1e3;
-      char wrong_text[24] = "N/A";
-      if (a.check) std::snprintf(wrong_text, sizeof wrong_text, "%lld", static_cast<long long>(wrong));
-      if (a.json)
-        std::printf(
-            "{\"schema\":1,\"op\":\"push_pull\",\"workers\":%d,\"servers\":%d,\"size\":%.0f,\"type\":\"%s\","
-            "\"time_us\":%.2f,\"per_worker\":%.4f,\"total\":%.4f,\"allreduce_us\":%.2f,"
-            "\"allreduce_algbw\":%.4f,\"ratio\":%.3f,\"wrong\":%s}\n",
-            n, v.servers, bytes, name_of(a.dtype).data(), us, per_worker, all, ar, ar_bw, ar / us,
-            a.check ? wrong_text : "null");
-      else
-        std::printf(" %12.0f %7d %11.2f %10.3f %10.3f %11.2f %10.3f %8.2f %7s\n", bytes, v.servers, us,
-                    per_worker, all, ar, ar_bw, ar / us, wrong_text);
-      std::fflush(stdout);
+      if (r == 0) print_ps_row(a, n, v, double(total * es), us, ar, wrong);
     }
   }
   return 0;
+}
+
+// The table's head (nccl-tests' columns), on rank 0.
+void print_head(const Args& a, Communicator& comm) {
+  const int n = comm.size();
+  std::printf("# mltrain-comm-bench: %s, %d ranks, rank 0 on %s\n", a.op_name.c_str(), n,
+              comm.host().c_str());
+  if (a.op == BenchOp::allreduce && !a.device)
+    std::printf("# %s\n", allreduce_words(comm.algo(), Options::from_env(), n).c_str());
+  std::printf("# %s; buffers in %s memory\n", nccl_status().c_str(), a.device ? "device" : "host");
+  std::printf("# iters %d, warmup %d, %s\n", a.iters, a.warmup, a.inplace ? "in place" : "out of place");
+  std::printf("#%12s %12s %6s %6s %11s %8s %8s %7s\n", "size", "count", "type", "redop", "time", "algbw",
+              "busbw", "#wrong");
+  std::printf("#%12s %12s %6s %6s %11s %8s %8s %7s\n", "(B)", "(elements)", "", "", "(us)", "(GB/s)",
+              "(GB/s)", "");
+  std::fflush(stdout);
+}
+
+// Warm up links, page tables and the scheduler before the first timed size.
+void warm_up(Communicator& comm) {
+  float x = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  int go = 1;
+  while (go != 0) {
+    for (int i = 0; i < 50; ++i) comm.allreduce(&x, 1, DataType::f32, ReduceOp::sum);
+    go = std::chrono::steady_clock::now() < until ? 1 : 0;
+    comm.allreduce(&go, 1, DataType::i32, ReduceOp::max);  // everyone stops together
+  }
+}
+
+// One size's line: the slowest rank's time, and the wrong elements of all ranks (--check).
+struct Row {
+  std::size_t total = 0;  // elements
+  double us = 0, algbw = 0, busbw = 0;
+  std::int64_t wrong = 0;
+};
+
+Row time_size(Communicator& comm, const Args& a, double size, Buffers& b) {
+  const int n = comm.size();
+  const std::size_t es = size_of(a.dtype);
+  Row row;
+  row.total = static_cast<std::size_t>(size) / es;
+  if (a.op == BenchOp::allgather || a.op == BenchOp::reduce_scatter)
+    row.total -= row.total % static_cast<std::size_t>(n);
+  b.send.assign(row.total * es + 64, std::byte{1});
+  b.recv.assign(row.total * es + 64, std::byte{0});
+  if (a.device) b.to_device();
+  for (int i = 0; i < a.warmup; ++i) run_once_and_check(comm, a, row.total, false, b);
+  comm.barrier();
+  std::vector<double> times;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto t_prev = t0;
+  for (int i = 0; i < a.iters; ++i) {
+    run_once_and_check(comm, a, row.total, false, b);
+    const auto t = std::chrono::steady_clock::now();
+    times.push_back(std::chrono::duration<double, std::micro>(t - t_prev).count());
+    t_prev = t;
+  }
+  row.us = std::chrono::duration<double, std::micro>(t_prev - t0).count() / a.iters;
+  if (a.median) {
+    std::sort(times.begin(), times.end());
+    row.us = times[times.size() / 2];
+  }
+  comm.allreduce(&row.us, 1, DataType::f64, ReduceOp::max);
+  row.wrong = a.check ? run_once_and_check(comm, a, row.total, true, b) : 0;
+  if (a.check) comm.allreduce(&row.wrong, 1, DataType::i64, ReduceOp::sum);
+  row.algbw = static_cast<double>(row.total * es) / row.us / 1e3;  // bytes/us = MB/s; /1e3 -> GB/s
+  row.busbw = row.algbw * bus_factor(a.op, n);
+  return row;
+}
+
+void print_row(const Args& a, int n, const Row& row) {
+  const bool reduces = a.op == BenchOp::allreduce || a.op == BenchOp::reduce_scatter;
+  const char* redop = reduces ? name_of(a.redop).data() : "none";
+  const double bytes = static_cast<double>(row.total * size_of(a.dtype));
+  char wrong_text[24] = "N/A";
+  if (a.check) std::snprintf(wrong_text, sizeof wrong_text, "%lld", static_cast<long long>(row.wrong));
+  if (a.json) {
+    // JSON Lines, one object per size (docs/json.md, "bench"); "wrong" is null without --check.
+    std::printf(
+        "{\"schema\":1,\"op\":\"%s\",\"ranks\":%d,\"size\":%.0f,\"count\":%zu,\"type\":\"%s\","
+        "\"redop\":%s,\"time_us\":%.2f,\"algbw\":%.4f,\"busbw\":%.4f,"
+        "\"wrong\":%s}\n",
+        a.op_name.c_str(), n, bytes, row.total, name_of(a.dtype).data(),
+        reduces ? ("\"" + std::string(redop) + "\"").c_str() : "null", row.us, row.algbw, row.busbw,
+        a.check ? wrong_text : "null");
+  } else {
+    std::printf(" %12.0f %12zu %6s %6s %11.2f %8.3f %8.3f %7s\n", bytes, row.total, name_of(a.dtype).data(),
+                redop, row.us, row.algbw, row.busbw, wrong_text);
+  }
+  std::fflush(stdout);
+  if (a.check && row.wrong != 0 && !a.json) std::printf("# WRONG results at size %.0f\n", bytes);
 }
 
 }  // namespace
@@ -545,9 +661,9 @@ int bench_main(int argc, char** argv) {
     if (a.ps) return bench_ps(a);
     // As torchrun-style workers: the device of this local rank is current before init.
     if (a.device) {
-      const char* local = std::getenv("LOCAL_RANK");
+      const int local = detail::local_rank();
       try {
-        detail::use_device_of_local_rank(local ? std::atoi(local) : 0);
+        detail::use_device_of_local_rank(local);
       } catch (const Error& e) {
         throw Error(e.kind(),
                     std::string("--device (mltrain bench --backend nccl) needs a GPU: ") + e.what());
@@ -558,92 +674,16 @@ int bench_main(int argc, char** argv) {
       throw Error(Error::Kind::usage, "--device needs the NCCL backend, and this job uses the CPU backend: " +
                                           comm->backend_reason());
     const int n = comm->size(), r = comm->rank();
-    const std::size_t es = size_of(a.dtype);
-    const bool reduces = a.op == BenchOp::allreduce || a.op == BenchOp::reduce_scatter;
-    if (r == 0 && !a.json) {
-      std::printf("# mltrain-comm-bench: %s, %d ranks, rank 0 on %s\n", a.op_name.c_str(), n,
-                  comm->host().c_str());
-      if (a.op == BenchOp::allreduce && !a.device)
-        std::printf("# %s\n", allreduce_words(comm->algo(), Options::from_env(), n).c_str());
-      std::printf("# %s; buffers in %s memory\n", nccl_status().c_str(), a.device ? "device" : "host");
-      std::printf("# iters %d, warmup %d, %s\n", a.iters, a.warmup, a.inplace ? "in place" : "out of place");
-      std::printf("#%12s %12s %6s %6s %11s %8s %8s %7s\n", "size", "count", "type", "redop", "time", "algbw",
-                  "busbw", "#wrong");
-      std::printf("#%12s %12s %6s %6s %11s %8s %8s %7s\n", "(B)", "(elements)", "", "", "(us)", "(GB/s)",
-                  "(GB/s)", "");
-      std::fflush(stdout);
-    }
-    // Warm up links, page tables and the scheduler before the first timed size.
-    {
-      float x = 0;
-      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-      int go = 1;
-      while (go != 0) {
-        for (int i = 0; i < 50; ++i) comm->allreduce(&x, 1, DataType::f32, ReduceOp::sum);
-        go = std::chrono::steady_clock::now() < until ? 1 : 0;
-        comm->allreduce(&go, 1, DataType::i32, ReduceOp::max);  // everyone stops together
-      }
-    }
+    if (r == 0 && !a.json) print_head(a, *comm);
+    warm_up(*comm);
     Buffers b;
     double busbw_sum = 0;  // nccl-tests' closing average, over the sizes
     std::int64_t wrong_sum = 0;
     int rows = 0;
     for (double size : sizes(a)) {
-      std::size_t total = static_cast<std::size_t>(size) / es;
-      if (a.op == BenchOp::allgather || a.op == BenchOp::reduce_scatter)
-        total -= total % static_cast<std::size_t>(n);
-      b.send.assign(total * es + 64, std::byte{1});
-      b.recv.assign(total * es + 64, std::byte{0});
-      if (a.device) b.to_device();
-      for (int i = 0; i < a.warmup; ++i) run_once_and_check(*comm, a, total, false, b);
-      comm->barrier();
-      std::vector<double> times;
-      const auto t0 = std::chrono::steady_clock::now();
-      auto t_prev = t0;
-      for (int i = 0; i < a.iters; ++i) {
-        run_once_and_check(*comm, a, total, false, b);
-        const auto t = std::chrono::steady_clock::now();
-        times.push_back(std::chrono::duration<double, std::micro>(t - t_prev).count());
-        t_prev = t;
-      }
-      double us = std::chrono::duration<double, std::micro>(t_prev - t0).count() / a.iters;
-      if (a.median) {
-        std::sort(times.begin(), times.end());
-        us = times[times.size() / 2];
-      }
-      double slowest = us;
-      comm->allreduce(&slowest, 1, DataType::f64, ReduceOp::max);
-      std::int64_t wrong = a.check ? run_once_and_check(*comm, a, total, true, b) : 0;
-      if (a.check) comm->allreduce(&wrong, 1, DataType::i64, ReduceOp::sum);
-      const double bytes = static_cast<double>(total * es);
-      const double algbw = bytes / slowest / 1e3;  // bytes/us = MB/s; /1e3 -> GB/s
-      const double busbw = algbw * bus_factor(a.op, n);
-      busbw_sum += busbw, wrong_sum += wrong, ++rows;
-      if (r == 0) {
-        const char* redop = reduces ? name_of(a.redop).data() : "none";
-        if (a.json) {
-          // JSON Lines, one object per size (docs/json.md, "bench"); "wrong" is null without --check.
-          char wrong_json[24] = "null";
-          if (a.check) std::snprintf(wrong_json, sizeof wrong_json, "%lld", static_cast<long long>(wrong));
-          std::printf(
-              "{\"schema\":1,\"op\":\"%s\",\"ranks\":%d,\"size\":%.0f,\"count\":%zu,\"type\":\"%s\","
-              "\"redop\":%s,\"time_us\":%.2f,\"algbw\":%.4f,\"busbw\":%.4f,"
-              "\"wrong\":%s}\n",
-              a.op_name.c_str(), n, bytes, total, name_of(a.dtype).data(),
-              reduces ? ("\"" + std::string(redop) + "\"").c_str() : "null", slowest, algbw, busbw,
-              wrong_json);
-        } else {
-          char wrong_text[24];
-          if (a.check)
-            std::snprintf(wrong_text, sizeof wrong_text, "%lld", static_cast<long long>(wrong));
-          else
-            std::snprintf(wrong_text, sizeof wrong_text, "N/A");
-          std::printf(" %12.0f %12zu %6s %6s %11.2f %8.3f %8.3f %7s\n", bytes, total, name_of(a.dtype).data(),
-                      redop, slowest, algbw, busbw, wrong_text);
-        }
-        std::fflush(stdout);
-      }
-      if (a.check && wrong != 0 && r == 0 && !a.json) std::printf("# WRONG results at size %.0f\n", bytes);
+      const Row row = time_size(*comm, a, size, b);
+      busbw_sum += row.busbw, wrong_sum += row.wrong, ++rows;
+      if (r == 0) print_row(a, n, row);
     }
     if (r == 0 && !a.json) {  // nccl-tests' closing lines, which scripts grep for
       if (a.check)

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/nccl_probe.h"
 #include "knobs/gpu_library.h"
 #include "knobs/registry.h"
 #include "runner/agent/detail/agent_impl.h"
@@ -28,8 +29,6 @@ std::optional<std::string> cuda_visible_devices_for(uint32_t job_sets_it, const 
   return own;
 }
 
-// Why NCCL cannot serve a job that requires it here, or "" when it loads and is new enough. The
-// same names and the same oldest version as the comm library (comm/src/transport/nccl.h).
 std::string nccl_library_for(const std::string& job_value) {
   if (!job_value.empty()) return job_value;
   return knobs::get_string("MLTRAIN_NCCL_LIBRARY");
@@ -47,29 +46,22 @@ std::string python_for(const std::string& want, const std::string& path) {
   return {};
 }
 
+// Why NCCL cannot serve a job that requires it here, or "" when it loads and is new enough: the
+// comm library's own probe (comm/src/core/nccl_probe.h), so the names and the oldest version agree.
 std::string nccl_problem(const std::string& job_value, const std::string& python) {
-  constexpr int kMinNcclVersion = 21300;  // 2.13.0, as kMinNcclVersion in the comm library
-  knobs::LoadedLibrary found =
-      knobs::load_library(knobs::GpuLibrary::nccl, nccl_library_for(job_value), python);
-  std::string why = found.error + (found.searched.empty() ? "" : "; looked in " + found.searched);
-  if (void* h = found.handle) {
-    const std::string& name = found.file;
-    using GetVersion = int (*)(int*);
-    int v = 0;
-    auto fn = reinterpret_cast<GetVersion>(::dlsym(h, "ncclGetVersion"));
-    const bool ok = fn && fn(&v) == 0;
-    ::dlclose(h);
-    if (!ok) return "[comm] backend = \"nccl\", but " + name + " has no working ncclGetVersion";
-    if (v < kMinNcclVersion)
-      return "[comm] backend = \"nccl\", but NCCL " + std::to_string(v / 10000) + "." +
-             std::to_string(v / 100 % 100) + "." + std::to_string(v % 100) + " at " + name +
-             " is older than 2.13.0, the oldest mltrain supports (set MLTRAIN_NCCL_LIBRARY to a newer one)";
-    return {};
-  }
-  return "[comm] backend = \"nccl\", but NCCL does not load here (" + why +
-         "): install NCCL or set MLTRAIN_NCCL_LIBRARY in the job's env, or use backend = \"auto\" to fall "
-         "back "
-         "to the CPU backend";
+  const comm::detail::NcclProbe probe = comm::detail::probe_nccl(nccl_library_for(job_value), python);
+  if (probe.handle == nullptr)
+    return "[comm] backend = \"nccl\", but NCCL does not load here (" + probe.error +
+           (probe.searched.empty() ? "" : "; looked in " + probe.searched) +
+           "): install NCCL or set MLTRAIN_NCCL_LIBRARY in the job's env, or use backend = \"auto\" to fall "
+           "back "
+           "to the CPU backend";
+  ::dlclose(probe.handle);
+  if (!probe.version_known)
+    return "[comm] backend = \"nccl\", but " + probe.file + " has no working ncclGetVersion";
+  if (!probe.new_enough())
+    return "[comm] backend = \"nccl\", but " + comm::detail::nccl_too_old(probe.version, probe.file);
+  return {};
 }
 
 void Agent::on(uint32_t id, const msg::Prepare& m) {

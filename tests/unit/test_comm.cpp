@@ -23,15 +23,21 @@
 #include <thread>
 #include <vector>
 
+#include "algorithms/collectives.h"
+#include "core/nccl_probe.h"
 #include "core/reduce.h"
 #include "core/refusal_log.h"
 #include "mltrain/comm.h"
 #include "mltrain/comm.hpp"
 #include "mltrain/comm_stats.h"
+#include "rendezvous/blame.h"
+#include "rendezvous/records.h"
 #include "rendezvous/store.h"
 #include "rendezvous/store_wire.h"
 #include "transport/nccl.h"
+#include "transport/progress.h"
 #include "transport/socket.h"
+#include "transport/tcp_link.h"
 
 using namespace mltrain::comm;
 using namespace std::chrono_literals;
@@ -1093,10 +1099,15 @@ TEST_CASE("backend choice: every rank resolves the same backend from every rank'
   no_nccl.device = "00000000:18:00.0";
   no_nccl.why = "NCCL not found (libnccl.so.2: cannot open shared object file)";
   const std::vector<std::string> hosts{"h1", "h1", "h2", "h2"}, memory{"a", "a", "b", "b"};
-  // The vote survives its trip through the store.
-  CHECK(GpuVote::decode(no_nccl.encode()).why == no_nccl.why);
-  CHECK(GpuVote::decode(gpu("x").encode()).nccl);
-  CHECK_FALSE(GpuVote::decode("").nccl);
+  // The vote survives its trip through the store, in the rank's record.
+  auto through_store = [](const GpuVote& v) {
+    detail::PeerRecord r;
+    r.gpu = v;
+    return detail::PeerRecord::decode(r.encode()).value().gpu;
+  };
+  CHECK(through_store(no_nccl).why == no_nccl.why);
+  CHECK(through_store(gpu("x")).nccl);
+  CHECK_FALSE(detail::PeerRecord::decode(""));
 
   std::vector<GpuVote> all{gpu("18"), gpu("19"), gpu("18"), gpu("19")};  // same bus ids, other machine
   auto c = detail::choose_backend(Backend::automatic, all, hosts, memory);
@@ -1367,4 +1378,186 @@ TEST_CASE(
   Options o;
   o.tcp_congestion = "no-such-cc";
   CHECK_THROWS_WITH_AS(Communicator::create(o), doctest::Contains("MLTRAIN_COMM_TCP_CC=no-such-cc"), Error);
+}
+
+TEST_CASE("records: a rank's record and the abort record survive the store; damaged ones decode to nothing") {
+  detail::PeerRecord peer;
+  peer.host = "h1";
+  peer.ip = "10.0.0.1";
+  peer.port = 40123;
+  peer.pid = 4242;
+  peer.memory = "boot-id/shm:1:2/name:h1";
+  peer.gpu.gpu = true;
+  peer.gpu.device = "00000000:18:00.0";
+  peer.gpu.why = "line one\nline two\twith a tab";  // no separator is special any more
+  const auto back = detail::PeerRecord::decode(peer.encode());
+  REQUIRE(back);
+  CHECK(back->host == peer.host);
+  CHECK(back->ip == peer.ip);
+  CHECK(back->port == peer.port);
+  CHECK(back->pid == peer.pid);
+  CHECK(back->memory == peer.memory);
+  CHECK(back->gpu.gpu);
+  CHECK_FALSE(back->gpu.nccl);
+  CHECK(back->gpu.device == peer.gpu.device);
+  CHECK(back->gpu.why == peer.gpu.why);
+
+  detail::AbortRecord abort;
+  abort.culprit = 3;
+  abort.culprit_host = "h3";
+  abort.reporter = 1;
+  abort.message = "rank 1 (h1): allreduce #7: rank 3 (h3) sent nothing\nsecond line";
+  const auto got = detail::AbortRecord::decode(abort.encode());
+  REQUIRE(got);
+  CHECK(got->culprit == 3);
+  CHECK(got->culprit_host == "h3");
+  CHECK(got->reporter == 1);
+  CHECK(got->message == abort.message);
+
+  // Bounded: a longer field is cut on the way out, never refused on the way in.
+  abort.message.assign(detail::AbortRecord::kMaxMessage + 100, 'x');
+  CHECK(detail::AbortRecord::decode(abort.encode())->message.size() == detail::AbortRecord::kMaxMessage);
+  peer.host.assign(detail::PeerRecord::kMaxField + 1, 'h');
+  CHECK(detail::PeerRecord::decode(peer.encode())->host.size() == detail::PeerRecord::kMaxField);
+
+  // The old newline-joined record, another record's bytes, another version: nothing.
+  CHECK_FALSE(detail::PeerRecord::decode("h1\n10.0.0.1\n40123\n4242"));
+  CHECK_FALSE(detail::PeerRecord::decode(abort.encode()));
+  CHECK_FALSE(detail::AbortRecord::decode(peer.encode()));
+  std::string newer = got->encode();
+  newer[4] = 2;  // the version's low byte
+  CHECK_FALSE(detail::AbortRecord::decode(newer));
+
+  // Every cut and every flipped byte of a good record decodes to nothing or to a bounded record,
+  // never past the buffer (ASan in CI) and never with bytes left over.
+  const std::string good_peer = back->encode(), good_abort = got->encode();
+  for (const std::string* good : {&good_peer, &good_abort}) {
+    for (std::size_t n = 0; n < good->size(); ++n) {
+      CHECK_FALSE(detail::PeerRecord::decode(good->substr(0, n)));
+      CHECK_FALSE(detail::AbortRecord::decode(good->substr(0, n)));
+    }
+    CHECK_FALSE(detail::PeerRecord::decode(*good + "x"));
+    CHECK_FALSE(detail::AbortRecord::decode(*good + "x"));
+  }
+  std::mt19937 rng(34);
+  for (int i = 0; i < 20000; ++i) {
+    std::string bytes = i % 2 ? good_peer : good_abort;
+    for (int flips = 1 + int(rng() % 4); flips > 0; --flips)
+      bytes[rng() % bytes.size()] = static_cast<char>(rng());
+    if (const auto r = detail::PeerRecord::decode(bytes)) {
+      CHECK(r->host.size() <= detail::PeerRecord::kMaxField);
+      CHECK(r->port >= 0);
+      CHECK(r->port <= 65535);
+      CHECK(r->encode() == bytes);  // what decodes, re-encodes to the same bytes
+    }
+    if (const auto r = detail::AbortRecord::decode(bytes)) {
+      CHECK(r->message.size() <= detail::AbortRecord::kMaxMessage);
+      CHECK(r->culprit >= -1);
+      CHECK(r->encode() == bytes);
+    }
+  }
+}
+
+TEST_CASE("algorithm choice: one host goes direct, across hosts hd on powers of two, else bidir") {
+  using detail::choose_algo;
+  CHECK(choose_algo(Algo::automatic, 4, false) == Algo::direct);
+  CHECK(choose_algo(Algo::automatic, 2, false) == Algo::direct);
+  CHECK(choose_algo(Algo::automatic, 4, true) == Algo::hd);
+  CHECK(choose_algo(Algo::automatic, 6, true) == Algo::bidir);
+  CHECK(choose_algo(Algo::automatic, 2, true) == Algo::ring);  // with 2 ranks, one ring
+  CHECK(choose_algo(Algo::direct, 4, true) == Algo::ring);     // direct needs one host
+  CHECK(choose_algo(Algo::hd, 6, false) == Algo::ring);        // hd needs a power of two
+  CHECK(choose_algo(Algo::bidir, 2, true) == Algo::ring);
+}
+
+TEST_CASE("blame: a timeout follows the wait chain to the rank that stopped; the first report wins") {
+  detail::StoreServer server(0, "tok");
+  const std::string addr = "127.0.0.1:" + std::to_string(server.port());
+  const auto dl = [] { return detail::Clock::now() + std::chrono::seconds(5); };
+  detail::StoreClient store(addr, "tok", 0, dl());
+  const std::vector<std::string> hosts{"h0", "h1", "h2", "h3"};
+  const auto timeout = std::chrono::milliseconds(100);  // the peers get 50 ms to report
+  const detail::Blame rank0(&store, 0, hosts, timeout);
+
+  // Rank 1 waits on rank 2, which waits on nobody: rank 2 stopped.
+  store.set("waiting/1", "2", dl());
+  auto v = rank0.settle(Error(Error::Kind::timeout, "rank 1 (h1) sent nothing", 1, "h1"), "allreduce #3");
+  CHECK(v.culprit == 2);
+  CHECK(v.culprit_host == "h2");
+  CHECK(v.detail ==
+        "rank 1 (h1) sent nothing; rank 1, which waits on rank 2 (rank 2 (h2) stopped making progress)");
+  CHECK(v.first.empty());  // it claimed the first failure itself
+  const auto claimed = detail::AbortRecord::decode(store.get("abort", dl()).value());
+  REQUIRE(claimed);
+  CHECK(claimed->culprit == 2);
+  CHECK(claimed->reporter == 0);
+  CHECK(claimed->message == "rank 0 (h0): allreduce #3: " + v.detail);
+
+  // Rank 3 closed on: the record rank 0 wrote names the root cause.
+  const detail::Blame rank3(&store, 3, hosts, timeout);
+  v = rank3.settle(Error(Error::Kind::peer_closed, "rank 0 (h0) closed the connection", 0, "h0"),
+                   "allreduce #3");
+  CHECK(v.culprit == 2);
+  CHECK(v.culprit_host == "h2");
+  CHECK(v.first == claimed->message);
+
+  // Ranks that wait on each other: nobody in particular stopped.
+  detail::StoreServer server2(0, "tok");
+  detail::StoreClient store2("127.0.0.1:" + std::to_string(server2.port()), "tok", 0, dl());
+  store2.set("waiting/1", "0", dl());
+  v = detail::Blame(&store2, 0, hosts, timeout)
+          .settle(Error(Error::Kind::timeout, "rank 1 (h1) sent nothing", 1, "h1"), "barrier #1");
+  CHECK(v.culprit == 1);
+  CHECK(v.detail ==
+        "rank 1 (h1) sent nothing; rank 1, which waits on rank 0 (a cycle: the ranks wait on each other)");
+
+  // A usage error is this rank's own; without a store the local verdict stands.
+  v = detail::Blame(nullptr, 2, hosts, timeout)
+          .settle(Error(Error::Kind::usage, "null buffer"), "allreduce #1");
+  CHECK(v.culprit == 2);
+  CHECK(v.culprit_host == "h2");
+  CHECK(v.detail == "null buffer");
+}
+
+TEST_CASE("progress wait: a TCP link wakes it when bytes arrive; with none it returns at the cap") {
+  auto [listener, port] = detail::listen_tcp(0, 1, true);
+  const auto dl = detail::Clock::now() + 5s;
+  detail::Fd there = detail::connect_tcp("127.0.0.1", port, dl, "test");
+  detail::TcpLink a(detail::accept_tcp(listener.get(), dl), 1, "b", 1 << 16),
+      b(std::move(there), 0, "a", 1 << 16);
+  detail::ProgressWait wait;
+  std::vector<detail::Link*> none{nullptr}, from_b{&a};
+  auto t0 = std::chrono::steady_clock::now();
+  wait.wait(none, from_b, nullptr, 30);  // nothing to read: back at the cap
+  CHECK(std::chrono::steady_clock::now() - t0 >= 25ms);
+  const char byte = 'x';
+  std::thread writer([&] {
+    std::this_thread::sleep_for(10ms);
+    CHECK(b.send_some(&byte, 1) == 1);
+  });
+  t0 = std::chrono::steady_clock::now();
+  wait.wait(none, from_b, nullptr, 5000);
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+  writer.join();
+  std::byte got{};
+  CHECK(a.recv_into(&got, 1) == 1);
+  CHECK(got == std::byte{'x'});
+  std::vector<detail::Link*> to_b{&a};
+  wait.wait(to_b, none, nullptr, 5000);  // room to write: at once
+}
+
+TEST_CASE("nccl probe: one oldest version and one message for the backend and the agent") {
+  CHECK(detail::nccl_too_old(21205, "/x/libnccl.so.2") ==
+        "NCCL 2.12.5 at /x/libnccl.so.2 is older than 2.13.0, the oldest mltrain supports (set "
+        "MLTRAIN_NCCL_LIBRARY to a newer one)");
+  const auto missing = detail::probe_nccl("/nonexistent/libnccl.so.2");
+  CHECK(missing.handle == nullptr);
+  CHECK(missing.error.find("/nonexistent/libnccl.so.2") != std::string::npos);
+  CHECK_FALSE(missing.new_enough());
+  detail::NcclProbe p;
+  p.version_known = true;
+  p.version = detail::kMinNcclVersion;
+  CHECK(p.new_enough());
+  p.version = 21205;
+  CHECK_FALSE(p.new_enough());
 }

@@ -258,8 +258,6 @@ TEST_CASE("knobs: no getenv in C++ sources outside knobs/") {
   // Folders that may read the environment themselves, each for its reason.
   const std::vector<std::string> allowed = {
       "knobs/",  // the registry: the one reader
-      // Being converted to the typed accessors; remove this once it is.
-      "comm/",
       // Comparison programs built against gloo and MPI by bench/compare.sh, not part of mltrain.
       "bench/compare/",
       // Stand-ins for NCCL, CUDA and NVML: they read those libraries' own variables, as the real ones do.

@@ -6,6 +6,21 @@
 
 namespace mltrain::comm::detail {
 
+Algo choose_algo(Algo wanted, int world, bool crosses) {
+  // Over TCP, a connection that carries data both ways at once costs less CPU per byte than two
+  // one-way ones, and talking to one peer at a time less than to two (docs/comm.md, "Across
+  // hosts"): so across hosts, halving/doubling (pairwise exchanges) on power-of-two worlds and
+  // two opposite rings otherwise. On one host, the direct allreduce through one shared segment
+  // (algorithms/direct.cpp).
+  const bool pow2 = (world & (world - 1)) == 0;
+  Algo algo = wanted;
+  if (algo == Algo::automatic) algo = !crosses ? Algo::direct : pow2 ? Algo::hd : Algo::bidir;
+  if (algo == Algo::direct && (crosses || world < 2)) algo = Algo::ring;
+  if (algo == Algo::hd && !pow2) algo = Algo::ring;
+  if (world < 3 && algo != Algo::direct) algo = Algo::ring;  // with 2 ranks, one ring
+  return algo;
+}
+
 namespace {
 
 int mod(int a, int n) { return ((a % n) + n) % n; }

@@ -68,6 +68,11 @@ struct Context {
   WireHeader header;          // this rank's view of the call (seq, coll, dtype, ...)
 };
 
+// The large allreduce's algorithm for a world of `world` ranks; `crosses`: some ring neighbours
+// talk over TCP (another machine). Every rank sees the same, so every rank decides the same (the
+// wire header checks it anyway). Algo::direct still needs the shared group (else the ring).
+Algo choose_algo(Algo wanted, int world, bool crosses);
+
 // Throws Error(mismatch) naming both calls when theirs differs from mine.
 void check_header(const WireHeader& mine, const WireHeader& theirs, const Link& from);
 void check_header(const WireHeader& mine, const WireHeader& theirs, const std::string& label, int rank,

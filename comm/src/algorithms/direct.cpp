@@ -65,118 +65,90 @@ void reduce_mapped(const std::vector<const std::byte*>& src, std::byte* out,
   }
 }
 
-}  // namespace
-
-std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv, std::size_t count,
-                            DataType dtype, ReduceOp op, const std::uint64_t* shared_key,
-                            const SharedFile* file, bool into_inputs) {
-  ShmGroup& g = *ctx.group;
+// While this rank waits in the group: a rank that started a collective over the links meanwhile
+// disagrees with this one, and its header arrives on a ring neighbour's link. (A neighbour that
+// closed its links has set its closed flag in the group too, if it failed; one that finished is
+// no reason to fail.)
+void throw_if_a_neighbour_sent(Context& ctx) {
   const int n = ctx.size, r = ctx.rank;
-  const std::size_t es = size_of(dtype);
-  const ReduceManyFn many = reduce_many_fn(dtype, op);
-  ctx.header.algo = static_cast<std::uint8_t>(Algo::direct);
-  // This rank asks for the result in its buffer; when any rank does, every rank gets it there.
-  const bool wants_inputs = into_inputs && shared_key != nullptr && file != nullptr && send == recv;
-  if (shared_key != nullptr) {
-    ctx.header.reserved[0] = 1;  // every rank must ask for a shared-file call of the same key
-    ctx.header.root =
-        static_cast<std::int32_t>(static_cast<std::uint32_t>(*shared_key ^ (*shared_key >> 32)));
-  }
-
-  // A rank that started a collective over the links meanwhile disagrees with this one: its
-  // header arrives on a ring neighbour's link while this rank waits here. (A neighbour that
-  // closed its links has set its closed flag in the group too, if it failed; one that finished
-  // is no reason to fail.)
-  ShmGroup::WaitConfig wc;
-  wc.spin_us = ctx.engine.spin_us;
-  wc.timeout = ctx.engine.timeout;
-  wc.on_idle = [&ctx, n, r] {
-    for (const int j : {(r + 1) % n, (r + n - 1) % n}) {
-      Link* l = ctx.link(j);
-      if (!l->can_recv()) continue;
-      std::span<const std::byte> bytes;
-      try {
-        bytes = l->peek();
-      } catch (const Error&) {
-        continue;  // closed, nothing left to read
-      }
-      if (bytes.empty()) continue;
-      const std::size_t pad = (8 - l->rx_pos() % 8) % 8;  // headers start 8-byte aligned
-      WireHeader theirs;
-      if (bytes.size() >= pad + sizeof theirs) {
-        std::memcpy(&theirs, bytes.data() + pad, sizeof theirs);
-        check_header(ctx.header, theirs, *l);
-      }
-      throw Error(Error::Kind::mismatch,
-                  l->peer_label() + " sent data over its link while this rank ran a direct allreduce (" +
-                      describe(ctx.header) + ")",
-                  l->peer_rank(), l->peer_host());
+  for (const int j : {(r + 1) % n, (r + n - 1) % n}) {
+    Link* l = ctx.link(j);
+    if (!l->can_recv()) continue;
+    std::span<const std::byte> bytes;
+    try {
+      bytes = l->peek();
+    } catch (const Error&) {
+      continue;  // closed, nothing left to read
     }
-  };
-
-  if (shared_key != nullptr && r == 0) {
-    if (wants_inputs)
-      g.post_no_result();
-    else
-      g.make_result(*shared_key, count * es);
-  }
-  if (shared_key != nullptr)
-    g.post_input(file != nullptr ? file->fd : -1, file != nullptr ? file->offset : 0, *shared_key, count * es,
-                 wants_inputs);
-  g.post_header(&ctx.header);
-  g.publish(ShmGroup::posted, ctx.header.seq);
-  for (int j = 0; j < n; ++j) {
-    if (j == r) continue;
-    g.wait(j, ShmGroup::posted, ctx.header.seq, wc);
+    if (bytes.empty()) continue;
+    const std::size_t pad = (8 - l->rx_pos() % 8) % 8;  // headers start 8-byte aligned
     WireHeader theirs;
-    g.read_header(j, &theirs);
-    check_header(ctx.header, theirs, g.peer(j).label, j, g.peer(j).host);
+    if (bytes.size() >= pad + sizeof theirs) {
+      std::memcpy(&theirs, bytes.data() + pad, sizeof theirs);
+      check_header(ctx.header, theirs, *l);
+    }
+    throw Error(Error::Kind::mismatch,
+                l->peer_label() + " sent data over its link while this rank ran a direct allreduce (" +
+                    describe(ctx.header) + ")",
+                l->peer_rank(), l->peer_host());
   }
-  // The shared result, unless rank 0 could not reserve it or some rank wants the result in its
-  // buffer: then in place, like any call (rank 0's region, if it made one, waits for a later call).
-  const bool into = shared_key != nullptr && g.any_wants_inputs();
-  std::byte* shared = nullptr;
-  if (shared_key != nullptr && !into)
-    if (const std::uint64_t id = g.posted_result(); id != 0)
-      shared = g.map_result(*shared_key, id, count * es);
-  std::byte* const out = shared != nullptr ? shared : recv;
+}
+
+// One call through the group: what every stage needs.
+struct DirectCall {
+  ShmGroup& g;
+  ShmGroup::WaitConfig wc;
+  int n, r;
+  DataType dtype;
+  std::size_t es, count;
+  ReduceManyFn many;
+  const std::byte* send;
+  std::byte* recv;
+  std::byte* shared = nullptr;  // the shared result, when there is one
+  const std::uint64_t* key;
+
   // The end of a call with a shared result: done when every segment is in (chunk counter
   // `done`), then nobody reads this rank's input or slots any more. Every rank mapped the
   // region before reducing, so rank 0 unlinks its name.
-  auto finish_shared = [&](std::uint64_t done) {
+  void finish_shared(std::uint64_t done) {
     for (int j = 0; j < n; ++j)
       if (j != r) g.wait(j, ShmGroup::reduced, done, wc);
-    if (r == 0 && shared != nullptr) g.unlink_result(*shared_key);
+    if (r == 0 && shared != nullptr) g.unlink_result(*key);
     g.publish(ShmGroup::copied, done);
-  };
+  }
+  // Inputs where they lie, when every rank posted one (all see the same) and all can map them;
+  // false when the call must stage instead.
+  bool reduce_from_inputs(bool into, std::uint64_t seq);
+  // Stages A, B and C, chunk by chunk through the slots.
+  void stage();
+};
 
-  // Inputs where they lie, when every rank posted one (all see the same) and all can map them.
+bool DirectCall::reduce_from_inputs(bool into, std::uint64_t seq) {
   bool all_posted = shared != nullptr || into;
   for (int j = 0; j < n && all_posted; ++j) all_posted = g.has_input(j);
-  if (all_posted) {
-    // Every rank read the key's last call mapped and nothing changed since: no vote (ShmGroup).
-    const bool agreed = g.all_agreed(into);
-    std::vector<std::byte*> bufs(static_cast<std::size_t>(n), recv);
-    bool ok = true;
-    for (int j = 0; j < n && ok; ++j)
-      if (j != r)
-        ok = (bufs[static_cast<std::size_t>(j)] = g.map_input(*shared_key, j, count * es, into)) != nullptr;
-    if (agreed && !ok)  // the peers read mapped now: this rank cannot fall back alone
-      throw Error(Error::Kind::internal, "a peer's shared file mapped in the last call of this key is gone");
-    if (agreed || g.vote(ok, ctx.header.seq, wc)) {
-      g.remember(*shared_key);
-      const std::uint64_t id = g.chunks++;  // one chunk, so the counters run on alike
-      std::vector<const std::byte*> src(bufs.begin(), bufs.end());
-      src[static_cast<std::size_t>(r)] = send;
-      if (n > 1) reduce_mapped(src, shared, into ? &bufs : nullptr, count, n, r, dtype, many);
-      g.publish(ShmGroup::written, id + 1);
-      g.publish(ShmGroup::reduced, id + 1);
-      finish_shared(id + 1);
-      return out;
-    }
-  }
+  if (!all_posted) return false;
+  // Every rank read the key's last call mapped and nothing changed since: no vote (ShmGroup).
+  const bool agreed = g.all_agreed(into);
+  std::vector<std::byte*> bufs(static_cast<std::size_t>(n), recv);
+  bool ok = true;
+  for (int j = 0; j < n && ok; ++j)
+    if (j != r) ok = (bufs[static_cast<std::size_t>(j)] = g.map_input(*key, j, count * es, into)) != nullptr;
+  if (agreed && !ok)  // the peers read mapped now: this rank cannot fall back alone
+    throw Error(Error::Kind::internal, "a peer's shared file mapped in the last call of this key is gone");
+  if (!agreed && !g.vote(ok, seq, wc)) return false;
+  g.remember(*key);
+  const std::uint64_t id = g.chunks++;  // one chunk, so the counters run on alike
+  std::vector<const std::byte*> src(bufs.begin(), bufs.end());
+  src[static_cast<std::size_t>(r)] = send;
+  if (n > 1) reduce_mapped(src, shared, into ? &bufs : nullptr, count, n, r, dtype, many);
+  g.publish(ShmGroup::written, id + 1);
+  g.publish(ShmGroup::reduced, id + 1);
+  finish_shared(id + 1);
+  return true;
+}
 
-  if (shared_key != nullptr) g.forget(*shared_key);  // staged: the next call of the key votes
+void DirectCall::stage() {
+  if (key != nullptr) g.forget(*key);  // staged: the next call of the key votes
   const std::size_t chunk = std::max<std::size_t>(1, g.slot_bytes() / es);
   const std::size_t chunks = (count + chunk - 1) / chunk;
   const std::uint64_t base = g.chunks;
@@ -241,6 +213,55 @@ std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv
     if (shared == nullptr) copy_out(k);
   }
   if (shared != nullptr) finish_shared(base + chunks);
+}
+
+}  // namespace
+
+std::byte* allreduce_direct(Context& ctx, const std::byte* send, std::byte* recv, std::size_t count,
+                            DataType dtype, ReduceOp op, const std::uint64_t* shared_key,
+                            const SharedFile* file, bool into_inputs) {
+  ShmGroup& g = *ctx.group;
+  const int n = ctx.size, r = ctx.rank;
+  const std::size_t es = size_of(dtype);
+  ctx.header.algo = static_cast<std::uint8_t>(Algo::direct);
+  // This rank asks for the result in its buffer; when any rank does, every rank gets it there.
+  const bool wants_inputs = into_inputs && shared_key != nullptr && file != nullptr && send == recv;
+  if (shared_key != nullptr) {
+    ctx.header.reserved[0] = 1;  // every rank must ask for a shared-file call of the same key
+    ctx.header.root =
+        static_cast<std::int32_t>(static_cast<std::uint32_t>(*shared_key ^ (*shared_key >> 32)));
+  }
+  DirectCall call{g, {}, n, r, dtype, es, count, reduce_many_fn(dtype, op), send, recv, nullptr, shared_key};
+  call.wc.spin_us = ctx.engine.spin_us;
+  call.wc.timeout = ctx.engine.timeout;
+  call.wc.on_idle = [&ctx] { throw_if_a_neighbour_sent(ctx); };
+
+  if (shared_key != nullptr && r == 0) {
+    if (wants_inputs)
+      g.post_no_result();
+    else
+      g.make_result(*shared_key, count * es);
+  }
+  if (shared_key != nullptr)
+    g.post_input(file != nullptr ? file->fd : -1, file != nullptr ? file->offset : 0, *shared_key, count * es,
+                 wants_inputs);
+  g.post_header(&ctx.header);
+  g.publish(ShmGroup::posted, ctx.header.seq);
+  for (int j = 0; j < n; ++j) {
+    if (j == r) continue;
+    g.wait(j, ShmGroup::posted, ctx.header.seq, call.wc);
+    WireHeader theirs;
+    g.read_header(j, &theirs);
+    check_header(ctx.header, theirs, g.peer(j).label, j, g.peer(j).host);
+  }
+  // The shared result, unless rank 0 could not reserve it or some rank wants the result in its
+  // buffer: then in place, like any call (rank 0's region, if it made one, waits for a later call).
+  const bool into = shared_key != nullptr && g.any_wants_inputs();
+  if (shared_key != nullptr && !into)
+    if (const std::uint64_t id = g.posted_result(); id != 0)
+      call.shared = g.map_result(*shared_key, id, count * es);
+  std::byte* const out = call.shared != nullptr ? call.shared : recv;
+  if (!call.reduce_from_inputs(into, ctx.header.seq)) call.stage();
   return out;
 }
 

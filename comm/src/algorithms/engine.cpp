@@ -1,6 +1,5 @@
 #include "algorithms/engine.h"
 
-#include <poll.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -8,8 +7,8 @@
 #include <cstring>
 #include <functional>
 
-#include "core/sys_check.h"
 #include "mltrain/comm.hpp"
+#include "transport/progress.h"
 
 namespace mltrain::comm::detail {
 
@@ -174,6 +173,26 @@ Link* stalled_link(const Cursor& c) {
   return who;
 }
 
+// Nothing moved for the whole timeout: blame the first link waited on to read from, else to
+// write to, else where a channel stands.
+[[noreturn]] void throw_stalled(const std::vector<Cursor>& cursors, const std::vector<Link*>& tx_wants,
+                                const std::vector<Link*>& rx_wants, std::chrono::milliseconds timeout) {
+  for (Link* l : rx_wants)
+    if (l != nullptr)
+      throw Error(Error::Kind::timeout,
+                  l->peer_label() + " sent nothing for " + seconds_text(timeout) +
+                      " (stuck or dead? timeout: MLTRAIN_COMM_TIMEOUT)",
+                  l->peer_rank(), l->peer_host());
+  Link* who = nullptr;
+  for (std::size_t ch = 0; who == nullptr && ch < tx_wants.size(); ++ch) who = tx_wants[ch];
+  for (std::size_t ch = 0; who == nullptr && ch < cursors.size(); ++ch)
+    if (!cursors[ch].done()) who = stalled_link(cursors[ch]);
+  throw Error(Error::Kind::timeout,
+              (who ? who->peer_label() : std::string("a peer")) + " took no data for " +
+                  seconds_text(timeout) + " (stuck or dead? timeout: MLTRAIN_COMM_TIMEOUT)",
+              who ? who->peer_rank() : -1, who ? who->peer_host() : std::string());
+}
+
 }  // namespace
 
 void run_channels(std::vector<std::vector<Step>>& channels, const EngineConfig& cfg,
@@ -182,12 +201,10 @@ void run_channels(std::vector<std::vector<Step>>& channels, const EngineConfig& 
   cursors.reserve(channels.size());
   for (auto& steps : channels) cursors.push_back(Cursor{&steps});
   std::vector<Link*> tx_wants(cursors.size()), rx_wants(cursors.size());
-  std::vector<pollfd> fds;  // at most one per link a channel waits on
-  fds.reserve(2 * cursors.size());
+  ProgressWait waiter;
   Clock::time_point idle_since{};
   bool idle = false;
   unsigned idle_loops = 0;
-  long mixed_wait_us = 20;  // TCP and shm at once: poll the socket, re-check the ring, backing off
   const auto spin = std::chrono::microseconds(cfg.spin_us);
 
   while (true) {
@@ -201,15 +218,9 @@ void run_channels(std::vector<std::vector<Step>>& channels, const EngineConfig& 
       all_done &= c.done();
     }
     if (all_done) break;
-    Link* tx_want = nullptr;
-    Link* rx_want = nullptr;
-    for (std::size_t ch = 0; ch < cursors.size(); ++ch) {
-      if (tx_want == nullptr) tx_want = tx_wants[ch];
-      if (rx_want == nullptr) rx_want = rx_wants[ch];
-    }
     if (progress) {
       idle = false;
-      mixed_wait_us = 20;
+      waiter.reset();
       continue;
     }
     // Stuck on a stream the peer closed (e.g. killed mid-element): waiting cannot help.
@@ -228,73 +239,11 @@ void run_channels(std::vector<std::vector<Step>>& channels, const EngineConfig& 
       if (++idle_loops > 8) sched_yield();  // share the core with peers on oversubscribed hosts
       continue;
     }
-    if (now - idle_since >= cfg.timeout) {
-      if (rx_want != nullptr)
-        throw Error(Error::Kind::timeout,
-                    rx_want->peer_label() + " sent nothing for " + seconds_text(cfg.timeout) +
-                        " (stuck or dead? timeout: MLTRAIN_COMM_TIMEOUT)",
-                    rx_want->peer_rank(), rx_want->peer_host());
-      Link* who = tx_want;
-      for (std::size_t ch = 0; who == nullptr && ch < cursors.size(); ++ch)
-        if (!cursors[ch].done()) who = stalled_link(cursors[ch]);
-      throw Error(Error::Kind::timeout,
-                  (who ? who->peer_label() : std::string("a peer")) + " took no data for " +
-                      seconds_text(cfg.timeout) + " (stuck or dead? timeout: MLTRAIN_COMM_TIMEOUT)",
-                  who ? who->peer_rank() : -1, who ? who->peer_host() : std::string());
-    }
+    if (now - idle_since >= cfg.timeout) throw_stalled(cursors, tx_wants, rx_wants, cfg.timeout);
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(cfg.timeout - (now - idle_since));
     const int cap_ms = static_cast<int>(std::clamp<long long>(left.count() + 1, 1, 200));
 
-    fds.clear();
-    bool any_shm = false, any_want = false;
-    auto want = [&](Link* l, short ev) {
-      if (l == nullptr) return;
-      any_want = true;
-      if (l->fd() < 0) {
-        any_shm = true;
-        return;
-      }
-      for (pollfd& p : fds)
-        if (p.fd == l->fd()) {
-          p.events |= ev;
-          return;
-        }
-      fds.push_back({l->fd(), ev, 0});
-    };
-    for (std::size_t ch = 0; ch < cursors.size(); ++ch) {
-      want(tx_wants[ch], POLLOUT);
-      want(rx_wants[ch], POLLIN);
-    }
-    if (!any_want) {
-      sched_yield();
-    } else if (!fds.empty() && any_shm) {
-      const timespec ts{0, mixed_wait_us * 1000};
-      if (::ppoll(fds.data(), fds.size(), &ts, nullptr) < 0 && errno != EINTR)
-        throw_sys("ppoll", "waiting on " + std::to_string(fds.size()) + " links");
-      mixed_wait_us = std::min<long>(mixed_wait_us * 2, 1000);
-    } else if (!fds.empty()) {
-      if (::poll(fds.data(), fds.size(), cap_ms) < 0 && errno != EINTR)
-        throw_sys("poll", "waiting on " + std::to_string(fds.size()) + " links");
-    } else if (cfg.bell != nullptr) {
-      Bell* bell = cfg.bell;
-      bell->waiters.fetch_add(1, std::memory_order_seq_cst);
-      const std::uint32_t seen = bell->seq.load(std::memory_order_seq_cst);
-      bool ready = false;
-      for (std::size_t ch = 0; !ready && ch < cursors.size(); ++ch)
-        ready = (tx_wants[ch] && tx_wants[ch]->can_send()) || (rx_wants[ch] && rx_wants[ch]->can_recv());
-      if (!ready) sleep_on_bell(bell, seen, cap_ms);
-      bell->waiters.fetch_sub(1, std::memory_order_seq_cst);
-    }
-    // A peer that exited after sending its last bytes is fine: only blame it when nothing is
-    // left to read from it (or no room to write to it).
-    for (Link* l : rx_wants)
-      if (l != nullptr && !l->can_recv() && !l->peer_alive())
-        throw Error(Error::Kind::peer_closed, l->peer_label() + ": its process is gone", l->peer_rank(),
-                    l->peer_host());
-    for (Link* l : tx_wants)
-      if (l != nullptr && !l->can_send() && !l->peer_alive())
-        throw Error(Error::Kind::peer_closed, l->peer_label() + ": its process is gone", l->peer_rank(),
-                    l->peer_host());
+    waiter.wait(tx_wants, rx_wants, cfg.bell, cap_ms);
   }
 }
 

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "core/clock.h"
 #include "core/reduce.h"
 #include "transport/link.h"
-#include "transport/socket.h"
 
 namespace mltrain::comm::detail {
 

@@ -12,6 +12,14 @@ std::uint64_t parse_size(const std::string& text, const char* what) {
               std::string(what) + ": '" + text + "' is not a size (write it like 4096, 64K, 1M, 2G)");
 }
 
+int local_rank() {
+  try {
+    return static_cast<int>(knobs::get_int("LOCAL_RANK"));
+  } catch (const knobs::BadValue& e) {
+    throw Error(Error::Kind::usage, e.what());
+  }
+}
+
 }  // namespace mltrain::comm::detail
 
 namespace mltrain::comm {

@@ -11,4 +11,7 @@ namespace mltrain::comm::detail {
 // naming `what` (a flag or variable).
 std::uint64_t parse_size(const std::string& text, const char* what);
 
+// LOCAL_RANK, through the knob registry (0 when unset); a bad value is Error(usage).
+int local_rank();
+
 }  // namespace mltrain::comm::detail

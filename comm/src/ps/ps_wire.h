@@ -14,7 +14,7 @@
 #include <cstring>
 #include <string>
 
-#include "rendezvous/store_wire.h"
+#include "core/wire.h"
 
 namespace mltrain::comm::detail::pswire {
 
@@ -36,7 +36,7 @@ enum Status : std::uint16_t {
   kNoMemory = 8,    // holding it would pass the server's memory budget (ServerConfig::memory_budget)
 };
 
-using wire::get;  // the store's field encoders (host byte order)
+using wire::get;  // comm's field encoders (host byte order)
 using wire::put;
 
 struct Hello {

@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "transport/key_value.h"
 #include "transport/socket.h"
 
 namespace mltrain::comm::detail {
@@ -37,14 +38,14 @@ class StoreServer {
   std::thread thread_;
 };
 
-class StoreClient {
+class StoreClient : public KeyValue {
  public:
   // Connects (retrying until connect_deadline, the server may start later) and proves the token.
   StoreClient(std::string addr, std::string token, int rank, Deadline connect_deadline);
-  void set(const std::string& key, const std::string& value, Deadline deadline);
+  void set(const std::string& key, const std::string& value, Deadline deadline) override;
   std::optional<std::string> get(const std::string& key, Deadline deadline);
   // Blocks until the key exists; throws Error(timeout) naming the key at the deadline.
-  std::string wait(const std::string& key, Deadline deadline);
+  std::string wait(const std::string& key, Deadline deadline) override;
   std::int64_t add(const std::string& key, std::int64_t delta, Deadline deadline);
   // The local address that routes to the store's host: what peers on other hosts can reach.
   std::string local_address() const { return local_ip_; }

@@ -8,8 +8,9 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 #include <string>
+
+#include "core/wire.h"
 
 namespace mltrain::comm::detail::wire {
 
@@ -19,17 +20,6 @@ inline constexpr std::uint32_t kMaxToken = 4096;
 
 enum Op : std::uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4 };
 enum Status : std::uint16_t { kOk = 0, kBadToken = 1, kBadVersion = 2 };
-
-template <class T>
-void put(std::string& out, T v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof v);
-}
-template <class T>
-T get(const char* p) {
-  T v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
 
 struct Hello {
   static constexpr std::size_t kSize = 16;

@@ -1,5 +1,6 @@
 // A Link is one bidirectional byte stream to one peer rank: the only thing algorithms see.
-// Transfers are non-blocking; waiting is done by algorithms/engine with the hooks below.
+// Transfers are non-blocking; waiting is ProgressWait's (transport/progress.h), with the hooks
+// below, so algorithms never see a descriptor.
 #pragma once
 
 #include <atomic>

@@ -14,7 +14,6 @@
 #include "config.h"
 #include "knobs/gpu_library.h"
 #include "knobs/registry.h"
-#include "rendezvous/store.h"
 
 #if MLTRAIN_HAVE_NCCL_HEADERS
 #include <cuda_runtime_api.h>
@@ -22,41 +21,6 @@
 #endif
 
 namespace mltrain::comm::detail {
-
-std::string nccl_version_text(int code) {
-  // Since 2.9 the code is major*10000 + minor*100 + patch; before, major*1000 + minor*100 + patch.
-  const int major = code >= 10000 ? code / 10000 : code / 1000;
-  const int minor = code >= 10000 ? code / 100 % 100 : code / 100 % 10;
-  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(code % 100);
-}
-
-std::string GpuVote::encode() const {
-  // One line: "gpu nccl device version|why", fields separated by tabs (why may hold spaces).
-  return std::string(gpu ? "1" : "0") + "\t" + (nccl ? "1" : "0") + "\t" + device + "\t" + nccl_version +
-         "\t" + why;
-}
-
-GpuVote GpuVote::decode(const std::string& line) {
-  GpuVote v;
-  std::vector<std::string> f;
-  std::size_t start = 0;
-  for (int i = 0; i < 4; ++i) {
-    const auto tab = line.find('\t', start);
-    if (tab == std::string::npos) break;
-    f.push_back(line.substr(start, tab - start));
-    start = tab + 1;
-  }
-  if (f.size() < 4) {
-    v.why = "no GPU report (an older mltrain-comm?)";
-    return v;
-  }
-  v.gpu = f[0] == "1";
-  v.nccl = f[1] == "1";
-  v.device = f[2];
-  v.nccl_version = f[3];
-  v.why = line.substr(start);
-  return v;
-}
 
 BackendChoice choose_backend(Backend wanted, const std::vector<GpuVote>& votes,
                              const std::vector<std::string>& hosts, const std::vector<std::string>& memory) {
@@ -119,7 +83,6 @@ struct Api {
   cudaError_t (*SetDevice)(int) = nullptr;
   const char* (*GetErrorString)(cudaError_t) = nullptr;
   // libnccl
-  ncclResult_t (*GetVersion)(int*) = nullptr;
   ncclResult_t (*GetUniqueId)(ncclUniqueId*) = nullptr;
   ncclResult_t (*CommInitRank)(ncclComm_t*, int, ncclUniqueId, int) = nullptr;
   ncclResult_t (*CommDestroy)(ncclComm_t) = nullptr;
@@ -139,17 +102,23 @@ struct Api {
   bool nccl_ok() const { return cuda_ok() && nccl_error.empty(); }
 };
 
+// Why a library in the one search order did not load, and where it was looked for.
+std::string not_loaded(const std::string& error, const std::string& searched, const std::string& named,
+                       knobs::GpuLibrary lib) {
+  return error +
+         (named.empty() ? "; looked in " + searched : std::string(" (") + knobs::library_knob(lib) + ")");
+}
+
 // dlopen a library in the one search order (knobs/gpu_library.h); the handle, or nullptr and why.
 void* open_library(knobs::GpuLibrary lib, std::string& error, std::string* path = nullptr) {
-  const char* knob = knobs::library_knob(lib);
-  const std::string named = knobs::get_string(knob);
+  const std::string named = knobs::get_string(knobs::library_knob(lib));
   knobs::LoadedLibrary l = knobs::load_library(lib, named);
   if (l.handle) {
     if (path) *path = l.found_text();
     error.clear();
     return l.handle;
   }
-  error = l.error + (named.empty() ? "; looked in " + l.searched : std::string(" (") + knob + ")");
+  error = not_loaded(l.error, l.searched, named, lib);
   return nullptr;
 }
 
@@ -189,18 +158,23 @@ const Api& api() {
       resolve(cuda, "cudaSetDevice", a.SetDevice, e);
       if (!e.empty()) e = "CUDA runtime unusable: " + e;
     }
-    void* nccl = open_library(knobs::GpuLibrary::nccl, a.nccl_error, &a.nccl_path);
+    const std::string named = knobs::get_string(knobs::library_knob(knobs::GpuLibrary::nccl));
+    const NcclProbe probe = probe_nccl(named);
+    void* nccl = probe.handle;
     if (nccl == nullptr) {
-      a.nccl_error = "NCCL not found (" + a.nccl_error + ")";
+      a.nccl_error =
+          "NCCL not found (" + not_loaded(probe.error, probe.searched, named, knobs::GpuLibrary::nccl) + ")";
       return;
     }
+    a.nccl_path = probe.found;
+    a.nccl_code = probe.version;
     std::string& e = a.nccl_error;
-    if (resolve(nccl, "ncclGetVersion", a.GetVersion, e) && a.GetVersion(&a.nccl_code) != ncclSuccess)
+    if (!probe.has_get_version)
+      e = "symbol ncclGetVersion missing";
+    else if (!probe.version_known)
       e = "ncclGetVersion failed";
-    if (e.empty() && a.nccl_code < kMinNcclVersion) {
-      e = "NCCL " + nccl_version_text(a.nccl_code) + " at " + a.nccl_path + " is older than " +
-          nccl_version_text(kMinNcclVersion) +
-          ", the oldest mltrain supports (set MLTRAIN_NCCL_LIBRARY to a newer one)";
+    if (e.empty() && !probe.new_enough()) {
+      e = nccl_too_old(probe.version, a.nccl_path);
       return;
     }
     resolve(nccl, "ncclGetUniqueId", a.GetUniqueId, e);
@@ -423,8 +397,8 @@ struct NcclComm::State {
   }
 };
 
-NcclComm::NcclComm(int rank, int size, StoreClient* store, Deadline deadline,
-                   std::chrono::milliseconds timeout, const std::string& host)
+NcclComm::NcclComm(int rank, int size, KeyValue* store, Deadline deadline, std::chrono::milliseconds timeout,
+                   const std::string& host)
     : s_(std::make_unique<State>()) {
   State& s = *s_;
   s.timeout = timeout;
@@ -513,7 +487,7 @@ void use_device_of_local_rank(int) {
 
 struct NcclComm::State {};
 
-NcclComm::NcclComm(int, int, StoreClient*, Deadline, std::chrono::milliseconds, const std::string&) {
+NcclComm::NcclComm(int, int, KeyValue*, Deadline, std::chrono::milliseconds, const std::string&) {
   throw Error(Error::Kind::usage, "built without NCCL (no CUDA/NCCL headers at build time)");
 }
 NcclComm::~NcclComm() = default;

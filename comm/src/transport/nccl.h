@@ -9,28 +9,21 @@
 #include <string>
 #include <vector>
 
+#include "core/nccl_probe.h"
 #include "mltrain/comm.hpp"
+#include "transport/key_value.h"
 #include "transport/socket.h"
 
 namespace mltrain::comm::detail {
 
-class StoreClient;
-
-// The oldest NCCL the backend accepts: ncclRemoteError and ncclGetLastError (2.13), ncclAvg and
-// ncclBfloat16 (2.10) are all used.
-inline constexpr int kMinNcclVersion = 21300;  // 2.13.0
-std::string nccl_version_text(int code);
-
-// What this process can offer the NCCL backend, published by every rank at init so that every
-// rank resolves the backend the same way.
+// What this process can offer the NCCL backend, published by every rank at init (in its
+// PeerRecord, rendezvous/records.h) so that every rank resolves the backend the same way.
 struct GpuVote {
   bool gpu = false;          // a CUDA device is visible to this process
   bool nccl = false;         // ... and NCCL >= kMinNcclVersion loads: this rank can join an NCCL comm
   std::string device;        // PCI bus id of the current device (when gpu)
   std::string nccl_version;  // "2.28.9" (when it loaded)
   std::string why;           // when !nccl: why not, in a few words a user can act on
-  std::string encode() const;
-  static GpuVote decode(const std::string& line);
 };
 // Loads libcudart and libnccl (once per process) and looks at the current device. Never throws.
 GpuVote probe_gpu();
@@ -68,7 +61,7 @@ class NcclComm {
   // Rank 0 makes the unique id and publishes it in the store (null when the world is one rank);
   // the others wait for it until `deadline`. Throws Error.
   // `host` names this rank in errors it causes itself.
-  NcclComm(int rank, int size, StoreClient* store, Deadline deadline, std::chrono::milliseconds timeout,
+  NcclComm(int rank, int size, KeyValue* store, Deadline deadline, std::chrono::milliseconds timeout,
            const std::string& host);
   ~NcclComm();
   NcclComm(const NcclComm&) = delete;

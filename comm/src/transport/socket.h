@@ -6,10 +6,9 @@
 #include <string>
 #include <utility>
 
-namespace mltrain::comm::detail {
+#include "core/clock.h"
 
-using Clock = std::chrono::steady_clock;
-using Deadline = Clock::time_point;
+namespace mltrain::comm::detail {
 
 // Milliseconds until the deadline, clamped to [0, cap].
 int ms_until(Deadline deadline, int cap = 1 << 30);
