@@ -325,10 +325,13 @@ def communicate(p: subprocess.Popen, timeout: float):
 
 def work_dir(home: Path, project: str) -> Path:
     """The folder a sync of the project folder named `project` made under `home` (the default
-    ~/.cache/mltrain/work/<project>-<8 hex of its key>); a path that does not exist when none."""
-    found = sorted((Path(home) / ".cache" / "mltrain" / "work").glob(project + "-" + "[0-9a-f]" * 8))
-    assert len(found) <= 1, f"two synced folders for {project}: {found}"
-    return found[0] if found else Path(home) / ".cache" / "mltrain" / "work" / (project + "-none")
+    ~/.cache/mltrain/work/<project>-<8 hex of its key>), the newest of that name; a path that does
+    not exist when none."""
+    found = (Path(home) / ".cache" / "mltrain" / "work").glob(project + "-" + "[0-9a-f]" * 8)
+    # A home that outlives the test session (the cluster's shared one) may hold a folder of the
+    # same name synced from another path earlier: the one synced last is this test's.
+    newest = max(found, key=lambda p: p.stat().st_mtime, default=None)
+    return newest or Path(home) / ".cache" / "mltrain" / "work" / (project + "-none")
 
 
 def wait_for(pred, timeout: float, what: str, step: float = 0.05):

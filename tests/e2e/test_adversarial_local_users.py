@@ -267,8 +267,10 @@ servers_per_host = 1
             doc = run_doc(ml)
             return doc and doc.get("ps_servers") and doc["ps_servers"][0].get("address")
         host, port = wait_for(ps_address, 60, "the PS server in the run record").rsplit(":", 1)
+        t0 = time.monotonic()
         r = subprocess.run([sys.executable, "-c", FLOOD_PS, host, port, "20000"], capture_output=True,
                            text=True, timeout=300, preexec_fn=_as_nobody)
+        flood_s = time.monotonic() - t0
         assert r.stdout.startswith("sent "), r.stdout + r.stderr
         assert int(r.stdout.split()[1]) >= 19000, r.stdout
         done.touch()
@@ -278,7 +280,10 @@ servers_per_host = 1
         assert len(logs) == 1, logs
         lines = logs[0].read_text().splitlines()
         refusals = [l for l in lines if "not an mltrain PS worker" in l]
-        assert len(refusals) <= 12, f"{len(refusals)} lines, e.g. {refusals[:3]}"
+        # A few in full per 10 s window (5), the rest counted: quiet, the flood fits in one or two
+        # windows (12 lines at most); loaded, it lasts longer, never more than 5 lines a window.
+        windows = int(flood_s // 10) + 2
+        assert len(refusals) <= max(12, 5 * windows), f"{len(refusals)} lines in {flood_s:.0f} s, e.g. {refusals[:3]}"
         summaries = [l for l in lines if "more refused connections" in l]
         assert summaries, lines[-10:]
         counted = sum(int(l.split("more refused")[0].split()[-1]) for l in summaries)

@@ -1,7 +1,9 @@
 """python/mltrain/_capi.py mirrors comm/include/mltrain/comm.h by hand: its enum values and the C
 functions it declares must agree with the header, or a ctypes call passes the wrong code."""
-import importlib.util
+import importlib
 import re
+import sys
+from pathlib import Path
 
 from conftest import REPO
 
@@ -28,10 +30,14 @@ def header_functions():
 
 
 def capi():
-    """python/mltrain/_capi.py, imported alone (it loads the library only when asked)."""
-    spec = importlib.util.spec_from_file_location("_capi_under_test", REPO / "python" / "mltrain" / "_capi.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    """python/mltrain/_capi.py of this checkout, imported as the package does (it loads the library
+    only when asked)."""
+    sys.path.insert(0, str(REPO / "python"))
+    try:
+        module = importlib.import_module("mltrain._capi")
+    finally:
+        sys.path.pop(0)
+    assert Path(module.__file__).resolve() == (REPO / "python" / "mltrain" / "_capi.py").resolve(), module.__file__
     return module
 
 
