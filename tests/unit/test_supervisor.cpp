@@ -19,6 +19,7 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 
 #include "runner/agent/protocol.h"
@@ -27,6 +28,8 @@
 #include "runner/plan/plan.h"
 #include "runner/records/records.h"
 #include "runner/supervise/doctor.h"
+#include "runner/supervise/host_state.h"
+#include "runner/supervise/plays.h"
 #include "runner/supervise/supervisor.h"
 
 namespace fs = std::filesystem;
@@ -864,4 +867,94 @@ TEST_CASE("doctor: Ctrl-C while a host is still connecting ends it at once") {
   CHECK(code == 130);
   REQUIRE(doc.reports.size() == 2);
   CHECK_FALSE(doc.reports[1].ok);
+}
+
+// ---- the plays' tables and the hosts' states (runner/supervise/plays.h, host_state.h) ----
+
+TEST_CASE("plays: the run's table") {
+  using namespace supervise::plays::run;
+  CHECK(next(Phase::connecting, Event::greeted) == Phase::preflight);
+  CHECK(next(Phase::connecting, Event::signalled) == Phase::done);
+  CHECK(next(Phase::preflight, Event::signalled) == Phase::done);
+  CHECK(next(Phase::preflight, Event::preflight_passed) == Phase::running);
+  CHECK(next(Phase::preflight, Event::preflight_failed) == Phase::done);
+  CHECK(next(Phase::running, Event::stop) == Phase::stopping);
+  CHECK(next(Phase::stopping, Event::stop) == Phase::stopping);  // stopping already
+  for (Phase p : {Phase::running, Phase::stopping}) {
+    CHECK(next(p, Event::restart) == Phase::restarting);
+    CHECK(next(p, Event::ranks_ended) == Phase::closing);
+    CHECK(next(p, Event::results) == Phase::pulling);
+  }
+  CHECK(next(Phase::restarting, Event::restarted) == Phase::running);
+  CHECK(next(Phase::pulling, Event::pulled) == Phase::closing);
+  CHECK(next(Phase::closing, Event::closed) == Phase::done);
+  // Once ranks may have started, a signal is the play's to handle (pass it on, stop the ranks):
+  // the table moves nowhere on it; and nothing moves out of done.
+  for (Phase p : {Phase::running, Phase::stopping, Phase::pulling, Phase::closing})
+    CHECK(next(p, Event::signalled) == p);
+  for (Event e : {Event::greeted, Event::signalled, Event::preflight_passed, Event::stop, Event::restart,
+                  Event::ranks_ended, Event::pulled, Event::closed})
+    CHECK(next(Phase::done, e) == Phase::done);
+  CHECK(next(Phase::connecting, Event::preflight_passed) == Phase::connecting);  // not before preflight
+  CHECK(std::string(phase_name(Phase::restarting)) == "restarting");
+}
+
+TEST_CASE("plays: doctor's, watch's and cp's tables") {
+  {
+    using namespace supervise::plays::doctor;
+    CHECK(next(Phase::connecting, Event::greeted) == Phase::probing);
+    CHECK(next(Phase::probing, Event::probed) == Phase::closing);
+    CHECK(next(Phase::connecting, Event::signalled) == Phase::done);
+    CHECK(next(Phase::probing, Event::signalled) == Phase::done);
+    CHECK(next(Phase::closing, Event::signalled) == Phase::closing);
+    CHECK(next(Phase::closing, Event::closed) == Phase::done);
+    CHECK(next(Phase::connecting, Event::probed) == Phase::connecting);
+  }
+  {
+    using namespace supervise::plays::watch;
+    CHECK(next(Phase::connecting, Event::watching) == Phase::watching);
+    CHECK(next(Phase::connecting, Event::stop) == Phase::closing);
+    CHECK(next(Phase::watching, Event::stop) == Phase::closing);
+    CHECK(next(Phase::watching, Event::deserted) == Phase::done);
+    CHECK(next(Phase::closing, Event::stop) == Phase::closing);
+    CHECK(next(Phase::closing, Event::closed) == Phase::done);
+    CHECK(next(Phase::connecting, Event::deserted) == Phase::connecting);
+  }
+  {
+    using namespace supervise::plays::pull;
+    CHECK(next(Phase::connecting, Event::greeted) == Phase::pulling);
+    CHECK(next(Phase::connecting, Event::signalled) == Phase::done);
+    CHECK(next(Phase::pulling, Event::signalled) == Phase::pulling);  // the play ends the pull first
+    CHECK(next(Phase::pulling, Event::pulled) == Phase::closing);
+    CHECK(next(Phase::closing, Event::closed) == Phase::done);
+  }
+}
+
+TEST_CASE("host state: only forward; a backward step is refused") {
+  using supervise::HostState;
+  supervise::HostStatus h;
+  CHECK(h.get() == HostState::connecting);
+  h.advance(HostState::greeting);
+  h.advance(HostState::greeted);
+  h.advance(HostState::syncing);
+  h.advance(HostState::preparing);  // a step may skip states: no setup here
+  CHECK_THROWS_AS(h.advance(HostState::greeted), std::logic_error);
+  CHECK_THROWS_AS(h.advance(HostState::preparing), std::logic_error);  // not forward either
+  CHECK(h.get() == HostState::preparing);                              // a refused step changes nothing
+  h.advance(HostState::ready);
+  CHECK_FALSE(h.ended());
+  h.advance(HostState::closed);
+  CHECK(h.ended());
+  // Nothing moves out of an end, not even to another end.
+  CHECK_THROWS_AS(h.advance(HostState::failed), std::logic_error);
+  CHECK_THROWS_AS(h.advance(HostState::lost), std::logic_error);
+  try {
+    h.advance(HostState::connecting);
+  } catch (const std::logic_error& e) {
+    CHECK(std::string(e.what()).find("from closed to connecting") != std::string::npos);
+  }
+  CHECK(supervise::moves_forward(HostState::connecting, HostState::failed));
+  CHECK(supervise::moves_forward(HostState::ready, HostState::lost));
+  CHECK_FALSE(supervise::moves_forward(HostState::failed, HostState::closed));
+  CHECK_FALSE(supervise::moves_forward(HostState::setting_up, HostState::syncing));
 }
