@@ -105,25 +105,13 @@ namespace plays::doctor {
 
 Phase next(Phase p, Event e) {
   static constexpr Transition<Phase, Event> kTable[] = {
-      {Phase::connecting, Event::greeted, Phase::probing}, {Phase::connecting, Event::signalled, Phase::done},
-      {Phase::probing, Event::probed, Phase::closing},     {Phase::probing, Event::signalled, Phase::done},
+      {Phase::connecting, Event::greeted, Phase::probing},  // a ping, then a probe, to every host
+      {Phase::connecting, Event::signalled, Phase::done},   // hosts not yet checked say so
+      {Phase::probing, Event::signalled, Phase::done},
+      {Phase::probing, Event::probed, Phase::closing},  // every host answered, or failed
       {Phase::closing, Event::closed, Phase::done},
   };
   return lookup(kTable, p, e);
-}
-
-const char* phase_name(Phase p) {
-  switch (p) {
-    case Phase::connecting:
-      return "connecting";
-    case Phase::probing:
-      return "probing";
-    case Phase::closing:
-      return "closing";
-    case Phase::done:
-      return "done";
-  }
-  return "?";
 }
 
 }  // namespace plays::doctor
@@ -190,7 +178,7 @@ class DoctorPlay final : public Play {
     if (phase_ != Phase::connecting && phase_ != Phase::probing) return;
     stop_signal_ = sig;
     std::fprintf(stderr, "\nmltrain: %s during %s; hosts not yet checked are reported as such\n",
-                 signal_name(sig).c_str(), plays::doctor::phase_name(phase_));
+                 signal_name(sig).c_str(), phase_ == Phase::connecting ? "connecting" : "probing");
     step(Event::signalled);
   }
 
@@ -220,13 +208,11 @@ class DoctorPlay final : public Play {
 
  private:
   void step(Event e) {
-    const Phase to = plays::doctor::next(phase_, e);
-    if (to == phase_) return;
-    phase_ = to;
-    if (to == Phase::probing) {
+    if (!plays::follow_table(phase_, e, plays::doctor::next)) return;
+    if (phase_ == Phase::probing) {
       probe_deadline_ = fleet_.clock().now() + fleet_.opts().preflight_timeout;
       send_probes();
-    } else if (to == Phase::closing) {
+    } else if (phase_ == Phase::closing) {
       fleet_.say_goodbye();
     }
   }

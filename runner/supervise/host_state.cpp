@@ -1,34 +1,15 @@
 #include "runner/supervise/host_state.h"
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 
 namespace mltrain::supervise {
 
 const char* host_state_name(HostState s) {
-  switch (s) {
-    case HostState::connecting:
-      return "connecting";
-    case HostState::greeting:
-      return "greeting";
-    case HostState::greeted:
-      return "greeted";
-    case HostState::syncing:
-      return "syncing";
-    case HostState::setting_up:
-      return "setting_up";
-    case HostState::preparing:
-      return "preparing";
-    case HostState::ready:
-      return "ready";
-    case HostState::failed:
-      return "failed";
-    case HostState::lost:
-      return "lost";
-    case HostState::closed:
-      return "closed";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"connecting", "greeting", "greeted", "syncing", "setting_up",
+                                           "preparing",  "ready",    "failed",  "lost",    "closed"};
+  return kNames[size_t(s)];
 }
 
 bool moves_forward(HostState from, HostState to) {

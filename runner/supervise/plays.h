@@ -24,6 +24,16 @@ constexpr Phase lookup(const Transition<Phase, Event> (&table)[N], Phase p, Even
   return p;
 }
 
+// Moves `phase` where the play's table says for `e`: the one writer of every play's phase. True
+// when it changed; the play then does what entering the new phase does.
+template <class Phase, class Event>
+bool follow_table(Phase& phase, Event e, Phase (*next)(Phase, Event)) {
+  const Phase to = next(phase, e);
+  if (to == phase) return false;
+  phase = to;
+  return true;
+}
+
 // `mltrain run` and `exec`: the gang.
 namespace run {
 enum class Phase { connecting, preflight, running, stopping, restarting, pulling, closing, done };
@@ -41,15 +51,23 @@ enum class Event {
   closed,            // every agent said goodbye, or the wait for them ran out
 };
 Phase next(Phase p, Event e);
-const char* phase_name(Phase p);
+inline const char* phase_name(Phase p) {
+  static constexpr const char* kNames[] = {"connecting", "preflight", "running", "stopping",
+                                           "restarting", "pulling",   "closing", "done"};
+  return kNames[size_t(p)];
+}
 }  // namespace run
 
 // `mltrain doctor`: a ping and a probe of every host.
 namespace doctor {
 enum class Phase { connecting, probing, closing, done };
-enum class Event { greeted, probed, signalled, closed };
+enum class Event {
+  greeted,    // every host answered hello, or failed
+  probed,     // every host answered the probe, or failed
+  signalled,  // before every host was checked
+  closed,
+};
 Phase next(Phase p, Event e);
-const char* phase_name(Phase p);
 }  // namespace doctor
 
 // `mltrain top` on hosts: every agent samples its host until the viewer stops.
@@ -62,15 +80,18 @@ enum class Event {
   closed,
 };
 Phase next(Phase p, Event e);
-const char* phase_name(Phase p);
 }  // namespace watch
 
 // `mltrain cp`: files brought back from one host.
 namespace pull {
 enum class Phase { connecting, pulling, closing, done };
-enum class Event { greeted, signalled, pulled, closed };
+enum class Event {
+  greeted,    // the host answered hello, or failed
+  signalled,  // while connecting (a signal while pulling ends the pull: pulled)
+  pulled,     // every file came, or the pull stopped (a bound, a stall, a signal, a lost host)
+  closed,
+};
 Phase next(Phase p, Event e);
-const char* phase_name(Phase p);
 }  // namespace pull
 
 }  // namespace mltrain::supervise::plays

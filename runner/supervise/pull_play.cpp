@@ -26,20 +26,6 @@ Phase next(Phase p, Event e) {
   return lookup(kTable, p, e);
 }
 
-const char* phase_name(Phase p) {
-  switch (p) {
-    case Phase::connecting:
-      return "connecting";
-    case Phase::pulling:
-      return "pulling";
-    case Phase::closing:
-      return "closing";
-    case Phase::done:
-      return "done";
-  }
-  return "?";
-}
-
 }  // namespace plays::pull
 
 namespace detail {
@@ -95,8 +81,8 @@ class PullPlay final : public Play {
     if (phase_ == Phase::connecting) {
       // Nothing has come yet: stop here, at once, without waiting for a slow host.
       stop_signal_ = sig;
-      std::fprintf(stderr, "\nmltrain: %s during %s; no rank was started\n", signal_name(sig).c_str(),
-                   plays::pull::phase_name(phase_));
+      std::fprintf(stderr, "\nmltrain: %s during connecting; no rank was started\n",
+                   signal_name(sig).c_str());
       step(Event::signalled);
     } else if (phase_ == Phase::pulling) {  // stop pulling, say goodbye
       std::fprintf(stderr, "\nmltrain: %s while pulling; what came so far is kept\n",
@@ -136,13 +122,11 @@ class PullPlay final : public Play {
 
  private:
   void step(Event e) {
-    const Phase to = plays::pull::next(phase_, e);
-    if (to == phase_) return;
-    phase_ = to;
-    if (to == Phase::pulling) {
+    if (!plays::follow_table(phase_, e, plays::pull::next)) return;
+    if (phase_ == Phase::pulling) {
       pulls_ = std::make_unique<Pulls>(fleet_, job_);
       if (!pulls_->start()) pull_finished();
-    } else if (to == Phase::closing) {
+    } else if (phase_ == Phase::closing) {
       fleet_.say_goodbye();
     }
   }

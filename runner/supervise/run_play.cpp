@@ -43,28 +43,6 @@ Phase next(Phase p, Event e) {
   return lookup(kTable, p, e);
 }
 
-const char* phase_name(Phase p) {
-  switch (p) {
-    case Phase::connecting:
-      return "connecting";
-    case Phase::preflight:
-      return "preflight";
-    case Phase::running:
-      return "running";
-    case Phase::stopping:
-      return "stopping";
-    case Phase::restarting:
-      return "restarting";
-    case Phase::pulling:
-      return "pulling";
-    case Phase::closing:
-      return "closing";
-    case Phase::done:
-      return "done";
-  }
-  return "?";
-}
-
 }  // namespace plays::run
 
 namespace detail {
@@ -99,11 +77,10 @@ int RunPlay::run() {
 }
 
 void RunPlay::step(Event e) {
-  const Phase to = plays::run::next(phase_, e);
-  if (to == phase_) return;
-  log::debug("supervise", std::string("phase ") + phase_name(phase_) + " -> " + phase_name(to));
-  phase_ = to;
-  begin(to);
+  const Phase from = phase_;
+  if (!plays::follow_table(phase_, e, plays::run::next)) return;
+  log::debug("supervise", std::string("phase ") + phase_name(from) + " -> " + phase_name(phase_));
+  begin(phase_);
 }
 
 void RunPlay::begin(Phase p) {

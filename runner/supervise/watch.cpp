@@ -15,25 +15,13 @@ namespace plays::watch {
 
 Phase next(Phase p, Event e) {
   static constexpr Transition<Phase, Event> kTable[] = {
-      {Phase::connecting, Event::watching, Phase::watching}, {Phase::connecting, Event::stop, Phase::closing},
-      {Phase::watching, Event::stop, Phase::closing},        {Phase::watching, Event::deserted, Phase::done},
+      {Phase::connecting, Event::watching, Phase::watching},  // each host samples from its greeting on
+      {Phase::connecting, Event::stop, Phase::closing},       // the viewer, a signal
+      {Phase::watching, Event::stop, Phase::closing},
+      {Phase::watching, Event::deserted, Phase::done},  // no host left: no goodbye to wait for
       {Phase::closing, Event::closed, Phase::done},
   };
   return lookup(kTable, p, e);
-}
-
-const char* phase_name(Phase p) {
-  switch (p) {
-    case Phase::connecting:
-      return "connecting";
-    case Phase::watching:
-      return "watching";
-    case Phase::closing:
-      return "closing";
-    case Phase::done:
-      return "done";
-  }
-  return "?";
 }
 
 }  // namespace plays::watch
@@ -121,10 +109,8 @@ class WatchPlay final : public Play {
 
  private:
   void step(Event e) {
-    const Phase to = plays::watch::next(phase_, e);
-    if (to == phase_) return;
-    phase_ = to;
-    if (to == Phase::closing) fleet_.say_goodbye();
+    if (!plays::follow_table(phase_, e, plays::watch::next)) return;
+    if (phase_ == Phase::closing) fleet_.say_goodbye();
   }
 
   // A host that cannot be watched, once per host; with none left, the watch is over.
