@@ -31,6 +31,7 @@
 #include "runner/supervise/host_state.h"
 #include "runner/supervise/plays.h"
 #include "runner/supervise/supervisor.h"
+#include "runner/supervise/watch.h"
 
 namespace fs = std::filesystem;
 using namespace mltrain;
@@ -111,7 +112,8 @@ struct FakeHostBehaviour {
   std::optional<std::string> cuda_visible_devices;  // ... and the value that leaves gpu_usable
   std::vector<int> gpu_usable;                      // (empty: every GPU)
   std::chrono::milliseconds prepare_delay{0};       // answers prepare this much later (a slow probe)
-  bool leave_on_spawn = false;  // says LauncherSilent and Bye instead of starting its ranks
+  bool leave_on_spawn = false;    // says LauncherSilent and Bye instead of starting its ranks
+  bool leave_on_prepare = false;  // says Bye instead of answering prepare
 };
 
 // What every fake agent saw, for the test to wait on and assert.
@@ -120,6 +122,7 @@ struct Seen {
   std::atomic<int> restarts{0};
   std::atomic<int> gpu_slots_asked{0};  // the most gpu_slots_needed one prepare asked for
   std::atomic<int> pings_before_spawn{0};
+  std::atomic<int> telemetry_starts{0};
 };
 
 class FakeAgent {
@@ -180,6 +183,11 @@ class FakeAgent {
           } else if (auto* prepare = std::get_if<proto::msg::Prepare>(&*m)) {
             ++seen_.prepares;
             if (b_.mute_prepare) continue;
+            if (b_.leave_on_prepare) {
+              send(proto::msg::Bye{});
+              silent = true;
+              continue;
+            }
             proto::msg::Prepared r;
             r.ifname = "fake0";
             r.local_ip = "10.0.0.9";
@@ -234,6 +242,8 @@ class FakeAgent {
           } else if (auto* ping = std::get_if<proto::msg::Ping>(&*m)) {
             if (seen_.spawns == 0) ++seen_.pings_before_spawn;
             send(proto::msg::Pong{ping->seq});
+          } else if (std::get_if<proto::msg::TelemetryStart>(&*m)) {
+            ++seen_.telemetry_starts;
           } else if (std::get_if<proto::msg::Shutdown>(&*m)) {
             send(proto::msg::Bye{});
             return;
@@ -514,6 +524,24 @@ TEST_CASE("supervisor: a host that cannot be reached fails preflight; nothing st
     CHECK(std::string(e.what()).find("c: workdir /x does not exist here") != std::string::npos);
     CHECK(std::string(e.what()).find("preflight failed on 2 of 3 hosts") != std::string::npos);
     CHECK(std::string(e.what()).find("no rank was started") != std::string::npos);
+  }
+  CHECK(t.seen.spawns == 0);
+  CHECK(records::load(run.rec.id).status == "host-failure");
+}
+
+// A host whose agent leaves before the ranks start fails preflight at once: the other hosts do
+// not wait for its answer until the preflight timeout.
+TEST_CASE("supervisor: an agent that leaves during preflight fails its host; nothing starts") {
+  FakeTransport t([&](int, int) { return Script{}; },
+                  {{"a", {}}, {"b", host_that(&FakeHostBehaviour::leave_on_prepare)}});
+  Run run;
+  try {
+    run.go("a:1,b:1", t);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.code() == exit_code::host_failure);
+    CHECK(std::string(e.what()).find("b: the agent left before the ranks started") != std::string::npos);
+    CHECK(std::string(e.what()).find("preflight failed on 1 of 2 hosts") != std::string::npos);
   }
   CHECK(t.seen.spawns == 0);
   CHECK(records::load(run.rec.id).status == "host-failure");
@@ -867,6 +895,52 @@ TEST_CASE("doctor: Ctrl-C while a host is still connecting ends it at once") {
   CHECK(code == 130);
   REQUIRE(doc.reports.size() == 2);
   CHECK_FALSE(doc.reports[1].ok);
+}
+
+// top on hosts: the connect timeout fails the hosts still connecting, never one already watched.
+TEST_CASE("watch: a host still connecting at the timeout fails alone; the others stay watched") {
+  FakeTransport t([](int, int) { return Script{}; },
+                  {{"a", {}}, {"b", host_that(&FakeHostBehaviour::block_connect)}});
+  Doctor hosts(t, "a:1,b:1");  // for its plan
+  std::mutex m;
+  std::vector<std::string> problems;
+  auto problem_count = [&] {
+    std::lock_guard<std::mutex> lock(m);
+    return problems.size();
+  };
+  int stop[2];
+  REQUIRE(::pipe2(stop, O_CLOEXEC) == 0);
+  supervise::WatchOptions w;
+  w.on_sample = [](const std::string&, std::string_view) { return true; };
+  w.on_problem = [&](const std::string& host, const std::string& problem) {
+    std::lock_guard<std::mutex> lock(m);
+    problems.push_back(host + ": " + problem);
+  };
+  w.stop_fd = stop[0];
+  supervise::Options o;
+  o.clock = &t.clock;
+  o.signals = &t.signals;
+  std::atomic<bool> finished{false};
+  int code = -1;
+  {
+    Driver d(finished, [&](const std::atomic<bool>& done) {
+      wait_until(done, [&] { return t.seen.telemetry_starts == 1; });  // a is watched
+      advance_in_steps(t.clock, done, o.preflight_timeout + 1s);       // a answers pings meanwhile
+      wait_until(done, [&] { return problem_count() > 0; });
+      [[maybe_unused]] ssize_t n = ::write(stop[1], "x", 1);
+    });
+    struct Done {
+      std::atomic<bool>& f;
+      ~Done() { f = true; }
+    } done{finished};
+    code = supervise::run_watch(
+        hosts.plan, o, [&](const plan::HostPlan&) -> transport::Transport& { return t; }, w);
+  }
+  ::close(stop[0]);
+  ::close(stop[1]);
+  CHECK(code == 0);
+  REQUIRE(problems.size() == 1);
+  CHECK(problems[0].rfind("b: the agent did not answer within", 0) == 0);
 }
 
 // ---- the plays' tables and the hosts' states (runner/supervise/plays.h, host_state.h) ----
