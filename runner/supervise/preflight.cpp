@@ -69,7 +69,7 @@ void RunPlay::preflight_timers(Clock::time_point now) {
   if (phase_ != Phase::preflight) return;
   on_progress();
   if (phase_ != Phase::preflight) return;
-  sync_progress(now);
+  if (syncs_) syncs_->progress(now);
   fleet_.ping(now);
 }
 
@@ -97,7 +97,8 @@ void RunPlay::begin_preflight() {
   m.has_cuda_visible_devices = plan_.user_cuda_visible_devices ? 1 : 0;
   m.cuda_visible_devices = plan_.user_cuda_visible_devices.value_or("");
   number_ps_servers();
-  if (opts_.sync) start_sync_all();
+  if (opts_.sync)
+    syncs_ = std::make_unique<Syncs>(fleet_, *opts_.sync, *out_, out_->terminal() && opts_.console.color);
   for (size_t i = 0; i < fleet_.size(); ++i)
     if (fleet_[i].state() == HostState::greeted) next_step(i);
   on_progress();
@@ -108,8 +109,8 @@ void RunPlay::next_step(size_t i) {
   if (!fleet_[i].open()) return;
   // A PS server host runs no job code: nothing to sync or set up there.
   const bool serves_only = plan_.hosts[i].ranks.empty();
-  if (opts_.sync && !h.synced && !serves_only)
-    start_sync(i);
+  if (syncs_ && !syncs_->synced(i) && !serves_only)
+    syncs_->start(i);
   else if (opts_.setup && !h.set_up && !serves_only)
     start_setup(i);
   else

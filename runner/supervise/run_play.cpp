@@ -207,7 +207,7 @@ std::optional<Clock::time_point> RunPlay::next_deadline() const {
       break;
     case Phase::preflight:
       s.take(fleet_.next_ping());
-      s.take(next_sync_status_);
+      if (syncs_) s.take(syncs_->next_status());
       for (size_t i = 0; i < fleet_.size(); ++i) {
         const HostState st = fleet_[i].state();
         if (st == HostState::preparing) s.take(hosts_[i].prepare_deadline);

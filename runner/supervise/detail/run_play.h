@@ -18,6 +18,7 @@
 #include "runner/records/telemetry_log.h"
 #include "runner/supervise/detail/fleet.h"
 #include "runner/supervise/detail/pulls.h"
+#include "runner/supervise/detail/syncs.h"
 #include "runner/supervise/plays.h"
 #include "runner/telemetry/analysis.h"
 
@@ -25,19 +26,6 @@ namespace mltrain::supervise::detail {
 
 // How the run ends; the first reason wins.
 enum class Ending { none, failure, host_failure, interrupted, stopped, timeout, preflight_failed };
-
-// One host's sync: the files it wants, how far their bytes went, what it said at the end.
-struct HostSync {
-  std::vector<int32_t> want;
-  size_t next = 0;      // into want
-  uint64_t offset = 0;  // within want[next]
-  uint64_t raw_bytes = 0, wire_bytes = 0;
-  uint64_t want_bytes = 0;  // of the files it wants
-  uint32_t deleted = 0;
-  bool data_sent = false;  // SyncEnd is on its way
-  bool done = false;
-  std::string dir;  // as the agent resolved it
-};
 
 struct HostSetup {
   std::string partial;            // the output's last unfinished line
@@ -51,8 +39,7 @@ struct RunHost {
   bool cannot_start = false;  // preflight failed because the program or workdir is missing (exit 127)
   agent::msg::Prepared prepared;
   std::optional<Clock::time_point> prepare_deadline;  // preflight must answer by then
-  bool synced = false, set_up = false;
-  HostSync sync;
+  bool set_up = false;
   HostSetup setup;
   int ps_log_fd = -1;  // the run's ps-<host>.log, once a server said something
 };
@@ -131,12 +118,8 @@ class RunPlay final : public Play {
     fleet_.unexpected(i, M::kType);
   }
 
-  // Sync and setup (sync.cpp).
-  void start_sync_all();  // the tree's manifest and chunks, once for every host
-  void start_sync(size_t i);
+  // Sync (the feed: syncs.cpp) and setup (sync.cpp).
   void pump_sync(size_t i);  // more file bytes while the host's outbox has room
-  void sync_progress(Clock::time_point now);
-  void sync_summary(double secs);
   void start_setup(size_t i);
   void setup_output(size_t i, std::string_view bytes, bool end);
 
@@ -204,15 +187,10 @@ class RunPlay final : public Play {
   std::optional<Clock::time_point> escalate_at_;    // after an interrupt: TERM at this time
   std::optional<Clock::time_point> stop_deadline_;  // stopping: unreported ranks count as lost
   agent::msg::Prepare prepare_;                     // what every host is asked (per host: ports, GPUs)
-  std::string manifest_frames_;                     // [sync]: the tree's manifest, encoded once
-  std::unique_ptr<sync::Chunks> chunks_;            // ... and its files' bytes
-  Clock::time_point sync_start_{};
-  std::optional<Clock::time_point> next_sync_status_;
-  bool sync_reported_ = false;
-  std::set<size_t> sync_warned_;                  // big files named already
-  std::unique_ptr<Pulls> pulls_;                  // [sync] pull, once the ranks ended
-  bool pulled_ = false;                           // ... and it is over
-  std::vector<std::vector<int32_t>> ps_numbers_;  // per host: the PS servers its agent runs
+  std::unique_ptr<Syncs> syncs_;                    // [sync], from preflight on
+  std::unique_ptr<Pulls> pulls_;                    // [sync] pull, once the ranks ended
+  bool pulled_ = false;                             // ... and it is over
+  std::vector<std::vector<int32_t>> ps_numbers_;    // per host: the PS servers its agent runs
 };
 
 }  // namespace mltrain::supervise::detail
