@@ -72,11 +72,11 @@ class Play {
   virtual void on_progress() = 0;                                       // a host connected, greeted or failed
   virtual void on_lost(size_t i, const std::string& why) = 0;           // its link broke or went silent
   virtual void on_frame(size_t i, uint32_t id, agent::Message& m) = 0;  // all but HelloAck, Bye, AgentError
-  virtual void on_bye(size_t i);
-  virtual void on_agent_error(size_t i, const std::string& message);
-  virtual void on_greeted(size_t) {}
-  virtual void on_failed(size_t) {}
-  virtual void on_sent(size_t) {}                // bytes of host i's outbox went out
+  virtual void on_bye(size_t i);                                        // closed, by default
+  virtual void on_agent_error(size_t i, const std::string& message);    // said on stderr by default
+  virtual void on_greeted(size_t) {}                                    // its hello answered
+  virtual void on_failed(size_t) {}                                     // its problem is set
+  virtual void on_sent(size_t) {}                                       // bytes of host i's outbox went out
   virtual void on_resumed(Clock::time_point) {}  // this process was stopped: silence was ours
   // The loop's extras: one descriptor of the play's own (stdin, a viewer's stop) and its events.
   virtual int extra_fd() const { return -1; }
