@@ -427,16 +427,22 @@ void RunPlay::update_status(Clock::time_point now) {
       records::status_line(board_.snapshot(), running_ranks(), int(ranks_.size()), int64_t(elapsed)));
 }
 
+// What starts one rank: the one place a rank's environment becomes the agent's Spawn.
+msg::Spawn RunPlay::spawn_message(const plan::RankPlan& r) const {
+  msg::Spawn m;
+  m.cwd = plan_.workdir;
+  m.argv = plan_.argv;
+  for (const auto& [k, v] : r.env) m.env.push_back(k + "=" + v);
+  m.stdin_pipe = r.rank == opts_.stdin_rank;
+  m.python_path = plan_.python_path;
+  m.one_stream = out_->one_stream();
+  return m;
+}
+
 void RunPlay::spawn_all() {
   for (auto& r : ranks_) r = RankState{};
   for (const auto& r : plan_.ranks) {
-    msg::Spawn m;
-    m.cwd = plan_.workdir;
-    m.argv = plan_.argv;
-    for (const auto& [k, v] : r.env) m.env.push_back(k + "=" + v);
-    m.stdin_pipe = r.rank == opts_.stdin_rank;
-    m.python_path = plan_.python_path;
-    m.one_stream = out_->one_stream();
+    const msg::Spawn m = spawn_message(r);
     fleet_.send(size_t(r.host), m, uint32_t(r.rank));
     // A restarted rank finds the launcher's stdin already at its end.
     if (m.stdin_pipe && stdin_eof_) fleet_.send(size_t(r.host), msg::StdinClose{}, uint32_t(r.rank));

@@ -141,6 +141,7 @@ class RunPlay final : public Play {
   std::string ps_note(size_t i) const;  // " (PS servers 0, 2 ran there)" or ""
 
   // Running.
+  agent::msg::Spawn spawn_message(const plan::RankPlan& r) const;
   void spawn_all();
   void forward_stdin();  // --stdin: the launcher's stdin to one rank, while it runs
   void terminate_all(std::chrono::milliseconds grace);
