@@ -5,11 +5,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "runner/common/error.h"
+#include "runner/common/log.h"
+#include "runner/common/status.h"
 #include "runner/common/text.h"
 #include "runner/records/records.h"
-#include "runner/supervise/detail/gang.h"
+#include "runner/supervise/detail/fleet.h"
+#include "runner/supervise/plays.h"
 
 namespace mltrain::supervise {
 namespace {
@@ -97,70 +101,190 @@ std::string fact(const HostReport& r, const char* k) {
 
 }  // namespace
 
+namespace plays::doctor {
+
+Phase next(Phase p, Event e) {
+  static constexpr Transition<Phase, Event> kTable[] = {
+      {Phase::connecting, Event::greeted, Phase::probing},  // a ping, then a probe, to every host
+      {Phase::connecting, Event::signalled, Phase::done},   // hosts not yet checked say so
+      {Phase::probing, Event::signalled, Phase::done},
+      {Phase::probing, Event::probed, Phase::closing},  // every host answered, or failed
+      {Phase::closing, Event::closed, Phase::done},
+  };
+  return lookup(kTable, p, e);
+}
+
+}  // namespace plays::doctor
+
 namespace detail {
 
 namespace msg = mltrain::agent::msg;
 
-void Gang::send_probes() {
-  // A ping first: its round trip bounds how stale the host's clock reading is.
-  for (auto& h : hosts_)
-    if (h.state == HostState::greeted) {
-      h.state = HostState::preparing;
-      h.probing.ping_sent = clock_.now();
-      send_to(h, msg::Ping{});
-    }
-  check_progress();
-}
+// Doctor's view of one host while probing: the ping's round trip, then the probe's facts.
+struct Probing {
+  Clock::time_point ping_sent{};
+  double rtt_ms = 0;
+  int64_t probe_sent_wall_ms = 0;
+  std::optional<msg::Probed> probed;
+};
 
-void Gang::on_probe_pong(size_t i) {
-  Host& h = hosts_[i];
-  if (h.state != HostState::preparing || h.probing.probe_sent_wall_ms != 0) return;
-  h.probing.rtt_ms = std::chrono::duration<double, std::milli>(clock_.now() - h.probing.ping_sent).count();
-  h.probing.probe_sent_wall_ms = wall_ms();
+class DoctorPlay final : public Play {
+ public:
+  using Phase = plays::doctor::Phase;
+  using Event = plays::doctor::Event;
+  DoctorPlay(Fleet& fleet, const plan::Plan& p, int master_port)
+      : Play(fleet), plan_(p), port_(master_port), hosts_(fleet.size()) {}
+
+  // Returns 0, or 128 + the signal that cut it short.
+  int run(std::vector<HostReport>& reports) {
+    fleet_.connect_all(false);  // no pings: the probe's own ping times the round trip
+    fleet_.drive(*this);
+    reports = this->reports();
+    return stop_signal_ ? 128 + stop_signal_ : 0;
+  }
+
+  bool finished() const override { return phase_ == Phase::done; }
+
+  void on_timers(Clock::time_point now) override {
+    if (phase_ == Phase::connecting) {
+      if (fleet_.connecting_timers(now)) on_progress();
+    } else if (phase_ == Phase::probing && now >= probe_deadline_) {
+      for (size_t i = 0; i < fleet_.size(); ++i)
+        if (fleet_[i].state() != HostState::ready)
+          fleet_.fail(i, "the agent did not answer the probe within " +
+                             text::format_duration(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 fleet_.opts().preflight_timeout)));
+      on_progress();
+    } else if (phase_ == Phase::closing && fleet_.goodbyes_done(now)) {
+      step(Event::closed);
+    }
+  }
+
+  std::optional<Clock::time_point> next_deadline() const override {
+    switch (phase_) {
+      case Phase::connecting:
+        return fleet_.connect_deadline();
+      case Phase::probing:
+        return probe_deadline_;
+      case Phase::closing:
+        return fleet_.goodbye_deadline();
+      case Phase::done:
+        break;
+    }
+    return std::nullopt;
+  }
+
+  void on_signal(int sig) override {
+    if (phase_ != Phase::connecting && phase_ != Phase::probing) return;
+    stop_signal_ = sig;
+    std::fprintf(stderr, "\nmltrain: %s during %s; hosts not yet checked are reported as such\n",
+                 signal_name(sig).c_str(), phase_ == Phase::connecting ? "connecting" : "probing");
+    step(Event::signalled);
+  }
+
+  void on_progress() override {
+    if (phase_ == Phase::connecting && fleet_.all(HostState::greeted)) {
+      log::info("supervise", "every agent answered");
+      step(Event::greeted);
+    } else if (phase_ == Phase::probing && fleet_.all(HostState::ready)) {
+      step(Event::probed);
+    }
+  }
+
+  void on_lost(size_t i, const std::string& why) override {
+    if (!fleet_[i].open()) return;
+    if (phase_ == Phase::closing || phase_ == Phase::done) return fleet_.lose(i);
+    fleet_.fail_link(i, why);
+  }
+
+  void on_frame(size_t i, uint32_t, agent::Message& m) override {
+    if (std::holds_alternative<msg::Pong>(m))
+      on_pong(i);
+    else if (auto* p = std::get_if<msg::Probed>(&m))
+      on_probed(i, *p);
+    else
+      std::visit([&](const auto& x) { fleet_.unexpected(i, std::decay_t<decltype(x)>::kType); }, m);
+  }
+
+ private:
+  void step(Event e) {
+    if (!plays::follow_table(phase_, e, plays::doctor::next)) return;
+    if (phase_ == Phase::probing) {
+      probe_deadline_ = fleet_.clock().now() + fleet_.opts().preflight_timeout;
+      send_probes();
+    } else if (phase_ == Phase::closing) {
+      fleet_.say_goodbye();
+    }
+  }
+
+  void send_probes() {
+    // A ping first: its round trip bounds how stale the host's clock reading is.
+    for (size_t i = 0; i < fleet_.size(); ++i)
+      if (fleet_[i].state() == HostState::greeted) {
+        fleet_.advance(i, HostState::preparing);
+        hosts_[i].ping_sent = fleet_.clock().now();
+        fleet_.send(i, msg::Ping{});
+      }
+    on_progress();
+  }
+
+  void on_pong(size_t i) {
+    Probing& h = hosts_[i];
+    if (phase_ != Phase::probing || fleet_[i].state() != HostState::preparing || h.probe_sent_wall_ms != 0)
+      return;
+    h.rtt_ms = std::chrono::duration<double, std::milli>(fleet_.clock().now() - h.ping_sent).count();
+    h.probe_sent_wall_ms = wall_ms();
+    fleet_.send(i, probe_for(i));
+  }
+
   // torch is checked with the interpreter the job runs: its program (a command line's first one)
   // when that is a python, else the python its #! line names, else python3, each found from the
   // ranks' folder in the PATH the ranks get. A PS server host runs no program.
-  msg::Probe probe;
-  probe.port = uint32_t(i == 0 ? doctor_port_ : 0);
-  std::string prog = job_program();
-  if (!plan_.hosts[i].ranks.empty() && !prog.empty()) {
-    std::string base = prog.substr(prog.rfind('/') + 1);
-    (base.rfind("python", 0) == 0 ? probe.python : probe.program) = prog;
+  msg::Probe probe_for(size_t i) const {
+    msg::Probe probe;
+    probe.port = uint32_t(i == 0 ? port_ : 0);
+    std::string prog = job_program();
+    if (!plan_.hosts[i].ranks.empty() && !prog.empty()) {
+      std::string base = prog.substr(prog.rfind('/') + 1);
+      (base.rfind("python", 0) == 0 ? probe.python : probe.program) = prog;
+    }
+    probe.workdir = plan_.workdir;
+    for (const auto& [k, v] : plan::rank_env(plan_, plan_.runtime, 0))
+      if (k == "PATH") probe.path = v;
+    probe.nvml_library = plan_.nvml_library;
+    probe.has_cuda_visible_devices = plan_.user_cuda_visible_devices ? 1 : 0;
+    probe.cuda_visible_devices = plan_.user_cuda_visible_devices.value_or("");
+    return probe;
   }
-  probe.workdir = plan_.workdir;
-  for (const auto& [k, v] : plan::rank_env(plan_, plan_.runtime, 0))
-    if (k == "PATH") probe.path = v;
-  probe.nvml_library = plan_.nvml_library;
-  probe.has_cuda_visible_devices = plan_.user_cuda_visible_devices ? 1 : 0;
-  probe.cuda_visible_devices = plan_.user_cuda_visible_devices.value_or("");
-  send_to(h, probe);
-}
 
-std::string Gang::job_program() const {
-  const auto& argv = plan_.argv;
-  if (argv.size() >= 3 && argv[0] == "/bin/sh" && argv[1] == "-c") return first_program(argv[2]);
-  return argv.empty() ? std::string() : argv[0];
-}
+  void on_probed(size_t i, msg::Probed& m) {
+    if (phase_ != Phase::probing || fleet_[i].state() != HostState::preparing) return;
+    hosts_[i].probed = std::move(m);
+    fleet_.advance(i, HostState::ready);
+    on_progress();
+  }
 
-void Gang::on(size_t i, uint32_t, msg::Probed& m) {
-  Host& h = hosts_[i];
-  if (phase_ != Phase::probing || h.state != HostState::preparing) return;
-  h.probed = std::move(m);
-  h.state = HostState::ready;
-  check_progress();
-}
+  // The program the ranks run first (a command line's first word), "" when unknown.
+  std::string job_program() const {
+    const auto& argv = plan_.argv;
+    if (argv.size() >= 3 && argv[0] == "/bin/sh" && argv[1] == "-c") return first_program(argv[2]);
+    return argv.empty() ? std::string() : argv[0];
+  }
 
-std::vector<HostReport> Gang::doctor_reports() const {
-  std::vector<HostReport> reports;
-  for (size_t i = 0; i < hosts_.size(); ++i) {
-    const Host& h = hosts_[i];
+  std::vector<HostReport> reports() const {
+    std::vector<HostReport> out;
+    for (size_t i = 0; i < fleet_.size(); ++i) out.push_back(report(i));
+    return out;
+  }
+
+  HostReport report(size_t i) const {
+    const Probing& h = hosts_[i];
     HostReport r;
-    r.host = h.plan->host.name;
+    r.host = fleet_[i].name();
     if (!h.probed) {
-      r.problem = h.problem.empty() ? "not checked (interrupted)" : h.problem;
+      r.problem = fleet_[i].problem.empty() ? "not checked (interrupted)" : fleet_[i].problem;
       r.stage = stage_of(r.problem);
-      reports.push_back(r);
-      continue;
+      return r;
     }
     for (const auto& kv : h.probed->facts) {
       auto eq = kv.find('=');
@@ -168,11 +292,11 @@ std::vector<HostReport> Gang::doctor_reports() const {
     }
     // The host read its clock first thing, about half a round trip after we sent the probe.
     if (auto t = r.facts.find("time_ms"); t != r.facts.end()) {
-      r.clock_offset_ms = std::strtod(t->second.c_str(), nullptr) -
-                          (double(h.probing.probe_sent_wall_ms) + h.probing.rtt_ms / 2);
+      r.clock_offset_ms =
+          std::strtod(t->second.c_str(), nullptr) - (double(h.probe_sent_wall_ms) + h.rtt_ms / 2);
       r.facts.erase(t);
     }
-    r.rtt_ms = h.probing.rtt_ms;
+    r.rtt_ms = h.rtt_ms;
     r.gpus = h.probed->gpus;
     r.ok = true;
     if (auto missing = r.facts.find("python_missing"); missing != r.facts.end()) {
@@ -185,28 +309,26 @@ std::vector<HostReport> Gang::doctor_reports() const {
     if (r.facts.count("port_free") && r.facts["port_free"] == "no") {
       r.ok = false;
       r.stage = "port";
-      r.problem = "master port " + std::to_string(doctor_port_) + " is in use";
+      r.problem = "master port " + std::to_string(port_) + " is in use";
     }
-    reports.push_back(r);
+    return r;
   }
-  return reports;
-}
 
-int Gang::run_doctor(int master_port, std::vector<HostReport>& reports) {
-  doctor_ = true;
-  doctor_port_ = master_port;
-  loop();
-  reports = doctor_reports();
-  return ending_ == Ending::none ? 0 : 128 + stop_signal_;
-}
+  const plan::Plan& plan_;
+  const int port_;  // tested free on the first host
+  Phase phase_ = Phase::connecting;
+  Clock::time_point probe_deadline_{};
+  int stop_signal_ = 0;
+  std::vector<Probing> hosts_;
+};
 
 }  // namespace detail
 
 int run_doctor(plan::Plan& plan, const Options& opts, const TransportFor& transport_for, int master_port,
                std::vector<HostReport>& reports) {
-  records::RunRecord unused;  // doctor records no run
-  detail::Gang g(plan, unused, opts, transport_for);
-  return g.run_doctor(master_port, reports);
+  detail::Fleet fleet(plan, opts, transport_for);
+  detail::DoctorPlay play(fleet, plan, master_port);
+  return play.run(reports);
 }
 
 std::string format_doctor(const std::vector<HostReport>& reports, bool json) {

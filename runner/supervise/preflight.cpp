@@ -1,199 +1,85 @@
-// The gang's first two phases: every host's agent opened and greeted (connecting), then every
-// host checked (preflight). Nothing starts unless every host passes both.
-#include <fcntl.h>
-#include <unistd.h>
-
+// The run's preflight: every host checked (after its sync and setup) before any rank starts.
+// Nothing starts unless every host passes.
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
-#include <thread>
-#include <utility>
+#include <string>
+#include <vector>
 
-#include "runner/common/error.h"
 #include "runner/common/log.h"
 #include "runner/common/text.h"
-#include "runner/supervise/detail/gang.h"
+#include "runner/supervise/detail/run_play.h"
 
 namespace mltrain::supervise::detail {
 
 namespace proto = mltrain::agent;
 namespace msg = mltrain::agent::msg;
+using std::chrono::milliseconds;
 
-Connects::Connects() {
-  if (::pipe2(pipe, O_CLOEXEC | O_NONBLOCK) != 0)
-    throw Error(std::string("pipe2: ") + std::strerror(errno), {}, exit_code::internal);
-}
-
-Connects::~Connects() {
-  ::close(pipe[0]);
-  ::close(pipe[1]);
-}
-
-void Connects::put(Result r) {
-  {
-    std::lock_guard<std::mutex> lock(m);
-    if (!abandoned) ready.push_back(std::move(r));
-  }
-  // Outside the lock: an abandoned link closes here, which tells its agent to exit.
-  r.link.reset();
-  char b = 1;
-  [[maybe_unused]] ssize_t n = ::write(pipe[1], &b, 1);
-}
-
-std::vector<Connects::Result> Connects::take() {
-  char buf[64];
-  while (::read(pipe[0], buf, sizeof buf) > 0) {
-  }
-  std::lock_guard<std::mutex> lock(m);
-  return std::exchange(ready, {});
-}
-
-void Connects::abandon() {
-  std::vector<Result> dropped;
-  std::lock_guard<std::mutex> lock(m);
-  abandoned = true;
-  dropped.swap(ready);
-}
-
-Gang::~Gang() {
-  if (connects_) connects_->abandon();
-  for (auto& h : hosts_)
-    if (h.ps_log_fd >= 0) ::close(h.ps_log_fd);
-}
-
-void Gang::start_connects() {
-  // In parallel: a slow or dead host costs its timeout once, not once per host.
-  connects_ = std::make_shared<Connects>();
-  // SSH handshakes take seconds: say so, rather than sit silent. Local-only jobs stay quiet.
-  std::vector<std::string> remote;
-  for (const auto& h : plan_.hosts)
-    if (!h.local) remote.push_back(h.host.name);
-  if (!remote.empty()) {
-    std::string names = remote.size() <= 8 ? " (" + text::join(remote, ", ") + ")" : "";
-    std::fprintf(stderr, "mltrain: connecting to %zu host%s%s...\n", remote.size(),
-                 remote.size() == 1 ? "" : "s", names.c_str());
-  }
-  for (size_t i = 0; i < plan_.hosts.size(); ++i) {
-    transport::Transport& t = transport_for_(plan_.hosts[i]);
-    std::thread([c = connects_, &t, host = plan_.hosts[i], i] {
-      Connects::Result r;
-      r.host = i;
-      try {
-        r.link = t.connect(host);
-      } catch (const Error& e) {
-        // Each host's own advice stays with it in the report.
-        r.problem = e.hint().empty() ? e.what() : std::string(e.what()) + "\n      (" + e.hint() + ")";
-      } catch (const std::exception& e) {
-        r.problem = e.what();
-      }
-      c->put(std::move(r));
-    }).detach();
-  }
-}
-
-void Gang::take_connected() {
-  for (auto& r : connects_->take()) {
-    Host& h = hosts_[r.host];
-    if (!r.problem.empty()) {
-      host_failed(r.host, r.problem);
-      continue;
-    }
-    h.link = std::move(r.link);
-    h.state = HostState::greeting;
-    h.last_heard = clock_.now();
-    msg::Hello hello;
-    hello.grace_ms = uint32_t(opts_.grace.count());
-    // A local agent sees the launcher go by EOF on its pipe; a heartbeat would only kill the job
-    // while the launcher is suspended (Ctrl-Z).
-    hello.heartbeat_timeout_ms = h.plan->local ? 0u : uint32_t(opts_.heartbeat_timeout.count());
-    send_to(h, hello);
-  }
-  check_progress();
-}
-
-void Gang::host_failed(size_t i, const std::string& problem) {
-  Host& h = hosts_[i];
-  if (h.state == HostState::failed) return;
-  h.state = HostState::failed;
-  h.problem = problem;
-  if (watch_) watch_problem(i, problem);
-}
-
-void Gang::on(size_t i, uint32_t, msg::HelloAck& m) {
-  Host& h = hosts_[i];
-  if (h.state != HostState::greeting) return;
-  if (m.magic != proto::kMagic || m.version != proto::kVersion) {
-    host_failed(i, "the agent speaks protocol version " + std::to_string(m.version) + ", this mltrain " +
-                       std::to_string(proto::kVersion));
-  } else {
-    h.state = HostState::greeted;
-    if (watch_) start_watching(i);
-  }
-  check_progress();
-}
-
-void Gang::on(size_t i, uint32_t, msg::Prepared& m) {
-  Host& h = hosts_[i];
-  if (h.state != HostState::preparing) return;
-  h.prepared = std::move(m);
-  for (const auto& port : h.prepared.ports)  // a host's word, used as a number below
-    if (!text::parse_int_in(port, 1, 65535))
-      h.prepared.problems.push_back("the agent offered the port '" + text::host_text(port, 32) +
-                                    "', not a number from 1 to 65535");
-  if (!h.prepared.problems.empty()) {
-    host_failed(i, text::join(h.prepared.problems, "; "));
-    h.cannot_start = h.prepared.cannot_start != 0;
-  } else
-    h.state = HostState::ready;
-  check_progress();
-}
-
-void Gang::check_progress() {
-  auto all = [&](HostState s) {
-    return std::all_of(hosts_.begin(), hosts_.end(),
-                       [&](const Host& h) { return h.state == s || h.state == HostState::failed; });
-  };
-  if (phase_ == Phase::connecting && watch_) {
-    if (all(HostState::ready)) enter(Phase::watching);
-  } else if (phase_ == Phase::connecting && pull_only_ && all(HostState::greeted)) {
-    enter(Phase::pulling);
-  } else if (phase_ == Phase::connecting && all(HostState::greeted)) {
+void RunPlay::on_progress() {
+  if (phase_ == Phase::connecting && fleet_.all(HostState::greeted)) {
     log::info("supervise", "every agent answered");
-    enter(doctor_ ? Phase::probing : Phase::preflight);
-  } else if (phase_ == Phase::probing && all(HostState::ready)) {
-    enter(Phase::closing);
-  } else if (phase_ == Phase::preflight && all(HostState::ready)) {
-    log::info("supervise", "preflight done");
-    settle_gpus();
-    std::vector<std::string> lines;
-    for (const auto& h : hosts_)
-      if (h.state == HostState::failed) {
-        const std::string& n = h.plan->host.name;
-        bool named = h.problem.compare(0, n.size() + 2, n + ": ") == 0;
-        lines.push_back("  " + (named ? h.problem : n + ": " + h.problem));
-      }
-    if (!lines.empty()) {
-      preflight_error_ = "preflight failed on " + std::to_string(lines.size()) + " of " +
-                         std::to_string(hosts_.size()) + (hosts_.size() == 1 ? " host" : " hosts") +
-                         "; no rank was started:\n" + text::join(lines, "\n");
-      ending_ = Ending::preflight_failed;
-      enter(Phase::done);
-      return;
-    }
-    settle_rendezvous();
-    settle_ps();
-    enter(Phase::running);
+    step(Event::greeted);
+  } else if (phase_ == Phase::preflight && fleet_.all(HostState::ready)) {
+    preflight_done();
   }
 }
 
-void Gang::begin_preflight() {
+void RunPlay::fail_host(size_t i, const std::string& problem) {
+  fleet_.fail(i, problem);
+  on_progress();
+}
+
+void RunPlay::preflight_done() {
+  log::info("supervise", "preflight done");
+  settle_gpus();
+  std::vector<std::string> lines;
+  for (const auto& h : fleet_.hosts())
+    if (h.state() == HostState::failed) {
+      const std::string& n = h.name();
+      bool named = h.problem.compare(0, n.size() + 2, n + ": ") == 0;
+      lines.push_back("  " + (named ? h.problem : n + ": " + h.problem));
+    }
+  if (!lines.empty()) {
+    preflight_error_ = "preflight failed on " + std::to_string(lines.size()) + " of " +
+                       std::to_string(fleet_.size()) + (fleet_.size() == 1 ? " host" : " hosts") +
+                       "; no rank was started:\n" + text::join(lines, "\n");
+    ending_ = Ending::preflight_failed;
+    step(Event::preflight_failed);
+    return;
+  }
+  settle_rendezvous();
+  settle_ps();
+  step(Event::preflight_passed);
+}
+
+// Each host's preflight answers within the timeout of being asked; a sync or a setup may take as
+// long as it needs while its agent answers heartbeats.
+void RunPlay::preflight_timers(Clock::time_point now) {
+  for (size_t i = 0; i < fleet_.size(); ++i) {
+    const HostState st = fleet_[i].state();
+    const auto& deadline = hosts_[i].prepare_deadline;
+    if (st == HostState::preparing && deadline && now >= *deadline)
+      fleet_.fail(
+          i, "the agent did not finish its preflight within " +
+                 text::format_duration(std::chrono::duration_cast<milliseconds>(opts_.preflight_timeout)));
+    else if ((st == HostState::syncing || st == HostState::setting_up) && fleet_.silent(i, now))
+      on_lost(i, std::string("stopped answering heartbeats while ") +
+                     (st == HostState::syncing ? "syncing" : "running the setup"));
+  }
+  if (phase_ != Phase::preflight) return;
+  on_progress();
+  if (phase_ != Phase::preflight) return;
+  if (syncs_) syncs_->progress(now);
+  fleet_.ping(now);
+}
+
+void RunPlay::begin_preflight() {
   // Where ranks meet: rank 0's host, by an address the other hosts reach.
   master_ = "127.0.0.1";
-  if (plan_.multi_host && hosts_[0].link) {
-    master_ = hosts_[0].link->address();
+  if (plan_.multi_host && fleet_[0].link) {
+    master_ = fleet_[0].link->address();
     if (plan_.hosts[0].local)
-      for (auto& h : hosts_)
+      for (const auto& h : fleet_.hosts())
         if (h.link && !h.plan->local && !h.link->local_address().empty()) {
           master_ = h.link->local_address();
           break;
@@ -211,26 +97,27 @@ void Gang::begin_preflight() {
   m.has_cuda_visible_devices = plan_.user_cuda_visible_devices ? 1 : 0;
   m.cuda_visible_devices = plan_.user_cuda_visible_devices.value_or("");
   number_ps_servers();
-  if (opts_.sync) start_sync_all();
-  for (size_t i = 0; i < hosts_.size(); ++i)
-    if (hosts_[i].state == HostState::greeted) next_step(i);
-  check_progress();
+  if (opts_.sync)
+    syncs_ = std::make_unique<Syncs>(fleet_, *opts_.sync, *out_, out_->terminal() && opts_.console.color);
+  for (size_t i = 0; i < fleet_.size(); ++i)
+    if (fleet_[i].state() == HostState::greeted) next_step(i);
+  on_progress();
 }
 
-void Gang::next_step(size_t i) {
-  Host& h = hosts_[i];
-  if (!h.open()) return;
+void RunPlay::next_step(size_t i) {
+  RunHost& h = hosts_[i];
+  if (!fleet_[i].open()) return;
   // A PS server host runs no job code: nothing to sync or set up there.
   const bool serves_only = plan_.hosts[i].ranks.empty();
-  if (opts_.sync && !h.synced && !serves_only)
-    start_sync(i);
+  if (syncs_ && !syncs_->synced(i) && !serves_only)
+    syncs_->start(i);
   else if (opts_.setup && !h.set_up && !serves_only)
     start_setup(i);
   else
     send_prepare(i);
 }
 
-void Gang::send_prepare(size_t i) {
+void RunPlay::send_prepare(size_t i) {
   msg::Prepare m = prepare_;
   uint32_t nports =
       plan_.multi_host ? (plan_.auto_master_port ? 1u : 0u) + 1u + (plan_.ps_mode ? 1u : 0u) : 0u;
@@ -240,17 +127,34 @@ void Gang::send_prepare(size_t i) {
   m.fixed_port = i == 0 && !plan_.auto_master_port ? uint32_t(plan_.master_port) : 0;
   if (plan_.hosts[i].ranks.empty()) m.workdir.clear(), m.argv0.clear();  // a PS server host runs no program
   ps_prepare(i, m);
-  hosts_[i].state = HostState::preparing;
+  fleet_.advance(i, HostState::preparing);
   hosts_[i].prepare_deadline = clock_.now() + opts_.preflight_timeout;
-  send_to(hosts_[i], m);
+  fleet_.send(i, m);
 }
 
-void Gang::settle_gpus() {
+void RunPlay::on(size_t i, uint32_t, msg::Prepared& m) {
+  if (fleet_[i].state() != HostState::preparing) return;
+  RunHost& h = hosts_[i];
+  h.prepared = std::move(m);
+  for (const auto& port : h.prepared.ports)  // a host's word, used as a number below
+    if (!text::parse_int_in(port, 1, 65535))
+      h.prepared.problems.push_back("the agent offered the port '" + text::host_text(port, 32) +
+                                    "', not a number from 1 to 65535");
+  if (!h.prepared.problems.empty()) {
+    fleet_.fail(i, text::join(h.prepared.problems, "; "));
+    h.cannot_start = h.prepared.cannot_start != 0;
+  } else {
+    fleet_.advance(i, HostState::ready);
+  }
+  on_progress();
+}
+
+void RunPlay::settle_gpus() {
   // Each rank's CUDA_VISIBLE_DEVICES from what its host's agent found usable; a host that cannot
   // give every rank its GPUs fails preflight like any other host problem.
-  for (size_t i = 0; i < hosts_.size(); ++i) {
-    Host& h = hosts_[i];
-    if (h.state != HostState::ready || h.plan->gpu_slots_needed == 0) continue;
+  for (size_t i = 0; i < fleet_.size(); ++i) {
+    const RunHost& h = hosts_[i];
+    if (fleet_[i].state() != HostState::ready || fleet_[i].plan->gpu_slots_needed == 0) continue;
     plan::HostGpus g;
     for (const auto& gpu : h.prepared.gpus) {
       g.indices.push_back(gpu.index);
@@ -260,11 +164,11 @@ void Gang::settle_gpus() {
     g.note = h.prepared.gpu_note;
     if (h.prepared.has_cuda_visible_devices) g.cuda_visible_devices = h.prepared.cuda_visible_devices;
     std::string problem = plan::assign_gpus(plan_, int(i), g);
-    if (!problem.empty()) host_failed(i, problem);
+    if (!problem.empty()) fleet_.fail(i, problem);
   }
 }
 
-void Gang::settle_rendezvous() {
+void RunPlay::settle_rendezvous() {
   if (plan_.multi_host) {
     plan::Rendezvous r;
     r.master_addr = master_;
@@ -277,11 +181,11 @@ void Gang::settle_rendezvous() {
     r.store_port = next(plan_.master_port + 1);
     r.ps_port = plan_.ps_mode ? next(0) : 0;
     plan::set_rendezvous(plan_, r);
-    for (size_t i = 0; i < hosts_.size(); ++i) plan::set_interface(plan_, int(i), hosts_[i].prepared.ifname);
+    for (size_t i = 0; i < fleet_.size(); ++i) plan::set_interface(plan_, int(i), hosts_[i].prepared.ifname);
   }
   // The record shows the rendezvous and environment as preflight settled them.
   records::fill_from_plan(rec_, plan_);
-  for (size_t i = 0; i < hosts_.size(); ++i) rec_.hosts[i].address = hosts_[i].link->address();
+  for (size_t i = 0; i < fleet_.size(); ++i) rec_.hosts[i].address = fleet_[i].link->address();
 }
 
 }  // namespace mltrain::supervise::detail

@@ -1,4 +1,4 @@
-// The gang's end: the run record's final state, mltrain's exit code and the summary on stderr.
+// The run's end: the run record's final state, mltrain's exit code and the summary on stderr.
 #include <signal.h>
 
 #include <algorithm>
@@ -10,7 +10,7 @@
 #include "runner/common/log.h"
 #include "runner/common/status.h"
 #include "runner/common/text.h"
-#include "runner/supervise/detail/gang.h"
+#include "runner/supervise/detail/run_play.h"
 
 namespace mltrain::supervise::detail {
 
@@ -50,32 +50,35 @@ std::string error_file_message(const std::string& j) {
 
 }  // namespace
 
-int Gang::finish() {
+// Nothing started: the record says why, and the error carries it to the command's exit code.
+void RunPlay::finish_preflight_failed() {
+  // A program or workdir missing (and nothing else wrong) is "could not start": 127, as a shell says.
+  bool cannot_start = true;
+  for (size_t i = 0; i < fleet_.size(); ++i)
+    cannot_start &= fleet_[i].state() != HostState::failed || hosts_[i].cannot_start;
+  int code = cannot_start ? exit_code::cannot_start : exit_code::host_failure;
+  rec_.status = cannot_start ? "failed" : "host-failure";
+  rec_.exit_code = code;
+  rec_.failure = records::Failure{-1, "", code, 0, preflight_error_, {}, "preflight"};
+  rec_.ended_at = records::now_iso8601();
+  rec_.duration_s = std::chrono::duration<double>(clock_.now() - job_start_).count();
+  if (!records::save(rec_)) record_unsaved_ = true;
+  if (opts_.json_summary) {
+    std::fprintf(stdout, "%s\n", records::to_json(rec_, true).c_str());
+    std::fflush(stdout);
+  }
+  const bool workdir = preflight_error_.find("workdir ") != std::string::npos;
+  throw Error(preflight_error_,
+              cannot_start && workdir && !opts_.workdir_hint.empty() ? opts_.workdir_hint
+              : cannot_start ? "check the program and workdir on the hosts above, then run again"
+                             : "fix the hosts above, then run again",
+              code);
+}
+
+int RunPlay::finish() {
   out_->flush();
   log::info("supervise", "agents shut down");
-  if (ending_ == Ending::preflight_failed) {
-    // A program or workdir missing (and nothing else wrong) is "could not start": 127, as a shell says.
-    bool cannot_start = std::all_of(hosts_.begin(), hosts_.end(), [](const Host& h) {
-      return h.state != HostState::failed || h.cannot_start;
-    });
-    int code = cannot_start ? exit_code::cannot_start : exit_code::host_failure;
-    rec_.status = cannot_start ? "failed" : "host-failure";
-    rec_.exit_code = code;
-    rec_.failure = records::Failure{-1, "", code, 0, preflight_error_, {}, "preflight"};
-    rec_.ended_at = records::now_iso8601();
-    rec_.duration_s = std::chrono::duration<double>(clock_.now() - job_start_).count();
-    if (!records::save(rec_)) record_unsaved_ = true;
-    if (opts_.json_summary) {
-      std::fprintf(stdout, "%s\n", records::to_json(rec_, true).c_str());
-      std::fflush(stdout);
-    }
-    const bool workdir = preflight_error_.find("workdir ") != std::string::npos;
-    throw Error(preflight_error_,
-                cannot_start && workdir && !opts_.workdir_hint.empty() ? opts_.workdir_hint
-                : cannot_start ? "check the program and workdir on the hosts above, then run again"
-                               : "fix the hosts above, then run again",
-                code);
-  }
+  if (ending_ == Ending::preflight_failed) finish_preflight_failed();
   int code = 0;
   switch (ending_) {
     case Ending::none:
@@ -127,7 +130,7 @@ int Gang::finish() {
   return code;
 }
 
-void Gang::print_summary(int code) {
+void RunPlay::print_summary(int code) {
   char dur[32];
   std::snprintf(dur, sizeof dur, "%.1fs", rec_.duration_s);
   if (opts_.json_summary) {

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 
 #include "runner/common/error.h"
@@ -27,7 +28,10 @@
 #include "runner/protocol/protocol.h"
 #include "runner/records/records.h"
 #include "runner/supervise/doctor.h"
+#include "runner/supervise/host_state.h"
+#include "runner/supervise/plays.h"
 #include "runner/supervise/supervisor.h"
+#include "runner/supervise/watch.h"
 
 namespace fs = std::filesystem;
 using namespace mltrain;
@@ -108,7 +112,8 @@ struct FakeHostBehaviour {
   std::optional<std::string> cuda_visible_devices;  // ... and the value that leaves gpu_usable
   std::vector<int> gpu_usable;                      // (empty: every GPU)
   std::chrono::milliseconds prepare_delay{0};       // answers prepare this much later (a slow probe)
-  bool leave_on_spawn = false;  // says LauncherSilent and Bye instead of starting its ranks
+  bool leave_on_spawn = false;    // says LauncherSilent and Bye instead of starting its ranks
+  bool leave_on_prepare = false;  // says Bye instead of answering prepare
 };
 
 // What every fake agent saw, for the test to wait on and assert.
@@ -117,6 +122,7 @@ struct Seen {
   std::atomic<int> restarts{0};
   std::atomic<int> gpu_slots_asked{0};  // the most gpu_slots_needed one prepare asked for
   std::atomic<int> pings_before_spawn{0};
+  std::atomic<int> telemetry_starts{0};
 };
 
 class FakeAgent {
@@ -177,6 +183,11 @@ class FakeAgent {
           } else if (auto* prepare = std::get_if<proto::msg::Prepare>(&*m)) {
             ++seen_.prepares;
             if (b_.mute_prepare) continue;
+            if (b_.leave_on_prepare) {
+              send(proto::msg::Bye{});
+              silent = true;
+              continue;
+            }
             proto::msg::Prepared r;
             r.ifname = "fake0";
             r.local_ip = "10.0.0.9";
@@ -231,6 +242,8 @@ class FakeAgent {
           } else if (auto* ping = std::get_if<proto::msg::Ping>(&*m)) {
             if (seen_.spawns == 0) ++seen_.pings_before_spawn;
             send(proto::msg::Pong{ping->seq});
+          } else if (std::get_if<proto::msg::TelemetryStart>(&*m)) {
+            ++seen_.telemetry_starts;
           } else if (std::get_if<proto::msg::Shutdown>(&*m)) {
             send(proto::msg::Bye{});
             return;
@@ -511,6 +524,24 @@ TEST_CASE("supervisor: a host that cannot be reached fails preflight; nothing st
     CHECK(std::string(e.what()).find("c: workdir /x does not exist here") != std::string::npos);
     CHECK(std::string(e.what()).find("preflight failed on 2 of 3 hosts") != std::string::npos);
     CHECK(std::string(e.what()).find("no rank was started") != std::string::npos);
+  }
+  CHECK(t.seen.spawns == 0);
+  CHECK(records::load(run.rec.id).status == "host-failure");
+}
+
+// A host whose agent leaves before the ranks start fails preflight at once: the other hosts do
+// not wait for its answer until the preflight timeout.
+TEST_CASE("supervisor: an agent that leaves during preflight fails its host; nothing starts") {
+  FakeTransport t([&](int, int) { return Script{}; },
+                  {{"a", {}}, {"b", host_that(&FakeHostBehaviour::leave_on_prepare)}});
+  Run run;
+  try {
+    run.go("a:1,b:1", t);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.code() == exit_code::host_failure);
+    CHECK(std::string(e.what()).find("b: the agent left before the ranks started") != std::string::npos);
+    CHECK(std::string(e.what()).find("preflight failed on 1 of 2 hosts") != std::string::npos);
   }
   CHECK(t.seen.spawns == 0);
   CHECK(records::load(run.rec.id).status == "host-failure");
@@ -864,4 +895,140 @@ TEST_CASE("doctor: Ctrl-C while a host is still connecting ends it at once") {
   CHECK(code == 130);
   REQUIRE(doc.reports.size() == 2);
   CHECK_FALSE(doc.reports[1].ok);
+}
+
+// top on hosts: the connect timeout fails the hosts still connecting, never one already watched.
+TEST_CASE("watch: a host still connecting at the timeout fails alone; the others stay watched") {
+  FakeTransport t([](int, int) { return Script{}; },
+                  {{"a", {}}, {"b", host_that(&FakeHostBehaviour::block_connect)}});
+  Doctor hosts(t, "a:1,b:1");  // for its plan
+  std::mutex m;
+  std::vector<std::string> problems;
+  auto problem_count = [&] {
+    std::lock_guard<std::mutex> lock(m);
+    return problems.size();
+  };
+  int stop[2];
+  REQUIRE(::pipe2(stop, O_CLOEXEC) == 0);
+  supervise::WatchOptions w;
+  w.on_sample = [](const std::string&, std::string_view) { return true; };
+  w.on_problem = [&](const std::string& host, const std::string& problem) {
+    std::lock_guard<std::mutex> lock(m);
+    problems.push_back(host + ": " + problem);
+  };
+  w.stop_fd = stop[0];
+  supervise::Options o;
+  o.clock = &t.clock;
+  o.signals = &t.signals;
+  std::atomic<bool> finished{false};
+  int code = -1;
+  {
+    Driver d(finished, [&](const std::atomic<bool>& done) {
+      wait_until(done, [&] { return t.seen.telemetry_starts == 1; });  // a is watched
+      advance_in_steps(t.clock, done, o.preflight_timeout + 1s);       // a answers pings meanwhile
+      wait_until(done, [&] { return problem_count() > 0; });
+      [[maybe_unused]] ssize_t n = ::write(stop[1], "x", 1);
+    });
+    struct Done {
+      std::atomic<bool>& f;
+      ~Done() { f = true; }
+    } done{finished};
+    code = supervise::run_watch(
+        hosts.plan, o, [&](const plan::HostPlan&) -> transport::Transport& { return t; }, w);
+  }
+  ::close(stop[0]);
+  ::close(stop[1]);
+  CHECK(code == 0);
+  REQUIRE(problems.size() == 1);
+  CHECK(problems[0].rfind("b: the agent did not answer within", 0) == 0);
+}
+
+// ---- the plays' tables and the hosts' states (runner/supervise/plays.h, host_state.h) ----
+
+TEST_CASE("plays: the run's table") {
+  using namespace supervise::plays::run;
+  CHECK(next(Phase::connecting, Event::greeted) == Phase::preflight);
+  CHECK(next(Phase::connecting, Event::signalled) == Phase::done);
+  CHECK(next(Phase::preflight, Event::signalled) == Phase::done);
+  CHECK(next(Phase::preflight, Event::preflight_passed) == Phase::running);
+  CHECK(next(Phase::preflight, Event::preflight_failed) == Phase::done);
+  CHECK(next(Phase::running, Event::stop) == Phase::stopping);
+  CHECK(next(Phase::stopping, Event::stop) == Phase::stopping);  // stopping already
+  for (Phase p : {Phase::running, Phase::stopping}) {
+    CHECK(next(p, Event::restart) == Phase::restarting);
+    CHECK(next(p, Event::ranks_ended) == Phase::closing);
+    CHECK(next(p, Event::results) == Phase::pulling);
+  }
+  CHECK(next(Phase::restarting, Event::restarted) == Phase::running);
+  CHECK(next(Phase::pulling, Event::pulled) == Phase::closing);
+  CHECK(next(Phase::closing, Event::closed) == Phase::done);
+  // Once ranks may have started, a signal is the play's to handle (pass it on, stop the ranks):
+  // the table moves nowhere on it; and nothing moves out of done.
+  for (Phase p : {Phase::running, Phase::stopping, Phase::pulling, Phase::closing})
+    CHECK(next(p, Event::signalled) == p);
+  for (Event e : {Event::greeted, Event::signalled, Event::preflight_passed, Event::stop, Event::restart,
+                  Event::ranks_ended, Event::pulled, Event::closed})
+    CHECK(next(Phase::done, e) == Phase::done);
+  CHECK(next(Phase::connecting, Event::preflight_passed) == Phase::connecting);  // not before preflight
+  CHECK(std::string(phase_name(Phase::restarting)) == "restarting");
+}
+
+TEST_CASE("plays: doctor's, watch's and cp's tables") {
+  {
+    using namespace supervise::plays::doctor;
+    CHECK(next(Phase::connecting, Event::greeted) == Phase::probing);
+    CHECK(next(Phase::probing, Event::probed) == Phase::closing);
+    CHECK(next(Phase::connecting, Event::signalled) == Phase::done);
+    CHECK(next(Phase::probing, Event::signalled) == Phase::done);
+    CHECK(next(Phase::closing, Event::signalled) == Phase::closing);
+    CHECK(next(Phase::closing, Event::closed) == Phase::done);
+    CHECK(next(Phase::connecting, Event::probed) == Phase::connecting);
+  }
+  {
+    using namespace supervise::plays::watch;
+    CHECK(next(Phase::connecting, Event::watching) == Phase::watching);
+    CHECK(next(Phase::connecting, Event::stop) == Phase::closing);
+    CHECK(next(Phase::watching, Event::stop) == Phase::closing);
+    CHECK(next(Phase::watching, Event::deserted) == Phase::done);
+    CHECK(next(Phase::closing, Event::stop) == Phase::closing);
+    CHECK(next(Phase::closing, Event::closed) == Phase::done);
+    CHECK(next(Phase::connecting, Event::deserted) == Phase::connecting);
+  }
+  {
+    using namespace supervise::plays::pull;
+    CHECK(next(Phase::connecting, Event::greeted) == Phase::pulling);
+    CHECK(next(Phase::connecting, Event::signalled) == Phase::done);
+    CHECK(next(Phase::pulling, Event::signalled) == Phase::pulling);  // the play ends the pull first
+    CHECK(next(Phase::pulling, Event::pulled) == Phase::closing);
+    CHECK(next(Phase::closing, Event::closed) == Phase::done);
+  }
+}
+
+TEST_CASE("host state: only forward; a backward step is refused") {
+  using supervise::HostState;
+  supervise::HostStatus h;
+  CHECK(h.get() == HostState::connecting);
+  h.advance(HostState::greeting);
+  h.advance(HostState::greeted);
+  h.advance(HostState::syncing);
+  h.advance(HostState::preparing);  // a step may skip states: no setup here
+  CHECK_THROWS_AS(h.advance(HostState::greeted), std::logic_error);
+  CHECK_THROWS_AS(h.advance(HostState::preparing), std::logic_error);  // not forward either
+  CHECK(h.get() == HostState::preparing);                              // a refused step changes nothing
+  h.advance(HostState::ready);
+  CHECK_FALSE(h.ended());
+  h.advance(HostState::closed);
+  CHECK(h.ended());
+  // Nothing moves out of an end, not even to another end.
+  CHECK_THROWS_AS(h.advance(HostState::failed), std::logic_error);
+  CHECK_THROWS_AS(h.advance(HostState::lost), std::logic_error);
+  try {
+    h.advance(HostState::connecting);
+  } catch (const std::logic_error& e) {
+    CHECK(std::string(e.what()).find("from closed to connecting") != std::string::npos);
+  }
+  CHECK(supervise::moves_forward(HostState::connecting, HostState::failed));
+  CHECK(supervise::moves_forward(HostState::ready, HostState::lost));
+  CHECK_FALSE(supervise::moves_forward(HostState::failed, HostState::closed));
+  CHECK_FALSE(supervise::moves_forward(HostState::setting_up, HostState::syncing));
 }
