@@ -28,6 +28,9 @@ void add_host_flags(CLI::App* c, launch::Overrides& f) {
   add_int_option(c, "--procs-per-host", f.procs_per_host, 1, 4096,
                  "Ranks on each host (alias --nproc-per-node)");
   c->add_flag("--oversubscribe", f.oversubscribe, "Allow more ranks than the hosts have slots");
+  c->add_flag("--queue", f.queue,
+              "When the GPUs (or hosts) are held by other jobs, wait for them in the hosts' queue instead of "
+              "failing ([cluster] queue)");
   c->add_option("--hostfile", f.hostfile, "Hostfile (DeepSpeed, Open MPI or Horovod format)");
   c->add_option_function<std::string>(
       "-H,--hosts", [&f](const std::string& v) { f.hosts = v; },

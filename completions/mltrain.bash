@@ -64,7 +64,7 @@ _mltrain() {
 
     local cmds="run validate logs ls show stop rm gc completions knobs doctor bench top exec ssh cp export sbatch"
     local global_opts="-v --verbose --color"
-    local job_opts="-n --nprocs --procs-per-host --oversubscribe --hostfile -H --hosts --include --exclude -e --env -x
+    local job_opts="-n --nprocs --procs-per-host --oversubscribe --queue --hostfile -H --hosts --include --exclude -e --env -x
         --master-port --max-restarts --timeout --grace-period --profile --name --workdir"
     # Options that take a value (the value is the next word, or follows '=').
     local with_value=" --color -n --nprocs --procs-per-host --hostfile -H --hosts --include --exclude -e --env -x

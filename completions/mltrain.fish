@@ -126,6 +126,7 @@ complete -c mltrain -n "__mltrain_using $job; and __mltrain_no_positional" -k -a
 complete -c mltrain -n "__mltrain_using $job" -s n -l nprocs -x -d 'Number of ranks'
 complete -c mltrain -n "__mltrain_using $job" -l procs-per-host -x -d 'Ranks on each host'
 complete -c mltrain -n "__mltrain_using $job" -l oversubscribe -d 'Allow more ranks than the hosts have slots'
+complete -c mltrain -n "__mltrain_using $job" -l queue -d 'Wait in the queue for GPUs held by other jobs'
 complete -c mltrain -n "__mltrain_using $job" -s x -x -a '(set -xn)' -d 'Forward a variable of this shell (K), or set it (K=V)'
 complete -c mltrain -n "__mltrain_using $job" -l master-port -x -d 'MASTER_PORT of the job'
 complete -c mltrain -n "__mltrain_using $job" -l hostfile -r -F -d 'Hostfile (DeepSpeed, Open MPI or Horovod format)'

@@ -1,4 +1,4 @@
-// The job's claim on this host, made at preflight (runner/lease/claim.h): the usable GPUs no one
+// The job's claim on this host, made once preflight passed (runner/lease/claim.h): the usable GPUs no one
 // leases and no process computes on, the host alone when exclusive, a place in the host's queue.
 #include <algorithm>
 #include <chrono>
@@ -47,38 +47,37 @@ std::string in_the_way_text(const lease::InTheWay& w) {
 
 }  // namespace
 
-void Agent::claim(const msg::Prepare& m, msg::Prepared& out) {
+void Agent::on(uint32_t id, const msg::Claim& m) {
   lease::Ask ask;
   ask.space.name = m.lease_space;
   ask.run_id = m.run_id;
-  ask.gpus = int(m.gpu_slots_needed);
+  ask.gpus = int(m.gpus);
   ask.pinned.assign(m.pinned_gpus.begin(), m.pinned_gpus.end());
   ask.exclusive = m.exclusive != 0;
   ask.order_key = m.order_key;
   std::string lines;
   for (const auto& kv : m.claim_info) lines += kv + "\n";
   ask.info = lease::decode(lines);
-  std::vector<lease::Gpu> inventory;
+  std::vector<lease::Gpu> inventory = claimable_gpus_;
   if (ask.gpus > 0 || !ask.pinned.empty()) {
-    const std::set<int> busy = gpus_in_use(nvml_library_for(m.nvml_library));
-    for (int i : out.gpu_usable) {
-      auto g = std::find_if(out.gpus.begin(), out.gpus.end(), [&](const Gpu& x) { return x.index == i; });
-      if (g != out.gpus.end()) inventory.push_back({i, g->uuid, busy.count(i) > 0});
-    }
+    const std::set<int> busy = gpus_in_use(claim_nvml_library_);
+    for (auto& g : inventory) g.foreign = busy.count(g.index) > 0;
   }
   if (!claim_) claim_.emplace();
   claim_->attempt(ask, inventory, kAskHolder);
+  msg::Claimed out;
   if (!claim_->error().empty()) {
-    out.claim_state = uint32_t(msg::ClaimState::failed);
-    out.claim_error = claim_->error();
+    out.state = uint32_t(msg::ClaimState::failed);
+    out.error = claim_->error();
   } else if (claim_->granted()) {
-    out.claim_state = uint32_t(msg::ClaimState::granted);
-    if (!inventory.empty()) out.gpu_usable.assign(claim_->gpus().begin(), claim_->gpus().end());
+    out.state = uint32_t(msg::ClaimState::granted);
+    out.gpus.assign(claim_->gpus().begin(), claim_->gpus().end());
   } else {
-    out.claim_state = uint32_t(msg::ClaimState::busy);
-    out.claim_ahead = uint32_t(claim_->ahead());
-    for (const auto& w : claim_->in_the_way()) out.claim_in_the_way.push_back(in_the_way_text(w));
+    out.state = uint32_t(msg::ClaimState::busy);
+    out.ahead = uint32_t(claim_->ahead());
+    for (const auto& w : claim_->in_the_way()) out.in_the_way.push_back(in_the_way_text(w));
   }
+  send(out, id);
 }
 
 void Agent::on(uint32_t, const msg::Unclaim&) {

@@ -111,13 +111,14 @@ void Agent::on(uint32_t id, const msg::Prepare& m) {
     out.has_cuda_visible_devices = visible ? 1 : 0;
     out.cuda_visible_devices = visible.value_or("");
   }
-  // The claim once every check passed: a host that fails preflight holds nothing.
-  if (problems.empty() && m.claim) claim(m, out);
-  // Servers last, and only when every check passed and the claim, if any, was granted: a host
-  // that fails preflight, or waits, serves nothing.
-  if (problems.empty() && out.claim_state != uint32_t(msg::ClaimState::busy) &&
-      out.claim_state != uint32_t(msg::ClaimState::failed))
-    start_ps(m, out);
+  // What a claim may take of them (Claim, claim.cpp): the usable ones, and where to ask NVML.
+  claimable_gpus_.clear();
+  for (int i : out.gpu_usable)
+    for (const auto& g : out.gpus)
+      if (g.index == i) claimable_gpus_.push_back({i, g.uuid, false});
+  claim_nvml_library_ = nvml_library_for(m.nvml_library);
+  // Servers last, and only when every check passed: a host that fails preflight serves nothing.
+  if (problems.empty()) start_ps(m, out);
   send(out, id);
 }
 

@@ -10,10 +10,11 @@ namespace mltrain {
 // or 128+signal) is passed through unchanged and is not listed here.
 namespace exit_code {
 inline constexpr int ok = 0;
-inline constexpr int usage = 2;           // bad command line, spec, hostfile or profile
-inline constexpr int internal = 70;       // a broken invariant inside mltrain (a bug)
-inline constexpr int state = 74;          // the state folder cannot be written: records or logs incomplete
-inline constexpr int timeout = 124;       // the job ran past [run] timeout
+inline constexpr int usage = 2;      // bad command line, spec, hostfile or profile
+inline constexpr int internal = 70;  // a broken invariant inside mltrain (a bug)
+inline constexpr int state = 74;     // the state folder cannot be written: records or logs incomplete
+inline constexpr int busy = 75;      // what the job needs is held by other jobs (no --queue): nothing started
+inline constexpr int timeout = 124;  // the job ran past [run] timeout
 inline constexpr int cannot_start = 127;  // a rank's program or workdir is missing
 inline constexpr int interrupted = 130;   // stopped by Ctrl-C
 inline constexpr int stopped = 143;       // stopped by `mltrain stop` or SIGTERM

@@ -66,6 +66,10 @@ void apply_overrides(spec::JobSpec& s, const Overrides& f,
                      const std::map<std::string, std::string>& environ) {
   if (f.nprocs > 0) s.cluster.nprocs = f.nprocs;
   if (f.procs_per_host > 0) s.cluster.procs_per_host = f.procs_per_host;
+  if (f.queue) {
+    s.cluster.queue = true;
+    s.origins["cluster.queue"] = "--queue";
+  }
   if (f.oversubscribe) {
     s.cluster.oversubscribe = true;
     s.origins["cluster.oversubscribe"] = "--oversubscribe";

@@ -22,6 +22,7 @@ struct Overrides {
   int nprocs = 0;
   int procs_per_host = 0;
   bool oversubscribe = false;        // allow more ranks than the hosts have slots
+  bool queue = false;                // wait for free GPUs in the hosts' queue ([cluster] queue)
   std::string hostfile;              // replaces the spec's hosts and hostfile
   std::optional<std::string> hosts;  // -H as given (even empty); replaces the spec's hosts and hostfile
   std::string include, exclude;

@@ -22,6 +22,7 @@
 #include "runner/common/text.h"
 #include "runner/launch/detail/launch_detail.h"
 #include "runner/launch/launch.h"
+#include "runner/lease/claim.h"
 #include "runner/supervise/supervisor.h"
 #include "runner/sync/manifest.h"
 
@@ -72,6 +73,35 @@ supervise::Options supervise_options(const spec::JobSpec& s, const JobRequest& r
     o.console.ranks = std::set<int>(list->begin(), list->end());
   }
   return o;
+}
+
+// What the job claims of its hosts (docs/sharing.md): its GPUs, the hosts alone when exclusive, a
+// place in their queue with --queue; and what it says of itself to whoever looks (`mltrain queue`).
+supervise::ClaimJob claims_for(const spec::JobSpec& s, const plan::Plan& p) {
+  supervise::ClaimJob c;
+  c.queue = s.cluster.queue;
+  c.exclusive = s.cluster.exclusive;
+  try {
+    c.space = knobs::mltrain_lease_space.get();
+    c.retry = knobs::mltrain_queue_retry.get();
+  } catch (const knobs::BadValue& e) {
+    throw Error(e.what(), "unset it, or set it as `mltrain knobs` says", exit_code::usage);
+  }
+  if (!lease::valid_space(c.space))
+    throw Error("MLTRAIN_LEASE_SPACE='" + text::host_text(c.space, 40) + "' is not a lease space",
+                "use at most 32 of a-z, 0-9 and -, or unset it", exit_code::usage);
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  c.order_key = lease::order_key(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count(), p.run_id);
+  std::string user = std::to_string(::geteuid());
+  if (const passwd* pw = ::getpwuid(::geteuid())) user = pw->pw_name;
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) host[0] = 0;
+  std::vector<std::string> names;
+  for (const auto& h : p.hosts) names.push_back(h.host.name);
+  c.info = {"run=" + p.run_id, "user=" + user, "launcher=" + std::string(host),
+            "since=" + std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now).count()),
+            "hosts=" + text::compact_names(names)};
+  return c;
 }
 
 // mltrain's own error as main prints it, for the run's folder (shown by `logs`).
@@ -319,6 +349,7 @@ RunResult run(const JobRequest& req) {
   supervise::Options o = supervise_options(s, req);
   o.telemetry_interval = req.exec ? std::chrono::milliseconds(0) : telemetry_interval;
   o.fail_fast = !req.exec;
+  if (!req.exec) o.claims = claims_for(s, p);
   // Code missing on a host: say how it gets there.
   if (s.sync.reuse && !req.exec)
     o.workdir_hint = "--no-sync runs the ranks in the folder the last sync made (" + p.workdir +

@@ -143,7 +143,10 @@ void Claim::attempt(const Ask& ask, const std::vector<Gpu>& inventory,
     if (!ticket_ && error_.empty()) error_ = "the queue place " + ask.order_key + " is taken";
   }
   if (!error_.empty()) return;
-  if (ahead_in_queue(ask, ask_timeout) || !exclusive_ok(ask, ask_timeout)) return;
+  // Only what is contended waits its turn: a job that asks for no GPU and not the whole host goes
+  // by every queued one (it takes nothing they wait for), as long as no one has the host alone.
+  const bool contends = ask.gpus > 0 || !ask.pinned.empty() || ask.exclusive;
+  if ((contends && ahead_in_queue(ask, ask_timeout)) || !exclusive_ok(ask, ask_timeout)) return;
   if (ask.gpus > 0 || !ask.pinned.empty()) {
     if (!take_gpus(ask, inventory, ask_timeout)) {
       exclusive_.reset();

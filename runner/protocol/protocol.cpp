@@ -199,8 +199,12 @@ const char* type_name(Type t) {
       return "pull_data";
     case Type::pull_done:
       return "pull_done";
+    case Type::claim:
+      return "claim";
     case Type::unclaim:
       return "unclaim";
+    case Type::claimed:
+      return "claimed";
     case Type::ps_log:
       return "ps_log";
     case Type::ps_stats:

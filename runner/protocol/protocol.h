@@ -49,7 +49,8 @@ enum class Type : uint16_t {
   sync_end = 15,
   setup = 16,
   pull = 17,
-  unclaim = 18,
+  claim = 18,
+  unclaim = 19,
   // agent -> launcher
   hello_ack = 101,
   started = 102,
@@ -71,6 +72,7 @@ enum class Type : uint16_t {
   pull_done = 118,
   ps_log = 119,
   ps_stats = 120,
+  claimed = 121,
 };
 
 struct Frame {
@@ -295,15 +297,6 @@ struct Prepare {  // preflight
   // What this host's servers may hold together: "N" bytes or "P%" of the host's memory (the
   // smaller of MemTotal and the agent's cgroup limit); "": 50%.
   std::string ps_memory;
-  // The host's leases (runner/lease/claim.h), claimed before any rank starts when `claim` is 1:
-  // the job's GPUs (gpu_slots_needed of the usable ones, or pinned_gpus exactly), the host alone
-  // when `exclusive`, and a place in the host's queue when `order_key` is not empty. The job is
-  // `run_id`; `claim_info` ("key=value") says who it is to whoever looks; `lease_space` is where
-  // the leases live ("" the default).
-  uint32_t claim = 0, exclusive = 0;
-  std::string run_id, order_key, lease_space;
-  std::vector<int32_t> pinned_gpus;
-  std::vector<std::string> claim_info;
   void put(Writer& w) const {
     w.str(master_addr).u32(nports).str(workdir).str(argv0).str(path).u32(fixed_port);
     w.u32(gpu_slots_needed).str(nvml_library).u32(has_cuda_visible_devices).str(cuda_visible_devices);
@@ -311,13 +304,6 @@ struct Prepare {  // preflight
     w.ints(ps_servers).u32(ps_workers).u32(ps_sync).str(ps_token).str(ps_optimizer);
     w.str(ps_lr).str(ps_momentum).str(ps_weight_decay);
     w.str(ps_memory);
-    w.u32(claim)
-        .u32(exclusive)
-        .str(run_id)
-        .str(order_key)
-        .str(lease_space)
-        .ints(pinned_gpus)
-        .strings(claim_info);
   }
   void get(Reader& r) {
     master_addr = r.str(), nports = r.u32(), workdir = r.str(), argv0 = r.str(), path = r.str();
@@ -333,9 +319,6 @@ struct Prepare {  // preflight
     ps_lr = r.str(), ps_momentum = r.str(), ps_weight_decay = r.str();
     if (r.left() == 0) return;  // from a launcher without a PS memory budget
     ps_memory = r.str();
-    if (r.left() == 0) return;  // from a launcher without leases
-    claim = r.u32(), exclusive = r.u32(), run_id = r.str(), order_key = r.str(), lease_space = r.str();
-    pinned_gpus = r.ints(), claim_info = r.strings();
   }
 };
 struct Probe {  // doctor
@@ -460,6 +443,33 @@ struct Pull {
   uint64_t max_bytes = 0;  // stop past this many bytes (0: no limit)
   void put(Writer& w) const { w.str(dir).strings(patterns).u64(max_bytes); }
   void get(Reader& r) { dir = r.str(), patterns = r.strings(), max_bytes = r.u64(); }
+};
+
+// The job's claim on the host (runner/lease/claim.h), made once preflight passed on every host and
+// again while the job waits: `gpus` of the usable GPUs Prepare found (or `pinned_gpus` exactly),
+// none a process computes on; the host alone when `exclusive`; a place in the host's queue when
+// `order_key` is not empty. `claim_info` ("key=value") says who the job is to whoever looks;
+// `lease_space` is where the leases live ("" the default).
+struct Claim {
+  static constexpr Type kType = Type::claim;
+  bool operator==(const Claim&) const = default;
+  std::string run_id, order_key, lease_space;
+  uint32_t gpus = 0, exclusive = 0;
+  std::vector<int32_t> pinned_gpus;
+  std::vector<std::string> claim_info;
+  void put(Writer& w) const {
+    w.str(run_id)
+        .str(order_key)
+        .str(lease_space)
+        .u32(gpus)
+        .u32(exclusive)
+        .ints(pinned_gpus)
+        .strings(claim_info);
+  }
+  void get(Reader& r) {
+    run_id = r.str(), order_key = r.str(), lease_space = r.str(), gpus = r.u32(), exclusive = r.u32();
+    pinned_gpus = r.ints(), claim_info = r.strings();
+  }
 };
 
 // Gives back what the host granted the job's claim (another host did not grant its part, and the
@@ -604,7 +614,25 @@ struct Bye {  // the agent is exiting after shutdown
   void put(Writer&) const {}
   void get(Reader&) {}
 };
-enum class ClaimState : uint32_t { none = 0, granted = 1, busy = 2, failed = 3 };
+// The answer to Claim: granted (`gpus`: the job's GPUs, leased, in the order the ranks get them),
+// busy (in the way: one entry per obstacle, "key=value" lines as runner/lease/lease.h encodes
+// them: what, uid, pid, and what its holder says; `ahead`: jobs queued before this one), or failed
+// (`error`).
+enum class ClaimState : uint32_t { granted = 1, busy = 2, failed = 3 };
+struct Claimed {
+  static constexpr Type kType = Type::claimed;
+  bool operator==(const Claimed&) const = default;
+  uint32_t state = 0;  // ClaimState
+  std::vector<int32_t> gpus;
+  uint32_t ahead = 0;
+  std::vector<std::string> in_the_way;
+  std::string error;
+  void put(Writer& w) const { w.u32(state).ints(gpus).u32(ahead).strings(in_the_way).str(error); }
+  void get(Reader& r) {
+    state = r.u32(), gpus = r.ints(), ahead = r.u32(), in_the_way = r.strings(), error = r.str();
+  }
+};
+
 struct Prepared {
   static constexpr Type kType = Type::prepared;
   bool operator==(const Prepared&) const = default;
@@ -621,20 +649,11 @@ struct Prepared {
   uint32_t has_cuda_visible_devices = 0;
   std::string cuda_visible_devices;
   std::vector<int32_t> ps_ports;  // where the PS servers Prepare asked for listen, in its order
-  // The claim, when Prepare made one: granted (gpu_usable then holds the job's GPUs, leased), not
-  // granted (in the way: one entry per obstacle, "key=value" lines as runner/lease/lease.h encodes
-  // them: what, uid, pid, and what its holder says), or failed (claim_error). claim_ahead: jobs
-  // queued before this one on the host.
-  uint32_t claim_state = 0;  // ClaimState
-  uint32_t claim_ahead = 0;
-  std::vector<std::string> claim_in_the_way;
-  std::string claim_error;
   void put(Writer& w) const {
     w.str(ifname).str(local_ip).strings(ports).strings(problems).u32(cannot_start);
     put_gpus(w, gpus);
     w.ints(gpu_usable).str(gpu_source).str(gpu_note).u32(has_cuda_visible_devices).str(cuda_visible_devices);
     w.ints(ps_ports);
-    w.u32(claim_state).u32(claim_ahead).strings(claim_in_the_way).str(claim_error);
   }
   void get(Reader& r) {
     ifname = r.str(), local_ip = r.str(), ports = r.strings(), problems = r.strings();
@@ -644,8 +663,6 @@ struct Prepared {
     gpu_usable = r.ints(), gpu_source = r.str(), gpu_note = r.str(), has_cuda_visible_devices = r.u32();
     cuda_visible_devices = r.str();
     if (r.left() > 0) ps_ports = r.ints();
-    if (r.left() == 0) return;  // from an agent without leases
-    claim_state = r.u32(), claim_ahead = r.u32(), claim_in_the_way = r.strings(), claim_error = r.str();
   }
 };
 struct Probed {
@@ -722,7 +739,7 @@ using Message =
                  msg::Bye, msg::Prepared, msg::Probed, msg::TelemetryStart, msg::Telemetry, msg::SyncManifest,
                  msg::SyncData, msg::SyncEnd, msg::Setup, msg::Pull, msg::SyncWant, msg::SyncDone,
                  msg::SetupDone, msg::PullFile, msg::PullData, msg::PullDone, msg::PsLog, msg::PsStats,
-                 msg::Unclaim>;
+                 msg::Claim, msg::Unclaim, msg::Claimed>;
 
 // Appends message `m` as one frame with `id` (a rank, kAllRanks, or 0).
 template <class M>

@@ -501,6 +501,18 @@ std::vector<Key> cluster_keys() {
        .doc = "how agents start: ssh, slurm (srun steps), or auto (slurm inside an allocation)",
        .emit = Emit::unless_default,
        .choices = {"auto", "ssh", "slurm"}},
+      {.section = "cluster",
+       .name = "exclusive",
+       .type = Type::boolean,
+       .member = member<&S::cluster, &ClusterSection::exclusive>(),
+       .doc = "the hosts to this job alone: no other mltrain job runs on them meanwhile (docs/sharing.md)",
+       .emit = Emit::unless_default},
+      {.section = "cluster",
+       .name = "queue",
+       .type = Type::boolean,
+       .member = member<&S::cluster, &ClusterSection::queue>(),
+       .doc = "wait in the hosts' queue for free GPUs (--queue) instead of failing (docs/sharing.md)",
+       .emit = Emit::unless_default},
   };
 }
 

@@ -41,6 +41,10 @@ struct ClusterSection {
   // How agents start: "ssh" (local child for this machine), "slurm" (one srun step per host), or
   // "auto": slurm inside an allocation (SLURM_JOB_ID set), else ssh.
   std::string launcher = "auto";
+  // Sharing hosts (docs/sharing.md): the hosts to this job alone (no other mltrain job on them
+  // while it runs), and waiting in the hosts' queue for free GPUs (or hosts) instead of failing.
+  bool exclusive = false;
+  bool queue = false;
 };
 
 struct CommSection {

@@ -36,12 +36,27 @@ bool follow_table(Phase& phase, Event e, Phase (*next)(Phase, Event)) {
 
 // `mltrain run` and `exec`: the gang.
 namespace run {
-enum class Phase { connecting, preflight, running, stopping, restarting, pulling, closing, done };
+enum class Phase {
+  connecting,
+  preflight,
+  claiming,
+  queued,
+  running,
+  stopping,
+  restarting,
+  pulling,
+  closing,
+  done
+};
 enum class Event {
   greeted,           // every host answered hello, or failed
   signalled,         // a signal before any rank started
-  preflight_passed,  // every host ready: the ranks start
+  preflight_passed,  // every host ready: the job claims them (or the ranks start, with no claim)
   preflight_failed,  // ... and one or more failed: nothing starts
+  granted,           // every host granted the claim: the ranks start
+  busy,              // something is held by another job, and the job waits in the queue
+  refused,           // ... and it does not wait (or a claim failed): nothing starts
+  retry,             // a waiting job asks again
   stop,              // a failure, a timeout or a signal: the ranks are told to stop
   restart,           // every rank ended after a failure, and max_restarts allows another go
   restarted,         // the restart is announced: the ranks start again
@@ -52,8 +67,8 @@ enum class Event {
 };
 Phase next(Phase p, Event e);
 inline const char* phase_name(Phase p) {
-  static constexpr const char* kNames[] = {"connecting", "preflight", "running", "stopping",
-                                           "restarting", "pulling",   "closing", "done"};
+  static constexpr const char* kNames[] = {"connecting", "preflight",  "claiming", "queued",  "running",
+                                           "stopping",   "restarting", "pulling",  "closing", "done"};
   return kNames[size_t(p)];
 }
 }  // namespace run

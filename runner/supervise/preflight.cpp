@@ -21,7 +21,31 @@ void RunPlay::on_progress() {
     step(Event::greeted);
   } else if (phase_ == Phase::preflight && fleet_.all(HostState::ready)) {
     preflight_done();
+  } else if (phase_ == Phase::claiming && opts_.claims) {
+    for (size_t k = 0; k < fleet_.size(); ++k)
+      if (fleet_[k].open() && !hosts_[k].claimed) return;
+    claims_answered();
   }
+}
+
+// "  h2: problem" for every host that failed; empty when none did.
+std::vector<std::string> RunPlay::failed_hosts() const {
+  std::vector<std::string> lines;
+  for (const auto& h : fleet_.hosts())
+    if (h.state() == HostState::failed) {
+      const std::string& n = h.name();
+      bool named = h.problem.compare(0, n.size() + 2, n + ": ") == 0;
+      lines.push_back("  " + (named ? h.problem : n + ": " + h.problem));
+    }
+  return lines;
+}
+
+void RunPlay::preflight_failed(const std::vector<std::string>& lines) {
+  preflight_error_ = "preflight failed on " + std::to_string(lines.size()) + " of " +
+                     std::to_string(fleet_.size()) + (fleet_.size() == 1 ? " host" : " hosts") +
+                     "; no rank was started:\n" + text::join(lines, "\n");
+  ending_ = Ending::preflight_failed;
+  step(Event::preflight_failed);
 }
 
 void RunPlay::fail_host(size_t i, const std::string& problem) {
@@ -32,24 +56,19 @@ void RunPlay::fail_host(size_t i, const std::string& problem) {
 void RunPlay::preflight_done() {
   log::info("supervise", "preflight done");
   settle_gpus();
-  std::vector<std::string> lines;
-  for (const auto& h : fleet_.hosts())
-    if (h.state() == HostState::failed) {
-      const std::string& n = h.name();
-      bool named = h.problem.compare(0, n.size() + 2, n + ": ") == 0;
-      lines.push_back("  " + (named ? h.problem : n + ": " + h.problem));
-    }
-  if (!lines.empty()) {
-    preflight_error_ = "preflight failed on " + std::to_string(lines.size()) + " of " +
-                       std::to_string(fleet_.size()) + (fleet_.size() == 1 ? " host" : " hosts") +
-                       "; no rank was started:\n" + text::join(lines, "\n");
+  if (auto lines = failed_hosts(); !lines.empty()) return preflight_failed(lines);
+  step(Event::preflight_passed);  // claiming (claims.cpp), then start_job()
+}
+
+void RunPlay::start_job() {
+  if (opts_.claims && !settle_gpus()) {  // what was granted serves the ranks as the usable ones did
+    preflight_error_ = "the GPUs granted do not fit the ranks";
     ending_ = Ending::preflight_failed;
-    step(Event::preflight_failed);
-    return;
+    return step(Event::refused);
   }
   settle_rendezvous();
   settle_ps();
-  step(Event::preflight_passed);
+  step(Event::granted);
 }
 
 // Each host's preflight answers within the timeout of being asked; a sync or a setup may take as
@@ -149,7 +168,8 @@ void RunPlay::on(size_t i, uint32_t, msg::Prepared& m) {
   on_progress();
 }
 
-void RunPlay::settle_gpus() {
+bool RunPlay::settle_gpus() {
+  bool fit = true;
   // Each rank's CUDA_VISIBLE_DEVICES from what its host's agent found usable; a host that cannot
   // give every rank its GPUs fails preflight like any other host problem.
   for (size_t i = 0; i < fleet_.size(); ++i) {
@@ -160,12 +180,14 @@ void RunPlay::settle_gpus() {
       g.indices.push_back(gpu.index);
       g.names.push_back(gpu.name);
     }
-    g.usable.assign(h.prepared.gpu_usable.begin(), h.prepared.gpu_usable.end());
+    const auto& usable = h.claimed ? h.claimed->gpus : h.prepared.gpu_usable;
+    g.usable.assign(usable.begin(), usable.end());
     g.note = h.prepared.gpu_note;
     if (h.prepared.has_cuda_visible_devices) g.cuda_visible_devices = h.prepared.cuda_visible_devices;
     std::string problem = plan::assign_gpus(plan_, int(i), g);
-    if (!problem.empty()) fleet_.fail(i, problem);
+    if (!problem.empty()) fleet_.fail(i, problem), fit = false;
   }
+  return fit;
 }
 
 void RunPlay::settle_rendezvous() {

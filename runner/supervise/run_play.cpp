@@ -27,8 +27,15 @@ Phase next(Phase p, Event e) {
       {Phase::connecting, Event::greeted, Phase::preflight},
       {Phase::connecting, Event::signalled, Phase::done},
       {Phase::preflight, Event::signalled, Phase::done},
-      {Phase::preflight, Event::preflight_passed, Phase::running},
+      {Phase::preflight, Event::preflight_passed, Phase::claiming},
       {Phase::preflight, Event::preflight_failed, Phase::done},
+      {Phase::claiming, Event::granted, Phase::running},
+      {Phase::claiming, Event::busy, Phase::queued},
+      {Phase::claiming, Event::refused, Phase::done},
+      {Phase::claiming, Event::preflight_failed, Phase::done},
+      {Phase::claiming, Event::signalled, Phase::done},
+      {Phase::queued, Event::retry, Phase::claiming},
+      {Phase::queued, Event::signalled, Phase::done},
       {Phase::running, Event::stop, Phase::stopping},
       {Phase::running, Event::restart, Phase::restarting},
       {Phase::stopping, Event::restart, Phase::restarting},
@@ -91,6 +98,12 @@ void RunPlay::begin(Phase p) {
     case Phase::preflight:
       begin_preflight();
       break;
+    case Phase::claiming:
+      send_claims();
+      break;
+    case Phase::queued:
+      retry_at_ = clock_.now() + (opts_.claims ? opts_.claims->retry : milliseconds(500));
+      break;
     case Phase::restarting:
       restart_gang();
       break;
@@ -147,6 +160,10 @@ void RunPlay::on_timers(Clock::time_point now) {
       break;
     case Phase::preflight:
       preflight_timers(now);
+      break;
+    case Phase::claiming:
+    case Phase::queued:
+      claim_timers(now);
       break;
     case Phase::pulling:
       fleet_.heartbeats(now);
@@ -214,6 +231,12 @@ std::optional<Clock::time_point> RunPlay::next_deadline() const {
         if (st == HostState::syncing || st == HostState::setting_up)
           s.take(fleet_[i].last_heard + opts_.heartbeat_timeout);
       }
+      break;
+    case Phase::claiming:
+    case Phase::queued:
+      s.take(fleet_.heartbeat_deadline());
+      s.take(retry_at_);
+      s.take(next_status_);
       break;
     case Phase::pulling:
       s.take(fleet_.heartbeat_deadline());
@@ -581,8 +604,14 @@ void RunPlay::on_signal(int sig) {
     // Nothing has started: stop here, at once, without waiting for slow hosts.
     ending_ = sig == SIGINT ? Ending::interrupted : Ending::stopped;
     stop_signal_ = sig;
-    std::fprintf(stderr, "\nmltrain: %s during %s; no rank was started\n", signal_name(sig).c_str(),
-                 phase_name(phase_));
+    out_->set_status("");
+    if (phase_ == Phase::queued || phase_ == Phase::claiming)  // the agents leave, and the place with them
+      std::fprintf(stderr,
+                   "\nmltrain: %s while waiting for the hosts; the job left the queue, no rank was started\n",
+                   signal_name(sig).c_str());
+    else
+      std::fprintf(stderr, "\nmltrain: %s during %s; no rank was started\n", signal_name(sig).c_str(),
+                   phase_name(phase_));
     step(Event::signalled);
     return;
   }

@@ -79,6 +79,7 @@ int RunPlay::finish() {
   out_->flush();
   log::info("supervise", "agents shut down");
   if (ending_ == Ending::preflight_failed) finish_preflight_failed();
+  if (ending_ == Ending::busy) finish_busy();
   int code = 0;
   switch (ending_) {
     case Ending::none:
@@ -106,6 +107,7 @@ int RunPlay::finish() {
       rec_.status = "timeout";
       break;
     case Ending::preflight_failed:
+    case Ending::busy:
       break;  // above
   }
   rec_.exit_code = code;

@@ -50,6 +50,17 @@ struct PullJob {
   std::chrono::milliseconds stall_timeout{60000};
 };
 
+// Sharing hosts (docs/sharing.md): once preflight passed on every host, the job claims each one
+// (its GPUs, the host alone when `exclusive`, runner/lease/claim.h). When something is held by
+// another job it waits in the hosts' queue with `queue`, else it fails at once naming the holder.
+struct ClaimJob {
+  bool queue = false, exclusive = false;
+  std::string space;              // MLTRAIN_LEASE_SPACE ("" the hosts' own)
+  std::string order_key;          // the job's place in the queue (lease::order_key)
+  std::vector<std::string> info;  // "key=value" what the job says of itself: run, user, launcher, since
+  std::chrono::milliseconds retry{500};  // how often a waiting job asks again
+};
+
 struct Options {
   std::chrono::milliseconds grace{5000};
   std::chrono::milliseconds timeout{0};  // 0: none
@@ -77,6 +88,7 @@ struct Options {
   std::optional<SyncJob> sync;
   std::optional<SetupJob> setup;
   std::optional<PullJob> pull;
+  std::optional<ClaimJob> claims;  // none: no claim (`exec`)
   // The hint when preflight finds the workdir missing or unreadable on a host ("" : the generic
   // one): the launcher knows whether the code was meant to be synced there.
   std::string workdir_hint;

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -214,8 +215,11 @@ class Mltrain:
         self.config.mkdir()
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MLTRAIN_", "SLURM_"))}
         env.pop("NO_COLOR", None)
+        # Each test's jobs contend for GPUs and queue places with each other only: tests that run
+        # at once (pytest-xdist) share this machine's fake GPUs (docs/sharing.md, spaces).
+        self.lease_space = "t-" + uuid.uuid4().hex[:24]
         env.update(MLTRAIN_HOME=str(self.home), XDG_CONFIG_HOME=str(self.config),
-                   XDG_STATE_HOME=str(tmp_path / "state"), LC_ALL="C.UTF-8")
+                   XDG_STATE_HOME=str(tmp_path / "state"), LC_ALL="C.UTF-8", MLTRAIN_LEASE_SPACE=self.lease_space)
         self.sanitizer_logs = None
         if SANITIZED:
             # Every sanitized process (the launcher, its agents, the bench) writes its reports

@@ -500,43 +500,37 @@ TEST_CASE("agent_core: the ranks' environment: the agent's own, the job's over i
   CHECK(has("MLTRAIN_RUNTIME=/opt/mltrain-runtime"));
 }
 
-// A claim through the protocol: Prepare takes the host's leases, the answer says granted or who
-// is in the way, and Unclaim gives a grant back.
-TEST_CASE("agent_core: Prepare claims the host for the job; another job finds it in the way until Unclaim") {
+// A claim through the protocol: Claim takes the host's leases, Claimed says granted or who is in
+// the way, and Unclaim gives a grant back.
+TEST_CASE("agent_core: Claim takes the host for the job; another job finds it in the way until Unclaim") {
   const std::string space = "agent-core-" + std::to_string(::getpid());
-  auto prepare = [&](const std::string& run, bool exclusive) {
-    msg::Prepare p;
-    p.workdir = "/";
-    p.argv0 = "sh";
-    p.path = "/usr/bin:/bin";
-    p.claim = 1;
-    p.exclusive = exclusive ? 1 : 0;
-    p.run_id = run;
-    p.lease_space = space;
-    p.claim_info = {"run=" + run, "user=tester"};
-    return p;
+  auto claim = [&](const std::string& run, bool exclusive) {
+    msg::Claim c;
+    c.exclusive = exclusive ? 1 : 0;
+    c.run_id = run;
+    c.lease_space = space;
+    c.claim_info = {"run=" + run, "user=tester"};
+    return c;
   };
-  auto prepared = [](Launcher& l) {
+  auto claimed = [](Launcher& l) {
     l.turns();
-    auto got = all_of<msg::Prepared>(l.said());
+    auto got = all_of<msg::Claimed>(l.said());
     REQUIRE(got.size() == 1);
     return got[0];
   };
   Launcher a, b;
   a.hello(5000, 0);
   b.hello(5000, 0);
-  a.send(prepare("run-a", true));
-  auto pa = prepared(a);
-  CHECK(pa.problems.empty());
-  CHECK(pa.claim_state == uint32_t(msg::ClaimState::granted));
-  b.send(prepare("run-b", false));
-  auto pb = prepared(b);
-  CHECK(pb.claim_state == uint32_t(msg::ClaimState::busy));
-  REQUIRE(pb.claim_in_the_way.size() == 1);
-  CHECK(pb.claim_in_the_way[0].find("what=exclusive\n") != std::string::npos);
-  CHECK(pb.claim_in_the_way[0].find("pid=" + std::to_string(::getpid()) + "\n") != std::string::npos);
+  a.send(claim("run-a", true));
+  CHECK(claimed(a).state == uint32_t(msg::ClaimState::granted));
+  b.send(claim("run-b", false));
+  auto cb = claimed(b);
+  CHECK(cb.state == uint32_t(msg::ClaimState::busy));
+  REQUIRE(cb.in_the_way.size() == 1);
+  CHECK(cb.in_the_way[0].find("what=exclusive\n") != std::string::npos);
+  CHECK(cb.in_the_way[0].find("pid=" + std::to_string(::getpid()) + "\n") != std::string::npos);
   a.send(msg::Unclaim{});
   a.turns();
-  b.send(prepare("run-b", false));
-  CHECK(prepared(b).claim_state == uint32_t(msg::ClaimState::granted));
+  b.send(claim("run-b", false));
+  CHECK(claimed(b).state == uint32_t(msg::ClaimState::granted));
 }

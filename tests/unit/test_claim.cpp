@@ -142,6 +142,24 @@ TEST_CASE("claim: queued jobs go in the order of their keys, and jobs that do no
   CHECK(second.granted());
 }
 
+TEST_CASE("claim: a job that asks for no GPU goes by the queue, but not by a job that has the host alone") {
+  auto gpus = four_gpus();
+  lease::Claim running, waiting, cpu;
+  running.attempt(ask("run-0", 4), gpus, 20ms);
+  REQUIRE(running.granted());
+  waiting.attempt(ask("run-1", 1, lease::order_key(100, "run-1")), gpus, 20ms);
+  CHECK_FALSE(waiting.granted());
+  cpu.attempt(ask("run-cpu", 0), gpus, 20ms);
+  CHECK(cpu.granted());
+  CHECK(cpu.gpus().empty());
+  auto ex = ask("run-ex", 0);
+  ex.exclusive = true;
+  lease::Claim exclusive;
+  exclusive.attempt(ex, gpus, 20ms);
+  CHECK_FALSE(exclusive.granted());  // the queue first, and the others are there
+  CHECK(exclusive.ahead() == 1);
+}
+
 TEST_CASE("claim: a grant given back keeps the job's place in the queue") {
   auto gpus = four_gpus();
   lease::Claim first, second;

@@ -141,14 +141,7 @@ const msg::Prepare kPrepare{"10.0.0.1",
                             "0.10000000000000001",
                             "0.9",
                             "0",
-                            "25%",
-                            1,
-                            0,
-                            "20261206-101500-bert",
-                            "0001733480100000000000-20261206-101500-bert",
-                            "",
-                            {0, 1},
-                            {"user=alice", "launcher=laptop"}};
+                            "25%"};
 const msg::Probe kProbe{29500,
                         "/opt/venv/bin/python",
                         "/opt/venv/bin:/usr/bin",
@@ -157,22 +150,9 @@ const msg::Probe kProbe{29500,
                         "",
                         "/home/u/proj",
                         "torchrun"};
-const msg::Prepared kPrepared{"eth0",
-                              "10.0.0.2",
-                              {"29500", "29501"},
-                              {"program x not found"},
-                              1,
-                              {kH100, {}},
-                              {3, 0},
-                              "nvml",
-                              "",
-                              1,
-                              "3,0",
-                              {40001, 40002},
-                              2,
-                              1,
-                              {"what=gpu 0\nrun=r1\nuid=1000\n"},
-                              ""};
+const msg::Prepared kPrepared{
+    "eth0", "10.0.0.2", {"29500", "29501"}, {"program x not found"}, 1, {kH100, {}}, {3, 0}, "nvml", "",
+    1,      "3,0",      {40001, 40002}};
 const msg::Probed kProbed{{"arch=x86_64", "gpus=1"}, {kH100}};
 const SyncEntry kFileEntry{"src/train.py",
                            SyncEntry::file,
@@ -209,7 +189,16 @@ std::vector<std::string> one_of_each() {
   add(msg::Terminate{1500}, kAllRanks);
   add(msg::Ping{0x0123456789abcdefULL}, 0);
   add(msg::Shutdown{}, 0);
+  add(msg::Claim{"20261206-101500-bert",
+                 "0001733480100000000000-20261206-101500-bert",
+                 "",
+                 2,
+                 0,
+                 {0, 1},
+                 {"user=alice", "launcher=laptop"}},
+      0);
   add(msg::Unclaim{}, 0);
+  add(msg::Claimed{2, {}, 1, {"what=gpu 0\nrun=r1\nuid=1000\n"}, ""}, 0);
   add(kPrepare, 0);
   add(kProbe, 0);
   add(msg::Stdin{std::string("c\n\0", 3)}, 0);

@@ -950,8 +950,18 @@ TEST_CASE("plays: the run's table") {
   CHECK(next(Phase::connecting, Event::greeted) == Phase::preflight);
   CHECK(next(Phase::connecting, Event::signalled) == Phase::done);
   CHECK(next(Phase::preflight, Event::signalled) == Phase::done);
-  CHECK(next(Phase::preflight, Event::preflight_passed) == Phase::running);
+  CHECK(next(Phase::preflight, Event::preflight_passed) == Phase::claiming);
   CHECK(next(Phase::preflight, Event::preflight_failed) == Phase::done);
+  // The claims (docs/sharing.md): granted, the ranks start; busy, the job waits and asks again;
+  // refused (no --queue, or a claim failed), nothing starts; a signal ends the wait.
+  CHECK(next(Phase::claiming, Event::granted) == Phase::running);
+  CHECK(next(Phase::claiming, Event::busy) == Phase::queued);
+  CHECK(next(Phase::claiming, Event::refused) == Phase::done);
+  CHECK(next(Phase::claiming, Event::preflight_failed) == Phase::done);
+  CHECK(next(Phase::queued, Event::retry) == Phase::claiming);
+  for (Phase p : {Phase::claiming, Phase::queued}) CHECK(next(p, Event::signalled) == Phase::done);
+  CHECK(next(Phase::queued, Event::granted) == Phase::queued);        // only a retry leaves the queue
+  CHECK(next(Phase::preflight, Event::granted) == Phase::preflight);  // no grant before a claim
   CHECK(next(Phase::running, Event::stop) == Phase::stopping);
   CHECK(next(Phase::stopping, Event::stop) == Phase::stopping);  // stopping already
   for (Phase p : {Phase::running, Phase::stopping}) {

@@ -175,10 +175,10 @@ class Agent {
   void close_sync_files();  // the files being received, dropped
   void setup_exited(int status);
   void pump_pull();
-  // The job's claim on this host (claim.cpp): made at preflight when Prepare asks, its leases
-  // held until the agent ends; Unclaim gives back a grant (another host said no); the first Spawn
-  // leaves the queue.
-  void claim(const msg::Prepare& m, msg::Prepared& out);
+  // The job's claim on this host (claim.cpp): made once preflight passed, and again while the job
+  // waits; its leases held until the agent ends. Unclaim gives back a grant (another host said
+  // no); the first Spawn leaves the queue.
+  void on(uint32_t id, const msg::Claim& m);
   void on(uint32_t id, const msg::Unclaim& m);
   void answer_lease_readers(size_t first_slot);
   // PS servers (ps.cpp): started at preflight when Prepare asks, stopped before Bye.
@@ -264,6 +264,8 @@ class Agent {
   PullState pull_;
   std::shared_ptr<PsHost> ps_;  // shared_ptr: PsHost is complete only in ps.cpp
   std::optional<lease::Claim> claim_;
+  std::vector<lease::Gpu> claimable_gpus_;  // the usable GPUs Prepare found
+  std::string claim_nvml_library_;
   std::vector<lease::Lease*> lease_slots_;  // the leases polled this turn, in fds_ order
 };
 

@@ -25,7 +25,7 @@
 namespace mltrain::supervise::detail {
 
 // How the run ends; the first reason wins.
-enum class Ending { none, failure, host_failure, interrupted, stopped, timeout, preflight_failed };
+enum class Ending { none, failure, host_failure, interrupted, stopped, timeout, preflight_failed, busy };
 
 struct HostSetup {
   std::string partial;            // the output's last unfinished line
@@ -41,7 +41,8 @@ struct RunHost {
   std::optional<Clock::time_point> prepare_deadline;  // preflight must answer by then
   bool set_up = false;
   HostSetup setup;
-  int ps_log_fd = -1;  // the run's ps-<host>.log, once a server said something
+  int ps_log_fd = -1;                          // the run's ps-<host>.log, once a server said something
+  std::optional<agent::msg::Claimed> claimed;  // this round's answer to the claim
 };
 
 struct RankState {
@@ -81,7 +82,10 @@ class RunPlay final : public Play {
  private:
   void step(Event e);   // the phase the table says, then what entering it does
   void begin(Phase p);  // what entering a phase does
-  bool before_running() const { return phase_ == Phase::connecting || phase_ == Phase::preflight; }
+  bool before_running() const {
+    return phase_ == Phase::connecting || phase_ == Phase::preflight || phase_ == Phase::claiming ||
+           phase_ == Phase::queued;
+  }
   void running_timers(Clock::time_point now);
   void stop_deadline_passed();
   void restart_gang();
@@ -91,14 +95,27 @@ class RunPlay final : public Play {
   void begin_preflight();
   void preflight_timers(Clock::time_point now);
   void preflight_done();
-  void next_step(size_t i);  // sync, then setup, then prepare
+  std::vector<std::string> failed_hosts() const;                 // "  h2: problem" for each failed host
+  void preflight_failed(const std::vector<std::string>& lines);  // nothing starts: the hosts named
+  void next_step(size_t i);                                      // sync, then setup, then prepare
   void send_prepare(size_t i);
-  void settle_gpus();  // every ready host's Prepared against [gpus]: CUDA_VISIBLE_DEVICES, or a failure
+  // Every ready host's GPUs against [gpus] (those Prepared found usable, or once claimed, those
+  // granted): CUDA_VISIBLE_DEVICES, or a failure.
+  bool settle_gpus();  // false: a host failed
+  void start_job();    // every host passed (and granted): the rendezvous, PS servers, the ranks
+
+  // Claims (claims.cpp): each host's GPUs and place, once preflight passed.
+  void send_claims();
+  void claims_answered();
+  void claim_timers(Clock::time_point now);
+  std::string claim_obstacles(size_t i) const;  // "h2: GPUs 0-3 held by run … for 1h02m"
+  std::string waiting_status() const;           // "waiting for 2 GPUs on h2; 1 job ahead"
   void settle_rendezvous();
   void fail_host(size_t i, const std::string& problem);  // and move on if that was the last answer
 
   // Frames.
   void on(size_t i, uint32_t id, agent::msg::Prepared& m);
+  void on(size_t i, uint32_t id, agent::msg::Claimed& m);
   void on(size_t i, uint32_t id, agent::msg::Started& m);
   void on(size_t i, uint32_t id, agent::msg::SpawnFailed& m);
   void on(size_t i, uint32_t id, agent::msg::Output& m);
@@ -160,6 +177,7 @@ class RunPlay final : public Play {
   // The end (summary.cpp).
   int finish();
   [[noreturn]] void finish_preflight_failed();
+  [[noreturn]] void finish_busy();
   void print_summary(int code);
 
   plan::Plan& plan_;
@@ -192,6 +210,8 @@ class RunPlay final : public Play {
   std::unique_ptr<Pulls> pulls_;                    // [sync] pull, once the ranks ended
   bool pulled_ = false;                             // ... and it is over
   std::vector<std::vector<int32_t>> ps_numbers_;    // per host: the PS servers its agent runs
+  std::optional<Clock::time_point> retry_at_;       // queued: ask the hosts again then
+  std::string waiting_said_;                        // queued: the status last printed (not a terminal)
 };
 
 }  // namespace mltrain::supervise::detail

@@ -1,0 +1,192 @@
+// The run's claims (docs/sharing.md): once preflight passed on every host, each host's agent is
+// asked for the job's GPUs (and the host alone, when exclusive); every host grants, or the job
+// gives back what was granted and either waits its turn in the hosts' queue (--queue) or fails at
+// once naming who holds what. A job waiting holds only its place, so two jobs can never each hold
+// what the other waits for.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runner/common/error.h"
+#include "runner/common/log.h"
+#include "runner/common/text.h"
+#include "runner/lease/lease.h"
+#include "runner/supervise/detail/run_play.h"
+
+namespace mltrain::supervise::detail {
+
+namespace msg = mltrain::agent::msg;
+using std::chrono::milliseconds;
+
+namespace {
+
+// A field of what a holder said: another user's words, so escaped and cut.
+std::string said(const lease::Info& info, const char* key, size_t max = 64) {
+  auto it = info.find(key);
+  return it == info.end() ? std::string() : text::host_text(it->second, max);
+}
+
+// "run 20261203-101500-bert (alice@laptop) for 1h02m", or the kernel's word when it did not say.
+std::string holder_text(const lease::Info& info) {
+  const std::string run = said(info, "run", 80), user = said(info, "user"), where = said(info, "launcher");
+  if (run.empty()) {
+    const std::string uid = said(info, "uid", 12), pid = said(info, "pid", 12);
+    return uid.empty() ? std::string("a job that did not say which")
+                       : "a job of uid " + uid + " (pid " + pid + ")";
+  }
+  std::string out = "run " + run;
+  if (!user.empty()) out += " (" + user + (where.empty() ? "" : "@" + where) + ")";
+  if (auto since = text::parse_int_in(said(info, "since", 20), 1, INT64_MAX)) {
+    const int64_t now = int64_t(std::time(nullptr));
+    if (now >= *since) out += " for " + text::format_duration(milliseconds((now - *since) * 1000));
+  }
+  return out;
+}
+
+}  // namespace
+
+void RunPlay::send_claims() {
+  if (!opts_.claims) return start_job();
+  const ClaimJob& c = *opts_.claims;
+  for (size_t i = 0; i < fleet_.size(); ++i) {
+    hosts_[i].claimed.reset();
+    if (!fleet_[i].open()) continue;
+    const plan::HostPlan& hp = *fleet_[i].plan;
+    msg::Claim m;
+    m.run_id = plan_.run_id;
+    m.order_key = c.queue ? c.order_key : std::string();
+    m.lease_space = c.space;
+    m.gpus = uint32_t(std::max(hp.gpu_slots_needed, 0));
+    if (hp.gpu_slots_needed > 0) m.pinned_gpus.assign(hp.gpu_ids.begin(), hp.gpu_ids.end());
+    m.exclusive = c.exclusive ? 1 : 0;
+    m.claim_info = c.info;
+    m.claim_info.push_back("gpus=" + std::to_string(m.gpus));
+    fleet_.send(i, m);
+  }
+}
+
+void RunPlay::on(size_t i, uint32_t, msg::Claimed& m) {
+  if (phase_ != Phase::claiming || hosts_[i].claimed) return;
+  if (m.in_the_way.size() > 64) m.in_the_way.resize(64);  // a host's word: bounded
+  hosts_[i].claimed = std::move(m);
+  on_progress();  // every host answered: claims_answered()
+}
+
+// "h2: GPUs 0-3 held by run 20261203-101500-bert (alice@laptop) for 1h02m; GPU 5 runs a process that
+// is not mltrain's" — one line per host, from what its agent said.
+std::string RunPlay::claim_obstacles(size_t i) const {
+  const msg::Claimed& c = *hosts_[i].claimed;
+  if (c.state == uint32_t(msg::ClaimState::failed))
+    return fleet_[i].name() + ": cannot claim the host: " + text::host_text(c.error, 400);
+  std::map<std::string, std::vector<int>> gpus_by_holder;  // holder text -> GPU indices
+  std::vector<std::string> parts;
+  for (const auto& entry : c.in_the_way) {
+    lease::Info info = lease::decode(entry);
+    const std::string what = said(info, "what", 40);
+    if (what.rfind("gpu ", 0) == 0) {
+      if (auto g = text::parse_int_in(what.substr(4), 0, 1 << 16))
+        gpus_by_holder[holder_text(info)].push_back(int(*g));
+    } else if (what.rfind("foreign process on gpu ", 0) == 0) {
+      parts.push_back("GPU " + what.substr(23) + " runs a process that is not mltrain's");
+    } else if (what == "queue") {
+      parts.push_back(std::to_string(c.ahead) + (c.ahead == 1 ? " job" : " jobs") +
+                      " waiting ahead, the first " + holder_text(info));
+    } else if (what == "exclusive") {
+      parts.push_back("held alone by " + holder_text(info));
+    } else if (what == "job") {
+      parts.push_back(holder_text(info) + " runs there");
+    }
+  }
+  for (const auto& [who, gpus] : gpus_by_holder)
+    parts.push_back((gpus.size() == 1 ? "GPU " : "GPUs ") + text::int_ranges(gpus) + " held by " + who);
+  if (parts.empty()) parts.push_back("busy");
+  return fleet_[i].name() + ": " + text::join(parts, "; ");
+}
+
+void RunPlay::claims_answered() {
+  if (auto lines = failed_hosts(); !lines.empty()) return preflight_failed(lines);  // lost meanwhile
+  std::vector<size_t> granted, busy, failed;
+  for (size_t i = 0; i < fleet_.size(); ++i) {
+    if (!hosts_[i].claimed) continue;  // lost meanwhile: on_lost ends the run
+    const uint32_t st = hosts_[i].claimed->state;
+    (st == uint32_t(msg::ClaimState::granted) ? granted
+     : st == uint32_t(msg::ClaimState::busy)  ? busy
+                                              : failed)
+        .push_back(i);
+  }
+  if (busy.empty() && failed.empty()) {
+    out_->set_status("");
+    return start_job();
+  }
+  // Nothing is held while waiting but the place in the queue: no job holds what another waits for.
+  for (size_t i : granted) fleet_.send(i, msg::Unclaim{});
+  if (!failed.empty() || !opts_.claims->queue) {
+    std::vector<std::string> lines;
+    for (size_t i : failed) lines.push_back("  " + claim_obstacles(i));
+    for (size_t i : busy) lines.push_back("  " + claim_obstacles(i));
+    preflight_error_ = (failed.empty() ? "what the job needs is held by other jobs; no rank was started:\n"
+                                       : "the job could not claim its hosts; no rank was started:\n") +
+                       text::join(lines, "\n");
+    ending_ = failed.empty() ? Ending::busy : Ending::preflight_failed;
+    if (!failed.empty())
+      for (size_t i : failed) fleet_.fail(i, claim_obstacles(i));
+    return step(Event::refused);
+  }
+  const std::string status = waiting_status();
+  if (out_->terminal()) {
+    out_->set_status("mltrain: " + status);
+  } else if (status != waiting_said_) {  // a log or a CI job: a line when it changes
+    out_->before_message();
+    std::fprintf(stderr, "mltrain: %s\n", status.c_str());
+  }
+  waiting_said_ = status;
+  step(Event::busy);
+}
+
+// "waiting for 2 GPUs on h2; 1 job ahead": what the first busy host lacks, and the longest line.
+std::string RunPlay::waiting_status() const {
+  std::vector<std::string> hosts;
+  uint32_t ahead = 0, gpus = 0;
+  for (size_t i = 0; i < fleet_.size(); ++i) {
+    const auto& c = hosts_[i].claimed;
+    if (!c || c->state != uint32_t(msg::ClaimState::busy)) continue;
+    hosts.push_back(fleet_[i].name());
+    ahead = std::max(ahead, c->ahead);
+    gpus = std::max(gpus, uint32_t(std::max(fleet_[i].plan->gpu_slots_needed, 0)));
+  }
+  std::string what = gpus > 0 ? std::to_string(gpus) + (gpus == 1 ? " GPU" : " GPUs") + " on "
+                              : std::string(opts_.claims && opts_.claims->exclusive ? "the whole host " : "");
+  std::string s = "waiting for " + what + text::compact_names(hosts);
+  if (ahead > 0) s += "; " + std::to_string(ahead) + (ahead == 1 ? " job" : " jobs") + " ahead";
+  return s + " (Ctrl-C leaves the queue)";
+}
+
+void RunPlay::claim_timers(Clock::time_point now) {
+  fleet_.heartbeats(now);
+  if (phase_ == Phase::queued && retry_at_ && now >= *retry_at_) {
+    retry_at_.reset();
+    step(Event::retry);
+  }
+}
+
+void RunPlay::finish_busy() {
+  rec_.status = "busy";
+  rec_.exit_code = exit_code::busy;
+  rec_.failure = records::Failure{-1, "", exit_code::busy, 0, preflight_error_, {}, "busy"};
+  rec_.ended_at = records::now_iso8601();
+  rec_.duration_s = std::chrono::duration<double>(clock_.now() - job_start_).count();
+  if (!records::save(rec_)) record_unsaved_ = true;
+  if (opts_.json_summary) {
+    std::fprintf(stdout, "%s\n", records::to_json(rec_, true).c_str());
+    std::fflush(stdout);
+  }
+  throw Error(preflight_error_,
+              "wait for them with --queue ([cluster] queue = true); `mltrain queue` shows who holds what",
+              exit_code::busy);
+}
+
+}  // namespace mltrain::supervise::detail

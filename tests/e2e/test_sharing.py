@@ -1,0 +1,187 @@
+"""Jobs sharing one host's GPUs (docs/sharing.md), on this machine with the fake NVML (4 GPUs):
+each job leases the GPUs it runs on, so two jobs never get the same one; a job that finds too few
+free fails at once naming the holder, or with --queue waits its turn; a GPU a foreign process
+computes on is never picked; whatever ends a job (Ctrl-C while it waits, SIGKILL of its launcher)
+frees what it held. Every test has a lease space of its own (conftest), so tests running at once
+never contend."""
+import json
+import re
+import signal
+import time
+
+import pytest
+
+import gpu_fakes
+from conftest import communicate, wait_for
+
+CLEAN = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+
+
+@pytest.fixture
+def fakes(tmp_path):
+    return gpu_fakes.install(tmp_path / "fakes", "* gpus 4\n")
+
+
+def job(ml, fakes, name, gpus_per_rank=1, ranks=2, hold=True, extra=""):
+    """A job of `ranks` ranks with `gpus_per_rank` GPUs each, which prints each rank's GPUs and,
+    with `hold`, waits until its go-file exists."""
+    go = ml.dir / f"go-{name}"
+    up = ml.dir / f"up-{name}"
+    wait = f'touch {up}.$RANK; while [ ! -e {go} ]; do sleep 0.05; done; ' if hold else ""
+    spec = ml.write(f"{name}.toml", f"""
+name = "{name}"
+[run]
+command = 'echo "GPUS $RANK $CUDA_VISIBLE_DEVICES"; {wait}true'
+[run.env]
+MLTRAIN_NVML_LIBRARY = "{fakes / 'libnvidia-ml.so.1'}"
+[cluster]
+nprocs = {ranks}
+{extra}
+[gpus]
+per_proc = {gpus_per_rank}
+""")
+    return spec, go, up
+
+
+def gpus_of(out):
+    """{rank: [GPU indices]} from the GPUS lines."""
+    got = {}
+    for m in re.finditer(r"GPUS (\d+) (\S+)", out):
+        got[int(m[1])] = [int(g) for g in m[2].split(",")]
+    return got
+
+
+def start(ml, spec, *args):
+    return ml.popen("run", spec, *args, text=True, unset=CLEAN)
+
+
+def started(ml, up, ranks=2, timeout=60):
+    wait_for(lambda: len(list(ml.dir.glob(up.name + ".*"))) == ranks, timeout, f"{up.name}: ranks up")
+
+
+def queue_leases(ml, kind):
+    """The names of this test's leases of `kind` ("queue", "gpu", "job") on this machine."""
+    prefix = f"@mltrain-lease-{ml.lease_space}/{kind}/"
+    with open("/proc/net/unix") as f:
+        return [line.split()[-1] for line in f if line.rstrip().split()[-1].startswith(prefix)]
+
+
+def test_two_jobs_get_disjoint_gpus_and_a_third_is_refused_naming_the_holder(ml, fakes):
+    a, go_a, up_a = job(ml, fakes, "job-a")
+    b, go_b, up_b = job(ml, fakes, "job-b")
+    c, _, _ = job(ml, fakes, "job-c", hold=False)
+    pa = start(ml, a)
+    started(ml, up_a)
+    pb = start(ml, b)
+    started(ml, up_b)
+    try:
+        r = ml("run", c, timeout=60, unset=CLEAN)
+        assert r.returncode == 75, r.stderr
+        assert "what the job needs is held by other jobs; no rank was started" in r.stderr, r.stderr
+        assert re.search(r"localhost: GPUs 0,1 held by run \S+-job-a-\S+ \(\w+@\S+\) for \d", r.stderr), r.stderr
+        assert re.search(r"GPUs 2,3 held by run \S+-job-b-", r.stderr), r.stderr
+        assert "--queue" in r.stderr, r.stderr
+        assert "GPUS" not in r.stdout  # nothing started
+        rec = json.loads(ml("show", "--json", "latest").stdout)
+        assert rec["status"] == "busy" and rec["exit_code"] == 75, rec
+    finally:
+        go_a.touch()
+        go_b.touch()
+    out_a, err_a = communicate(pa, 60)
+    out_b, err_b = communicate(pb, 60)
+    assert pa.returncode == 0 and pb.returncode == 0, err_a + err_b
+    ga, gb = gpus_of(out_a), gpus_of(out_b)
+    assert sorted(sum(ga.values(), []) + sum(gb.values(), [])) == [0, 1, 2, 3], (ga, gb)
+    # Both ended: their GPUs are free again.
+    r = ml("run", c, timeout=60, unset=CLEAN)
+    assert r.returncode == 0, r.stderr
+    assert sorted(sum(gpus_of(r.stdout).values(), [])) == [0, 1]
+
+
+def test_a_queued_job_waits_then_starts_when_gpus_free(ml, fakes):
+    a, go_a, up_a = job(ml, fakes, "hold", ranks=4)
+    c, go_c, up_c = job(ml, fakes, "waits")
+    pa = start(ml, a)
+    started(ml, up_a, ranks=4)
+    pc = start(ml, c, "--queue")
+    try:
+        # Not started while the GPUs are held; it says what it waits for.
+        time.sleep(2)
+        assert pc.poll() is None
+        assert not list(ml.dir.glob(up_c.name + ".*"))
+        assert len(queue_leases(ml, "queue")) == 1
+        go_a.touch()
+        communicate(pa, 60)
+        assert pa.returncode == 0
+        started(ml, up_c)
+        assert queue_leases(ml, "queue") == []  # running, it holds GPUs, not a place
+    finally:
+        go_a.touch()
+        go_c.touch()
+    out, err = communicate(pc, 60)
+    assert pc.returncode == 0, err
+    assert "mltrain: waiting for 2 GPUs on localhost" in err, err
+    assert sorted(sum(gpus_of(out).values(), [])) == [0, 1]
+
+
+def test_ctrl_c_while_waiting_leaves_no_place_in_the_queue(ml, fakes):
+    a, go_a, up_a = job(ml, fakes, "holder", ranks=4)
+    c, _, up_c = job(ml, fakes, "waiter")
+    pa = start(ml, a)
+    started(ml, up_a, ranks=4)
+    try:
+        pc = start(ml, c, "--queue")
+        wait_for(lambda: len(queue_leases(ml, "queue")) == 1, 60, "the waiting job's place")
+        pc.send_signal(signal.SIGINT)
+        out, err = communicate(pc, 60)
+        assert pc.returncode == 130, err
+        assert "the job left the queue, no rank was started" in err, err
+        assert not list(ml.dir.glob(up_c.name + ".*"))
+        wait_for(lambda: queue_leases(ml, "queue") == [], 10, "the place to be gone")
+    finally:
+        go_a.touch()
+    communicate(pa, 60)
+    assert pa.returncode == 0
+
+
+def test_a_gpu_a_foreign_process_computes_on_is_not_picked(ml, fakes):
+    (fakes / "fake-gpus.conf").write_text("* gpus 4\n* pids.0 4242:1000\n* pids.2 4343:-\n")
+    c, _, _ = job(ml, fakes, "picky", hold=False)
+    r = ml("run", c, timeout=60, unset=CLEAN)
+    assert r.returncode == 0, r.stderr
+    assert sorted(sum(gpus_of(r.stdout).values(), [])) == [1, 3]
+    big, _, _ = job(ml, fakes, "big", ranks=3, hold=False)
+    r = ml("run", big, timeout=60, unset=CLEAN)
+    assert r.returncode == 75, r.stderr
+    assert "GPU 0 runs a process that is not mltrain's" in r.stderr, r.stderr
+
+
+def test_sigkill_of_the_launcher_frees_its_gpus(ml, fakes):
+    a, go_a, up_a = job(ml, fakes, "killed", ranks=4)
+    pa = start(ml, a)
+    started(ml, up_a, ranks=4)
+    assert len(queue_leases(ml, "gpu")) == 4
+    t0 = time.monotonic()
+    pa.send_signal(signal.SIGKILL)
+    communicate(pa, 30)
+    wait_for(lambda: queue_leases(ml, "gpu") == [], 10, "the killed job's GPU leases to go")
+    assert time.monotonic() - t0 < 10
+    c, _, _ = job(ml, fakes, "after", ranks=4, hold=False)
+    r = ml("run", c, timeout=60, unset=CLEAN)
+    assert r.returncode == 0, r.stderr
+    go_a.touch()
+
+
+def test_an_exclusive_job_has_the_host_alone(ml, fakes):
+    a, go_a, up_a = job(ml, fakes, "alone", ranks=1, extra="exclusive = true")
+    pa = start(ml, a)
+    started(ml, up_a, ranks=1)
+    try:
+        cpu = ml.write("cpu.toml", '[run]\ncommand = "true"\n')
+        r = ml("run", cpu, timeout=60, unset=CLEAN)
+        assert r.returncode == 75, r.stderr
+        assert re.search(r"localhost: held alone by run \S+-alone-", r.stderr), r.stderr
+    finally:
+        go_a.touch()
+    communicate(pa, 60)
+    assert pa.returncode == 0
