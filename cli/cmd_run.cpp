@@ -1,6 +1,7 @@
-// `mltrain run`, `validate` and `doctor`: flags -> launch::JobRequest -> runner/launch -> print.
+// `mltrain run`, `validate`, `doctor` and `queue`: flags -> launch::JobRequest -> runner/launch -> print.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <ctime>
 
 #include "cli/commands.h"
 #include "cli/job_flags.h"
@@ -79,7 +80,28 @@ int do_doctor(const RunFlags& f, const Global& g) {
   return d.exit_code;
 }
 
+int do_queue(const RunFlags& f, const Global& g) {
+  launch::QueueResult q = launch::queue(request(f, g));
+  std::fputs(supervise::format_queue(q.hosts, f.json, int64_t(std::time(nullptr))).c_str(), stdout);
+  return q.exit_code;
+}
+
 }  // namespace
+
+void register_queue(CLI::App& app, Global& g, std::function<int()>& handler) {
+  static RunFlags f;
+  auto* c = app.add_subcommand("queue",
+                               "Who holds which GPUs on the hosts, and which jobs wait for them (all users)");
+  add_spec_arg(c, f);
+  add_host_flags(c, f.overrides);
+  c->add_flag("--json", f.json, "Print every host's leases as JSON");
+  c->footer(
+      "Examples:\n  mltrain queue job.toml\n  mltrain queue -H h1,h2\n"
+      "Every host is asked for its leases (docs/sharing.md): each GPU with the run that holds it, its\n"
+      "user and launcher, for how long, and its utilization; jobs without GPUs; then the jobs waiting\n"
+      "(--queue) in the order they will start. Exit code 0 when every host answered, 255 when one did not.");
+  c->callback([&] { handler = [&] { return do_queue(f, g); }; });
+}
 
 void register_doctor(CLI::App& app, Global& g, std::function<int()>& handler) {
   static RunFlags f;

@@ -1,11 +1,14 @@
 // The job's claim on this host, made once preflight passed (runner/lease/claim.h): the usable GPUs no one
 // leases and no process computes on, the host alone when exclusive, a place in the host's queue.
+#include <pwd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <memory>
 #include <set>
 
 #include "runner/agent/detail/agent_impl.h"
+#include "runner/agent/gpu_inventory.h"
 #include "runner/gpu/nvml.h"
 
 namespace mltrain::agent::detail {
@@ -76,6 +79,42 @@ void Agent::on(uint32_t id, const msg::Claim& m) {
     out.state = uint32_t(msg::ClaimState::busy);
     out.ahead = uint32_t(claim_->ahead());
     for (const auto& w : claim_->in_the_way()) out.in_the_way.push_back(in_the_way_text(w));
+  }
+  send(out, id);
+}
+
+// `mltrain queue`: every lease here, whoever holds it, with what the kernel says of its holder
+// (uid, pid, the uid's account here) over what the holder says of itself; the GPUs and how busy.
+void Agent::on(uint32_t id, const msg::LeaseQuery& m) {
+  msg::LeaseList out;
+  const lease::Space space{m.lease_space};
+  for (auto& seen : lease::list(space, "", kAskHolder, 4096)) {
+    lease::Info info;
+    for (const char* k : {"run", "user", "launcher", "since", "gpus", "hosts", "gpu"})
+      if (auto it = seen.info.find(k); it != seen.info.end()) info[k] = it->second;
+    info["name"] = seen.name;
+    info["answered"] = seen.answered ? "1" : "0";
+    if (seen.uid != uid_t(-1)) {
+      info["uid"] = std::to_string(seen.uid);
+      if (const passwd* pw = ::getpwuid(seen.uid)) info["account"] = pw->pw_name;
+    }
+    if (seen.pid > 0) info["pid"] = std::to_string(seen.pid);
+    out.leases.push_back(lease::encode(info));
+  }
+  GpuInventory inv = probe_gpus(nvml_library_for(m.nvml_library), ranks_path(""));
+  out.gpus = std::move(inv.gpus);
+  out.gpu_note = inv.note;
+  gpu::Nvml::Failure failure;
+  auto nvml = inv.source == "nvml" ? gpu::Nvml::open(nvml_library_for(m.nvml_library), failure) : nullptr;
+  std::vector<gpu::Nvml::Process> procs;
+  for (const auto& g : out.gpus) {
+    unsigned pct = 0;
+    gpu::Nvml::Device dev{};
+    const bool found = nvml && nvml->device(unsigned(g.index), dev) == gpu::Nvml::kSuccess;
+    out.util_percent.push_back(found && nvml->utilization(dev, pct) == gpu::Nvml::kSuccess ? int32_t(pct)
+                                                                                           : -1);
+    out.busy.push_back(
+        found && nvml->compute_processes(dev, procs) == gpu::Nvml::kSuccess && !procs.empty() ? 1 : 0);
   }
   send(out, id);
 }

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <vector>
 
+#include "knobs/gpu_library.h"
 #include "knobs/knobs.h"
 #include "runner/common/error.h"
 #include "runner/common/secret.h"
@@ -445,6 +446,26 @@ DoctorResult doctor(const JobRequest& req) {
   for (const auto& rep : d.reports)
     if (!rep.ok && d.exit_code == 0) d.exit_code = exit_code::host_failure;
   return d;
+}
+
+QueueResult queue(const JobRequest& req) {
+  JobRequest r = req;
+  if (!r.command && r.specs.empty()) r.command = std::vector<std::string>{"true"};
+  spec::JobSpec s = resolve_spec(r);
+  plan::Plan p = plan::make_plan(s, detail::plan_inputs(r, "queue", "queue", detail::Ports::placeholder));
+  std::string space;
+  try {
+    space = knobs::mltrain_lease_space.get();
+  } catch (const knobs::BadValue& e) {
+    throw Error(e.what(), "unset it, or set it as `mltrain knobs` says", exit_code::usage);
+  }
+  QueueResult q;
+  q.exit_code =
+      supervise::run_queue(p, detail::supervise_defaults(), detail::lasting_transports(s).for_host(), space,
+                           knobs::library_setting(knobs::GpuLibrary::nvml, p.nvml_library), q.hosts);
+  for (const auto& h : q.hosts)
+    if (!h.ok && q.exit_code == 0) q.exit_code = exit_code::host_failure;
+  return q;
 }
 
 }  // namespace mltrain::launch

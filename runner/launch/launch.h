@@ -14,6 +14,7 @@
 #include "runner/records/records.h"
 #include "runner/spec/spec.h"
 #include "runner/supervise/doctor.h"
+#include "runner/supervise/queue.h"
 
 namespace mltrain::launch {
 
@@ -108,6 +109,14 @@ struct DoctorResult {
 
 // Checks every host of the request (its command defaults to `true`: doctor runs no program).
 DoctorResult doctor(const JobRequest& req);
+
+struct QueueResult {
+  std::vector<supervise::HostLeases> hosts;
+  int exit_code = 0;  // 0 when every host answered, else exit_code::host_failure (or 128 + a signal)
+};
+
+// `mltrain queue`: every lease on the request's hosts, all users' (docs/sharing.md).
+QueueResult queue(const JobRequest& req);
 
 struct TopRequest {
   // A run (id, prefix or name), or a job spec whose hosts to watch; "": the newest running run,

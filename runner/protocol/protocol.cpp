@@ -205,6 +205,10 @@ const char* type_name(Type t) {
       return "unclaim";
     case Type::claimed:
       return "claimed";
+    case Type::lease_query:
+      return "lease_query";
+    case Type::lease_list:
+      return "lease_list";
     case Type::ps_log:
       return "ps_log";
     case Type::ps_stats:

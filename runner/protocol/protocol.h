@@ -51,6 +51,7 @@ enum class Type : uint16_t {
   pull = 17,
   claim = 18,
   unclaim = 19,
+  lease_query = 20,
   // agent -> launcher
   hello_ack = 101,
   started = 102,
@@ -73,6 +74,7 @@ enum class Type : uint16_t {
   ps_log = 119,
   ps_stats = 120,
   claimed = 121,
+  lease_list = 122,
 };
 
 struct Frame {
@@ -481,6 +483,16 @@ struct Unclaim {
   void get(Reader&) {}
 };
 
+// `mltrain queue`: every lease on the host (all users'), its GPUs and how busy they are. The
+// agent asks NVML from `nvml_library` ("" its own search), and the holders within its own bound.
+struct LeaseQuery {
+  static constexpr Type kType = Type::lease_query;
+  bool operator==(const LeaseQuery&) const = default;
+  std::string lease_space, nvml_library;
+  void put(Writer& w) const { w.str(lease_space).str(nvml_library); }
+  void get(Reader& r) { lease_space = r.str(), nvml_library = r.str(); }
+};
+
 // agent -> launcher
 struct SyncWant {
   static constexpr Type kType = Type::sync_want;
@@ -633,6 +645,29 @@ struct Claimed {
   }
 };
 
+// The answer to LeaseQuery: one entry per lease ("key=value" lines, runner/lease/lease.h's
+// encoding: name, uid, pid, account (the uid's name on the host), answered, and what the holder
+// says of itself), the host's GPUs, each one's utilization (-1: unknown) and whether a process
+// computes on it, and why the GPUs are unknown when they are.
+struct LeaseList {
+  static constexpr Type kType = Type::lease_list;
+  bool operator==(const LeaseList&) const = default;
+  std::vector<std::string> leases;
+  std::vector<Gpu> gpus;
+  std::vector<int32_t> util_percent, busy;
+  std::string gpu_note;
+  void put(Writer& w) const {
+    w.strings(leases);
+    put_gpus(w, gpus);
+    w.ints(util_percent).ints(busy).str(gpu_note);
+  }
+  void get(Reader& r) {
+    leases = r.strings();
+    gpus = get_gpus(r);
+    util_percent = r.ints(), busy = r.ints(), gpu_note = r.str();
+  }
+};
+
 struct Prepared {
   static constexpr Type kType = Type::prepared;
   bool operator==(const Prepared&) const = default;
@@ -739,7 +774,7 @@ using Message =
                  msg::Bye, msg::Prepared, msg::Probed, msg::TelemetryStart, msg::Telemetry, msg::SyncManifest,
                  msg::SyncData, msg::SyncEnd, msg::Setup, msg::Pull, msg::SyncWant, msg::SyncDone,
                  msg::SetupDone, msg::PullFile, msg::PullData, msg::PullDone, msg::PsLog, msg::PsStats,
-                 msg::Claim, msg::Unclaim, msg::Claimed>;
+                 msg::Claim, msg::Unclaim, msg::Claimed, msg::LeaseQuery, msg::LeaseList>;
 
 // Appends message `m` as one frame with `id` (a rank, kAllRanks, or 0).
 template <class M>

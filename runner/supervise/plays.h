@@ -109,4 +109,16 @@ enum class Event {
 Phase next(Phase p, Event e);
 }  // namespace pull
 
+// `mltrain queue`: every host's leases, asked once.
+namespace queue {
+enum class Phase { connecting, asking, closing, done };
+enum class Event {
+  greeted,    // every host answered hello, or failed
+  answered,   // every host listed its leases, or failed
+  signalled,  // before every host answered
+  closed,
+};
+Phase next(Phase p, Event e);
+}  // namespace queue
+
 }  // namespace mltrain::supervise::plays

@@ -185,3 +185,43 @@ def test_an_exclusive_job_has_the_host_alone(ml, fakes):
         go_a.touch()
     communicate(pa, 60)
     assert pa.returncode == 0
+
+
+def test_queue_lists_who_holds_each_gpu_and_who_waits(ml, fakes):
+    a, go_a, up_a = job(ml, fakes, "holds")
+    w, go_w, _ = job(ml, fakes, "wants3", ranks=3)
+    pa = start(ml, a)
+    started(ml, up_a)
+    pw = start(ml, w, "--queue")
+    env = {"MLTRAIN_NVML_LIBRARY": str(fakes / "libnvidia-ml.so.1")}
+    try:
+        wait_for(lambda: len(queue_leases(ml, "queue")) == 1, 60, "the waiting job's place")
+        r = ml("queue", timeout=60, env=env, unset=CLEAN)
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert re.match(r"HOST\s+GPU\s+RUN\s+USER\s+SINCE\s+UTIL", lines[0]), r.stdout
+        assert any(re.match(r"localhost\s+0,1\s+\S+-holds-\S+\s+\w+@\S+\s+\S+\s+0%,0%", l) for l in lines), r.stdout
+        assert any(re.match(r"localhost\s+2,3\s+\(free\)", l) for l in lines), r.stdout
+        assert any(re.match(r"1\s+\S+-wants3-\S+\s+\w+@\S+\s+3 GPUs on localhost", l) for l in lines), r.stdout
+        j = json.loads(ml("queue", "--json", timeout=60, env=env, unset=CLEAN).stdout)
+        (host,) = j["hosts"]
+        assert host["ok"] and [g["index"] for g in host["gpus"]] == [0, 1, 2, 3]
+        held = [g["held_by"]["run"] if g["held_by"] else None for g in host["gpus"]]
+        assert held[0] == held[1] and "-holds-" in held[0] and held[2:] == [None, None], held
+        assert host["gpus"][0]["held_by"]["answered"] is True
+        assert [q["run"] for q in host["queue"]] == [pw_run(ml, "wants3")]
+        assert host["queue"][0]["gpus"] == 3
+    finally:
+        go_a.touch()
+        go_w.touch()
+    communicate(pa, 60)
+    communicate(pw, 60)
+    assert pa.returncode == 0 and pw.returncode == 0
+
+
+def pw_run(ml, name):
+    """The run id of the job named `name` (its record)."""
+    for d in ml.run_dirs():
+        if f"-{name}-" in d.name:
+            return d.name
+    raise AssertionError(f"no run of {name}")

@@ -199,6 +199,8 @@ std::vector<std::string> one_of_each() {
       0);
   add(msg::Unclaim{}, 0);
   add(msg::Claimed{2, {}, 1, {"what=gpu 0\nrun=r1\nuid=1000\n"}, ""}, 0);
+  add(msg::LeaseQuery{"t-1", "/opt/libnvidia-ml.so.1"}, 0);
+  add(msg::LeaseList{{"name=gpu/GPU-1\nuid=1000\nrun=r1\n"}, {kH100}, {87}, {1}, ""}, 0);
   add(kPrepare, 0);
   add(kProbe, 0);
   add(msg::Stdin{std::string("c\n\0", 3)}, 0);

@@ -180,6 +180,7 @@ class Agent {
   // no); the first Spawn leaves the queue.
   void on(uint32_t id, const msg::Claim& m);
   void on(uint32_t id, const msg::Unclaim& m);
+  void on(uint32_t id, const msg::LeaseQuery& m);
   void answer_lease_readers(size_t first_slot);
   // PS servers (ps.cpp): started at preflight when Prepare asks, stopped before Bye.
   void start_ps(const msg::Prepare& m, msg::Prepared& out);

@@ -1,0 +1,352 @@
+// `mltrain queue`: the play that asks every host's agent for its leases, and their table.
+#include "runner/supervise/queue.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+
+#include "runner/common/log.h"
+#include "runner/common/status.h"
+#include "runner/common/text.h"
+#include "runner/lease/lease.h"
+#include "runner/supervise/detail/fleet.h"
+#include "runner/supervise/plays.h"
+
+namespace mltrain::supervise {
+
+namespace plays::queue {
+
+Phase next(Phase p, Event e) {
+  static constexpr Transition<Phase, Event> kTable[] = {
+      {Phase::connecting, Event::greeted, Phase::asking},  // every host is asked for its leases
+      {Phase::connecting, Event::signalled, Phase::done}, {Phase::asking, Event::signalled, Phase::done},
+      {Phase::asking, Event::answered, Phase::closing},  // every host answered, or failed
+      {Phase::closing, Event::closed, Phase::done},
+  };
+  return lookup(kTable, p, e);
+}
+
+}  // namespace plays::queue
+
+namespace detail {
+
+namespace msg = mltrain::agent::msg;
+
+class QueuePlay final : public Play {
+ public:
+  using Phase = plays::queue::Phase;
+  using Event = plays::queue::Event;
+  QueuePlay(Fleet& fleet, std::string space, std::string nvml)
+      : Play(fleet), space_(std::move(space)), nvml_(std::move(nvml)), lists_(fleet.size()) {}
+
+  int run(std::vector<HostLeases>& out) {
+    fleet_.connect_all(false);
+    fleet_.drive(*this);
+    for (size_t i = 0; i < fleet_.size(); ++i) {
+      HostLeases h;
+      h.host = fleet_[i].name();
+      h.ok = lists_[i].has_value();
+      if (h.ok)
+        h.list = std::move(*lists_[i]);
+      else
+        h.problem = fleet_[i].problem.empty() ? "not asked (interrupted)" : fleet_[i].problem;
+      out.push_back(std::move(h));
+    }
+    return stop_signal_ ? 128 + stop_signal_ : 0;
+  }
+
+  bool finished() const override { return phase_ == Phase::done; }
+
+  void on_timers(Clock::time_point now) override {
+    if (phase_ == Phase::connecting) {
+      if (fleet_.connecting_timers(now)) on_progress();
+    } else if (phase_ == Phase::asking && now >= deadline_) {
+      for (size_t i = 0; i < fleet_.size(); ++i)
+        if (fleet_[i].state() == HostState::preparing)
+          fleet_.fail(i, "the agent did not list its leases in time");
+      on_progress();
+    } else if (phase_ == Phase::closing && fleet_.goodbyes_done(now)) {
+      step(Event::closed);
+    }
+  }
+
+  std::optional<Clock::time_point> next_deadline() const override {
+    if (phase_ == Phase::connecting) return fleet_.connect_deadline();
+    if (phase_ == Phase::asking) return deadline_;
+    if (phase_ == Phase::closing) return fleet_.goodbye_deadline();
+    return std::nullopt;
+  }
+
+  void on_signal(int sig) override {
+    if (phase_ != Phase::connecting && phase_ != Phase::asking) return;
+    stop_signal_ = sig;
+    step(Event::signalled);
+  }
+
+  void on_progress() override {
+    if (phase_ == Phase::connecting && fleet_.all(HostState::greeted))
+      step(Event::greeted);
+    else if (phase_ == Phase::asking && fleet_.all(HostState::ready))
+      step(Event::answered);
+  }
+
+  void on_lost(size_t i, const std::string& why) override {
+    if (!fleet_[i].open()) return;
+    if (phase_ == Phase::closing || phase_ == Phase::done) return fleet_.lose(i);
+    fleet_.fail_link(i, why);
+  }
+
+  void on_frame(size_t i, uint32_t, agent::Message& m) override {
+    auto* list = std::get_if<msg::LeaseList>(&m);
+    if (!list) {
+      std::visit([&](const auto& x) { fleet_.unexpected(i, std::decay_t<decltype(x)>::kType); }, m);
+      return;
+    }
+    if (phase_ != Phase::asking || fleet_[i].state() != HostState::preparing) return;
+    if (list->leases.size() > 4096) list->leases.resize(4096);  // a host's word: bounded
+    lists_[i] = std::move(*list);
+    fleet_.advance(i, HostState::ready);
+    on_progress();
+  }
+
+ private:
+  void step(Event e) {
+    if (!plays::follow_table(phase_, e, plays::queue::next)) return;
+    if (phase_ == Phase::asking) {
+      deadline_ = fleet_.clock().now() + fleet_.opts().preflight_timeout;
+      for (size_t i = 0; i < fleet_.size(); ++i)
+        if (fleet_[i].state() == HostState::greeted) {
+          fleet_.advance(i, HostState::preparing);
+          fleet_.send(i, msg::LeaseQuery{space_, nvml_});
+        }
+      on_progress();
+    } else if (phase_ == Phase::closing) {
+      fleet_.say_goodbye();
+    }
+  }
+
+  const std::string space_, nvml_;
+  Phase phase_ = Phase::connecting;
+  Clock::time_point deadline_{};
+  int stop_signal_ = 0;
+  std::vector<std::optional<msg::LeaseList>> lists_;
+};
+
+}  // namespace detail
+
+int run_queue(plan::Plan& plan, const Options& opts, const TransportFor& transport_for,
+              const std::string& space, const std::string& nvml_library, std::vector<HostLeases>& hosts) {
+  detail::Fleet fleet(plan, opts, transport_for);
+  detail::QueuePlay play(fleet, space, nvml_library);
+  return play.run(hosts);
+}
+
+namespace {
+
+using nlohmann::json;
+
+// One lease as a host listed it: the kernel's facts (name, uid, pid, account) and the holder's
+// own words, every field escaped and cut (the holder may be anyone on the host).
+struct Held {
+  std::string name, run, user, launcher, account;
+  int64_t since = 0, uid = -1, pid = 0, gpus = 0;
+  std::string hosts;
+  bool answered = false;
+};
+
+Held parse(const std::string& entry) {
+  lease::Info info = lease::decode(entry);
+  auto get = [&](const char* k, size_t max = 80) {
+    auto it = info.find(k);
+    return it == info.end() ? std::string() : text::host_text(it->second, max);
+  };
+  auto num = [&](const char* k) { return text::parse_int_in(get(k, 24), 0, INT64_MAX).value_or(0); };
+  Held h;
+  h.name = get("name", lease::kMaxName);
+  h.run = get("run"), h.user = get("user", 40), h.launcher = get("launcher", 64),
+  h.account = get("account", 40);
+  h.since = num("since"), h.pid = num("pid"), h.gpus = num("gpus");
+  h.uid = info.count("uid") ? num("uid") : -1;
+  h.hosts = get("hosts", 120);
+  h.answered = get("answered", 2) == "1";
+  return h;
+}
+
+std::string who(const Held& h) {
+  if (h.run.empty()) return h.account.empty() ? "uid " + std::to_string(h.uid) : h.account;
+  std::string u = h.user.empty() ? h.account : h.user;
+  return u + (h.launcher.empty() ? "" : "@" + h.launcher);
+}
+
+std::string age(int64_t since, int64_t now) {
+  if (since <= 0 || now < since) return "-";
+  return text::format_duration(std::chrono::milliseconds((now - since) * 1000));
+}
+
+json held_json(const Held& h) {
+  return json{{"run", h.run.empty() ? json(nullptr) : json(h.run)},
+              {"user", h.user.empty() ? json(nullptr) : json(h.user)},
+              {"launcher", h.launcher.empty() ? json(nullptr) : json(h.launcher)},
+              {"since", h.since > 0 ? json(h.since) : json(nullptr)},
+              {"uid", h.uid >= 0 ? json(h.uid) : json(nullptr)},
+              {"account", h.account.empty() ? json(nullptr) : json(h.account)},
+              {"pid", h.pid > 0 ? json(h.pid) : json(nullptr)},
+              {"answered", h.answered}};
+}
+
+// One host's leases, by kind.
+struct HostView {
+  std::map<std::string, Held> gpu_by_uuid, jobs;  // jobs by run id (from job/<run>)
+  std::optional<Held> exclusive;
+  std::vector<Held> queue;
+};
+
+HostView view_of(const HostLeases& h) {
+  HostView v;
+  for (const auto& e : h.list.leases) {
+    Held held = parse(e);
+    const std::string& n = held.name;
+    if (n.rfind("gpu/", 0) == 0)
+      v.gpu_by_uuid[n.substr(4)] = held;
+    else if (n.rfind("job/", 0) == 0)
+      v.jobs[n.substr(4)] = held;
+    else if (n == "exclusive")
+      v.exclusive = held;
+    else if (n.rfind("queue/", 0) == 0)
+      v.queue.push_back(held);
+  }
+  return v;
+}
+
+std::string format_json(const std::vector<HostLeases>& hosts, int64_t) {
+  json out = json::array();
+  for (const auto& h : hosts) {
+    json host{{"host", h.host}, {"ok", h.ok}, {"problem", h.ok ? json(nullptr) : json(h.problem)}};
+    HostView v = view_of(h);
+    json gpus = json::array();
+    for (size_t k = 0; k < h.list.gpus.size(); ++k) {
+      const auto& g = h.list.gpus[k];
+      auto held = v.gpu_by_uuid.find(g.uuid);
+      int util = k < h.list.util_percent.size() ? h.list.util_percent[k] : -1;
+      gpus.push_back({{"index", g.index},
+                      {"uuid", text::host_text(g.uuid, 64)},
+                      {"name", text::host_text(g.name, 64)},
+                      {"util_percent", util >= 0 ? json(util) : json(nullptr)},
+                      {"busy", k < h.list.busy.size() && h.list.busy[k] != 0},
+                      {"held_by", held == v.gpu_by_uuid.end() ? json(nullptr) : held_json(held->second)}});
+    }
+    host["gpus"] = gpus;
+    json jobs = json::array();
+    for (const auto& [run, j] : v.jobs) jobs.push_back(held_json(j));
+    host["jobs"] = jobs;
+    host["exclusive"] = v.exclusive ? held_json(*v.exclusive) : json(nullptr);
+    json queue = json::array();
+    for (const auto& q : v.queue) {
+      json e = held_json(q);
+      e["key"] = q.name.substr(6);
+      e["gpus"] = q.gpus;
+      queue.push_back(e);
+    }
+    host["queue"] = queue;
+    out.push_back(host);
+  }
+  return json{{"hosts", out}}.dump(2) + "\n";
+}
+
+// The GPU rows of one host: consecutive GPUs with the same holder (or free) in one row.
+void gpu_rows(const HostLeases& h, const HostView& v, int64_t now,
+              std::vector<std::vector<std::string>>& rows) {
+  const auto& gpus = h.list.gpus;
+  for (size_t k = 0; k < gpus.size();) {
+    auto holder = [&](size_t i) {  // one row for a job's GPUs: the same run (or pid, when it did not say)
+      auto it = v.gpu_by_uuid.find(gpus[i].uuid);
+      return it == v.gpu_by_uuid.end() ? std::string() : it->second.run + "/" + std::to_string(it->second.pid);
+    };
+    size_t end = k + 1;
+    const bool busy_k = k < h.list.busy.size() && h.list.busy[k];
+    while (end < gpus.size() && holder(end) == holder(k) &&
+           (end < h.list.busy.size() && h.list.busy[end]) == busy_k)
+      ++end;
+    std::vector<int> idx;
+    std::vector<std::string> utils;
+    for (size_t i = k; i < end; ++i) {
+      idx.push_back(gpus[i].index);
+      int u = i < h.list.util_percent.size() ? h.list.util_percent[i] : -1;
+      utils.push_back(u >= 0 ? std::to_string(u) + "%" : "-");
+    }
+    auto it = v.gpu_by_uuid.find(gpus[k].uuid);
+    if (it != v.gpu_by_uuid.end())
+      rows.push_back({h.host, text::int_ranges(idx), it->second.run.empty() ? "?" : it->second.run,
+                      who(it->second), age(it->second.since, now), text::join(utils, ",")});
+    else
+      rows.push_back({h.host, text::int_ranges(idx), busy_k ? "(a process not mltrain's)" : "(free)", "", "",
+                      text::join(utils, ",")});
+    k = end;
+  }
+}
+
+std::string table(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width;
+  for (const auto& r : rows)
+    for (size_t c = 0; c < r.size(); ++c)
+      width.resize(std::max(width.size(), r.size())), width[c] = std::max(width[c], r[c].size());
+  std::string out;
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t c = 0; c < r.size(); ++c)
+      line += c + 1 < r.size() ? r[c] + std::string(width[c] - r[c].size() + 2, ' ') : r[c];
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + "\n";
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string format_queue(const std::vector<HostLeases>& hosts, bool json_out, int64_t now) {
+  if (json_out) return format_json(hosts, now);
+  std::vector<std::vector<std::string>> rows = {{"HOST", "GPU", "RUN", "USER", "SINCE", "UTIL"}};
+  std::map<std::string, std::pair<Held, std::vector<std::string>>> waiting;  // by queue key
+  std::string problems;
+  for (const auto& h : hosts) {
+    if (!h.ok) {
+      problems += "mltrain: " + h.host + ": " + h.problem + "\n";
+      continue;
+    }
+    HostView v = view_of(h);
+    gpu_rows(h, v, now, rows);
+    std::set<std::string> shown;  // jobs with GPUs, and those waiting, have rows of their own
+    for (const auto& [uuid, g] : v.gpu_by_uuid) shown.insert(g.run);
+    for (const auto& q : v.queue) shown.insert(q.run);
+    for (const auto& [run, j] : v.jobs)
+      if (!shown.count(j.run))
+        rows.push_back({h.host, "-", j.run.empty() ? run : j.run, who(j), age(j.since, now),
+                        v.exclusive && v.exclusive->run == j.run ? "(the host alone)" : ""});
+    if (h.list.gpus.empty() && v.jobs.empty()) rows.push_back({h.host, "-", "(no job)", "", "", ""});
+    for (const auto& q : v.queue) {
+      auto& w = waiting[q.name];
+      w.first = q;
+      w.second.push_back(h.host);
+    }
+  }
+  std::string out = table(rows);
+  if (!waiting.empty()) {
+    std::vector<std::vector<std::string>> q = {{"QUEUE", "RUN", "USER", "WANTS", "WAITING"}};
+    int n = 0;
+    for (const auto& [key, w] : waiting)
+      q.push_back(
+          {std::to_string(++n), w.first.run, who(w.first),
+           (w.first.gpus > 0 ? std::to_string(w.first.gpus) + (w.first.gpus == 1 ? " GPU on " : " GPUs on ")
+                             : std::string("")) +
+               text::compact_names(w.second),
+           age(w.first.since, now)});
+    out += "\n" + table(q);
+  }
+  return out + problems;
+}
+
+}  // namespace mltrain::supervise
