@@ -102,6 +102,8 @@ RunRecord from_json(const json& j) {
     rr.signal = get(k, "signal", 0);
     rr.host_lost = get(k, "host_lost", false);
     rr.env = get(k, "env", std::map<std::string, std::string>{});
+    for (const auto& g : get(k, "gpus", json::array()))
+      rr.gpus.push_back({get(g, "index", 0), get<std::string>(g, "uuid", "")});
     r.ranks.push_back(rr);
   }
   for (const auto& p : get(j, "ps_servers", json::array())) {
@@ -137,7 +139,9 @@ json to_json_value(const RunRecord& r) {
   for (const auto& h : r.hosts)
     hosts.push_back({{"name", h.name}, {"address", h.address}, {"node_rank", h.node_rank}});
   json ranks = json::array();
-  for (const auto& k : r.ranks)
+  for (const auto& k : r.ranks) {
+    json gpus = json::array();
+    for (const auto& g : k.gpus) gpus.push_back({{"index", g.index}, {"uuid", g.uuid}});
     ranks.push_back(
         {{"rank", k.rank},
          {"host", size_t(k.host) < r.hosts.size() ? json(r.hosts[size_t(k.host)].name) : json(nullptr)},
@@ -148,7 +152,9 @@ json to_json_value(const RunRecord& r) {
          {"exit_code", or_null(k.exit_code, -1)},
          {"signal", or_null(k.signal, 0)},
          {"host_lost", k.host_lost},
-         {"env", k.env}});
+         {"env", k.env},
+         {"gpus", gpus}});
+  }
   json ps = json::array();
   for (const auto& s : r.ps_servers)
     ps.push_back({{"server", s.server},

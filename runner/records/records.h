@@ -24,6 +24,11 @@ struct RankRecord {
   int signal = 0;                          // the signal that killed it, 0 if none
   bool host_lost = false;                  // its host was lost: its own exit is unknown
   std::map<std::string, std::string> env;  // what mltrain set for this rank
+  struct Gpu {
+    int index = 0;     // NVML's (CUDA_VISIBLE_DEVICES holds these)
+    std::string uuid;  // as its host's inventory found it
+  };
+  std::vector<Gpu> gpus;  // the physical GPUs it was given ([gpus]), in its CUDA_VISIBLE_DEVICES order
 };
 
 struct HostRecord {

@@ -369,13 +369,29 @@ void print_show(const std::string& query, bool json) {
                 r.pull->problems.empty() ? "" : "; not all of it:");
     for (const auto& p : r.pull->problems) std::printf("    %s\n", text::host_text(p).c_str());
   }
-  std::printf("\n%-6s %-20s %-6s %-8s %s\n", "RANK", "HOST", "LOCAL", "PID", "RESULT");
+  // One row: the columns, and the rank's GPUs last when any rank has some (a line ends without blanks).
+  auto row = [](const char* rank, const char* host, const char* local, const char* pid,
+                const std::string& result, const std::string& gpus) {
+    char buf[512];
+    std::snprintf(buf, sizeof buf, "%-6s %-20s %-6s %-8s %-12s%s", rank, host, local, pid, result.c_str(),
+                  gpus.c_str());
+    std::string line = buf;
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    std::printf("%s\n", line.c_str());
+  };
+  const bool gpus =
+      std::any_of(r.ranks.begin(), r.ranks.end(), [](const auto& k) { return !k.gpus.empty(); });
+  std::printf("\n");
+  row("RANK", "HOST", "LOCAL", "PID", "RESULT", gpus ? "GPUS" : "");
   for (const auto& k : r.ranks) {
     std::string host = size_t(k.host) < r.hosts.size() ? r.hosts[size_t(k.host)].name : "?";
     std::string result = k.exit_code < 0 ? (status == "running" ? "running" : "-")
                          : k.signal      ? describe_status(k.signal)
                                          : "exit " + std::to_string(k.exit_code);
-    std::printf("%-6d %-20s %-6d %-8d %s\n", k.rank, t(host), k.local_rank, k.pid, result.c_str());
+    std::vector<std::string> held;  // "0 (GPU-4049c22c-…)": the physical GPUs, leased for it
+    for (const auto& g : k.gpus) held.push_back(std::to_string(g.index) + " (" + g.uuid + ")");
+    row(std::to_string(k.rank).c_str(), t(host), std::to_string(k.local_rank).c_str(),
+        std::to_string(k.pid).c_str(), result, t(text::join(held, ", ")));
   }
   if (!r.ps_servers.empty()) {
     std::printf("\n%-6s %-20s %-22s %10s %10s %9s %6s %s\n", "SERVER", "HOST", "ADDRESS", "IN", "OUT",

@@ -208,6 +208,17 @@ void RunPlay::settle_rendezvous() {
   // The record shows the rendezvous and environment as preflight settled them.
   records::fill_from_plan(rec_, plan_);
   for (size_t i = 0; i < fleet_.size(); ++i) rec_.hosts[i].address = fleet_[i].link->address();
+  // Which physical GPUs each rank has, by index and UUID (its host's inventory says which is which).
+  for (auto& rr : rec_.ranks) {
+    auto it = plan_.runtime.gpus.find(rr.rank);
+    if (it == plan_.runtime.gpus.end()) continue;
+    for (int index : it->second) {
+      std::string uuid;
+      for (const auto& g : hosts_[size_t(rr.host)].prepared.gpus)
+        if (g.index == index) uuid = text::host_text(g.uuid, 80);
+      rr.gpus.push_back({index, uuid});
+    }
+  }
 }
 
 }  // namespace mltrain::supervise::detail

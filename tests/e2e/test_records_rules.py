@@ -79,7 +79,7 @@ RUN_FIELDS = {"schema", "id", "name", "status", "exit_code", "launcher_pid", "la
               "master_port", "restarts", "max_restarts", "detached", "slurm_job_id", "ps_servers", "log_prefix",
               "kind", "ssh_config",
               "hosts", "ranks", "failure", "pull", "spec"}
-RANK_FIELDS = {"rank", "host", "node_rank", "local_rank", "pid", "exit_code", "signal", "host_lost", "env"}
+RANK_FIELDS = {"rank", "host", "node_rank", "local_rank", "pid", "exit_code", "signal", "host_lost", "env", "gpus"}
 
 
 def _check_run(doc, ended=True, fields=RUN_FIELDS):

@@ -96,6 +96,14 @@ def test_two_jobs_get_disjoint_gpus_and_a_third_is_refused_naming_the_holder(ml,
     r = ml("run", c, timeout=60, unset=CLEAN)
     assert r.returncode == 0, r.stderr
     assert sorted(sum(gpus_of(r.stdout).values(), [])) == [0, 1]
+    # The record names each rank's physical GPUs by index and UUID, as its CUDA_VISIBLE_DEVICES has them.
+    rec = json.loads(ml("show", "--json", "latest").stdout)
+    for k in rec["ranks"]:
+        (g,) = k["gpus"]
+        assert g["index"] == int(k["env"]["CUDA_VISIBLE_DEVICES"]), k
+        assert re.fullmatch(r"GPU-[0-9a-f]{8}-0000-4000-8000-0{11}" + str(g["index"]), g["uuid"]), g
+    shown = ml("show", "latest").stdout
+    assert re.search(r"\bGPUS\n0 .* exit 0\s+0 \(GPU-[0-9a-f]{8}-0000-4000-8000-000000000000\)", shown, re.S), shown
 
 
 def test_a_queued_job_waits_then_starts_when_gpus_free(ml, fakes):
