@@ -41,7 +41,10 @@ std::string in_the_way_text(const lease::InTheWay& w) {
   lease::Info info;
   if (w.holder) {
     info = w.holder->info;
-    if (w.holder->uid != uid_t(-1)) info["uid"] = std::to_string(w.holder->uid);
+    if (w.holder->uid != uid_t(-1)) {
+      info["uid"] = std::to_string(w.holder->uid);
+      if (const passwd* pw = ::getpwuid(w.holder->uid)) info["account"] = pw->pw_name;
+    }
     if (w.holder->pid > 0) info["pid"] = std::to_string(w.holder->pid);
   }
   info["what"] = w.what;

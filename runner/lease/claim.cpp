@@ -82,6 +82,18 @@ bool Claim::exclusive_ok(const Ask& ask, std::chrono::milliseconds t) {
   return false;
 }
 
+void Claim::note_gpu_holders(const Ask& ask, const std::vector<Gpu>& inventory, std::chrono::milliseconds t) {
+  if (ask.gpus <= 0 && ask.pinned.empty()) return;
+  std::vector<std::string> names;
+  for (const auto& g : inventory)
+    if (ask.pinned.empty() || std::count(ask.pinned.begin(), ask.pinned.end(), g.index))
+      names.push_back("gpu/" + g.uuid);
+  for (auto& seen : holders(ask.space, names, t))
+    for (const auto& g : inventory)
+      if (seen.name == "gpu/" + g.uuid)
+        in_the_way_.push_back({"gpu " + std::to_string(g.index), seen, seen.name});
+}
+
 bool Claim::take_gpus(const Ask& ask, const std::vector<Gpu>& inventory, std::chrono::milliseconds t) {
   std::vector<const Gpu*> candidates;
   if (!ask.pinned.empty()) {
@@ -146,7 +158,11 @@ void Claim::attempt(const Ask& ask, const std::vector<Gpu>& inventory,
   // Only what is contended waits its turn: a job that asks for no GPU and not the whole host goes
   // by every queued one (it takes nothing they wait for), as long as no one has the host alone.
   const bool contends = ask.gpus > 0 || !ask.pinned.empty() || ask.exclusive;
-  if ((contends && ahead_in_queue(ask, ask_timeout)) || !exclusive_ok(ask, ask_timeout)) return;
+  if (contends && ahead_in_queue(ask, ask_timeout)) {
+    note_gpu_holders(ask, inventory, ask_timeout);  // who holds them too, taking none
+    return;
+  }
+  if (!exclusive_ok(ask, ask_timeout)) return;
   if (ask.gpus > 0 || !ask.pinned.empty()) {
     if (!take_gpus(ask, inventory, ask_timeout)) {
       exclusive_.reset();

@@ -70,6 +70,7 @@ class Claim {
 
  private:
   bool take_gpus(const Ask& ask, const std::vector<Gpu>& inventory, std::chrono::milliseconds t);
+  void note_gpu_holders(const Ask& ask, const std::vector<Gpu>& inventory, std::chrono::milliseconds t);
   bool ahead_in_queue(const Ask& ask, std::chrono::milliseconds t);
   bool exclusive_ok(const Ask& ask, std::chrono::milliseconds t);
 

@@ -39,7 +39,11 @@ std::string holder_text(const lease::Info& info) {
                        : "a job of uid " + uid + " (pid " + pid + ")";
   }
   std::string out = "run " + run;
-  if (!user.empty()) out += " (" + user + (where.empty() ? "" : "@" + where) + ")";
+  // Who launched it, and the account it runs as on the host when that is another name.
+  const std::string account = said(info, "account", 40);
+  if (!user.empty())
+    out += " (" + user + (where.empty() ? "" : "@" + where) +
+           (account.empty() || account == user ? "" : " as " + account) + ")";
   if (auto since = text::parse_int_in(said(info, "since", 20), 1, INT64_MAX)) {
     const int64_t now = int64_t(std::time(nullptr));
     if (now >= *since) out += " for " + text::format_duration(milliseconds((now - *since) * 1000));
