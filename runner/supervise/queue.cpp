@@ -264,7 +264,8 @@ void gpu_rows(const HostLeases& h, const HostView& v, int64_t now,
   for (size_t k = 0; k < gpus.size();) {
     auto holder = [&](size_t i) {  // one row for a job's GPUs: the same run (or pid, when it did not say)
       auto it = v.gpu_by_uuid.find(gpus[i].uuid);
-      return it == v.gpu_by_uuid.end() ? std::string() : it->second.run + "/" + std::to_string(it->second.pid);
+      return it == v.gpu_by_uuid.end() ? std::string()
+                                       : it->second.run + "/" + std::to_string(it->second.pid);
     };
     size_t end = k + 1;
     const bool busy_k = k < h.list.busy.size() && h.list.busy[k];
