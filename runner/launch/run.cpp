@@ -274,27 +274,30 @@ std::string synced_workdir(const spec::JobSpec& s, const SyncPlan& sp) {
 
 }  // namespace detail
 
-RunResult run(const JobRequest& req) {
-  spec::JobSpec s = resolve_spec(req);
-  const bool exec_in_home = req.exec && s.run.workdir.empty();
-  if (req.exec) {
-    // One rank per host; the host names each line (unless --no-prefix).
-    s.cluster.procs_per_host = 1;
-    s.cluster.nprocs = 0;
-    s.run.max_restarts = 0;
-    if (!req.overrides.no_prefix) s.logs.prefix = "[{host}]";
-    // A one-off command starts no parameter servers (and server-only hosts run no rank).
-    s.comm.mode = "allreduce";
-    s.ps = {};
-  }
-  std::chrono::milliseconds telemetry_interval{0};  // read first: a bad value leaves no run behind
+namespace {
+
+// `mltrain exec`: one rank per host, each line named by its host; no restarts, no PS servers.
+void adapt_for_exec(spec::JobSpec& s, const JobRequest& req) {
+  s.cluster.procs_per_host = 1;
+  s.cluster.nprocs = 0;
+  s.run.max_restarts = 0;
+  if (!req.overrides.no_prefix) s.logs.prefix = "[{host}]";
+  // A one-off command starts no parameter servers (and server-only hosts run no rank).
+  s.comm.mode = "allreduce";
+  s.ps = {};
+}
+
+// What can be wrong before a run exists (a bad knob, --stdin past the ranks): said before anything
+// is recorded. Returns the telemetry interval.
+std::chrono::milliseconds check_before_run(const spec::JobSpec& s, const JobRequest& req,
+                                           const std::string& token) {
+  std::chrono::milliseconds telemetry_interval{0};
   try {
     telemetry_interval = knobs::mltrain_telemetry_interval.get();
   } catch (const knobs::BadValue& e) {
     throw Error(e.what(), "set it like 1s or 500ms, or to 0 for no telemetry");
   }
   detail::supervise_defaults();  // the heartbeat knobs too: checked before there is a run
-  std::string token = detail::random_token();
   // Plan before creating the record, so a bad host list leaves no empty run behind.
   const size_t nranks =
       plan::make_plan(s, detail::plan_inputs(req, "pending", token, detail::Ports::free)).ranks.size();
@@ -307,7 +310,191 @@ RunResult run(const JobRequest& req) {
                       (nranks == 1 ? "" : "s") + " (0.." + std::to_string(nranks - 1) + ")",
                   "pick a rank in that range", exit_code::usage);
   }
+  return telemetry_interval;
+}
 
+// The run's record, saved: it must be writable before anything starts (a full or read-only state
+// folder is a clean error here, not a cut record later, and leaves no empty run folder behind).
+records::RunRecord first_record(const spec::JobSpec& s, const plan::Plan& p, const JobRequest& req,
+                                const std::optional<detail::SyncPlan>& sp) {
+  records::RunRecord rec = new_record(s, p);
+  if (p.slurm) {
+    auto env = req.environ ? *req.environ : plan::current_environ();
+    if (const std::string* id = knobs::slurm_job_id.in(env)) rec.slurm_job_id = *id;
+  }
+  if (sp) rec.git_commit = git_commit(sp->src);
+  rec.kind = req.exec ? "exec" : "run";
+  // `ssh` and `cp` reach the hosts again the way this run did, however it was given its config.
+  if (!s.ssh.config.empty()) {
+    const std::string home = knobs::home.get();
+    std::string config = s.ssh.config;
+    if (config.rfind("~/", 0) == 0 && !home.empty()) config = home + config.substr(1);
+    rec.ssh_config = std::filesystem::absolute(config).lexically_normal().string();
+  }
+  if (!records::save(rec)) {
+    std::error_code ec;
+    std::filesystem::remove_all(records::run_dir(rec.id), ec);
+    throw Error("cannot write the run's record in " + records::runs_dir(),
+                "free some space there, or set MLTRAIN_HOME to a writable folder", exit_code::state);
+  }
+  return rec;
+}
+
+// Code missing on a host: how it gets there.
+std::string workdir_hint(const spec::JobSpec& s, const plan::Plan& p, const JobRequest& req,
+                         const std::optional<detail::SyncPlan>& sp) {
+  if (s.sync.reuse && !req.exec)
+    return "--no-sync runs the ranks in the folder the last sync made (" + p.workdir +
+           "); run once without --no-sync to sync it";
+  if (!sp && !p.workdir.empty() &&
+      std::any_of(p.hosts.begin(), p.hosts.end(), [](const auto& h) { return !h.local; }))
+    return std::string("the hosts do not have this folder: ") +
+           (s.source.empty() ? "--sync copies it to every host before the ranks start"
+                             : "add a [sync] table to " + s.source +
+                                   " (or pass --sync) to copy it to every host before the ranks start") +
+           " (docs/sync.md), or give a workdir every host has";
+  return {};
+}
+
+supervise::SyncJob sync_job(const detail::SyncPlan& sp) {
+  const std::string home = knobs::home.get();
+  std::string shown = sp.src;
+  if (!home.empty() && shown.rfind(home + "/", 0) == 0) shown = "~" + shown.substr(home.size());
+  supervise::SyncJob job{&sp.tree, sp.remote, shown};
+  try {
+    job.warn_bytes = knobs::mltrain_sync_warn_bytes.get();
+  } catch (const knobs::BadValue& e) {
+    throw Error(e.what(), "set it like 100M", exit_code::usage);
+  }
+  return job;
+}
+
+supervise::SetupJob setup_job(const spec::JobSpec& s, const plan::Plan& p,
+                              const std::optional<detail::SyncPlan>& sp) {
+  supervise::SetupJob job;
+  job.command = s.setup.command;
+  job.cwd = sp ? sp->remote : p.workdir;
+  for (const auto& [k, v] : s.run.env) job.env.push_back(k + "=" + v);
+  job.env.push_back("MLTRAIN_RUN_ID=" + p.run_id);  // so the agent's warden finds its strays
+  // What decides whether it runs again: the command, the folder and the synced files (only
+  // those [setup] inputs names, when it names some).
+  std::string files = sp ? sp->tree.digest : std::string();
+  if (sp && !s.setup.inputs.empty()) {
+    size_t matched = 0;
+    files = sync::digest_of(sp->tree, s.setup.inputs, &matched);
+    if (matched == 0)
+      std::fprintf(stderr,
+                   "mltrain: warning: [setup] inputs (%s) match no synced file; the setup runs again only "
+                   "when its command changes\n",
+                   text::join(s.setup.inputs, ", ").c_str());
+  }
+  std::string key = job.command;
+  key += '\0' + job.cwd + '\0' + files;
+  job.key = sync::hash_hex(key);
+  job.force = s.setup.mode == "always";
+  return job;
+}
+
+supervise::PullJob pull_job(const spec::JobSpec& s, const plan::Plan& p, const detail::SyncPlan& sp) {
+  supervise::PullJob job;
+  job.dir = sp.remote;
+  job.patterns = s.sync.pull;
+  job.dest = records::run_dir(p.run_id) + "/pulled";
+  job.per_host_folders = s.sync.pull_from == "all";
+  detail::pull_limits(job);
+  if (job.per_host_folders) {
+    for (size_t i = 0; i < p.hosts.size(); ++i)
+      if (!p.hosts[i].ranks.empty()) job.hosts.push_back(i);  // a server-only host runs no program
+  } else {
+    job.hosts.push_back(size_t(p.ranks[0].host));
+  }
+  return job;
+}
+
+// Everything the supervisor is told for this run.
+supervise::Options run_options(const spec::JobSpec& s, const plan::Plan& p, const JobRequest& req,
+                               const std::optional<detail::SyncPlan>& sp,
+                               std::chrono::milliseconds telemetry) {
+  supervise::Options o = supervise_options(s, req);
+  o.telemetry_interval = req.exec ? std::chrono::milliseconds(0) : telemetry;
+  o.fail_fast = !req.exec;
+  if (!req.exec) o.claims = claims_for(s, p);
+  o.workdir_hint = workdir_hint(s, p, req, sp);
+  if (sp) o.sync = sync_job(*sp);
+  if (!s.setup.command.empty() && s.setup.mode != "never" && !req.exec) o.setup = setup_job(s, p, sp);
+  if (sp && !s.sync.pull.empty() && !req.exec) o.pull = pull_job(s, p, *sp);
+  return o;
+}
+
+// --detach: the launcher goes on in a child of its own; this process returns once the ranks
+// started (or the run failed before that).
+RunResult run_detached(const spec::JobSpec& s, plan::Plan& p, const JobRequest& req, supervise::Options& o,
+                       RunResult result) {
+  records::RunRecord& rec = result.record;
+  int report[2];
+  if (::pipe2(report, O_CLOEXEC) != 0)
+    throw Error(std::string("pipe2: ") + std::strerror(errno), {}, exit_code::internal);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    int e = errno;
+    ::close(report[0]);
+    ::close(report[1]);
+    throw Error(std::string("cannot detach the launcher: fork: ") + std::strerror(e),
+                "run without --detach, or free some memory or processes", exit_code::internal);
+  }
+  rec.detached = true;
+  if (pid > 0) {
+    ::close(report[1]);
+    result.detached = true;
+    result.launcher_pid = int(pid);
+    rec.launcher_pid = result.launcher_pid;
+    await_background_start(report[0], pid, req, result);
+    return result;
+  }
+  ::close(report[0]);
+  int report_fd = report[1];
+  try {
+    become_background_launcher(rec.id);
+  } catch (const Error& e) {
+    fail_in_child(report_fd, rec.id, e);
+  }
+  o.console.color = false;
+  o.json_summary = false;
+  o.on_running = [&report_fd] {
+    write_all(report_fd, "R");
+    ::close(report_fd);
+    report_fd = -1;  // the command has returned: later errors go to console.log and the record
+  };
+  rec.launcher_pid = ::getpid();
+  rec.launcher_start = records::process_start_time(rec.launcher_pid);
+  (void)records::save(rec);  // it warns; the gang saves again and reports a record it cannot keep
+  int code = exit_code::internal;
+  try {
+    code = supervise::run_job(p, rec, o, detail::lasting_transports(s).for_host());
+  } catch (const Error& e) {
+    std::fflush(stdout);
+    fail_in_child(report_fd, rec.id, e);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    fail_in_child(report_fd, rec.id,
+                  Error(std::string("internal error: ") + e.what(), "please report this as a bug",
+                        exit_code::internal));
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  ::_exit(code);
+}
+
+}  // namespace
+
+RunResult run(const JobRequest& req) {
+  spec::JobSpec s = resolve_spec(req);
+  const bool exec_in_home = req.exec && s.run.workdir.empty();
+  if (req.exec) adapt_for_exec(s, req);
+  const std::string token = detail::random_token();
+  const std::chrono::milliseconds telemetry_interval = check_before_run(s, req, token);
   // The tree is listed and hashed before the run exists: an unreadable file leaves no run behind.
   std::optional<detail::SyncPlan> sp = detail::plan_sync(s, req);
 
@@ -323,155 +510,13 @@ RunResult run(const JobRequest& req) {
 
   RunResult result;
   result.run_id = p.run_id;
+  result.record = first_record(s, p, req, sp);
+  supervise::Options o = run_options(s, p, req, sp, telemetry_interval);
+  if (req.detach) return run_detached(s, p, req, o, std::move(result));
   records::RunRecord& rec = result.record;
-  rec = new_record(s, p);
-  if (p.slurm) {
-    auto env = req.environ ? *req.environ : plan::current_environ();
-    if (const std::string* id = knobs::slurm_job_id.in(env)) rec.slurm_job_id = *id;
-  }
-  if (sp) rec.git_commit = git_commit(sp->src);
-  rec.kind = req.exec ? "exec" : "run";
-  // `ssh` and `cp` reach the hosts again the way this run did, however it was given its config.
-  if (!s.ssh.config.empty()) {
-    const std::string home = knobs::home.get();
-    std::string config = s.ssh.config;
-    if (config.rfind("~/", 0) == 0 && !home.empty()) config = home + config.substr(1);
-    rec.ssh_config = std::filesystem::absolute(config).lexically_normal().string();
-  }
-  // The record must be writable before anything starts: a full or read-only state folder is a
-  // clean error here (not a cut record later), and leaves no empty run folder behind.
-  if (!records::save(rec)) {
-    std::error_code ec;
-    std::filesystem::remove_all(records::run_dir(rec.id), ec);
-    throw Error("cannot write the run's record in " + records::runs_dir(),
-                "free some space there, or set MLTRAIN_HOME to a writable folder", exit_code::state);
-  }
-  supervise::Options o = supervise_options(s, req);
-  o.telemetry_interval = req.exec ? std::chrono::milliseconds(0) : telemetry_interval;
-  o.fail_fast = !req.exec;
-  if (!req.exec) o.claims = claims_for(s, p);
-  // Code missing on a host: say how it gets there.
-  if (s.sync.reuse && !req.exec)
-    o.workdir_hint = "--no-sync runs the ranks in the folder the last sync made (" + p.workdir +
-                     "); run once without --no-sync to sync it";
-  else if (!sp && !p.workdir.empty() &&
-           std::any_of(p.hosts.begin(), p.hosts.end(), [](const auto& h) { return !h.local; }))
-    o.workdir_hint = std::string("the hosts do not have this folder: ") +
-                     (s.source.empty() ? "--sync copies it to every host before the ranks start"
-                                       : "add a [sync] table to " + s.source +
-                                             " (or pass --sync) to copy it to every host before the ranks "
-                                             "start") +
-                     " (docs/sync.md), or give a workdir every host has";
-  if (sp) {
-    const std::string home = knobs::home.get();
-    std::string shown = sp->src;
-    if (!home.empty() && shown.rfind(home + "/", 0) == 0) shown = "~" + shown.substr(home.size());
-    o.sync = supervise::SyncJob{&sp->tree, sp->remote, shown};
-    try {
-      o.sync->warn_bytes = knobs::mltrain_sync_warn_bytes.get();
-    } catch (const knobs::BadValue& e) {
-      throw Error(e.what(), "set it like 100M", exit_code::usage);
-    }
-  }
-  if (!s.setup.command.empty() && s.setup.mode != "never" && !req.exec) {
-    supervise::SetupJob job;
-    job.command = s.setup.command;
-    job.cwd = sp ? sp->remote : p.workdir;
-    for (const auto& [k, v] : s.run.env) job.env.push_back(k + "=" + v);
-    job.env.push_back("MLTRAIN_RUN_ID=" + p.run_id);  // so the agent's warden finds its strays
-    // What decides whether it runs again: the command, the folder and the synced files (only
-    // those [setup] inputs names, when it names some).
-    std::string files = sp ? sp->tree.digest : std::string();
-    if (sp && !s.setup.inputs.empty()) {
-      size_t matched = 0;
-      files = sync::digest_of(sp->tree, s.setup.inputs, &matched);
-      if (matched == 0)
-        std::fprintf(stderr,
-                     "mltrain: warning: [setup] inputs (%s) match no synced file; the setup runs again only "
-                     "when its command changes\n",
-                     text::join(s.setup.inputs, ", ").c_str());
-    }
-    std::string key = job.command;
-    key += '\0' + job.cwd + '\0' + files;
-    job.key = sync::hash_hex(key);
-    job.force = s.setup.mode == "always";
-    o.setup = std::move(job);
-  }
-  if (sp && !s.sync.pull.empty() && !req.exec) {
-    supervise::PullJob job;
-    job.dir = sp->remote;
-    job.patterns = s.sync.pull;
-    job.dest = records::run_dir(p.run_id) + "/pulled";
-    job.per_host_folders = s.sync.pull_from == "all";
-    detail::pull_limits(job);
-    if (job.per_host_folders) {
-      for (size_t i = 0; i < p.hosts.size(); ++i)
-        if (!p.hosts[i].ranks.empty()) job.hosts.push_back(i);  // a server-only host runs no program
-    } else {
-      job.hosts.push_back(size_t(p.ranks[0].host));
-    }
-    o.pull = std::move(job);
-  }
-
-  if (req.detach) {
-    int report[2];
-    if (::pipe2(report, O_CLOEXEC) != 0)
-      throw Error(std::string("pipe2: ") + std::strerror(errno), {}, exit_code::internal);
-    std::fflush(stdout);
-    std::fflush(stderr);
-    pid_t pid = ::fork();
-    if (pid < 0) {
-      int e = errno;
-      ::close(report[0]);
-      ::close(report[1]);
-      throw Error(std::string("cannot detach the launcher: fork: ") + std::strerror(e),
-                  "run without --detach, or free some memory or processes", exit_code::internal);
-    }
-    rec.detached = true;
-    if (pid > 0) {
-      ::close(report[1]);
-      result.detached = true;
-      result.launcher_pid = int(pid);
-      rec.launcher_pid = result.launcher_pid;
-      await_background_start(report[0], pid, req, result);
-      return result;
-    }
-    ::close(report[0]);
-    int report_fd = report[1];
-    try {
-      become_background_launcher(rec.id);
-    } catch (const Error& e) {
-      fail_in_child(report_fd, rec.id, e);
-    }
-    o.console.color = false;
-    o.json_summary = false;
-    o.on_running = [&report_fd] {
-      write_all(report_fd, "R");
-      ::close(report_fd);
-      report_fd = -1;  // the command has returned: later errors go to console.log and the record
-    };
-    rec.launcher_pid = ::getpid();
-    rec.launcher_start = records::process_start_time(rec.launcher_pid);
-    (void)records::save(rec);  // it warns; the gang saves again and reports a record it cannot keep
-    int code = exit_code::internal;
-    try {
-      code = supervise::run_job(p, rec, o, detail::lasting_transports(s).for_host());
-    } catch (const Error& e) {
-      std::fflush(stdout);
-      fail_in_child(report_fd, rec.id, e);
-    } catch (const std::exception& e) {
-      std::fflush(stdout);
-      fail_in_child(report_fd, rec.id,
-                    Error(std::string("internal error: ") + e.what(), "please report this as a bug",
-                          exit_code::internal));
-    }
-    std::fflush(stdout);
-    std::fflush(stderr);
-    ::_exit(code);
-  }
   rec.launcher_pid = ::getpid();
   rec.launcher_start = records::process_start_time(rec.launcher_pid);
-  (void)records::save(rec);  // as above
+  (void)records::save(rec);  // as run_detached's child
 
   try {
     result.exit_code = supervise::run_job(p, rec, o, detail::lasting_transports(s).for_host());

@@ -162,9 +162,10 @@ std::string human_bytes(uint64_t v) {
   return fmt(d < 100 ? "%.1f" : "%.0f", d) + kUnits[u];
 }
 
-std::string render_top(const telemetry::Snapshot& snap, const TopScreen& screen) {
-  Screen sc(screen);
-  const int bar_w = screen.width >= 110 ? 22 : 12;
+namespace {
+
+// The title, and the lines that say what stands out (no timing, the straggler, idle GPUs).
+void top_header(Screen& sc, const telemetry::Snapshot& snap, const TopScreen& screen) {
   size_t gpus_total = snap.gpus.size();
   std::string title = "mltrain top";
   if (!screen.title.empty()) title += " - " + screen.title;
@@ -188,139 +189,153 @@ std::string render_top(const telemetry::Snapshot& snap, const TopScreen& screen)
     for (const auto& i : idle) t += " " + i;
     sc.line(t, true);
   }
+}
+
+// One row per host: CPU, load, memory, network, its GPUs' mean utilization.
+void top_hosts(Screen& sc, const telemetry::Snapshot& snap, const TopScreen& screen, int bar_w) {
   char b[512];
-  const bool all = screen.view == TopView::all;
-
-  if (all || screen.view == TopView::hosts) {
-    std::vector<const HostRow*> rows;
-    for (const auto& h : snap.hosts) rows.push_back(&h);
-    if (screen.sort == TopSort::cpu) sort_desc<HostRow>(rows, host_cpu);
-    if (screen.sort == TopSort::gpu)
-      sort_desc<HostRow>(rows, [](const HostRow& h) { return h.gpu_util_mean; });
-    if (screen.sort == TopSort::memory)
-      sort_desc<HostRow>(rows, [](const HostRow& h) -> std::optional<double> {
-        if (!h.sample.mem_total_bytes || !h.sample.mem_available_bytes) return std::nullopt;
-        return double(*h.sample.mem_total_bytes -
-                      std::min(*h.sample.mem_total_bytes, *h.sample.mem_available_bytes));
-      });
-    sc.line("");
-    std::snprintf(b, sizeof b, "%-16s %-*s %5s %4s %6s %13s %8s %8s %4s %5s", "HOST", bar_w, "CPU", "",
-                  "CPUS", "LOAD", "MEM", "NET RX/s", "NET TX/s", "GPUS", "GPU%");
+  std::vector<const HostRow*> rows;
+  for (const auto& h : snap.hosts) rows.push_back(&h);
+  if (screen.sort == TopSort::cpu) sort_desc<HostRow>(rows, host_cpu);
+  if (screen.sort == TopSort::gpu) sort_desc<HostRow>(rows, [](const HostRow& h) { return h.gpu_util_mean; });
+  if (screen.sort == TopSort::memory)
+    sort_desc<HostRow>(rows, [](const HostRow& h) -> std::optional<double> {
+      if (!h.sample.mem_total_bytes || !h.sample.mem_available_bytes) return std::nullopt;
+      return double(*h.sample.mem_total_bytes -
+                    std::min(*h.sample.mem_total_bytes, *h.sample.mem_available_bytes));
+    });
+  sc.line("");
+  std::snprintf(b, sizeof b, "%-16s %-*s %5s %4s %6s %13s %8s %8s %4s %5s", "HOST", bar_w, "CPU", "", "CPUS",
+                "LOAD", "MEM", "NET RX/s", "NET TX/s", "GPUS", "GPU%");
+  sc.line(b);
+  for (const HostRow* h : rows) {
+    const auto& s = h->sample;
+    std::optional<uint64_t> used;
+    if (s.mem_total_bytes && s.mem_available_bytes)
+      used = *s.mem_total_bytes - std::min(*s.mem_total_bytes, *s.mem_available_bytes);
+    std::snprintf(b, sizeof b, "%-16s %s %5s %4s %6s %13s %8s %8s %4zu %5s", h->host.c_str(),
+                  bar(host_cpu(*h), bar_w).c_str(), pct(host_cpu(*h)).c_str(),
+                  s.cpus ? std::to_string(*s.cpus).c_str() : "-",
+                  s.load1_x100 ? fmt("%.2f", *s.load1_x100 / 100.0).c_str() : "-",
+                  mem_pair(used, s.mem_total_bytes).c_str(),
+                  s.net_rx_bytes_per_s ? human_bytes(*s.net_rx_bytes_per_s).c_str() : "-",
+                  s.net_tx_bytes_per_s ? human_bytes(*s.net_tx_bytes_per_s).c_str() : "-", h->gpus,
+                  pct(h->gpu_util_mean).c_str());
     sc.line(b);
-    for (const HostRow* h : rows) {
-      const auto& s = h->sample;
-      std::optional<uint64_t> used;
-      if (s.mem_total_bytes && s.mem_available_bytes)
-        used = *s.mem_total_bytes - std::min(*s.mem_total_bytes, *s.mem_available_bytes);
-      std::snprintf(b, sizeof b, "%-16s %s %5s %4s %6s %13s %8s %8s %4zu %5s", h->host.c_str(),
-                    bar(host_cpu(*h), bar_w).c_str(), pct(host_cpu(*h)).c_str(),
-                    s.cpus ? std::to_string(*s.cpus).c_str() : "-",
-                    s.load1_x100 ? fmt("%.2f", *s.load1_x100 / 100.0).c_str() : "-",
-                    mem_pair(used, s.mem_total_bytes).c_str(),
-                    s.net_rx_bytes_per_s ? human_bytes(*s.net_rx_bytes_per_s).c_str() : "-",
-                    s.net_tx_bytes_per_s ? human_bytes(*s.net_tx_bytes_per_s).c_str() : "-", h->gpus,
-                    pct(h->gpu_util_mean).c_str());
-      sc.line(b);
-    }
   }
+}
 
-  if (all || screen.view == TopView::gpus) {
-    sc.line("");
-    if (snap.gpus.empty()) {
-      // One line per distinct reason, its hosts named once: hosts usually share the reason.
-      std::vector<std::pair<std::string, std::vector<std::string>>> notes;
-      for (const auto& h : snap.hosts) {
-        if (h.gpu_note.empty()) continue;
-        std::string note = text::host_text(h.gpu_note, 300);
-        auto it = std::find_if(notes.begin(), notes.end(), [&](const auto& n) { return n.first == note; });
-        if (it == notes.end()) it = notes.insert(notes.end(), {note, {}});
-        it->second.push_back(h.host);
-      }
-      if (notes.empty()) sc.line("no GPUs");
-      for (const auto& [note, hosts] : notes)
-        sc.wrapped("no GPUs (" + text::cut(text::compact_names(hosts), 60) + ": " + note + ")");
-    } else {
-      std::vector<const GpuRow*> rows;
-      for (const auto& g : snap.gpus) rows.push_back(&g);
-      if (screen.sort == TopSort::gpu || screen.sort == TopSort::cpu) sort_desc<GpuRow>(rows, gpu_util);
-      if (screen.sort == TopSort::memory)
-        sort_desc<GpuRow>(rows, [](const GpuRow& g) -> std::optional<double> {
-          if (!g.sample.mem_used_mib) return std::nullopt;
-          return double(*g.sample.mem_used_mib);
-        });
-      std::snprintf(b, sizeof b, "%-18s %-*s %5s %13s %11s %5s %6s %-8s %s", "GPU", bar_w, "UTIL", "", "MEM",
-                    "POWER", "TEMP", "SM MHz", "RANKS", "THROTTLE");
-      sc.line(b);
-      for (const GpuRow* g : rows) {
-        const auto& s = g->sample;
-        std::string power = s.power_mw || s.power_limit_mw
-                                ? (s.power_mw ? std::to_string(*s.power_mw / 1000) : "-") + "/" +
-                                      (s.power_limit_mw ? std::to_string(*s.power_limit_mw / 1000) : "-") +
-                                      "W"
-                                : "-";
-        std::string throttle;
-        if (s.throttle_reasons)
-          for (const auto& n : telemetry::throttle_reason_names(*s.throttle_reasons))
-            throttle += (throttle.empty() ? "" : ",") + n;
-        std::optional<uint64_t> used, total;
-        if (s.mem_used_mib) used = *s.mem_used_mib << 20;
-        if (s.mem_total_mib) total = *s.mem_total_mib << 20;
-        std::snprintf(b, sizeof b, "%-18s %s %5s %13s %11s %5s %6s %-8s %s",
-                      (g->host + ":" + std::to_string(s.index)).c_str(), bar(gpu_util(*g), bar_w).c_str(),
-                      pct(gpu_util(*g)).c_str(), mem_pair(used, total).c_str(), power.c_str(),
-                      s.temperature_c ? (std::to_string(*s.temperature_c) + "C").c_str() : "-",
-                      s.sm_clock_mhz ? std::to_string(*s.sm_clock_mhz).c_str() : "-",
-                      ranks_text(g->ranks).c_str(), throttle.empty() ? "-" : throttle.c_str());
-        sc.line(b, g->idle);
-      }
+// One row per GPU, or why there are none.
+void top_gpus(Screen& sc, const telemetry::Snapshot& snap, const TopScreen& screen, int bar_w) {
+  char b[512];
+  sc.line("");
+  if (snap.gpus.empty()) {
+    // One line per distinct reason, its hosts named once: hosts usually share the reason.
+    std::vector<std::pair<std::string, std::vector<std::string>>> notes;
+    for (const auto& h : snap.hosts) {
+      if (h.gpu_note.empty()) continue;
+      std::string note = text::host_text(h.gpu_note, 300);
+      auto it = std::find_if(notes.begin(), notes.end(), [&](const auto& n) { return n.first == note; });
+      if (it == notes.end()) it = notes.insert(notes.end(), {note, {}});
+      it->second.push_back(h.host);
     }
-  }
-
-  if (all || screen.view == TopView::ranks) {
-    std::vector<const RankRow*> rows;
-    for (const auto& r : snap.ranks) rows.push_back(&r);
-    if (screen.sort == TopSort::cpu) sort_desc<RankRow>(rows, rank_cpu);
-    if (screen.sort == TopSort::gpu)
-      sort_desc<RankRow>(rows, [](const RankRow& r) -> std::optional<double> {
-        if (!r.gpu_util) return std::nullopt;
-        return double(*r.gpu_util);
-      });
-    // Lowest share first: the rank the others wait for leads.
-    if (screen.sort == TopSort::comm)
-      sort_desc<RankRow>(rows, [](const RankRow& r) -> std::optional<double> {
-        if (!r.comm_share) return std::nullopt;
-        return 1.0 - *r.comm_share;
-      });
+    if (notes.empty()) sc.line("no GPUs");
+    for (const auto& [note, hosts] : notes)
+      sc.wrapped("no GPUs (" + text::cut(text::compact_names(hosts), 60) + ": " + note + ")");
+  } else {
+    std::vector<const GpuRow*> rows;
+    for (const auto& g : snap.gpus) rows.push_back(&g);
+    if (screen.sort == TopSort::gpu || screen.sort == TopSort::cpu) sort_desc<GpuRow>(rows, gpu_util);
     if (screen.sort == TopSort::memory)
-      sort_desc<RankRow>(rows, [](const RankRow& r) -> std::optional<double> {
-        if (!r.sample.rss_bytes) return std::nullopt;
-        return double(*r.sample.rss_bytes);
+      sort_desc<GpuRow>(rows, [](const GpuRow& g) -> std::optional<double> {
+        if (!g.sample.mem_used_mib) return std::nullopt;
+        return double(*g.sample.mem_used_mib);
       });
-    sc.line("");
-    if (rows.empty()) {
-      sc.line("no ranks running on these hosts");
-    } else {
-      std::snprintf(b, sizeof b, "%-6s %-16s %8s %-5s %6s %7s %-*s %5s %8s %-6s %s", "RANK", "HOST", "PID",
-                    "STATE", "CPU", "RSS", bar_w, "IN COLLECTIVES", "", "CALLS/s", "GPU", "GPU%");
-      sc.line(b);
-      for (const RankRow* r : rows) {
-        const auto& s = r->sample;
-        std::optional<double> comm;
-        if (r->comm_share) comm = *r->comm_share * 100.0;
-        std::string gpus;
-        for (int32_t g : r->gpus) gpus += (gpus.empty() ? "" : ",") + std::to_string(g);
-        std::snprintf(b, sizeof b, "%-6d %-16s %8d %-5s %6s %7s %s %5s %8s %-6s %s%s", s.rank,
-                      r->host.c_str(), s.pid, s.state ? std::string(1, *s.state).c_str() : "gone",
-                      pct(rank_cpu(*r)).c_str(), s.rss_bytes ? human_bytes(*s.rss_bytes).c_str() : "-",
-                      s.comm_ns ? bar(comm, bar_w).c_str() : not_timed(bar_w).c_str(), pct(comm).c_str(),
-                      r->calls_per_s ? fmt("%.1f", *r->calls_per_s).c_str() : "-",
-                      gpus.empty() ? "-" : gpus.c_str(),
-                      r->gpu_util ? (std::to_string(*r->gpu_util) + "%").c_str() : "-",
-                      r->straggler ? " <- straggler" : "");
-        sc.line(b, r->straggler);
-      }
+    std::snprintf(b, sizeof b, "%-18s %-*s %5s %13s %11s %5s %6s %-8s %s", "GPU", bar_w, "UTIL", "", "MEM",
+                  "POWER", "TEMP", "SM MHz", "RANKS", "THROTTLE");
+    sc.line(b);
+    for (const GpuRow* g : rows) {
+      const auto& s = g->sample;
+      std::string power = s.power_mw || s.power_limit_mw
+                              ? (s.power_mw ? std::to_string(*s.power_mw / 1000) : "-") + "/" +
+                                    (s.power_limit_mw ? std::to_string(*s.power_limit_mw / 1000) : "-") + "W"
+                              : "-";
+      std::string throttle;
+      if (s.throttle_reasons)
+        for (const auto& n : telemetry::throttle_reason_names(*s.throttle_reasons))
+          throttle += (throttle.empty() ? "" : ",") + n;
+      std::optional<uint64_t> used, total;
+      if (s.mem_used_mib) used = *s.mem_used_mib << 20;
+      if (s.mem_total_mib) total = *s.mem_total_mib << 20;
+      std::snprintf(b, sizeof b, "%-18s %s %5s %13s %11s %5s %6s %-8s %s",
+                    (g->host + ":" + std::to_string(s.index)).c_str(), bar(gpu_util(*g), bar_w).c_str(),
+                    pct(gpu_util(*g)).c_str(), mem_pair(used, total).c_str(), power.c_str(),
+                    s.temperature_c ? (std::to_string(*s.temperature_c) + "C").c_str() : "-",
+                    s.sm_clock_mhz ? std::to_string(*s.sm_clock_mhz).c_str() : "-",
+                    ranks_text(g->ranks).c_str(), throttle.empty() ? "-" : throttle.c_str());
+      sc.line(b, g->idle);
     }
   }
+}
+
+// One row per rank, the straggler marked.
+void top_ranks(Screen& sc, const telemetry::Snapshot& snap, const TopScreen& screen, int bar_w) {
+  char b[512];
+  std::vector<const RankRow*> rows;
+  for (const auto& r : snap.ranks) rows.push_back(&r);
+  if (screen.sort == TopSort::cpu) sort_desc<RankRow>(rows, rank_cpu);
+  if (screen.sort == TopSort::gpu)
+    sort_desc<RankRow>(rows, [](const RankRow& r) -> std::optional<double> {
+      if (!r.gpu_util) return std::nullopt;
+      return double(*r.gpu_util);
+    });
+  // Lowest share first: the rank the others wait for leads.
+  if (screen.sort == TopSort::comm)
+    sort_desc<RankRow>(rows, [](const RankRow& r) -> std::optional<double> {
+      if (!r.comm_share) return std::nullopt;
+      return 1.0 - *r.comm_share;
+    });
+  if (screen.sort == TopSort::memory)
+    sort_desc<RankRow>(rows, [](const RankRow& r) -> std::optional<double> {
+      if (!r.sample.rss_bytes) return std::nullopt;
+      return double(*r.sample.rss_bytes);
+    });
+  sc.line("");
+  if (rows.empty()) {
+    sc.line("no ranks running on these hosts");
+  } else {
+    std::snprintf(b, sizeof b, "%-6s %-16s %8s %-5s %6s %7s %-*s %5s %8s %-6s %s", "RANK", "HOST", "PID",
+                  "STATE", "CPU", "RSS", bar_w, "IN COLLECTIVES", "", "CALLS/s", "GPU", "GPU%");
+    sc.line(b);
+    for (const RankRow* r : rows) {
+      const auto& s = r->sample;
+      std::optional<double> comm;
+      if (r->comm_share) comm = *r->comm_share * 100.0;
+      std::string gpus;
+      for (int32_t g : r->gpus) gpus += (gpus.empty() ? "" : ",") + std::to_string(g);
+      std::snprintf(b, sizeof b, "%-6d %-16s %8d %-5s %6s %7s %s %5s %8s %-6s %s%s", s.rank, r->host.c_str(),
+                    s.pid, s.state ? std::string(1, *s.state).c_str() : "gone", pct(rank_cpu(*r)).c_str(),
+                    s.rss_bytes ? human_bytes(*s.rss_bytes).c_str() : "-",
+                    s.comm_ns ? bar(comm, bar_w).c_str() : not_timed(bar_w).c_str(), pct(comm).c_str(),
+                    r->calls_per_s ? fmt("%.1f", *r->calls_per_s).c_str() : "-",
+                    gpus.empty() ? "-" : gpus.c_str(),
+                    r->gpu_util ? (std::to_string(*r->gpu_util) + "%").c_str() : "-",
+                    r->straggler ? " <- straggler" : "");
+      sc.line(b, r->straggler);
+    }
+  }
+}
+
+}  // namespace
+
+std::string render_top(const telemetry::Snapshot& snap, const TopScreen& screen) {
+  Screen sc(screen);
+  const int bar_w = screen.width >= 110 ? 22 : 12;
+  top_header(sc, snap, screen);
+  const bool all = screen.view == TopView::all;
+  if (all || screen.view == TopView::hosts) top_hosts(sc, snap, screen, bar_w);
+  if (all || screen.view == TopView::gpus) top_gpus(sc, snap, screen, bar_w);
+  if (all || screen.view == TopView::ranks) top_ranks(sc, snap, screen, bar_w);
   std::string body = sc.take();
   if (screen.height > 0) {
     // Keep what fits above the footer.

@@ -178,16 +178,7 @@ void RunPlay::claim_timers(Clock::time_point now) {
 }
 
 void RunPlay::finish_busy() {
-  rec_.status = "busy";
-  rec_.exit_code = exit_code::busy;
-  rec_.failure = records::Failure{-1, "", exit_code::busy, 0, preflight_error_, {}, "busy"};
-  rec_.ended_at = records::now_iso8601();
-  rec_.duration_s = std::chrono::duration<double>(clock_.now() - job_start_).count();
-  if (!records::save(rec_)) record_unsaved_ = true;
-  if (opts_.json_summary) {
-    std::fprintf(stdout, "%s\n", records::to_json(rec_, true).c_str());
-    std::fflush(stdout);
-  }
+  record_unstarted("busy", exit_code::busy, "busy");
   throw Error(preflight_error_,
               "wait for them with --queue ([cluster] queue = true); `mltrain queue` shows who holds what",
               exit_code::busy);

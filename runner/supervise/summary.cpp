@@ -51,15 +51,11 @@ std::string error_file_message(const std::string& j) {
 }  // namespace
 
 // Nothing started: the record says why, and the error carries it to the command's exit code.
-void RunPlay::finish_preflight_failed() {
-  // A program or workdir missing (and nothing else wrong) is "could not start": 127, as a shell says.
-  bool cannot_start = true;
-  for (size_t i = 0; i < fleet_.size(); ++i)
-    cannot_start &= fleet_[i].state() != HostState::failed || hosts_[i].cannot_start;
-  int code = cannot_start ? exit_code::cannot_start : exit_code::host_failure;
-  rec_.status = cannot_start ? "failed" : "host-failure";
+// The record of a run that started no rank, saved (and printed with --json) before the error.
+void RunPlay::record_unstarted(const char* status, int code, const char* reason) {
+  rec_.status = status;
   rec_.exit_code = code;
-  rec_.failure = records::Failure{-1, "", code, 0, preflight_error_, {}, "preflight"};
+  rec_.failure = records::Failure{-1, "", code, 0, preflight_error_, {}, reason};
   rec_.ended_at = records::now_iso8601();
   rec_.duration_s = std::chrono::duration<double>(clock_.now() - job_start_).count();
   if (!records::save(rec_)) record_unsaved_ = true;
@@ -67,6 +63,15 @@ void RunPlay::finish_preflight_failed() {
     std::fprintf(stdout, "%s\n", records::to_json(rec_, true).c_str());
     std::fflush(stdout);
   }
+}
+
+void RunPlay::finish_preflight_failed() {
+  // A program or workdir missing (and nothing else wrong) is "could not start": 127, as a shell says.
+  bool cannot_start = true;
+  for (size_t i = 0; i < fleet_.size(); ++i)
+    cannot_start &= fleet_[i].state() != HostState::failed || hosts_[i].cannot_start;
+  int code = cannot_start ? exit_code::cannot_start : exit_code::host_failure;
+  record_unstarted(cannot_start ? "failed" : "host-failure", code, "preflight");
   const bool workdir = preflight_error_.find("workdir ") != std::string::npos;
   throw Error(preflight_error_,
               cannot_start && workdir && !opts_.workdir_hint.empty() ? opts_.workdir_hint

@@ -176,6 +176,7 @@ class RunPlay final : public Play {
 
   // The end (summary.cpp).
   int finish();
+  void record_unstarted(const char* status, int code, const char* reason);
   [[noreturn]] void finish_preflight_failed();
   [[noreturn]] void finish_busy();
   void print_summary(int code);
