@@ -233,3 +233,66 @@ def pw_run(ml, name):
         if f"-{name}-" in d.name:
             return d.name
     raise AssertionError(f"no run of {name}")
+
+
+# One rank of the jobs below: the comm library's store and links, and a PS server, all used; then
+# it says where its job met and which shared memory it mapped, and waits until told.
+PORTS_WORKER = r'''
+import os, sys, time
+import numpy as np
+import mltrain, mltrain.ps as ps
+c = mltrain.init()
+x = np.full(4096, c.rank + 1.0, np.float32)
+c.allreduce(x)
+assert x[0] == 3.0, x[0]
+p = ps.init()
+y = np.ones(8, np.float32)
+p.declare("k", y)
+p.push_pull("k", y)
+shm = sorted(n for n in os.listdir("/dev/shm") if n.startswith("mltrain-" + os.environ["MLTRAIN_RUN_ID"]))
+print("PORTS", os.environ["MLTRAIN_RUN_ID"], os.environ["MASTER_PORT"], os.environ["MLTRAIN_STORE_ADDR"],
+      os.environ["DMLC_PS_ROOT_PORT"], os.environ["MLTRAIN_PS_SERVERS"], ",".join(shm) or "-", flush=True)
+open(sys.argv[1] + "." + os.environ["RANK"], "w").close()
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.05)
+c.barrier()
+'''
+
+
+def test_four_jobs_at_once_get_their_own_ports_and_shared_memory(ml):
+    """Four jobs started together on one host: each its own master, store and PS ports and its own
+    /dev/shm names (named after its run), and all four succeed."""
+    worker = ml.write("ports_worker.py", PORTS_WORKER)
+    go = ml.dir / "go-ports"
+    procs, ups = [], []
+    for k in range(4):
+        up = ml.dir / f"up-ports{k}"
+        spec = ml.write(f"ports{k}.toml", f'''
+name = "ports{k}"
+[run]
+argv = ["/usr/bin/python3", "{worker}", "{up}", "{go}"]
+[cluster]
+nprocs = 2
+[ps]
+servers_per_host = 1
+''')
+        ups.append(up)
+        procs.append(ml.popen("run", spec, text=True))
+    try:
+        wait_for(lambda: all(len(list(ml.dir.glob(u.name + ".*"))) == 2 for u in ups), 180, "every job's ranks")
+    finally:
+        go.touch()
+    per_job = {}
+    for p in procs:
+        out, err = communicate(p, 120)
+        assert p.returncode == 0, err
+        for m in re.finditer(r"PORTS (\S+) (\S+) (\S+) (\S+) (\S+) (\S+)", out):
+            run, master, store, ps_root, servers, shm = m.groups()
+            per_job.setdefault(run, set()).add((master, store, ps_root, servers))
+            for name in shm.split(","):  # every shared-memory name a rank mapped is its own run's
+                assert name == "-" or name.startswith("mltrain-" + run), (run, shm)
+    assert len(per_job) == 4, per_job
+    assert all(len(v) == 1 for v in per_job.values()), per_job  # one rendezvous a job
+    firsts = [next(iter(v)) for v in per_job.values()]
+    for i in range(4):  # master, store, PS root port and the PS servers: no two jobs share one
+        assert len({f[i] for f in firsts}) == 4, firsts
