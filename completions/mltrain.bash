@@ -62,7 +62,7 @@ _mltrain() {
     cur=${words[cword]}
     prev=${words[cword - 1]}
 
-    local cmds="run validate logs ls show stop rm gc completions knobs doctor bench top exec ssh cp export sbatch"
+    local cmds="run validate logs ls show stop rm gc completions knobs doctor bench top exec ssh cp export sbatch queue"
     local global_opts="-v --verbose --color"
     local job_opts="-n --nprocs --procs-per-host --oversubscribe --queue --hostfile -H --hosts --include --exclude -e --env -x
         --master-port --max-restarts --timeout --grace-period --profile --name --workdir"

@@ -113,6 +113,7 @@ complete -c mltrain -n __mltrain_no_subcommand -a ssh -d "A shell where a rank o
 complete -c mltrain -n __mltrain_no_subcommand -a cp -d "Copy a file or folder from the host of a run to this machine"
 complete -c mltrain -n __mltrain_no_subcommand -a export -d "Print a job as a Kubernetes Volcano Job or PyTorchJob"
 complete -c mltrain -n __mltrain_no_subcommand -a sbatch -d "Submit a job to Slurm"
+complete -c mltrain -n __mltrain_no_subcommand -a queue -d "Who holds which GPUs on the hosts, and which jobs wait for them"
 
 # Global options (mltrain also takes them after the subcommand).
 complete -c mltrain -n 'not __mltrain_after_dashdash' -s h -l help -d 'Print help and exit'

@@ -17,25 +17,6 @@ namespace {
 // How long a holder that is asked who it is may take to answer (a stopped one never does).
 constexpr std::chrono::milliseconds kAskHolder{200};
 
-// The GPUs a compute process runs on now, by NVML index; none known without NVML (nvidia-smi
-// alone cannot be trusted to list them all: no process is then taken as foreign).
-std::set<int> gpus_in_use(const std::string& nvml_library) {
-  std::set<int> busy;
-  gpu::Nvml::Failure failure;
-  auto nvml = gpu::Nvml::open(nvml_library, failure);
-  if (!nvml) return busy;
-  unsigned count = 0;
-  if (nvml->device_count(count) != gpu::Nvml::kSuccess) return busy;
-  std::vector<gpu::Nvml::Process> procs;
-  for (unsigned i = 0; i < count; ++i) {
-    gpu::Nvml::Device dev{};
-    if (nvml->device(i, dev) == gpu::Nvml::kSuccess &&
-        nvml->compute_processes(dev, procs) == gpu::Nvml::kSuccess && !procs.empty())
-      busy.insert(int(i));
-  }
-  return busy;
-}
-
 // One obstacle as the launcher reads it: lease::encode's "key=value" lines.
 std::string in_the_way_text(const lease::InTheWay& w) {
   lease::Info info;
@@ -64,13 +45,8 @@ void Agent::on(uint32_t id, const msg::Claim& m) {
   std::string lines;
   for (const auto& kv : m.claim_info) lines += kv + "\n";
   ask.info = lease::decode(lines);
-  std::vector<lease::Gpu> inventory = claimable_gpus_;
-  if (ask.gpus > 0 || !ask.pinned.empty()) {
-    const std::set<int> busy = gpus_in_use(claim_nvml_library_);
-    for (auto& g : inventory) g.foreign = busy.count(g.index) > 0;
-  }
   if (!claim_) claim_.emplace();
-  claim_->attempt(ask, inventory, kAskHolder);
+  claim_->attempt(ask, claimable_gpus_, kAskHolder);
   msg::Claimed out;
   if (!claim_->error().empty()) {
     out.state = uint32_t(msg::ClaimState::failed);

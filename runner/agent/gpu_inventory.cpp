@@ -77,6 +77,7 @@ bool probe_nvml(const std::string& library, GpuInventory& inv, std::vector<std::
     errors.push_back("nvmlDeviceGetCount: " + nvml->what(r));
     count = 0;
   }
+  std::vector<gpu::Nvml::Process> procs;
   for (unsigned i = 0; i < count && i < 1024; ++i) {
     gpu::Nvml::Device dev = nullptr;
     if (int r = nvml->device(i, dev); r != gpu::Nvml::kSuccess) {
@@ -93,6 +94,8 @@ bool probe_nvml(const std::string& library, GpuInventory& inv, std::vector<std::
     const int r = nvml->mig_mode(dev, current, pending);
     if (r != gpu::Nvml::kFunctionNotFound)
       g.mig = r == gpu::Nvml::kSuccess ? (current ? 1 : 0) : r == gpu::Nvml::kNotSupported ? 0 : -1;
+    // In the same session: a claim must not pick a GPU someone computes on (docs/sharing.md).
+    if (nvml->compute_processes(dev, procs) == gpu::Nvml::kSuccess && !procs.empty()) inv.busy.push_back(int(i));
     inv.gpus.push_back(std::move(g));
   }
   if (count == 0 && errors.empty()) errors.push_back("NVML lists no GPU");

@@ -20,6 +20,7 @@ struct GpuInventory {
   std::string driver_version;  // from NVML, "" otherwise
   std::string note;            // why there is none, or what failed on the way (may be set with gpus)
   std::string library;         // the NVML file loaded and which step found it (knobs/gpu_library.h)
+  std::vector<int> busy;       // NVML only: the GPUs a compute process ran on when probed
 };
 
 // The GPUs `nvidia-smi -L` lists: "GPU 0: NAME (UUID: GPU-...)" lines; a GPU followed by

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -100,8 +101,10 @@ void Agent::on(uint32_t id, const msg::Prepare& m) {
   }
   // GPUs only when the job asks for some: a CPU job pays nothing. Whether there are enough is the
   // launcher's call, which knows what [gpus] asked.
+  std::set<int> busy_gpus;
   if (m.gpu_slots_needed > 0) {
     GpuInventory inv = probe_gpus(nvml_library_for(m.nvml_library), ranks_path(m.path));
+    busy_gpus.insert(inv.busy.begin(), inv.busy.end());
     std::optional<std::string> visible = cuda_visible_devices_for(
         m.has_cuda_visible_devices, m.cuda_visible_devices, env_.get("CUDA_VISIBLE_DEVICES"));
     for (int i : visible_gpus(inv, visible)) out.gpu_usable.push_back(i);
@@ -111,12 +114,13 @@ void Agent::on(uint32_t id, const msg::Prepare& m) {
     out.has_cuda_visible_devices = visible ? 1 : 0;
     out.cuda_visible_devices = visible.value_or("");
   }
-  // What a claim may take of them (Claim, claim.cpp): the usable ones, and where to ask NVML.
+  // What a claim may take of them (Claim, claim.cpp): the usable ones, and whether a process
+  // computed on each when they were listed (NVML is not asked again: on a slow driver its start
+  // alone may outlast the launcher's patience).
   claimable_gpus_.clear();
   for (int i : out.gpu_usable)
     for (const auto& g : out.gpus)
-      if (g.index == i) claimable_gpus_.push_back({i, g.uuid, false});
-  claim_nvml_library_ = nvml_library_for(m.nvml_library);
+      if (g.index == i) claimable_gpus_.push_back({i, g.uuid, busy_gpus.count(i) > 0});
   // Servers last, and only when every check passed: a host that fails preflight serves nothing.
   if (problems.empty()) start_ps(m, out);
   send(out, id);

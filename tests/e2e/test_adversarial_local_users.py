@@ -280,10 +280,11 @@ servers_per_host = 1
         assert len(logs) == 1, logs
         lines = logs[0].read_text().splitlines()
         refusals = [l for l in lines if "not an mltrain PS worker" in l]
-        # A few in full per 10 s window (5), the rest counted: quiet, the flood fits in one or two
-        # windows (12 lines at most); loaded, it lasts longer, never more than 5 lines a window.
+        # A few in full per 10 s window (5) and a summary of the rest (which names the last one):
+        # quiet, the flood fits in one or two windows (12 lines at most); loaded, it lasts longer,
+        # never more than 6 lines a window (77 s of flood gave 48 lines).
         windows = int(flood_s // 10) + 2
-        assert len(refusals) <= max(12, 5 * windows), f"{len(refusals)} lines in {flood_s:.0f} s, e.g. {refusals[:3]}"
+        assert len(refusals) <= max(12, 6 * windows), f"{len(refusals)} lines in {flood_s:.0f} s, e.g. {refusals[:3]}"
         summaries = [l for l in lines if "more refused connections" in l]
         assert summaries, lines[-10:]
         counted = sum(int(l.split("more refused")[0].split()[-1]) for l in summaries)

@@ -266,7 +266,6 @@ class Agent {
   std::shared_ptr<PsHost> ps_;  // shared_ptr: PsHost is complete only in ps.cpp
   std::optional<lease::Claim> claim_;
   std::vector<lease::Gpu> claimable_gpus_;  // the usable GPUs Prepare found
-  std::string claim_nvml_library_;
   std::vector<lease::Lease*> lease_slots_;  // the leases polled this turn, in fds_ order
 };
 
