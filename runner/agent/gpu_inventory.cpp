@@ -95,7 +95,8 @@ bool probe_nvml(const std::string& library, GpuInventory& inv, std::vector<std::
     if (r != gpu::Nvml::kFunctionNotFound)
       g.mig = r == gpu::Nvml::kSuccess ? (current ? 1 : 0) : r == gpu::Nvml::kNotSupported ? 0 : -1;
     // In the same session: a claim must not pick a GPU someone computes on (docs/sharing.md).
-    if (nvml->compute_processes(dev, procs) == gpu::Nvml::kSuccess && !procs.empty()) inv.busy.push_back(int(i));
+    if (nvml->compute_processes(dev, procs) == gpu::Nvml::kSuccess && !procs.empty())
+      inv.busy.push_back(int(i));
     inv.gpus.push_back(std::move(g));
   }
   if (count == 0 && errors.empty()) errors.push_back("NVML lists no GPU");
