@@ -2,11 +2,14 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
 
 #include "cli/commands.h"
 #include "cli/job_flags.h"
 #include "runner/common/error.h"
 #include "runner/common/text.h"
+#include "runner/launch/launch.h"
 #include "runner/records/cleanup.h"
 #include "runner/records/views.h"
 
@@ -118,26 +121,65 @@ void register_rm(CLI::App& app, Global&, std::function<int()>& handler) {
   c->callback([&] { handler = [&] { return records::remove_runs(ids); }; });
 }
 
-void register_gc(CLI::App& app, Global&, std::function<int()>& handler) {
+// `gc --hosts`: the synced folders on the hosts no run uses any more.
+int gc_hosts(const std::vector<std::string>& job, const launch::Overrides& overrides, const Global& g,
+             std::chrono::milliseconds older_than, bool dry_run) {
+  launch::JobRequest r;
+  r.specs = job;
+  r.overrides = overrides;
+  r.color = use_color(g, 1);
+  launch::GcHostsResult res =
+      launch::gc_hosts(r, std::chrono::duration_cast<std::chrono::seconds>(older_than), dry_run);
+  std::fputs(supervise::format_gc_hosts(res.hosts, dry_run).c_str(), stdout);
+  return res.exit_code;
+}
+
+void register_gc(CLI::App& app, Global& g, std::function<int()>& handler) {
   static std::string older_than;
   static int keep = -1;
-  static bool dry_run = false;
-  auto* c = app.add_subcommand("gc", "Remove old run records (never a running run's)");
-  c->add_option("--older-than", older_than, "Only runs started longer ago than this (e.g. 7d, 12h)");
+  static bool dry_run = false, hosts = false;
+  static std::vector<std::string> job;
+  static launch::Overrides overrides;
+  auto* c = app.add_subcommand(
+      "gc", "Remove old run records (never a running run's); with --hosts, synced folders");
+  c->add_option("--older-than", older_than,
+                "Only runs started (folders synced) longer ago than this (e.g. 7d, 12h)");
   add_int_option(c, "--keep", keep, 0, INT32_MAX, "Always keep the newest N runs");
   c->add_flag("--dry-run", dry_run, "Only list what would be removed");
+  c->add_flag("--hosts", hosts,
+              "Remove the synced folders on the hosts (~/.cache/mltrain/work/*) that no run uses any more, "
+              "instead of run records: the hosts of JOB.toml, -H or --hostfile");
+  c->add_option("job", job, "With --hosts: the job spec whose hosts to clean");
+  // The hosts as the job verbs take them, but for -H's long name: here --hosts says what to clean.
+  c->add_option_function<std::string>(
+      "-H", [](const std::string& v) { overrides.hosts = v; }, "With --hosts: the hosts, e.g. 'a,b'");
+  c->add_option("--hostfile", overrides.hostfile, "With --hosts: a hostfile");
+  c->add_option("--ssh-config", overrides.ssh_config, "ssh config file (default ~/.ssh/config)");
   c->footer(
       "With both options, a run goes when it is older than the limit and not among the newest N.\n"
-      "Examples:\n  mltrain gc --older-than 7d\n  mltrain gc --keep 20 --dry-run");
+      "With --hosts, each host's agent removes this user's synced folders that no running job uses and\n"
+      "none synced within --older-than (what jobs wrote in them goes too: pull it first).\n"
+      "Examples:\n  mltrain gc --older-than 7d\n  mltrain gc --keep 20 --dry-run\n"
+      "  mltrain gc --hosts job.toml --older-than 14d --dry-run");
   c->callback([&] {
     handler = [&] {
-      records::GcOptions o;
+      std::chrono::milliseconds limit{0};
       if (!older_than.empty()) {
         auto d = text::parse_duration(older_than);
         if (!d)
           throw Error("--older-than '" + older_than + "' is not a duration", "write it like 7d, 12h or 90m");
-        o.older_than = *d;
+        limit = *d;
       }
+      if (hosts) {
+        if (keep >= 0)
+          throw Error("--keep counts run records; with --hosts use --older-than", {}, exit_code::usage);
+        return gc_hosts(job, overrides, g, limit, dry_run);
+      }
+      if (!job.empty() || overrides.hosts || !overrides.hostfile.empty())
+        throw Error("gc without --hosts cleans run records on this machine; hosts and specs are for --hosts",
+                    "add --hosts to clean the synced folders on the hosts", exit_code::usage);
+      records::GcOptions o;
+      if (!older_than.empty()) o.older_than = limit;
       if (keep >= 0) o.keep = keep;
       o.dry_run = dry_run;
       return records::gc_runs(o);

@@ -229,6 +229,38 @@ bool Agent::open_sync_folder(const std::string& asked, msg::SyncWant& out) {
   return true;
 }
 
+// The folder asked for, or when an older run still uses it, the first "<it>@N" no older run uses;
+// held for this run (shared: its agents on hosts sharing the home hold it together) until the
+// agent ends. Without a run id (an older launcher), the folder asked for.
+bool Agent::choose_sync_folder(const std::string& asked, const std::string& run, msg::SyncWant& out) {
+  constexpr uint32_t kCopies = 16;
+  const std::string base = sync_.dir;
+  for (uint32_t copy = 0;; ++copy) {
+    sync_.dir = copy == 0 ? base : base + "@" + std::to_string(copy + 1);
+    if (!open_sync_folder(asked, out)) return false;
+    if (run.empty()) return true;
+    sync::Fd held(hold_in_use(sync_.state.get(), run));
+    const std::string older = used_by_older(sync_.state.get(), run);
+    if (older.empty() || copy + 1 == kCopies) {
+      in_use_ = std::move(held);
+      sync_.copy = copy == 0 ? 0 : copy + 1;
+      break;
+    }
+    sync_.work = sync::WorkFolder();  // this one is left to the run that uses it
+  }
+  if (sync_.copy == 0) return true;
+  // Unchanged files come from the folder the older run has, as hard links (link_from_base).
+  sync_.base_root.reset(::open(base.c_str(), kDirFlags));
+  if (sync::Fd state{sync_.base_root ? ::openat(sync_.base_root.get(), kState, kDirFlags) : -1}) {
+    std::swap(sync_.state, state);
+    load_sync_index();
+    sync_.base_index = std::move(sync_.index);
+    sync_.index.clear();
+    std::swap(sync_.state, state);
+  }
+  return true;
+}
+
 // What an earlier sync wrote and the launcher no longer has goes; what the job wrote stays.
 void Agent::remove_gone_entries(msg::SyncWant& out) {
   std::set<std::string> wanted_paths;
@@ -317,6 +349,7 @@ void Agent::place_entry(size_t i, msg::SyncWant& out) {
       h = hash_fd(fd.get());
     same = h == e.hash;
   }
+  if (!same && link_from_base(i, p, leaf)) return;
   if (!same) {
     out.want.push_back(int32_t(i));
     ++sync_.pending;
@@ -341,8 +374,9 @@ void Agent::on(uint32_t, msg::SyncManifest& m) {
   sync_.dir = expand_home(m.dir);
   while (sync_.dir.size() > 1 && sync_.dir.back() == '/') sync_.dir.pop_back();
   msg::SyncWant out;
-  if (!open_sync_folder(m.dir, out)) return;
+  if (!choose_sync_folder(m.dir, m.run_key, out)) return;
   out.dir = sync_.dir;
+  out.copy = sync_.copy;
   load_sync_index();
   remove_gone_entries(out);
   for (size_t i = 0; i < sync_.entries.size(); ++i) place_entry(i, out);

@@ -448,11 +448,32 @@ DoctorResult doctor(const JobRequest& req) {
   return d;
 }
 
-QueueResult queue(const JobRequest& req) {
+namespace {
+
+// The hosts of a request that runs nothing on them (queue, gc --hosts): a plan of `true`.
+std::pair<spec::JobSpec, plan::Plan> hosts_only(const JobRequest& req, const char* what) {
   JobRequest r = req;
   if (!r.command && r.specs.empty()) r.command = std::vector<std::string>{"true"};
   spec::JobSpec s = resolve_spec(r);
-  plan::Plan p = plan::make_plan(s, detail::plan_inputs(r, "queue", "queue", detail::Ports::placeholder));
+  plan::Plan p = plan::make_plan(s, detail::plan_inputs(r, what, what, detail::Ports::placeholder));
+  return {std::move(s), std::move(p)};
+}
+
+}  // namespace
+
+GcHostsResult gc_hosts(const JobRequest& req, std::chrono::seconds older_than, bool dry_run) {
+  auto [s, p] = hosts_only(req, "gc");
+  GcHostsResult g;
+  g.exit_code =
+      supervise::run_gc_hosts(p, detail::supervise_defaults(), detail::lasting_transports(s).for_host(),
+                              older_than, dry_run, g.hosts);
+  for (const auto& h : g.hosts)
+    if (!h.ok && g.exit_code == 0) g.exit_code = exit_code::host_failure;
+  return g;
+}
+
+QueueResult queue(const JobRequest& req) {
+  auto [s, p] = hosts_only(req, "queue");
   std::string space;
   try {
     space = knobs::mltrain_lease_space.get();

@@ -14,6 +14,7 @@
 #include "runner/records/records.h"
 #include "runner/spec/spec.h"
 #include "runner/supervise/doctor.h"
+#include "runner/supervise/gc_hosts.h"
 #include "runner/supervise/queue.h"
 
 namespace mltrain::launch {
@@ -117,6 +118,15 @@ struct QueueResult {
 
 // `mltrain queue`: every lease on the request's hosts, all users' (docs/sharing.md).
 QueueResult queue(const JobRequest& req);
+
+struct GcHostsResult {
+  std::vector<supervise::HostGc> hosts;
+  int exit_code = 0;  // 0 when every host answered, else exit_code::host_failure (or 128 + a signal)
+};
+
+// `mltrain gc --hosts`: the synced folders on the request's hosts that no run uses any more and
+// none synced within `older_than` are removed (listed only, with `dry_run`); docs/sync.md.
+GcHostsResult gc_hosts(const JobRequest& req, std::chrono::seconds older_than, bool dry_run);
 
 struct TopRequest {
   // A run (id, prefix or name), or a job spec whose hosts to watch; "": the newest running run,

@@ -77,7 +77,7 @@ supervise::Options supervise_options(const spec::JobSpec& s, const JobRequest& r
 
 // What the job claims of its hosts (docs/sharing.md): its GPUs, the hosts alone when exclusive, a
 // place in their queue with --queue; and what it says of itself to whoever looks (`mltrain queue`).
-supervise::ClaimJob claims_for(const spec::JobSpec& s, const plan::Plan& p) {
+supervise::ClaimJob claims_for(const spec::JobSpec& s, const plan::Plan& p, const std::string& run_key) {
   supervise::ClaimJob c;
   c.queue = s.cluster.queue;
   c.exclusive = s.cluster.exclusive;
@@ -91,7 +91,7 @@ supervise::ClaimJob claims_for(const spec::JobSpec& s, const plan::Plan& p) {
     throw Error("MLTRAIN_LEASE_SPACE='" + text::host_text(c.space, 40) + "' is not a lease space",
                 "use at most 32 of a-z, 0-9 and -, or unset it", exit_code::usage);
   const auto now = std::chrono::system_clock::now().time_since_epoch();
-  c.order_key = lease::order_key(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count(), p.run_id);
+  c.order_key = run_key;
   std::string user = std::to_string(::geteuid());
   if (const passwd* pw = ::getpwuid(::geteuid())) user = pw->pw_name;
   char host[256] = {};
@@ -356,11 +356,15 @@ std::string workdir_hint(const spec::JobSpec& s, const plan::Plan& p, const JobR
   return {};
 }
 
-supervise::SyncJob sync_job(const detail::SyncPlan& sp) {
+supervise::SyncJob sync_job(const detail::SyncPlan& sp, const std::string& run_key) {
   const std::string home = knobs::home.get();
   std::string shown = sp.src;
   if (!home.empty() && shown.rfind(home + "/", 0) == 0) shown = "~" + shown.substr(home.size());
-  supervise::SyncJob job{&sp.tree, sp.remote, shown};
+  supervise::SyncJob job;
+  job.tree = &sp.tree;
+  job.dir = sp.remote;
+  job.shown = shown;
+  job.run_key = run_key;
   try {
     job.warn_bytes = knobs::mltrain_sync_warn_bytes.get();
   } catch (const knobs::BadValue& e) {
@@ -418,9 +422,14 @@ supervise::Options run_options(const spec::JobSpec& s, const plan::Plan& p, cons
   supervise::Options o = supervise_options(s, req);
   o.telemetry_interval = req.exec ? std::chrono::milliseconds(0) : telemetry;
   o.fail_fast = !req.exec;
-  if (!req.exec) o.claims = claims_for(s, p);
+  // When the run started, then its id: the order of its place in the hosts' queue, and of its
+  // hold on the synced folders (an earlier run's folder is left to it).
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  const std::string run_key =
+      lease::order_key(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count(), p.run_id);
+  if (!req.exec) o.claims = claims_for(s, p, run_key);
   o.workdir_hint = workdir_hint(s, p, req, sp);
-  if (sp) o.sync = sync_job(*sp);
+  if (sp) o.sync = sync_job(*sp, run_key);
   if (!s.setup.command.empty() && s.setup.mode != "never" && !req.exec) o.setup = setup_job(s, p, sp);
   if (sp && !s.sync.pull.empty() && !req.exec) o.pull = pull_job(s, p, *sp);
   return o;

@@ -23,12 +23,12 @@ std::string shell_script(const records::RunRecord& r, int rank, const std::vecto
   const std::string host = size_t(k.host) < r.hosts.size() ? r.hosts[size_t(k.host)].name : "?";
   std::string s;
   // A synced run's folder is below each host's home: "~/..." is spelled so the shell expands it.
-  const std::string dir = r.workdir.rfind("~/", 0) == 0
-                              ? "\"$HOME\"/" + text::shell_quote(r.workdir.substr(2))
-                              : text::shell_quote(r.workdir);
-  if (!r.workdir.empty())
+  const std::string workdir = records::workdir_of(r, k.host);
+  const std::string dir = workdir.rfind("~/", 0) == 0 ? "\"$HOME\"/" + text::shell_quote(workdir.substr(2))
+                                                      : text::shell_quote(workdir);
+  if (!workdir.empty())
     s += "cd " + dir + " 2>/dev/null || echo " +
-         text::shell_quote("mltrain: " + r.workdir + " is not on " + host +
+         text::shell_quote("mltrain: " + workdir + " is not on " + host +
                            "; starting in the login directory") +
          " >&2\n";
   bool own_runtime = false;
@@ -180,7 +180,8 @@ uint64_t copy(const CopyRequest& req) {
                   exit_code::usage);
     p = q + 1;
   }
-  std::string remote = path[0] == '/' || path[0] == '~' || r.workdir.empty() ? path : r.workdir + "/" + path;
+  const std::string workdir = records::workdir_of(r, r.ranks[size_t(rank)].host);
+  std::string remote = path[0] == '/' || path[0] == '~' || workdir.empty() ? path : workdir + "/" + path;
   remote = fs::path(remote).lexically_normal().string();  // "a/./b" -> "a/b", "dir/." -> "dir/"
   while (remote.size() > 1 && remote.back() == '/') remote.pop_back();
   // As cp -r: into an existing folder under the source's own name, else at the destination's name.

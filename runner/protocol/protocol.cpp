@@ -209,6 +209,10 @@ const char* type_name(Type t) {
       return "lease_query";
     case Type::lease_list:
       return "lease_list";
+    case Type::gc_work:
+      return "gc_work";
+    case Type::gc_done:
+      return "gc_done";
     case Type::ps_log:
       return "ps_log";
     case Type::ps_stats:

@@ -52,6 +52,7 @@ enum class Type : uint16_t {
   claim = 18,
   unclaim = 19,
   lease_query = 20,
+  gc_work = 21,
   // agent -> launcher
   hello_ack = 101,
   started = 102,
@@ -75,6 +76,7 @@ enum class Type : uint16_t {
   ps_stats = 120,
   claimed = 121,
   lease_list = 122,
+  gc_done = 123,
 };
 
 struct Frame {
@@ -390,10 +392,15 @@ struct SyncManifest {
   std::string dir;  // the folder on the host ("~/" is the agent's home)
   std::vector<SyncEntry> entries;
   uint32_t last = 1;
+  // The run syncing, as a key that sorts runs by when they started (lease::order_key: its
+  // launcher's clock, then its id): a folder an earlier run uses while it runs is left alone, and
+  // this run syncs into one of its own beside it (dir@2, dir@3, ...; SyncWant.copy says which).
+  std::string run_key;
   void put(Writer& w) const {
     w.str(dir).u32(uint32_t(entries.size()));
     for (const auto& e : entries) e.put(w);
     w.u32(last);
+    w.str(run_key);
   }
   void get(Reader& r) {
     dir = r.str();
@@ -405,6 +412,7 @@ struct SyncManifest {
     entries.resize(n);
     for (auto& e : entries) e.get(r);
     last = r.u32();
+    if (r.left() > 0) run_key = r.str();
   }
 };
 struct SyncData {  // id = the entry's index; flags 1: the bytes are one zstd frame of raw_size bytes
@@ -493,6 +501,17 @@ struct LeaseQuery {
   void get(Reader& r) { lease_space = r.str(), nvml_library = r.str(); }
 };
 
+// `mltrain gc --hosts`: the synced folders in ~/.cache/mltrain/work that no run uses and none
+// synced for `older_than_s` are removed (listed only, with `dry_run`).
+struct GcWork {
+  static constexpr Type kType = Type::gc_work;
+  bool operator==(const GcWork&) const = default;
+  uint64_t older_than_s = 0;
+  uint32_t dry_run = 0;
+  void put(Writer& w) const { w.u64(older_than_s).u32(dry_run); }
+  void get(Reader& r) { older_than_s = r.u64(), dry_run = r.u32(); }
+};
+
 // agent -> launcher
 struct SyncWant {
   static constexpr Type kType = Type::sync_want;
@@ -501,8 +520,13 @@ struct SyncWant {
   std::vector<int32_t> want;  // the entries whose bytes to send
   uint32_t deleted = 0;       // paths removed
   std::vector<std::string> problems;
-  void put(Writer& w) const { w.str(dir).ints(want).u32(deleted).strings(problems); }
-  void get(Reader& r) { dir = r.str(), want = r.ints(), deleted = r.u32(), problems = r.strings(); }
+  // 0: the folder asked for; N: it was in use by another run, so this one is "<dir>@N" (dir is it).
+  uint32_t copy = 0;
+  void put(Writer& w) const { w.str(dir).ints(want).u32(deleted).strings(problems).u32(copy); }
+  void get(Reader& r) {
+    dir = r.str(), want = r.ints(), deleted = r.u32(), problems = r.strings();
+    if (r.left() > 0) copy = r.u32();
+  }
 };
 struct SyncDone {
   static constexpr Type kType = Type::sync_done;
@@ -668,6 +692,16 @@ struct LeaseList {
   }
 };
 
+// The answer to GcWork: one entry per folder ("key=value" lines: name, state (removed,
+// would_remove, in_use, recent, failed), bytes, age_s, run (who uses it)), and what went wrong.
+struct GcDone {
+  static constexpr Type kType = Type::gc_done;
+  bool operator==(const GcDone&) const = default;
+  std::vector<std::string> folders, problems;
+  void put(Writer& w) const { w.strings(folders).strings(problems); }
+  void get(Reader& r) { folders = r.strings(), problems = r.strings(); }
+};
+
 struct Prepared {
   static constexpr Type kType = Type::prepared;
   bool operator==(const Prepared&) const = default;
@@ -774,7 +808,8 @@ using Message =
                  msg::Bye, msg::Prepared, msg::Probed, msg::TelemetryStart, msg::Telemetry, msg::SyncManifest,
                  msg::SyncData, msg::SyncEnd, msg::Setup, msg::Pull, msg::SyncWant, msg::SyncDone,
                  msg::SetupDone, msg::PullFile, msg::PullData, msg::PullDone, msg::PsLog, msg::PsStats,
-                 msg::Claim, msg::Unclaim, msg::Claimed, msg::LeaseQuery, msg::LeaseList>;
+                 msg::Claim, msg::Unclaim, msg::Claimed, msg::LeaseQuery, msg::LeaseList, msg::GcWork,
+                 msg::GcDone>;
 
 // Appends message `m` as one frame with `id` (a rank, kAllRanks, or 0).
 template <class M>

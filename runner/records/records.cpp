@@ -85,7 +85,8 @@ RunRecord from_json(const json& j) {
   r.log_prefix = get<std::string>(j, "log_prefix", "[{rank}]");
   for (const auto& h : get(j, "hosts", json::array()))
     r.hosts.push_back(
-        {get<std::string>(h, "name", ""), get<std::string>(h, "address", ""), get(h, "node_rank", 0)});
+        {get<std::string>(h, "name", ""), get<std::string>(h, "address", ""), get(h, "node_rank", 0),
+         h.contains("workdir") && h["workdir"].is_string() ? h["workdir"].get<std::string>() : ""});
   for (const auto& k : get(j, "ranks", json::array())) {
     RankRecord rr;
     rr.rank = get(k, "rank", 0);
@@ -137,7 +138,10 @@ RunRecord from_json(const json& j) {
 json to_json_value(const RunRecord& r) {
   json hosts = json::array();
   for (const auto& h : r.hosts)
-    hosts.push_back({{"name", h.name}, {"address", h.address}, {"node_rank", h.node_rank}});
+    hosts.push_back({{"name", h.name},
+                     {"address", h.address},
+                     {"node_rank", h.node_rank},
+                     {"workdir", h.workdir.empty() ? json(nullptr) : json(h.workdir)}});
   json ranks = json::array();
   for (const auto& k : r.ranks) {
     json gpus = json::array();
@@ -232,10 +236,16 @@ std::string create_run(const std::string& name) {
   throw Error("cannot find a free run id in " + runs_dir(), {}, exit_code::internal);
 }
 
+std::string workdir_of(const RunRecord& r, int host) {
+  if (host >= 0 && size_t(host) < r.hosts.size() && !r.hosts[size_t(host)].workdir.empty())
+    return r.hosts[size_t(host)].workdir;
+  return r.workdir;
+}
+
 void fill_from_plan(RunRecord& r, const plan::Plan& p) {
   r.hosts.clear();
   for (const auto& h : p.hosts)
-    r.hosts.push_back({h.host.name, h.local ? "127.0.0.1" : h.host.name, h.node_rank});
+    r.hosts.push_back({h.host.name, h.local ? "127.0.0.1" : h.host.name, h.node_rank, ""});
   r.ranks.clear();
   for (const auto& k : p.ranks) {
     RankRecord rr;

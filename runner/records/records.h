@@ -35,6 +35,7 @@ struct HostRecord {
   std::string name;
   std::string address;
   int node_rank = 0;
+  std::string workdir;  // where its ranks ran, when not the run's workdir (its own copy of a synced folder)
 };
 
 // One PS server of the run: where it listened and its counters, as its agent last reported them.
@@ -122,7 +123,12 @@ void fill_from_plan(RunRecord& r, const plan::Plan& p);
 // Writes run.json atomically (write then rename).
 // Writes run.json atomically (a temporary file, fsync, rename). On failure (a full disk) it warns,
 // keeps the last good run.json and returns false.
-[[nodiscard]] bool save(const RunRecord& r);
+[[nodiscard]]  // The folder host `host` of the run ran its ranks in: its own copy of a synced folder, or the
+               // run's.
+               std::string
+               workdir_of(const RunRecord& r, int host);
+
+bool save(const RunRecord& r);
 // Reads one run; throws mltrain::Error naming the file on a missing or corrupt record.
 RunRecord load(const std::string& id);
 // Every run, oldest first; unreadable folders are skipped with a warning.

@@ -109,16 +109,17 @@ enum class Event {
 Phase next(Phase p, Event e);
 }  // namespace pull
 
-// `mltrain queue`: every host's leases, asked once.
-namespace queue {
+// One question to every host's agent, each answer kept: `mltrain queue` (its leases), `mltrain
+// gc --hosts` (its synced folders) (detail/ask_play.h).
+namespace ask {
 enum class Phase { connecting, asking, closing, done };
 enum class Event {
   greeted,    // every host answered hello, or failed
-  answered,   // every host listed its leases, or failed
+  answered,   // every host answered, or failed
   signalled,  // before every host answered
   closed,
 };
 Phase next(Phase p, Event e);
-}  // namespace queue
+}  // namespace ask
 
 }  // namespace mltrain::supervise::plays

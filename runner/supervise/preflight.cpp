@@ -207,7 +207,11 @@ void RunPlay::settle_rendezvous() {
   }
   // The record shows the rendezvous and environment as preflight settled them.
   records::fill_from_plan(rec_, plan_);
-  for (size_t i = 0; i < fleet_.size(); ++i) rec_.hosts[i].address = fleet_[i].link->address();
+  for (size_t i = 0; i < fleet_.size(); ++i) {
+    rec_.hosts[i].address = fleet_[i].link->address();
+    if (syncs_ && syncs_->on_host(i, plan_.workdir) != plan_.workdir)
+      rec_.hosts[i].workdir = syncs_->on_host(i, plan_.workdir);
+  }
   // Which physical GPUs each rank has, by index and UUID (its host's inventory says which is which).
   for (auto& rr : rec_.ranks) {
     auto it = plan_.runtime.gpus.find(rr.rank);

@@ -103,6 +103,7 @@ bool Pulls::start() {
     } else {
       hp.problems.add("cannot make a folder for it in " + job_.dest);
     }
+    if (i < job_.host_dirs.size()) m.dir = job_.host_dirs[i];
     fleet_.send(i, m);
     ++asked;
   }

@@ -1,4 +1,4 @@
-// `mltrain queue`: the play that asks every host's agent for its leases, and their table.
+// `mltrain queue`: every host's agent asked for its leases (detail/ask_play.h), and their table.
 #include "runner/supervise/queue.h"
 
 #include <algorithm>
@@ -13,16 +13,15 @@
 #include "runner/common/status.h"
 #include "runner/common/text.h"
 #include "runner/lease/lease.h"
-#include "runner/supervise/detail/fleet.h"
-#include "runner/supervise/plays.h"
+#include "runner/supervise/detail/ask_play.h"
 
 namespace mltrain::supervise {
 
-namespace plays::queue {
+namespace plays::ask {
 
 Phase next(Phase p, Event e) {
   static constexpr Transition<Phase, Event> kTable[] = {
-      {Phase::connecting, Event::greeted, Phase::asking},  // every host is asked for its leases
+      {Phase::connecting, Event::greeted, Phase::asking},  // every host is asked the question
       {Phase::connecting, Event::signalled, Phase::done}, {Phase::asking, Event::signalled, Phase::done},
       {Phase::asking, Event::answered, Phase::closing},  // every host answered, or failed
       {Phase::closing, Event::closed, Phase::done},
@@ -30,119 +29,27 @@ Phase next(Phase p, Event e) {
   return lookup(kTable, p, e);
 }
 
-}  // namespace plays::queue
-
-namespace detail {
-
-namespace msg = mltrain::agent::msg;
-
-class QueuePlay final : public Play {
- public:
-  using Phase = plays::queue::Phase;
-  using Event = plays::queue::Event;
-  QueuePlay(Fleet& fleet, std::string space, std::string nvml)
-      : Play(fleet), space_(std::move(space)), nvml_(std::move(nvml)), lists_(fleet.size()) {}
-
-  int run(std::vector<HostLeases>& out) {
-    fleet_.connect_all(false);
-    fleet_.drive(*this);
-    for (size_t i = 0; i < fleet_.size(); ++i) {
-      HostLeases h;
-      h.host = fleet_[i].name();
-      h.ok = lists_[i].has_value();
-      if (h.ok)
-        h.list = std::move(*lists_[i]);
-      else
-        h.problem = fleet_[i].problem.empty() ? "not asked (interrupted)" : fleet_[i].problem;
-      out.push_back(std::move(h));
-    }
-    return stop_signal_ ? 128 + stop_signal_ : 0;
-  }
-
-  bool finished() const override { return phase_ == Phase::done; }
-
-  void on_timers(Clock::time_point now) override {
-    if (phase_ == Phase::connecting) {
-      if (fleet_.connecting_timers(now)) on_progress();
-    } else if (phase_ == Phase::asking && now >= deadline_) {
-      for (size_t i = 0; i < fleet_.size(); ++i)
-        if (fleet_[i].state() == HostState::preparing)
-          fleet_.fail(i, "the agent did not list its leases in time");
-      on_progress();
-    } else if (phase_ == Phase::closing && fleet_.goodbyes_done(now)) {
-      step(Event::closed);
-    }
-  }
-
-  std::optional<Clock::time_point> next_deadline() const override {
-    if (phase_ == Phase::connecting) return fleet_.connect_deadline();
-    if (phase_ == Phase::asking) return deadline_;
-    if (phase_ == Phase::closing) return fleet_.goodbye_deadline();
-    return std::nullopt;
-  }
-
-  void on_signal(int sig) override {
-    if (phase_ != Phase::connecting && phase_ != Phase::asking) return;
-    stop_signal_ = sig;
-    step(Event::signalled);
-  }
-
-  void on_progress() override {
-    if (phase_ == Phase::connecting && fleet_.all(HostState::greeted))
-      step(Event::greeted);
-    else if (phase_ == Phase::asking && fleet_.all(HostState::ready))
-      step(Event::answered);
-  }
-
-  void on_lost(size_t i, const std::string& why) override {
-    if (!fleet_[i].open()) return;
-    if (phase_ == Phase::closing || phase_ == Phase::done) return fleet_.lose(i);
-    fleet_.fail_link(i, why);
-  }
-
-  void on_frame(size_t i, uint32_t, agent::Message& m) override {
-    auto* list = std::get_if<msg::LeaseList>(&m);
-    if (!list) {
-      std::visit([&](const auto& x) { fleet_.unexpected(i, std::decay_t<decltype(x)>::kType); }, m);
-      return;
-    }
-    if (phase_ != Phase::asking || fleet_[i].state() != HostState::preparing) return;
-    if (list->leases.size() > 4096) list->leases.resize(4096);  // a host's word: bounded
-    lists_[i] = std::move(*list);
-    fleet_.advance(i, HostState::ready);
-    on_progress();
-  }
-
- private:
-  void step(Event e) {
-    if (!plays::follow_table(phase_, e, plays::queue::next)) return;
-    if (phase_ == Phase::asking) {
-      deadline_ = fleet_.clock().now() + fleet_.opts().preflight_timeout;
-      for (size_t i = 0; i < fleet_.size(); ++i)
-        if (fleet_[i].state() == HostState::greeted) {
-          fleet_.advance(i, HostState::preparing);
-          fleet_.send(i, msg::LeaseQuery{space_, nvml_});
-        }
-      on_progress();
-    } else if (phase_ == Phase::closing) {
-      fleet_.say_goodbye();
-    }
-  }
-
-  const std::string space_, nvml_;
-  Phase phase_ = Phase::connecting;
-  Clock::time_point deadline_{};
-  int stop_signal_ = 0;
-  std::vector<std::optional<msg::LeaseList>> lists_;
-};
-
-}  // namespace detail
+}  // namespace plays::ask
 
 int run_queue(plan::Plan& plan, const Options& opts, const TransportFor& transport_for,
               const std::string& space, const std::string& nvml_library, std::vector<HostLeases>& hosts) {
   detail::Fleet fleet(plan, opts, transport_for);
-  detail::QueuePlay play(fleet, space, nvml_library);
-  return play.run(hosts);
+  detail::AskPlay<agent::msg::LeaseQuery, agent::msg::LeaseList> play(fleet, {space, nvml_library},
+                                                                      "list its leases");
+  const int code = play.run();
+  for (size_t i = 0; i < fleet.size(); ++i) {
+    HostLeases h;
+    h.host = fleet[i].name();
+    h.ok = play.answer(i).has_value();
+    if (h.ok) {
+      h.list = std::move(*play.answer(i));
+      if (h.list.leases.size() > 4096) h.list.leases.resize(4096);  // a host's word: bounded
+    } else {
+      h.problem = play.problem(i);
+    }
+    hosts.push_back(std::move(h));
+  }
+  return code;
 }
 
 namespace {

@@ -414,7 +414,11 @@ void RunPlay::on(size_t i, uint32_t, msg::PullDone& m) { pull_frame(i, m); }
 // ---- [sync] pull, once the ranks ended ----
 
 void RunPlay::start_pull() {
-  pulls_ = std::make_unique<Pulls>(fleet_, *opts_.pull);
+  PullJob job = *opts_.pull;
+  if (syncs_)  // from each host's own copy of the folder, where it made one
+    for (size_t i = 0; i < fleet_.size(); ++i) job.host_dirs.push_back(syncs_->on_host(i, job.dir));
+  pull_job_ = std::move(job);
+  pulls_ = std::make_unique<Pulls>(fleet_, *pull_job_);
   if (!pulls_->start()) pull_finished();
 }
 
@@ -453,7 +457,7 @@ void RunPlay::update_status(Clock::time_point now) {
 // What starts one rank: the one place a rank's environment becomes the agent's Spawn.
 msg::Spawn RunPlay::spawn_message(const plan::RankPlan& r) const {
   msg::Spawn m;
-  m.cwd = plan_.workdir;
+  m.cwd = syncs_ ? syncs_->on_host(size_t(r.host), plan_.workdir) : plan_.workdir;
   m.argv = plan_.argv;
   for (const auto& [k, v] : plan::rank_env(plan_, plan_.runtime, r.rank)) m.env.push_back(k + "=" + v);
   m.stdin_pipe = r.rank == opts_.stdin_rank;

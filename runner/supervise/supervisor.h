@@ -25,6 +25,10 @@ struct SyncJob {
   std::string dir;                     // as the hosts see it; "~/" is each host's home
   std::string shown;                   // the local folder, as the summary line names it
   uint64_t warn_bytes = 100ull << 20;  // a file this big that travels is named with a hint
+  // The run syncing, as a key that sorts runs by when they started (lease::order_key): a host
+  // whose folder an earlier run still uses syncs into "<dir>@N" beside it (docs/sync.md), and the
+  // ranks, the setup and the pull there use that one.
+  std::string run_key;
 };
 
 // `[setup]`: a command run once per host, after the sync and before preflight, again only when
@@ -39,8 +43,9 @@ struct SetupJob {
 // `[sync] pull` and `mltrain cp`: files brought back into `dest` when the ranks have ended,
 // into `dest/<host>/` from each host named in `hosts` (indices into the plan's hosts).
 struct PullJob {
-  std::string dir;                    // on the hosts
-  std::vector<std::string> patterns;  // as in .gitignore; empty with a file `dir`: that file
+  std::string dir;                     // on the hosts
+  std::vector<std::string> host_dirs;  // per host (index), when set: its own copy of `dir`
+  std::vector<std::string> patterns;   // as in .gitignore; empty with a file `dir`: that file
   std::vector<size_t> hosts;
   std::string dest;  // a folder of the launcher's: nothing is written outside it, nor through a link
   bool per_host_folders = true;

@@ -67,7 +67,7 @@ void RunPlay::start_setup(size_t i) {
   h.setup.log_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   msg::Setup m;
   m.command = opts_.setup->command;
-  m.cwd = opts_.setup->cwd;
+  m.cwd = syncs_ ? syncs_->on_host(i, opts_.setup->cwd) : opts_.setup->cwd;
   m.env = opts_.setup->env;
   m.key = opts_.setup->key;
   m.force = opts_.setup->force ? 1 : 0;

@@ -34,6 +34,7 @@ Syncs::Syncs(Fleet& fleet, const SyncJob& job, Output& out, bool status_line)
     size_t end = std::min(t.entries.size(), k + msg::kSyncEntriesPerFrame);
     m.entries.assign(t.entries.begin() + long(k), t.entries.begin() + long(end));
     m.last = end == t.entries.size() ? 1 : 0;
+    m.run_key = job_.run_key;
     proto::encode(manifest_frames_, m);
   }
   chunks_ = std::make_unique<sync::Chunks>(t);
@@ -64,6 +65,12 @@ std::string Syncs::want(size_t i, msg::SyncWant& m) {
     }
   h.deleted = m.deleted;
   h.dir = m.dir;
+  h.copy = m.copy <= 16 ? m.copy : 0;  // a host's word: only the copies an agent makes
+  if (h.copy) {
+    out_.before_message();
+    std::fprintf(stderr, "mltrain: %s: %s is in use by an older run; this run syncs into %s@%u beside it\n",
+                 fleet_[i].name().c_str(), job_.dir.c_str(), job_.dir.c_str(), unsigned(h.copy));
+  }
   // A big file that travels is named once, however many hosts want it: it may be data that need not.
   for (int32_t k : h.want) {
     const auto& entries = job_.tree->entries;
@@ -81,6 +88,14 @@ std::string Syncs::want(size_t i, msg::SyncWant& m) {
     std::fprintf(stderr, "mltrain: %s: sync: %s\n", fleet_[i].name().c_str(), p.c_str());
   }
   return {};
+}
+
+std::string Syncs::on_host(size_t i, const std::string& path) const {
+  const uint32_t copy = hosts_[i].copy;
+  if (!copy || path.compare(0, job_.dir.size(), job_.dir) != 0 ||
+      (path.size() > job_.dir.size() && path[job_.dir.size()] != '/'))
+    return path;
+  return job_.dir + "@" + std::to_string(copy) + path.substr(job_.dir.size());
 }
 
 void Syncs::pump(size_t i) {

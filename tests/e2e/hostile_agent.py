@@ -151,6 +151,15 @@ def play_pull(out, play, arg):
         out.send(pull_done(0, 0))
 
 
+def last_manifest(p):
+    """Whether a SyncManifest payload is the last frame: its `last` field, then the run id (a
+    string: u32 length, bytes), end it."""
+    for n in range(0, 257):
+        if len(p) >= n + 8 and struct.unpack("<I", p[len(p) - n - 4:len(p) - n])[0] == n:
+            return p[len(p) - n - 8:len(p) - n - 4] == struct.pack("<I", 1)
+    return False
+
+
 def main():
     play, arg = os.environ.get("HOSTILE_PLAY", ""), int(os.environ.get("HOSTILE_ARG", "0") or 0)
     agent = subprocess.Popen([sys.argv[-1]], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
@@ -166,7 +175,7 @@ def main():
     threading.Thread(target=from_agent, daemon=True).start()
     for t, flags, fid, p in frames(sys.stdin.buffer):
         if t in (SYNC_MANIFEST, SYNC_DATA, SYNC_END) and play.startswith("sync-"):
-            if t == SYNC_MANIFEST and p[-4:] == struct.pack("<I", 1):  # the last manifest frame
+            if t == SYNC_MANIFEST and last_manifest(p):
                 want = [0] * (arg if play == "sync-want" else 0)
                 problems = [b""] * (arg if play == "sync-problems" else 0)
                 out.send(frame(SYNC_WANT, s("/tmp/x") + struct.pack("<I", len(want)) +

@@ -162,11 +162,12 @@ const SyncEntry kFileEntry{"src/train.py",
                            std::string("\x01\x00\xff", 3) + std::string(13, 'h'),
                            ""};
 const SyncEntry kLinkEntry{"data", SyncEntry::symlink, 0777, 0, -5, "", "/mnt/shared/data"};
-const msg::SyncManifest kManifest{"~/jobs/w d", {kFileEntry, kLinkEntry}, 0};
+const msg::SyncManifest kManifest{
+    "~/jobs/w d", {kFileEntry, kLinkEntry}, 0, "0001733480100000000000-20261206-101500-w-1a2b"};
 const msg::SyncData kSyncData{512u << 10, 262144, 1, std::string("\x28\xb5\x2f\xfd\0z", 6)};
 const msg::Setup kSetup{"~/jobs/w", "pip install -r requirements.txt", {"A=1", "PIP_NO_INPUT=1"}, "k3y", 1};
 const msg::Pull kPull{"~/jobs/w", {"out/**", "*.ckpt", "!tmp/"}, 1ull << 33};
-const msg::SyncWant kSyncWant{"/home/u/jobs/w", {0, 7, 4095}, 3, {"cannot remove x: busy"}};
+const msg::SyncWant kSyncWant{"/home/u/jobs/w@2", {0, 7, 4095}, 3, {"cannot remove x: busy"}, 2};
 const msg::SyncDone kSyncDone{2, 5000000000ull, {"disk full"}};
 const msg::SetupDone kSetupDone{1, 256, "sh: not found"};
 const msg::PullFile kPullFile{"out/model.ckpt", 0640, 1ull << 32, 1700000000000000001};
@@ -201,6 +202,8 @@ std::vector<std::string> one_of_each() {
   add(msg::Claimed{2, {}, 1, {"what=gpu 0\nrun=r1\nuid=1000\n"}, ""}, 0);
   add(msg::LeaseQuery{"t-1", "/opt/libnvidia-ml.so.1"}, 0);
   add(msg::LeaseList{{"name=gpu/GPU-1\nuid=1000\nrun=r1\n"}, {kH100}, {87}, {1}, ""}, 0);
+  add(msg::GcWork{86400, 1}, 0);
+  add(msg::GcDone{{"name=proj-1a2b3c4d@2\nstate=removed\nbytes=100\n"}, {"cannot remove x: busy"}}, 0);
   add(kPrepare, 0);
   add(kProbe, 0);
   add(msg::Stdin{std::string("c\n\0", 3)}, 0);
@@ -273,7 +276,8 @@ TEST_CASE("protocol: every message round-trips through its struct") {
   round_trip(msg::Telemetry{}, 0);
   round_trip(kManifest, 0);
   round_trip(msg::SyncManifest{}, 0);
-  round_trip(msg::SyncManifest{"/abs", {SyncEntry{"empty", SyncEntry::dir, 0700, 0, 0, "", ""}}, 1}, 0);
+  round_trip(msg::SyncManifest{"/abs", {SyncEntry{"empty", SyncEntry::dir, 0700, 0, 0, "", ""}}, 1, ""}, 0);
+  round_trip(msg::SyncManifest{"/abs", {}, 1, "20261206-101500-bert-1a2b"}, 0);
   round_trip(kSyncData, 4);
   round_trip(msg::SyncData{0, 5, 0, "hello"}, 9);  // raw
   round_trip(msg::SyncData{}, 0);                  // an empty file

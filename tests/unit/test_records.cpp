@@ -35,7 +35,7 @@ TEST_CASE("records: save and load round trip") {
   r.status = "failed";
   r.exit_code = 3;
   r.argv = {"python3", "train.py", "--lr=0.1"};
-  r.hosts = {{"h1", "10.0.0.1", 0}, {"h2", "10.0.0.2", 1}};
+  r.hosts = {{"h1", "10.0.0.1", 0, ""}, {"h2", "10.0.0.2", 1, "~/.cache/mltrain/work/p-1a2b3c4d@2"}};
   records::RankRecord rank;
   rank.rank = 1;
   rank.host = 1;
@@ -58,6 +58,10 @@ TEST_CASE("records: save and load round trip") {
   REQUIRE(back.hosts.size() == 2);
   CHECK(back.hosts[1].address == "10.0.0.2");
   CHECK(back.hosts[1].node_rank == 1);
+  // A host that ran in its own copy of the synced folder keeps it; the others the run's workdir.
+  r.workdir = "~/.cache/mltrain/work/p-1a2b3c4d";
+  CHECK(back.hosts[0].workdir.empty());
+  CHECK(records::workdir_of(back, 1) == "~/.cache/mltrain/work/p-1a2b3c4d@2");
   REQUIRE(back.ranks.size() == 1);
   CHECK(back.ranks[0].pid == 4242);
   CHECK(back.ranks[0].env == rank.env);

@@ -57,6 +57,14 @@ std::string basename_of(const std::string& p);
 std::optional<std::string> cuda_visible_devices_for(uint32_t job_sets_it, const std::string& job_value,
                                                     const std::optional<std::string>& own);
 
+// Runs using a synced folder (in_use.cpp): `run`'s shared flock on <state>/in-use/<run>, held by
+// the fd returned (-1: not held); the oldest other run holding one there, "" when none does (files
+// no one holds are removed on the way).
+int hold_in_use(int state, const std::string& run);
+std::string used_by_older(int state, const std::string& run);
+// The oldest run other than `run` holding the folder (older than `run` only, with older_only); "".
+std::string held_by(int state, const std::string& run, bool older_only);
+
 // A rank's comm counter block name (telemetry.cpp): /mltrain-<run>-stats-<rank>-<16 random hex>.
 std::string comm_stats_name(const std::string& run_id, uint32_t rank);
 
@@ -85,6 +93,11 @@ struct SyncState {
   sync::WorkFolder work;
   std::vector<SyncEntry> entries;
   std::map<std::string, SyncIndexEntry> index;
+  // When the folder asked for was in use by an older run: that folder and what its last sync
+  // wrote, whose unchanged files are linked in rather than sent (in_use.cpp).
+  uint32_t copy = 0;  // 0: the folder asked for; N: "<it>@N"
+  sync::Fd base_root;
+  std::map<std::string, SyncIndexEntry> base_index;
   std::map<uint32_t, SyncOpen> open;
   std::set<uint32_t> broken;  // files that could not be written (said once)
   uint32_t pending = 0, files = 0;
@@ -163,6 +176,9 @@ class Agent {
   // Sync, setup and pull (sync.cpp).
   void on(uint32_t id, msg::SyncManifest& m);
   bool open_sync_folder(const std::string& asked, msg::SyncWant& out);  // false: said why
+  // The folder to sync into: the one asked for, unless an older run uses it (in_use.cpp).
+  bool choose_sync_folder(const std::string& asked, const std::string& run, msg::SyncWant& out);
+  bool link_from_base(size_t i, int parent, const std::string& leaf);
   void remove_gone_entries(msg::SyncWant& out);
   void place_entry(size_t i, msg::SyncWant& out);
   void on(uint32_t id, msg::SyncData& m);
@@ -181,6 +197,7 @@ class Agent {
   void on(uint32_t id, const msg::Claim& m);
   void on(uint32_t id, const msg::Unclaim& m);
   void on(uint32_t id, const msg::LeaseQuery& m);
+  void on(uint32_t id, const msg::GcWork& m);  // gc.cpp
   void answer_lease_readers(size_t first_slot);
   // PS servers (ps.cpp): started at preflight when Prepare asks, stopped before Bye.
   void start_ps(const msg::Prepare& m, msg::Prepared& out);
@@ -263,6 +280,7 @@ class Agent {
   std::string setup_stamp_, setup_key_;  // where the setup's last success is kept, and what it was
   bool setup_running_ = false;
   PullState pull_;
+  sync::Fd in_use_;             // this run's hold on the folder it synced (released when the agent ends)
   std::shared_ptr<PsHost> ps_;  // shared_ptr: PsHost is complete only in ps.cpp
   std::optional<lease::Claim> claim_;
   std::vector<lease::Gpu> claimable_gpus_;  // the usable GPUs Prepare found

@@ -208,6 +208,7 @@ class RunPlay final : public Play {
   std::optional<Clock::time_point> stop_deadline_;  // stopping: unreported ranks count as lost
   agent::msg::Prepare prepare_;                     // what every host is asked (per host: ports, GPUs)
   std::unique_ptr<Syncs> syncs_;                    // [sync], from preflight on
+  std::optional<PullJob> pull_job_;                 // [sync] pull as each host has its folder
   std::unique_ptr<Pulls> pulls_;                    // [sync] pull, once the ranks ended
   bool pulled_ = false;                             // ... and it is over
   std::vector<std::vector<int32_t>> ps_numbers_;    // per host: the PS servers its agent runs

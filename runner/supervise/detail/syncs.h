@@ -22,7 +22,8 @@ struct HostSync {
   uint32_t deleted = 0;
   bool data_sent = false;  // SyncEnd is on its way
   bool done = false;
-  std::string dir;  // as the agent resolved it
+  std::string dir;    // as the agent resolved it
+  uint32_t copy = 0;  // 0: the folder asked for; N: "<it>@N" (an older run uses it)
 };
 
 class Syncs {
@@ -39,6 +40,8 @@ class Syncs {
   // Host i's end: "" (synced) or the problem that fails it.
   std::string done(size_t i, agent::msg::SyncDone& m);
   bool synced(size_t i) const { return hosts_[i].done; }
+  // `path` (the folder asked for, or below it) as host i has it: in its own copy when it made one.
+  std::string on_host(size_t i, const std::string& path) const;
   // While bytes travel, the progress; once no host syncs, the summary (once).
   void progress(Clock::time_point now);
   std::optional<Clock::time_point> next_status() const { return next_status_; }
