@@ -461,10 +461,10 @@ TEST_CASE("collectives: every op x dtype x count, world 2..8, TCP" * doctest::te
   }
 }
 
-// The whole matrix with 1M+3 elements for every op, dtype and world: minutes on 2 cores, so it
-// runs as its own ctest (comm_full_matrix, label comm) rather than in the unit tier.
-TEST_CASE("collectives: full matrix, 1M+3 for every op x dtype x world" *
-          doctest::skip(!std::getenv("MLTRAIN_TEST_FULL_MATRIX"))) {
+// The whole matrix with 1M+3 elements for every op, dtype and world: minutes on 2 cores, so it is
+// a test suite of its own (comm_full), run as its own ctest (comm_full_matrix, label comm) rather
+// than in the unit tier or with the comm_matrix suite.
+TEST_CASE("collectives: full matrix, 1M+3 for every op x dtype x world" * doctest::test_suite("comm_full")) {
   for (int n : {1, 2, 3, 4, 8}) {
     CAPTURE(n);
     correctness(n, Transport::shm, true, false);

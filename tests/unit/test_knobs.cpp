@@ -262,8 +262,6 @@ TEST_CASE("knobs: no getenv in C++ sources outside knobs/") {
       "bench/compare/",
       // Stand-ins for NCCL, CUDA and NVML: they read those libraries' own variables, as the real ones do.
       "tests/fakes/",
-      // A switch of the test itself, set by ctest for comm_full_matrix.
-      "tests/unit/test_comm.cpp",
   };
   const std::string needle = std::string("getenv") + "(";
   std::vector<std::string> readers;
