@@ -1,9 +1,9 @@
 // Which runs use a synced folder (docs/sync.md, "Two runs of one project"): each agent of a run
 // that syncs into a folder holds a shared flock on `.mltrain-sync/in-use/<run key>` there for as
 // long as it lives, so the kernel drops it with the agent, and flock works for hosts that share
-// an NFS home. A sync that finds the folder held by an earlier run (keys sort by start) leaves it alone and syncs into a
-// folder of its own beside it (`<folder>@2`, `@3`, ...), its unchanged files hard links to the
-// older run's, so the older run's ranks keep every file they run.
+// an NFS home. A sync that finds the folder held by an earlier run (keys sort by start) leaves it
+// alone and syncs into a folder of its own beside it (`<folder>@2`, `@3`, ...), its unchanged files
+// hard links to the earlier run's, so that run's ranks keep every file they run.
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>

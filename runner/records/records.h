@@ -121,14 +121,12 @@ std::string create_run(const std::string& name);
 void fill_from_plan(RunRecord& r, const plan::Plan& p);
 
 // Writes run.json atomically (write then rename).
+// The folder host `host` of the run ran its ranks in: its own copy of a synced folder, or the run's.
+std::string workdir_of(const RunRecord& r, int host);
+
 // Writes run.json atomically (a temporary file, fsync, rename). On failure (a full disk) it warns,
 // keeps the last good run.json and returns false.
-[[nodiscard]]  // The folder host `host` of the run ran its ranks in: its own copy of a synced folder, or the
-               // run's.
-               std::string
-               workdir_of(const RunRecord& r, int host);
-
-bool save(const RunRecord& r);
+[[nodiscard]] bool save(const RunRecord& r);
 // Reads one run; throws mltrain::Error naming the file on a missing or corrupt record.
 RunRecord load(const std::string& id);
 // Every run, oldest first; unreadable folders are skipped with a warning.
