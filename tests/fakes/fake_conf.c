@@ -24,6 +24,23 @@ void fake_gpu_uuid(int i, char* out, size_t len) {
   snprintf(out, len, "GPU-%08x-0000-4000-8000-%012x", fake_host_hash(), (unsigned)i);
 }
 
+/* Every value handed out, once each: callers keep them for the process's life, and a leak checker
+ * sees them reachable from here (the fakes run under LeakSanitizer in the ASan unit tier). */
+static const char* interned(const char* v) {
+  static char** kept = NULL;
+  static size_t n = 0, cap = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (strcmp(kept[i], v) == 0) return kept[i];
+  if (n == cap) {
+    size_t bigger = cap ? cap * 2 : 64;
+    char** grown = realloc(kept, bigger * sizeof *kept);
+    if (grown == NULL) return NULL;
+    kept = grown, cap = bigger;
+  }
+  kept[n] = strdup(v);
+  return kept[n] ? kept[n++] : NULL;
+}
+
 const char* fake_conf_get(const void* self, const char* key) {
   Dl_info info;
   if (dladdr(self, &info) == 0 || info.dli_fname == NULL) return NULL;
@@ -56,7 +73,9 @@ const char* fake_conf_get(const void* self, const char* key) {
     found = strdup(v);
   }
   fclose(f);
-  return found; /* leaked on purpose: callers keep it for the process's life */
+  const char* value = found ? interned(found) : NULL;
+  free(found);
+  return value;
 }
 
 long fake_conf_int(const void* self, const char* key, long fallback) {
