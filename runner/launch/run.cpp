@@ -25,6 +25,7 @@
 #include "runner/lease/claim.h"
 #include "runner/supervise/supervisor.h"
 #include "runner/sync/manifest.h"
+#include "runner/tree/hash.h"
 
 namespace mltrain::launch {
 
@@ -313,6 +314,42 @@ std::chrono::milliseconds check_before_run(const spec::JobSpec& s, const JobRequ
   return telemetry_interval;
 }
 
+// Every secret's value the launcher knows: the spec's and the environment's secret-named variables.
+std::vector<std::string> secret_values(const spec::JobSpec& s, const JobRequest& req) {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : s.run.env)
+    if (secret::is_secret_name(k)) out.push_back(v);
+  for (const auto& [k, v] : req.environ ? *req.environ : plan::current_environ())
+    if (secret::is_secret_name(k)) out.push_back(v);
+  return out;
+}
+
+// The run's code: the synced tree's manifest in the run's folder and its contents in the store. A
+// store that cannot be written is a warning: the run goes on without its code kept.
+records::CodeSummary keep_code(const spec::JobSpec& s, const JobRequest& req, const detail::SyncPlan& sp,
+                               const records::RunRecord& rec) {
+  std::vector<records::CodeEntry> entries;
+  entries.reserve(sp.tree.entries.size());
+  for (size_t i = 0; i < sp.tree.entries.size(); ++i) {
+    const auto& e = sp.tree.entries[i];
+    entries.push_back({e.path, e.kind, e.mode, e.size, e.hash.empty() ? "" : sync::hex(e.hash), e.target,
+                       sp.tree.sources[i]});
+  }
+  records::CodeOptions o;
+  o.root = sp.src;
+  o.max_bytes = s.record.code_max;
+  o.secrets = secret_values(s, req);
+  o.git = !rec.git_commit.empty();
+  try {
+    return records::keep_code(rec.id, entries, o);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "mltrain: warning: the run's code was not kept: %s\n", e.what());
+    records::CodeSummary none;
+    none.skipped = e.what();
+    return none;
+  }
+}
+
 // The run's record, saved: it must be writable before anything starts (a full or read-only state
 // folder is a clean error here, not a cut record later, and leaves no empty run folder behind).
 records::RunRecord first_record(const spec::JobSpec& s, const plan::Plan& p, const JobRequest& req,
@@ -324,6 +361,7 @@ records::RunRecord first_record(const spec::JobSpec& s, const plan::Plan& p, con
   }
   if (sp) rec.git_commit = git_commit(sp->src);
   rec.kind = req.exec ? "exec" : "run";
+  if (sp && s.record.code && !req.exec) rec.code = keep_code(s, req, *sp, rec);
   // `ssh` and `cp` reach the hosts again the way this run did, however it was given its config.
   if (!s.ssh.config.empty()) {
     const std::string home = knobs::home.get();

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "runner/common/error.h"
+#include "runner/records/code.h"
 #include "runner/records/records.h"
 
 namespace mltrain::records {
@@ -51,7 +52,8 @@ unsigned long long remove_one(const std::string& id) {
   return bytes;
 }
 
-void print_removed(const std::vector<std::pair<std::string, unsigned long long>>& done, bool dry_run) {
+void print_removed(const std::vector<std::pair<std::string, unsigned long long>>& done, bool dry_run,
+                   uint64_t code_freed = 0) {
   unsigned long long total = 0;
   for (const auto& [id, bytes] : done) {
     std::printf("%s %s (%s)\n", dry_run ? "would remove" : "removed", id.c_str(), human_bytes(bytes).c_str());
@@ -59,6 +61,8 @@ void print_removed(const std::vector<std::pair<std::string, unsigned long long>>
   }
   std::printf("%s %zu run%s, %s %s\n", dry_run ? "would remove" : "removed", done.size(),
               done.size() == 1 ? "" : "s", human_bytes(total).c_str(), dry_run ? "to free" : "freed");
+  if (code_freed > 0)
+    std::printf("removed the code no run keeps any more, %s freed\n", human_bytes(code_freed).c_str());
 }
 
 }  // namespace
@@ -102,7 +106,7 @@ int remove_runs(const std::vector<std::string>& queries) {
   }
   std::vector<std::pair<std::string, unsigned long long>> done;
   for (const auto& id : ids) done.emplace_back(id, remove_one(id));
-  print_removed(done, false);
+  print_removed(done, false, sweep_code_store());
   return 0;
 }
 
@@ -112,7 +116,7 @@ int gc_runs(const GcOptions& o) {
   auto ids = gc_select(list(), o, std::chrono::system_clock::now());
   std::vector<std::pair<std::string, unsigned long long>> done;
   for (const auto& id : ids) done.emplace_back(id, o.dry_run ? folder_bytes(run_dir(id)) : remove_one(id));
-  print_removed(done, o.dry_run);
+  print_removed(done, o.dry_run, o.dry_run ? 0 : sweep_code_store());
   return 0;
 }
 

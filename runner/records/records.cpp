@@ -132,6 +132,15 @@ RunRecord from_json(const json& j) {
     r.pull = PullRecord{get(p, "files", 0ULL), get(p, "bytes", 0ULL),
                         get(p, "problems", std::vector<std::string>{})};
   }
+  if (j.contains("code") && j["code"].is_object()) {
+    const auto& c = j["code"];
+    r.code.recorded = true;
+    r.code.kept = get(c, "kept", false);
+    r.code.files = get(c, "files", 0ULL), r.code.bytes = get(c, "bytes", 0ULL);
+    r.code.new_bytes = get(c, "new_bytes", 0ULL), r.code.withheld = get(c, "withheld", 0ULL);
+    r.code.dirty = get(c, "dirty", false);
+    r.code.skipped = get<std::string>(c, "skipped", "");
+  }
   return r;
 }
 
@@ -203,6 +212,14 @@ json to_json_value(const RunRecord& r) {
                              {"complete", r.pull->problems.empty()},
                              {"problems", r.pull->problems}}
                       : json(nullptr)},
+      {"code", r.code.recorded ? json{{"kept", r.code.kept},
+                                      {"files", r.code.files},
+                                      {"bytes", r.code.bytes},
+                                      {"new_bytes", r.code.new_bytes},
+                                      {"withheld", r.code.withheld},
+                                      {"dirty", r.code.dirty},
+                                      {"skipped", or_null(r.code.skipped)}}
+                               : json(nullptr)},
       {"spec", r.spec_toml}};
   return j;
 }

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "runner/records/code.h"
+
 namespace mltrain::plan {
 struct Plan;
 }
@@ -88,6 +90,7 @@ struct RunRecord {
   std::vector<PsServerRecord> ps_servers;  // PS mode: in server order
   std::optional<Failure> failure;
   std::optional<PullRecord> pull;
+  CodeSummary code;  // the code it ran (code.json in its folder), when recorded
   // The live console's line prefix template ("[{host}:{rank}]", "[{rank}]", "" for none), so
   // `logs` prefixes lines the same way. Records written before it: "[{rank}]".
   std::string log_prefix = "[{rank}]";

@@ -325,6 +325,23 @@ void print_list(bool json) {
   }
 }
 
+// `show`'s code line: what the tree was and what the store keeps of it.
+static std::string code_line(const CodeSummary& c) {
+  auto mib = [](uint64_t n) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f MiB", double(n) / double(1 << 20));
+    return std::string(buf);
+  };
+  std::string line = std::to_string(c.files) + " file" + (c.files == 1 ? "" : "s") + ", " + mib(c.bytes);
+  if (!c.kept) return line + "; contents not kept: " + (c.skipped.empty() ? "no store" : c.skipped);
+  line +=
+      ", kept (" + (c.new_bytes ? mib(c.new_bytes) + " new in the store" : std::string("nothing new")) + ")";
+  if (c.withheld)
+    line += "; " + std::to_string(c.withheld) + " file" + (c.withheld == 1 ? "" : "s") +
+            " withheld (code.json says why)";
+  return line;
+}
+
 void print_show(const std::string& query, bool json) {
   std::string id = resolve(query);
   RunRecord r = load(id);
@@ -358,7 +375,10 @@ void print_show(const std::string& query, bool json) {
   for (const auto& a : r.argv) argv.push_back(text::shell_quote(a));
   std::printf("command    %s\n", t(text::join(argv, " ")));
   std::printf("workdir    %s\n", t(r.workdir));
-  if (!r.git_commit.empty()) std::printf("git        %s\n", t(r.git_commit));
+  if (!r.git_commit.empty())
+    std::printf("git        %s%s\n", t(r.git_commit),
+                r.code.dirty ? " + uncommitted changes (code.diff)" : "");
+  if (r.code.recorded) std::printf("code       %s\n", t(code_line(r.code)));
   if (!r.slurm_job_id.empty()) std::printf("slurm job  %s\n", t(r.slurm_job_id));
   std::printf("master     %s:%d\n", t(r.master_addr), r.master_port);
   std::printf("restarts   %d of %d\n", r.restarts, r.max_restarts);

@@ -359,6 +359,10 @@ bool never_written(const JobSpec&) { return false; }
 bool sync_written(const JobSpec& s) { return s.sync.enabled; }
 bool setup_written(const JobSpec& s) { return !s.setup.command.empty(); }
 bool k8s_written(const JobSpec& s) { return s.k8s.present; }
+bool record_written(const JobSpec& s) {
+  const RecordSection fresh;
+  return s.record.code != fresh.code || s.record.code_max != fresh.code_max;
+}
 
 using S = JobSpec;
 constexpr auto kYear = std::chrono::hours(24 * 365);
@@ -790,6 +794,24 @@ std::vector<Key> sync_and_setup_keys() {
        .member = member<&S::setup, &SetupSection::inputs>(),
        .doc = "with auto: only these synced files (and the command) rerun it",
        .emit = Emit::unless_default},
+      {.name = "record",
+       .type = Type::section,
+       .doc = "what a run's record keeps besides its spec and logs (docs/records.md)",
+       .written = record_written},
+      {.section = "record",
+       .name = "code",
+       .type = Type::boolean,
+       .member = member<&S::record, &RecordSection::code>(),
+       .doc = "keep the synced tree's manifest and contents (false: neither)",
+       .emit = Emit::unless_default},
+      {.section = "record",
+       .name = "code_max",
+       .type = Type::size,
+       .member = member<&S::record, &RecordSection::code_max>(),
+       .doc = "a larger tree keeps its manifest only (default 1 GiB)",
+       .emit = Emit::unless_default,
+       .hi = int64_t(1) << 40,
+       .range_hint = "1 TiB"},
   };
 }
 

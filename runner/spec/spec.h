@@ -106,6 +106,12 @@ struct SyncSection {
   std::string pull_from = "all";  // all | rank0
 };
 
+// [record]: what a run's record keeps besides its spec and logs (docs/records.md).
+struct RecordSection {
+  bool code = true;                       // the synced tree: its manifest and contents in the code store
+  uint64_t code_max = uint64_t{1} << 30;  // a tree larger than this keeps its manifest only
+};
+
 // [setup]: a command run once per host before any rank (docs/sync.md).
 struct SetupSection {
   std::string command;        // "": none
@@ -148,6 +154,7 @@ struct JobSpec {
   LogsSection logs;
   SyncSection sync;
   SetupSection setup;
+  RecordSection record;
   K8sSection k8s;
 };
 

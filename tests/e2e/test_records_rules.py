@@ -78,7 +78,7 @@ RUN_FIELDS = {"schema", "id", "name", "status", "exit_code", "launcher_pid", "la
               "ended_at", "duration_s", "spec_file", "workdir", "git_commit", "argv", "master_addr",
               "master_port", "restarts", "max_restarts", "detached", "slurm_job_id", "ps_servers", "log_prefix",
               "kind", "ssh_config",
-              "hosts", "ranks", "failure", "pull", "spec"}
+              "hosts", "ranks", "failure", "pull", "code", "spec"}
 RANK_FIELDS = {"rank", "host", "node_rank", "local_rank", "pid", "exit_code", "signal", "host_lost", "env", "gpus"}
 
 
@@ -87,6 +87,8 @@ def _check_run(doc, ended=True, fields=RUN_FIELDS):
     assert doc["schema"] == 1 and isinstance(doc["id"], str)
     assert doc["pull"] is None or (set(doc["pull"]) == {"files", "bytes", "complete", "problems"}
                                    and doc["pull"]["complete"] == (doc["pull"]["problems"] == [])), doc["pull"]
+    assert doc["code"] is None or set(doc["code"]) == {"kept", "files", "bytes", "new_bytes", "withheld", "dirty",
+                                                       "skipped"}, doc["code"]
     host_names = {h["name"] for h in doc["hosts"]}
     for k in doc["ranks"]:
         assert set(k) == RANK_FIELDS

@@ -1,0 +1,362 @@
+#include "runner/records/code.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zstd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+
+#include "runner/common/error.h"
+#include "runner/common/log.h"
+#include "runner/common/secret.h"
+#include "runner/common/state_home.h"
+#include "runner/common/sys_check.h"
+#include "runner/common/text.h"
+#include "runner/records/records.h"
+#include "runner/tree/hash.h"
+
+namespace mltrain::records {
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr size_t kReadChunk = 1u << 20;
+constexpr size_t kMaxDiff = 16u << 20;  // code.diff beyond this is cut, and says so
+constexpr size_t kMinSecret = 4;        // shorter values would withhold files by chance
+
+// A descriptor closed when it goes out of scope.
+struct Fd {
+  int fd = -1;
+  explicit Fd(int f = -1) : fd(f) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  Fd(Fd&& o) noexcept : fd(o.fd) { o.fd = -1; }
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+bool is_hash(std::string_view h) {
+  return h.size() == 32 && std::all_of(h.begin(), h.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+std::string objects_dir() { return code_store_dir() + "/objects"; }
+
+// The store's lock: shared while a run keeps its code (its code.json is written first), exclusive
+// while a sweep decides what no run names, so a sweep never takes a content a new run just found.
+Fd lock_store(int how) {
+  make_private_dirs(objects_dir());
+  const std::string path = code_store_dir() + "/lock";
+  Fd f(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (f.fd < 0)
+    throw Error(sys_error_text("open", path, errno), "check the state folder's permissions",
+                exit_code::state);
+  while (::flock(f.fd, how) != 0)
+    if (errno != EINTR)
+      throw Error(sys_error_text("flock", path, errno), "check the state folder's permissions",
+                  exit_code::state);
+  return f;
+}
+
+Fd open_dir_at(int at, const char* name) {
+  return Fd(::openat(at, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+}
+
+// Looks for every secret in a stream of chunks, across chunk boundaries.
+class SecretScan {
+ public:
+  explicit SecretScan(const std::vector<std::string>& secrets) {
+    for (const auto& s : secrets)
+      if (s.size() >= kMinSecret) secrets_.push_back(s), longest_ = std::max(longest_, s.size());
+  }
+  void feed(std::string_view bytes) {
+    if (found_ || secrets_.empty()) return;
+    carry_.append(bytes);
+    for (const auto& s : secrets_)
+      if (carry_.find(s) != std::string::npos) found_ = true;
+    if (carry_.size() >= longest_) carry_.erase(0, carry_.size() - (longest_ - 1));
+  }
+  bool found() const { return found_; }
+
+ private:
+  std::vector<std::string> secrets_;
+  size_t longest_ = 0;
+  std::string carry_;
+  bool found_ = false;
+};
+
+enum class Kept { present, stored, secret, changed, unreadable };
+
+// Copies one file into the store as a zstd frame named by its hash, unless the store has it. The
+// content must still hash as listed, and hold no secret; a temporary file is renamed in only then.
+Kept keep_file(int objects, const CodeEntry& e, const std::vector<std::string>& secrets, ZSTD_CCtx* cctx,
+               uint64_t& added) {
+  const std::string sub = e.hash.substr(0, 2), name = e.hash.substr(2);
+  if (::mkdirat(objects, sub.c_str(), 0700) != 0 && errno != EEXIST) return Kept::unreadable;
+  Fd dir = open_dir_at(objects, sub.c_str());
+  if (dir.fd < 0) return Kept::unreadable;
+  struct stat st {};
+  if (::fstatat(dir.fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) return Kept::present;
+  Fd in(::open(e.source.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (in.fd < 0) return Kept::unreadable;
+  std::random_device rd;
+  char tmp[64];
+  std::snprintf(tmp, sizeof tmp, ".tmp-%d-%08x", int(::getpid()), unsigned(rd()));
+  Fd out(::openat(dir.fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (out.fd < 0) return Kept::unreadable;
+  XXH3_state_t* st3 = XXH3_createState();
+  XXH3_128bits_reset(st3);
+  SecretScan scan(secrets);
+  ZSTD_CCtx_reset(cctx, ZSTD_reset_session_only);
+  std::string raw(kReadChunk, '\0'), packed(ZSTD_CStreamOutSize(), '\0');
+  uint64_t total = 0, written = 0;
+  bool ok = true, done = false;
+  while (ok && !done) {
+    ssize_t n = ::read(in.fd, raw.data(), raw.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) ok = false;
+    if (!ok) break;
+    done = n == 0;
+    total += uint64_t(n);
+    XXH3_128bits_update(st3, raw.data(), size_t(n));
+    scan.feed(std::string_view(raw.data(), size_t(n)));
+    ZSTD_inBuffer ib{raw.data(), size_t(n), 0};
+    for (bool more = true; ok && more;) {
+      ZSTD_outBuffer ob{packed.data(), packed.size(), 0};
+      size_t left = ZSTD_compressStream2(cctx, &ob, &ib, done ? ZSTD_e_end : ZSTD_e_continue);
+      if (ZSTD_isError(left)) ok = false;
+      if (ob.pos > 0 && ::write(out.fd, packed.data(), ob.pos) != ssize_t(ob.pos)) ok = false;
+      written += ob.pos;
+      more = done ? left != 0 : ib.pos < ib.size;
+    }
+  }
+  const std::string got = sync::hex(sync::canonical(XXH3_128bits_digest(st3)));
+  XXH3_freeState(st3);
+  Kept result = !ok                                  ? Kept::unreadable
+                : scan.found()                       ? Kept::secret
+                : (got != e.hash || total != e.size) ? Kept::changed
+                                                     : Kept::stored;
+  if (result == Kept::stored && (::fsync(out.fd) != 0 || ::renameat(dir.fd, tmp, dir.fd, name.c_str()) != 0))
+    result = Kept::unreadable;
+  if (result != Kept::stored) ::unlinkat(dir.fd, tmp, 0);
+  if (result == Kept::stored) added += written;
+  return result;
+}
+
+std::string redacted(std::string text, const std::vector<std::string>& secrets) {
+  for (const auto& s : secrets) {
+    if (s.size() < kMinSecret) continue;
+    for (size_t at = 0; (at = text.find(s, at)) != std::string::npos; at += secret::kShown.size())
+      text.replace(at, s.size(), secret::kShown);
+  }
+  return text;
+}
+
+// `git diff HEAD` of the work tree: its uncommitted changes to tracked files (untracked files are
+// in the manifest itself), with any secret's value replaced.
+std::string git_diff(const std::string& root, const std::vector<std::string>& secrets) {
+  std::string cmd = "git -C " + text::shell_quote(root) +
+                    " diff HEAD --no-color --no-ext-diff --no-textconv --relative -- . 2>/dev/null";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return {};
+  std::string out;
+  char buf[65536];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0)
+    if (out.size() < kMaxDiff) out.append(buf, std::min(n, kMaxDiff - out.size()));
+  ::pclose(p);
+  if (out.size() >= kMaxDiff) out += "\n[mltrain: the diff is cut at 16 MiB]\n";
+  return redacted(std::move(out), secrets);
+}
+
+// Writes `text` into the run's folder as `name`, atomically.
+void write_in_run(const std::string& run_id, const std::string& name, const std::string& text) {
+  const std::string path = run_dir(run_id) + "/" + name, tmp = path + ".tmp";
+  Fd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600));
+  bool ok = f.fd >= 0;
+  for (size_t off = 0; ok && off < text.size();) {
+    ssize_t n = ::write(f.fd, text.data() + off, text.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    ok = n > 0;
+    off += ok ? size_t(n) : 0;
+  }
+  const int err = errno;
+  if (!ok || ::fsync(f.fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    throw Error(sys_error_text("write", path, ok ? errno : err), "free some space in the state folder",
+                exit_code::state);
+  }
+}
+
+json manifest_json(const std::vector<CodeEntry>& entries, const CodeSummary& s, const std::string& root,
+                   const std::vector<std::pair<std::string, std::string>>& withheld) {
+  json list = json::array();
+  for (const auto& e : entries)
+    list.push_back(json::array({e.path, e.kind, e.mode, e.size, e.hash, e.target}));
+  json held = json::array();
+  for (const auto& [path, why] : withheld) held.push_back({{"path", path}, {"why", why}});
+  return {{"schema", kJsonSchema}, {"root", root},     {"kept", s.kept},
+          {"skipped", s.skipped},  {"files", s.files}, {"bytes", s.bytes},
+          {"dirty", s.dirty},      {"withheld", held}, {"entries", list}};
+}
+
+const char* why_withheld(Kept k) {
+  switch (k) {
+    case Kept::secret:
+      return "it holds a secret's value";
+    case Kept::changed:
+      return "it changed after it was synced";
+    default:
+      return "it could not be read";
+  }
+}
+
+std::string size_words(uint64_t n) {
+  char buf[32];
+  if (n >= (1ull << 30))
+    std::snprintf(buf, sizeof buf, "%.1f GiB", double(n) / double(1ull << 30));
+  else
+    std::snprintf(buf, sizeof buf, "%.1f MiB", double(n) / double(1ull << 20));
+  return buf;
+}
+
+// Every hash some run's code.json names; false when a manifest cannot be read (then nothing may go).
+bool hashes_in_use(std::set<std::string>& used) {
+  DIR* d = ::opendir(runs_dir().c_str());
+  if (!d) return errno == ENOENT;
+  bool ok = true;
+  while (dirent* de = ::readdir(d)) {
+    if (de->d_name[0] == '.') continue;
+    const std::string path = runs_dir() + "/" + de->d_name + "/code.json";
+    FILE* f = std::fopen(path.c_str(), "re");
+    if (!f) {
+      if (errno != ENOENT && errno != ENOTDIR) ok = false;
+      continue;
+    }
+    json j = json::parse(f, nullptr, false);
+    std::fclose(f);
+    if (j.is_discarded() || !j.contains("entries") || !j["entries"].is_array()) {
+      log::warn("records", "code store: " + path + " cannot be read; nothing is removed from the store");
+      ok = false;
+      continue;
+    }
+    for (const auto& e : j["entries"])
+      if (e.is_array() && e.size() >= 5 && e[4].is_string()) used.insert(e[4].get<std::string>());
+  }
+  ::closedir(d);
+  return ok;
+}
+
+// Calls f(dir fd, name) for each entry of the folder open at `fd` (not "." or "..").
+template <class F>
+void each_name(int fd, F&& f) {
+  int dup = ::dup(fd);
+  if (dup < 0) return;
+  DIR* d = ::fdopendir(dup);
+  if (!d) {
+    ::close(dup);
+    return;
+  }
+  std::vector<std::string> names;
+  while (dirent* de = ::readdir(d))
+    if (std::strcmp(de->d_name, ".") != 0 && std::strcmp(de->d_name, "..") != 0) names.push_back(de->d_name);
+  ::closedir(d);
+  for (const auto& n : names) f(n);
+}
+
+}  // namespace
+
+std::string code_store_dir() { return state_home() + "/code"; }
+
+CodeSummary keep_code(const std::string& run_id, const std::vector<CodeEntry>& entries,
+                      const CodeOptions& o) {
+  CodeSummary s;
+  s.recorded = true;
+  for (const auto& e : entries)
+    if (e.kind == CodeEntry::file) ++s.files, s.bytes += e.size;
+  std::string diff = o.git ? git_diff(o.root, o.secrets) : std::string();
+  s.dirty = !diff.empty();
+  if (o.max_bytes > 0 && s.bytes > o.max_bytes)
+    s.skipped =
+        "the tree is " + size_words(s.bytes) + ", over [record] code_max (" + size_words(o.max_bytes) + ")";
+  Fd lock = lock_store(LOCK_SH);
+  std::vector<std::pair<std::string, std::string>> withheld;
+  if (s.skipped.empty()) {
+    Fd objects(::open(objects_dir().c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (objects.fd < 0)
+      throw Error(sys_error_text("open", objects_dir(), errno), "check the state folder's permissions",
+                  exit_code::state);
+    // The manifest first: a sweep (which waits for this lock) must see what the store keeps for it.
+    write_in_run(run_id, "code.json", manifest_json(entries, s, o.root, withheld).dump());
+    ZSTD_CCtx* cctx = ZSTD_createCCtx();
+    ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, 3);
+    for (const auto& e : entries) {
+      if (e.kind != CodeEntry::file || !is_hash(e.hash)) continue;
+      Kept k = keep_file(objects.fd, e, o.secrets, cctx, s.new_bytes);
+      if (k != Kept::present && k != Kept::stored) withheld.emplace_back(e.path, why_withheld(k));
+    }
+    ZSTD_freeCCtx(cctx);
+    s.kept = true;
+    s.withheld = withheld.size();
+  }
+  write_in_run(run_id, "code.json", manifest_json(entries, s, o.root, withheld).dump());
+  if (s.dirty) write_in_run(run_id, "code.diff", diff);
+  return s;
+}
+
+uint64_t sweep_code_store() {
+  struct stat st {};
+  if (::stat(objects_dir().c_str(), &st) != 0) return 0;  // no store: nothing to do
+  Fd lock = lock_store(LOCK_EX);
+  std::set<std::string> used;
+  if (!hashes_in_use(used)) return 0;
+  Fd objects(::open(objects_dir().c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (objects.fd < 0) return 0;
+  uint64_t freed = 0;
+  each_name(objects.fd, [&](const std::string& sub) {
+    if (sub.size() != 2) return;
+    Fd dir = open_dir_at(objects.fd, sub.c_str());
+    if (dir.fd < 0) return;
+    each_name(dir.fd, [&](const std::string& name) {
+      // Ours only: contents named by their hash, and temporary files a killed run left (no run
+      // keeps code while this lock is held).
+      const bool tmp = name.rfind(".tmp-", 0) == 0;
+      if (!tmp && (!is_hash(sub + name) || used.count(sub + name))) return;
+      struct stat fs {};
+      if (::fstatat(dir.fd, name.c_str(), &fs, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(fs.st_mode)) return;
+      if (::unlinkat(dir.fd, name.c_str(), 0) == 0) freed += uint64_t(fs.st_size);
+    });
+    ::unlinkat(objects.fd, sub.c_str(), AT_REMOVEDIR);  // only when it is empty now
+  });
+  return freed;
+}
+
+uint64_t code_store_bytes() {
+  uint64_t total = 0;
+  Fd objects(::open(objects_dir().c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (objects.fd < 0) return 0;
+  each_name(objects.fd, [&](const std::string& sub) {
+    Fd dir = open_dir_at(objects.fd, sub.c_str());
+    if (dir.fd < 0) return;
+    each_name(dir.fd, [&](const std::string& name) {
+      struct stat fs {};
+      if (::fstatat(dir.fd, name.c_str(), &fs, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(fs.st_mode))
+        total += uint64_t(fs.st_size);
+    });
+  });
+  return total;
+}
+
+}  // namespace mltrain::records
