@@ -57,6 +57,29 @@ int do_run(const RunFlags& f, const Global& g) {
   return r.exit_code;
 }
 
+int do_rerun(const RunFlags& f, const Global& g) {
+  if (g.has_trailing)
+    throw Error("mltrain rerun runs the recorded command; it takes none after '--'",
+                "to run another command, use mltrain run", exit_code::usage);
+  if (f.positional.size() != 1)
+    throw Error("mltrain rerun needs one run id",
+                "e.g. mltrain rerun 20261129-141502-hello-3fa2 ('mltrain ls' lists them)", exit_code::usage);
+  RunFlags spec_flags = f;
+  spec_flags.positional.clear();
+  launch::JobRequest req = launch::rerun_request(f.positional[0], request(spec_flags, g));
+  if (f.dry_run) {
+    plan::Plan p = launch::dry_run(req);
+    if (f.json)
+      std::printf("%s\n", records::plan_to_json(p).c_str());
+    else
+      std::fputs((launch::describe_plan(p) + launch::describe_sync(req)).c_str(), stdout);
+    return 0;
+  }
+  launch::RunResult r = launch::run(req);
+  if (r.detached) std::printf("%s\n", r.run_id.c_str());
+  return r.exit_code;
+}
+
 int do_validate(const RunFlags& f, const Global& g) {
   launch::Validation v = launch::validate(request(f, g));
   if (f.json)
@@ -178,6 +201,26 @@ void register_run(CLI::App& app, Global& g, std::function<int()>& handler) {
       "143 when stopped, 255 when a host is lost or fails preflight. With --detach: 0 once every rank\n"
       "started; a failure before that is the command's (docs/exit-codes.md).");
   c->callback([&] { handler = [&] { return do_run(f, g); }; });
+}
+
+void register_rerun(CLI::App& app, Global& g, std::function<int()>& handler) {
+  static RunFlags f;
+  auto* c = app.add_subcommand("rerun", "Run a recorded run again: the same code, spec and hosts");
+  c->add_option("run", f.positional, "Run id, a unique part of it, or 'latest'")->expected(1);
+  add_host_flags(c, f.overrides);
+  add_job_flags(c, f.overrides);
+  add_console_flags(c, f.overrides);
+  c->add_flag("--dry-run", f.dry_run, "Print the plan; start nothing");
+  c->add_flag("--json", f.json, "Machine-readable output (the plan with --dry-run, else the final summary)");
+  c->add_flag("-d,--detach", f.detach, "After preflight, print the run id and leave the job running");
+  c->footer(
+      "Examples:\n  mltrain rerun 20261129-141502-hello-3fa2\n  mltrain rerun latest -H a:4,b:4 --env "
+      "LR=0.01\n"
+      "The code is the tree the run synced, restored from the code store (docs/records.md), even if the\n"
+      "project changed or is gone; the spec and hosts are the run's, and flags override them as for run.\n"
+      "A secret of [run.env] was never recorded: it is taken from this shell again. The new record says\n"
+      "'rerun of RUN'. Exit codes as for run.");
+  c->callback([&] { handler = [&] { return do_rerun(f, g); }; });
 }
 
 void register_validate(CLI::App& app, Global& g, std::function<int()>& handler) {

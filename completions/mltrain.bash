@@ -62,7 +62,7 @@ _mltrain() {
     cur=${words[cword]}
     prev=${words[cword - 1]}
 
-    local cmds="run validate logs ls show stop rm gc completions knobs doctor bench top exec ssh cp export sbatch queue"
+    local cmds="run validate logs ls show stop rm gc completions knobs doctor bench top exec ssh cp export sbatch queue rerun"
     local global_opts="-v --verbose --color"
     local job_opts="-n --nprocs --procs-per-host --oversubscribe --queue --hostfile -H --hosts --include --exclude -e --env -x
         --master-port --max-restarts --timeout --grace-period --profile --name --workdir"
@@ -165,6 +165,7 @@ _mltrain() {
         case $cmd in
             "") flags="-h --help --version $global_opts" ;;
             run) flags="$job_opts --ranks --no-prefix --timestamps --dry-run --json -d --detach --stdin --stdin-rank -h --help $global_opts" ;;
+            rerun) flags="$job_opts --ranks --no-prefix --timestamps --dry-run --json -d --detach -h --help $global_opts" ;;
             validate) flags="$job_opts --json -h --help $global_opts" ;;
             logs) flags="-f --follow -r --rank -g --grep -t --tail --no-prefix --by-rank -h --help $global_opts" ;;
             ls | show | knobs) flags="--json -h --help $global_opts" ;;
@@ -186,7 +187,7 @@ _mltrain() {
         run | validate)
             ((npos == 0)) && _mltrain_files "$cur" toml
             ;;
-        logs | show | stop)
+        logs | show | stop | rerun)
             ((npos == 0)) && _mltrain_run_ids "$cur"
             ;;
         completions)

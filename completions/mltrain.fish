@@ -114,6 +114,7 @@ complete -c mltrain -n __mltrain_no_subcommand -a cp -d "Copy a file or folder f
 complete -c mltrain -n __mltrain_no_subcommand -a export -d "Print a job as a Kubernetes Volcano Job or PyTorchJob"
 complete -c mltrain -n __mltrain_no_subcommand -a sbatch -d "Submit a job to Slurm"
 complete -c mltrain -n __mltrain_no_subcommand -a queue -d "Who holds which GPUs on the hosts, and which jobs wait for them"
+complete -c mltrain -n __mltrain_no_subcommand -a rerun -d "Run a recorded run again: the same code, spec and hosts"
 
 # Global options (mltrain also takes them after the subcommand).
 complete -c mltrain -n 'not __mltrain_after_dashdash' -s h -l help -d 'Print help and exit'
@@ -121,9 +122,9 @@ complete -c mltrain -n __mltrain_no_subcommand -l version -d 'Print the version 
 complete -c mltrain -n 'not __mltrain_after_dashdash' -s v -l verbose -d 'More diagnostics on stderr (repeat for debug)'
 complete -c mltrain -n 'not __mltrain_after_dashdash' -l color -x -a 'auto always never' -d 'Colour rank prefixes'
 
-# run and validate.
-set -l job 'run validate'
-complete -c mltrain -n "__mltrain_using $job; and __mltrain_no_positional" -k -a '(__mltrain_toml_files)' -d 'Job spec'
+# run and validate (and rerun, whose spec is recorded: a run id instead of the job spec).
+complete -c mltrain -n "__mltrain_using run validate; and __mltrain_no_positional" -k -a '(__mltrain_toml_files)' -d 'Job spec'
+set -l job 'run validate rerun'
 complete -c mltrain -n "__mltrain_using $job" -s n -l nprocs -x -d 'Number of ranks'
 complete -c mltrain -n "__mltrain_using $job" -l procs-per-host -x -d 'Ranks on each host'
 complete -c mltrain -n "__mltrain_using $job" -l oversubscribe -d 'Allow more ranks than the hosts have slots'
@@ -141,17 +142,17 @@ complete -c mltrain -n "__mltrain_using $job" -l grace-period -x -d 'Time betwee
 complete -c mltrain -n "__mltrain_using $job" -l profile -x -a '(__mltrain_profiles)' -d 'Profile to merge under the spec'
 complete -c mltrain -n "__mltrain_using $job" -l name -x -d 'Job name (for run ids and records)'
 complete -c mltrain -n "__mltrain_using $job" -l workdir -x -a '(__fish_complete_directories (commandline -ct))' -d 'Working directory of every rank'
-complete -c mltrain -n '__mltrain_using run' -l ranks -x -d 'Show only these ranks on the console, e.g. 0,3-5'
-complete -c mltrain -n '__mltrain_using run' -l no-prefix -d 'Print rank output without the [rank] prefix'
-complete -c mltrain -n '__mltrain_using run' -l timestamps -d 'Start console lines with the time'
+complete -c mltrain -n '__mltrain_using run rerun' -l ranks -x -d 'Show only these ranks on the console, e.g. 0,3-5'
+complete -c mltrain -n '__mltrain_using run rerun' -l no-prefix -d 'Print rank output without the [rank] prefix'
+complete -c mltrain -n '__mltrain_using run rerun' -l timestamps -d 'Start console lines with the time'
 complete -c mltrain -n "__mltrain_using $job" -l json -d 'Machine-readable output'
-complete -c mltrain -n '__mltrain_using run' -l dry-run -d 'Print the plan; start nothing'
-complete -c mltrain -n '__mltrain_using run' -s d -l detach -d 'Print the run id and leave the job running'
+complete -c mltrain -n '__mltrain_using run rerun' -l dry-run -d 'Print the plan; start nothing'
+complete -c mltrain -n '__mltrain_using run rerun' -s d -l detach -d 'Print the run id and leave the job running'
 complete -c mltrain -n '__mltrain_using run' -l stdin -d 'Forward stdin to rank 0 (e.g. for pdb)'
 complete -c mltrain -n '__mltrain_using run' -l stdin-rank -x -d 'Forward stdin to rank N'
 
 # logs, ls, show, stop.
-complete -c mltrain -n '__mltrain_using logs show stop; and __mltrain_no_positional' -k -a '(__mltrain_run_ids)' -d 'Run id'
+complete -c mltrain -n '__mltrain_using logs show stop rerun; and __mltrain_no_positional' -k -a '(__mltrain_run_ids)' -d 'Run id'
 complete -c mltrain -n '__mltrain_using logs' -s f -l follow -d 'Keep printing new lines until the run ends'
 complete -c mltrain -n '__mltrain_using logs' -s r -l rank -x -d 'Only these ranks, e.g. 0,3-5'
 complete -c mltrain -n '__mltrain_using logs' -s g -l grep -x -d 'Only lines matching this regular expression'

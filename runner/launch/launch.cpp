@@ -206,6 +206,7 @@ spec::JobSpec resolve_spec(const JobRequest& req) {
     s = spec::from_command(*req.command, profile);
   }
   apply_overrides(s, req.overrides, req.environ ? *req.environ : plan::current_environ());
+  if (req.rerun) detail::adapt_for_rerun(s, *req.rerun, req.environ ? *req.environ : plan::current_environ());
   // exec's one word with more than a program name in it is a command line for the host's shell,
   // as ssh and pdsh run one ('cd ~/proj && git pull').
   if (req.exec && !s.run.command && s.run.argv.size() == 1 &&

@@ -60,7 +60,21 @@ struct JobRequest {
   // The launcher's side of the plan; unset: this process's environment and working directory.
   std::optional<std::map<std::string, std::string>> environ;
   std::optional<std::string> cwd;
+  // `mltrain rerun`: the recorded run this one repeats, its code restored from the code store.
+  struct Rerun {
+    std::string of;          // the run's id
+    std::string tree;        // its code, restored: synced in place of the project's folder
+    std::string root;        // the folder it was synced from
+    std::string git_commit;  // what it recorded
+  };
+  std::optional<Rerun> rerun;
 };
+
+// A request for `mltrain rerun RUN`: the run's code restored from the code store (once, under
+// <state home>/reruns/<run>) and its recorded spec, with `req`'s flags over them. Secrets are
+// taken from this environment again (resolve_spec refuses a missing one). Throws mltrain::Error
+// when the run kept no code.
+JobRequest rerun_request(const std::string& run_query, JobRequest req);
 
 // The spec a request asks for: loaded (or made from the command) and overridden by its flags;
 // each flag that replaces a key is recorded in the spec's origins.

@@ -336,10 +336,10 @@ records::CodeSummary keep_code(const spec::JobSpec& s, const JobRequest& req, co
                        sp.tree.sources[i]});
   }
   records::CodeOptions o;
-  o.root = sp.src;
+  o.root = req.rerun ? req.rerun->root : sp.src;  // a rerun's tree is the run's, restored
   o.max_bytes = s.record.code_max;
   o.secrets = secret_values(s, req);
-  o.git = !rec.git_commit.empty();
+  o.git = !rec.git_commit.empty() && !req.rerun;
   try {
     return records::keep_code(rec.id, entries, o);
   } catch (const Error& e) {
@@ -360,6 +360,7 @@ records::RunRecord first_record(const spec::JobSpec& s, const plan::Plan& p, con
     if (const std::string* id = knobs::slurm_job_id.in(env)) rec.slurm_job_id = *id;
   }
   if (sp) rec.git_commit = git_commit(sp->src);
+  if (req.rerun) rec.rerun_of = req.rerun->of, rec.git_commit = req.rerun->git_commit;
   rec.kind = req.exec ? "exec" : "run";
   if (sp && s.record.code && !req.exec) rec.code = keep_code(s, req, *sp, rec);
   // `ssh` and `cp` reach the hosts again the way this run did, however it was given its config.

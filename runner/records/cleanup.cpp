@@ -45,6 +45,7 @@ unsigned long long remove_one(const std::string& id) {
   const std::string dir = run_dir(id);
   unsigned long long bytes = folder_bytes(dir);
   std::error_code ec;
+  fs::remove_all(reruns_dir() + "/" + id, ec);  // the tree `rerun` restored from it, if any
   fs::remove_all(dir, ec);
   if (ec)
     throw Error("cannot remove " + dir + ": " + ec.message(), "check the folder's permissions",

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -41,6 +42,10 @@ struct Fd {
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
   Fd(Fd&& o) noexcept : fd(o.fd) { o.fd = -1; }
+  Fd& operator=(Fd&& o) noexcept {
+    std::swap(fd, o.fd);
+    return *this;
+  }
   ~Fd() {
     if (fd >= 0) ::close(fd);
   }
@@ -279,6 +284,7 @@ void each_name(int fd, F&& f) {
 }  // namespace
 
 std::string code_store_dir() { return state_home() + "/code"; }
+std::string reruns_dir() { return state_home() + "/reruns"; }
 
 CodeSummary keep_code(const std::string& run_id, const std::vector<CodeEntry>& entries,
                       const CodeOptions& o) {
@@ -314,6 +320,135 @@ CodeSummary keep_code(const std::string& run_id, const std::vector<CodeEntry>& e
   write_in_run(run_id, "code.json", manifest_json(entries, s, o.root, withheld).dump());
   if (s.dirty) write_in_run(run_id, "code.diff", diff);
   return s;
+}
+
+namespace {
+
+// A path of the manifest as parts: relative, no empty, "." or ".." part.
+std::optional<std::vector<std::string>> parts_of(const std::string& path) {
+  std::vector<std::string> parts = text::split(path, '/');
+  if (path.empty() || parts.empty()) return std::nullopt;
+  for (const auto& p : parts)
+    if (p.empty() || p == "." || p == "..") return std::nullopt;
+  return parts;
+}
+
+// The folder holding `parts`' last part, opened below `root` without following a link.
+Fd open_parent(int root, const std::vector<std::string>& parts) {
+  Fd at(::dup(root));
+  for (size_t i = 0; i + 1 < parts.size() && at.fd >= 0; ++i) at = open_dir_at(at.fd, parts[i].c_str());
+  return at;
+}
+
+[[noreturn]] void damaged(const std::string& run_id, const std::string& path, const std::string& why) {
+  throw Error(
+      "run " + run_id + ": the code store's copy of " + path + " " + why,
+      "the store under " + code_store_dir() + " was changed by hand; the run's code cannot be restored",
+      exit_code::state);
+}
+
+// Writes one kept content into a new file, checking it against its hash and size.
+void restore_file(const std::string& run_id, const json& e, int parent, const std::string& leaf,
+                  ZSTD_DCtx* dctx) {
+  const std::string path = e[0].get<std::string>(), hash = e[4].get<std::string>();
+  if (!is_hash(hash)) damaged(run_id, path, "has no valid hash in code.json");
+  const std::string object = objects_dir() + "/" + hash.substr(0, 2) + "/" + hash.substr(2);
+  Fd in(::open(object.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (in.fd < 0) damaged(run_id, path, "is missing (" + object + ")");
+  Fd out(::openat(parent, leaf.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (out.fd < 0) throw Error(sys_error_text("create", path, errno), {}, exit_code::state);
+  XXH3_state_t* st3 = XXH3_createState();
+  XXH3_128bits_reset(st3);
+  ZSTD_DCtx_reset(dctx, ZSTD_reset_session_only);
+  std::string packed(ZSTD_DStreamInSize(), '\0'), raw(ZSTD_DStreamOutSize(), '\0');
+  uint64_t total = 0;
+  bool ok = true;
+  for (ssize_t n; ok && (n = ::read(in.fd, packed.data(), packed.size())) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    ok = n > 0;
+    ZSTD_inBuffer ib{packed.data(), ok ? size_t(n) : 0, 0};
+    while (ok && ib.pos < ib.size) {
+      ZSTD_outBuffer ob{raw.data(), raw.size(), 0};
+      ok = !ZSTD_isError(ZSTD_decompressStream(dctx, &ob, &ib));
+      XXH3_128bits_update(st3, raw.data(), ob.pos);
+      total += ob.pos;
+      ok = ok && (ob.pos == 0 || ::write(out.fd, raw.data(), ob.pos) == ssize_t(ob.pos));
+    }
+  }
+  const std::string got = sync::hex(sync::canonical(XXH3_128bits_digest(st3)));
+  XXH3_freeState(st3);
+  if (!ok || got != hash || total != e[3].get<uint64_t>()) damaged(run_id, path, "does not match its hash");
+  ::fchmod(out.fd, mode_t(e[2].get<uint32_t>() & 07777));
+}
+
+}  // namespace
+
+Restored restore_code(const std::string& run_id, const std::string& dest) {
+  const std::string path = run_dir(run_id) + "/code.json";
+  FILE* f = std::fopen(path.c_str(), "re");
+  if (!f)
+    throw Error("run " + run_id + " kept no code",
+                "a run keeps the code it ran when it syncs it ([sync], and [record] code not false; "
+                "docs/records.md)");
+  json j = json::parse(f, nullptr, false);
+  std::fclose(f);
+  if (j.is_discarded() || !j.contains("entries") || !j["entries"].is_array())
+    throw Error(path + " cannot be read", "the run's record was changed by hand", exit_code::state);
+  if (!j.value("kept", false))
+    throw Error("run " + run_id + " kept only its code's manifest: " + j.value("skipped", std::string()),
+                "raise [record] code_max for runs to come (docs/records.md)");
+  Restored r;
+  r.root = j.value("root", std::string());
+  std::set<std::string> held;
+  for (const auto& w : j.value("withheld", json::array()))
+    if (w.is_object() && w.contains("path") && w["path"].is_string())
+      held.insert(w["path"].get<std::string>());
+  if (::mkdir(dest.c_str(), 0700) != 0)
+    throw Error(sys_error_text("mkdir", dest, errno), {}, exit_code::state);
+  Fd root(::open(dest.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (root.fd < 0) throw Error(sys_error_text("open", dest, errno), {}, exit_code::state);
+  ZSTD_DCtx* dctx = ZSTD_createDCtx();
+  std::vector<std::pair<std::string, uint32_t>> dir_modes;  // set last: a read-only folder is filled first
+  try {
+    for (const auto& e : j["entries"]) {
+      if (!e.is_array() || e.size() < 6 || !e[0].is_string() || !e[1].is_number() || !e[2].is_number() ||
+          !e[3].is_number() || !e[4].is_string() || !e[5].is_string())
+        throw Error(path + " has a malformed entry", "the run's record was changed by hand",
+                    exit_code::state);
+      const std::string p = e[0].get<std::string>();
+      auto parts = parts_of(p);
+      if (!parts)
+        throw Error(path + " names a path outside the tree: " + text::excerpt(p), {}, exit_code::state);
+      Fd parent = open_parent(root.fd, *parts);
+      if (parent.fd < 0) throw Error(sys_error_text("open the folder of", p, errno), {}, exit_code::state);
+      const std::string& leaf = parts->back();
+      const uint32_t kind = e[1].get<uint32_t>();
+      if (kind == CodeEntry::dir) {
+        if (::mkdirat(parent.fd, leaf.c_str(), 0700) != 0 && errno != EEXIST)
+          throw Error(sys_error_text("mkdir", p, errno), {}, exit_code::state);
+        dir_modes.emplace_back(p, e[2].get<uint32_t>());
+      } else if (kind == CodeEntry::symlink) {
+        if (::symlinkat(e[5].get<std::string>().c_str(), parent.fd, leaf.c_str()) != 0)
+          throw Error(sys_error_text("symlink", p, errno), {}, exit_code::state);
+      } else if (held.count(p)) {
+        r.withheld.push_back(p);
+      } else {
+        restore_file(run_id, e, parent.fd, leaf, dctx);
+        ++r.files;
+      }
+    }
+  } catch (...) {
+    ZSTD_freeDCtx(dctx);
+    throw;
+  }
+  ZSTD_freeDCtx(dctx);
+  for (auto it = dir_modes.rbegin(); it != dir_modes.rend(); ++it) {
+    auto parts = parts_of(it->first);
+    Fd parent = open_parent(root.fd, *parts);
+    Fd dir = parent.fd < 0 ? Fd() : open_dir_at(parent.fd, parts->back().c_str());
+    if (dir.fd >= 0) ::fchmod(dir.fd, mode_t(it->second & 07777) | 0700);
+  }
+  return r;
 }
 
 uint64_t sweep_code_store() {

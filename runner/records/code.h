@@ -42,11 +42,25 @@ struct CodeSummary {
 
 // The store's folder: <state home>/code.
 std::string code_store_dir();
+// Where `rerun` keeps each run's restored tree: <state home>/reruns/<run>.
+std::string reruns_dir();
 
 // Writes the run's code.json (and code.diff) and keeps every file's content the store does not
 // hold yet. Never throws for a file it cannot keep: it is withheld and named in code.json.
 // Throws mltrain::Error when the run's folder or the store cannot be written.
 CodeSummary keep_code(const std::string& run_id, const std::vector<CodeEntry>& entries, const CodeOptions& o);
+
+// What restore_code made.
+struct Restored {
+  std::string root;  // the folder the run's code.json says the tree came from
+  uint64_t files = 0;
+  std::vector<std::string> withheld;  // files the store never kept (code.json says why)
+};
+
+// Writes the tree a run ran into `dest` (a new folder, created here; it must not exist): its
+// folders, links and files from the store, each checked against its hash. Throws mltrain::Error
+// when the run kept no code, or a content is missing or damaged.
+Restored restore_code(const std::string& run_id, const std::string& dest);
 
 // Removes every content of the store that no run's code.json names. Returns the bytes freed.
 uint64_t sweep_code_store();

@@ -83,6 +83,7 @@ RunRecord from_json(const json& j) {
   r.kind = get<std::string>(j, "kind", "run");
   r.ssh_config = get<std::string>(j, "ssh_config", "");
   r.log_prefix = get<std::string>(j, "log_prefix", "[{rank}]");
+  r.rerun_of = get<std::string>(j, "rerun_of", "");
   for (const auto& h : get(j, "hosts", json::array()))
     r.hosts.push_back(
         {get<std::string>(h, "name", ""), get<std::string>(h, "address", ""), get(h, "node_rank", 0),
@@ -203,6 +204,7 @@ json to_json_value(const RunRecord& r) {
       {"kind", r.kind},
       {"ssh_config", or_null(r.ssh_config)},
       {"log_prefix", r.log_prefix},
+      {"rerun_of", or_null(r.rerun_of)},
       {"hosts", hosts},
       {"ranks", ranks},
       {"ps_servers", r.ps_servers.empty() ? json(nullptr) : ps},

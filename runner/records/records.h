@@ -90,7 +90,8 @@ struct RunRecord {
   std::vector<PsServerRecord> ps_servers;  // PS mode: in server order
   std::optional<Failure> failure;
   std::optional<PullRecord> pull;
-  CodeSummary code;  // the code it ran (code.json in its folder), when recorded
+  std::string rerun_of;  // `mltrain rerun`: the run this one repeats
+  CodeSummary code;      // the code it ran (code.json in its folder), when recorded
   // The live console's line prefix template ("[{host}:{rank}]", "[{rank}]", "" for none), so
   // `logs` prefixes lines the same way. Records written before it: "[{rank}]".
   std::string log_prefix = "[{rank}]";

@@ -370,6 +370,7 @@ void print_show(const std::string& query, bool json) {
   if (r.status == "lost" && r.duration_s > 0)
     std::printf("ran        at least %s (its last output; the end was never recorded)\n",
                 duration_of(r).c_str());
+  if (!r.rerun_of.empty()) std::printf("rerun of   %s\n", t(r.rerun_of));
   if (!r.spec_file.empty()) std::printf("spec       %s\n", t(r.spec_file));
   std::vector<std::string> argv;
   for (const auto& a : r.argv) argv.push_back(text::shell_quote(a));

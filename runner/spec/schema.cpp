@@ -454,6 +454,7 @@ std::vector<Key> cluster_keys() {
        .type = Type::custom,
        .member = member<&S::cluster, &ClusterSection::hosts>(),
        .doc = "host-list items, as in -H (docs/hostfile.md); replaces hostfile",
+       .emit = Emit::unless_default,  // none is this machine; an empty list is refused on load
        .shown = "string or array of strings",
        .read = read_hosts},
       {.section = "cluster",

@@ -152,7 +152,7 @@ def test_bash_completes(scripts, env):
         "mltrain -",
         "mltrain ls -",
     ])
-    assert got["mltrain r"] == ["rm", "run"]
+    assert got["mltrain r"] == ["rerun", "rm", "run"]
     assert got["mltrain "] == commands()
     assert got["mltrain run --ma"] == ["--master-port", "--max-restarts"]
     assert got["mltrain completions "] == ["bash", "fish", "zsh"]
@@ -205,7 +205,7 @@ def test_bash_with_bash_completion(scripts, env):
     e, work = env
     got = bash_complete(scripts["bash"], e, work, ["mltrain r", "mltrain logs ", "mltrain run -n 2 -- cat no"],
                         preamble=f"source {main}\n")
-    assert got["mltrain r"] == ["rm", "run"]
+    assert got["mltrain r"] == ["rerun", "rm", "run"]
     assert got["mltrain logs "] == sorted(RUN_IDS + ["latest"])
     assert got["mltrain run -n 2 -- cat no"] == ["notes.txt"]
 
@@ -290,7 +290,7 @@ def test_zsh_loads_and_completes(scripts, env, tmp_path):
         elif o.startswith("<hits>"):
             got[case] |= set(o[len("<hits>"):-len("</hits>")].split())
     assert list(got) == lines, r.stdout
-    assert got["mltrain r"] == {"rm", "run"}
+    assert got["mltrain r"] == {"rerun", "rm", "run"}
     assert got["mltrain run --max"] == {"--max-restarts"}
     assert got["mltrain completions "] == {"bash", "zsh", "fish"}
     assert got["mltrain logs "] == set(RUN_IDS) | {"latest"}

@@ -205,3 +205,31 @@ def test_cp_and_ssh_reach_a_rank_in_its_synced_folder(mh, cluster, tmp_path):  #
     c = mh.ml("ssh", "latest", "-r", "3", *mh.args(), "--", 'echo "$(hostname) $(pwd)"', timeout=60)
     assert c.returncode == 0, c.stderr
     assert c.stdout.strip() == "h4 /home/mltest/.cache/mltrain/work/" + synced(cluster, "h4", "jobcp").name, c.stdout
+
+
+def test_rerun_runs_its_run_s_code_on_every_host_after_the_project_changed_and_is_gone(mh, cluster):  # noqa: F811
+    import shutil
+    p = project(mh.shared, "again", "./train.sh")
+    r = run(mh, p / "job.toml")
+    assert r.returncode == 0, r.stderr
+    a = mh.show()["id"]
+    (p / "src" / "model.py").write_text("VERSION = 2\n")
+    (p / "src" / "data.txt").unlink()
+    r = run(mh, p / "job.toml")
+    assert r.returncode == 0 and r.stdout.count("VERSION = 2") == 4, r.stdout
+    for h in HOSTS:
+        assert not (synced(cluster, h, "again") / "src" / "data.txt").exists()
+
+    def rerun_prints_version_1():
+        # The recorded spec keeps the hosts (-H) and the ssh config: rerun needs nothing more.
+        r = mh.ml("rerun", a, timeout=120)
+        assert r.returncode == 0, r.stderr
+        for k, h in enumerate(HOSTS):
+            assert f"train on {h} rank {k}: VERSION = 1" in r.stdout, r.stdout
+        assert mh.show()["rerun_of"] == a
+        for h in HOSTS:  # the deleted file is back where the run's ranks ran
+            assert (synced(cluster, h, "again") / "src" / "data.txt").read_text() == "keep me\n" * 100
+
+    rerun_prints_version_1()
+    shutil.rmtree(p)
+    rerun_prints_version_1()

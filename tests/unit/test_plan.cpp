@@ -38,6 +38,19 @@ spec::JobSpec job() {
 
 }  // namespace
 
+TEST_CASE("plan: a recorded spec plans as the spec it came from (what rerun runs)") {
+  TempDir d;
+  auto s = spec::load_file(d.write("job.toml", "[run]\ncommand = 'x'\n[cluster]\nnprocs = 2\n"));
+  auto again = spec::load_file(d.write("again.toml", spec::to_toml(s)));  // no host: this machine
+  auto p = plan::make_plan(again, inputs());
+  REQUIRE(p.ranks.size() == 2);
+  CHECK(p.hosts.size() == 1);
+  auto two =
+      spec::load_file(d.write("two.toml", "[run]\ncommand = 'x'\n[cluster]\nhosts = ['a:1', 'b:1']\n"));
+  auto back = spec::load_file(d.write("back.toml", spec::to_toml(two)));
+  CHECK(plan::make_plan(back, inputs()).hosts.size() == 2);
+}
+
 TEST_CASE("plan: -n on localhost") {
   auto s = job();
   s.cluster.nprocs = 4;

@@ -329,6 +329,15 @@ TEST_CASE("spec: to_toml round-trips through load_file") {
   CHECK(again.run.argv == s.run.argv);
   CHECK(again.run.max_restarts == 3);
   CHECK(again.run.env == s.run.env);
+  // A recorded spec is what `mltrain rerun` runs: it must pass the checks a run makes, too.
+  CHECK_NOTHROW(spec::check(again));
+  auto synced = spec::load_file(
+      d.write("sync.toml", "[run]\ncommand = 'x'\n[sync]\nexclude = ['*.log']\n[record]\ncode_max = '5M'\n"));
+  auto back = spec::load_file(d.write("back.toml", spec::to_toml(synced)));
+  CHECK_NOTHROW(spec::check(back));
+  CHECK(back.sync.enabled);
+  CHECK(back.record.code_max == 5u << 20);
+  CHECK(spec::to_toml(back) == spec::to_toml(synced));
 }
 
 TEST_CASE("spec: [ps] makes the job PS mode and loads every key") {

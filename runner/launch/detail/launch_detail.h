@@ -49,6 +49,11 @@ std::optional<SyncPlan> plan_sync(const spec::JobSpec& s, const JobRequest& req)
 // The hosts' folder when [sync] names none: ~/.cache/mltrain/work/<folder>-<8 hex>, the hex a
 // hash of user@machine:<src>, so each project (and each user's copy of it) has its own.
 std::string project_work_dir(const std::string& src);
+
+// `rerun`: the recorded spec made to sync the restored tree into the project's folder on the
+// hosts, each secret of [run.env] ("<secret>" in the record) taken from `environ`.
+void adapt_for_rerun(spec::JobSpec& s, const JobRequest::Rerun& r,
+                     const std::map<std::string, std::string>& environ);
 // The local and the hosts' folder of the spec's [sync], without listing the tree (for --no-sync,
 // whose ranks run in the folder the last sync made).
 SyncPlan sync_folders(const spec::JobSpec& s, const JobRequest& req);
