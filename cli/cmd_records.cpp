@@ -101,6 +101,20 @@ void register_show(CLI::App& app, Global&, std::function<int()>& handler) {
   });
 }
 
+void register_diff(CLI::App& app, Global&, std::function<int()>& handler) {
+  static std::string a, b;
+  static bool json = false;
+  auto* c = app.add_subcommand("diff", "What changed between two runs: record, spec and code");
+  c->add_option("a", a, "A run id, a unique part of it, or 'latest'")->required()->each(no_empty_run_id);
+  c->add_option("b", b, "The other run")->required()->each(no_empty_run_id);
+  c->add_flag("--json", json, "Print the comparison as one JSON document (docs/json.md)");
+  c->footer(
+      "Rows that differ are marked *. The spec is compared as recorded; the code from what each run kept\n"
+      "(docs/records.md): files changed, added and removed, and a unified diff of the text files.\n"
+      "Example:\n  mltrain diff 20261129-141502-hello-3fa2 latest");
+  c->callback([&] { handler = [&] { return records::print_diff(a, b, json, ::isatty(1) == 1); }; });
+}
+
 void register_stop(CLI::App& app, Global&, std::function<int()>& handler) {
   static std::string id;
   auto* c = app.add_subcommand(

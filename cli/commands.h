@@ -35,6 +35,7 @@ void register_completions(CLI::App& app, Global& g, std::function<int()>& handle
 void register_doctor(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_queue(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_rerun(CLI::App& app, Global& g, std::function<int()>& handler);
+void register_diff(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_bench(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_knobs(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_exec(CLI::App& app, Global& g, std::function<int()>& handler);

@@ -62,7 +62,7 @@ _mltrain() {
     cur=${words[cword]}
     prev=${words[cword - 1]}
 
-    local cmds="run validate logs ls show stop rm gc completions knobs doctor bench top exec ssh cp export sbatch queue rerun"
+    local cmds="run validate logs ls show stop rm gc completions knobs doctor bench top exec ssh cp export sbatch queue rerun diff"
     local global_opts="-v --verbose --color"
     local job_opts="-n --nprocs --procs-per-host --oversubscribe --queue --hostfile -H --hosts --include --exclude -e --env -x
         --master-port --max-restarts --timeout --grace-period --profile --name --workdir"
@@ -168,7 +168,7 @@ _mltrain() {
             rerun) flags="$job_opts --ranks --no-prefix --timestamps --dry-run --json -d --detach -h --help $global_opts" ;;
             validate) flags="$job_opts --json -h --help $global_opts" ;;
             logs) flags="-f --follow -r --rank -g --grep -t --tail --no-prefix --by-rank -h --help $global_opts" ;;
-            ls | show | knobs) flags="--json -h --help $global_opts" ;;
+            ls | show | knobs | diff) flags="--json -h --help $global_opts" ;;
             stop | completions) flags="-h --help $global_opts" ;;
             *) flags="-h --help" ;;
         esac
@@ -189,6 +189,9 @@ _mltrain() {
             ;;
         logs | show | stop | rerun)
             ((npos == 0)) && _mltrain_run_ids "$cur"
+            ;;
+        diff)
+            ((npos < 2)) && _mltrain_run_ids "$cur"
             ;;
         completions)
             ((npos == 0)) && COMPREPLY=($(compgen -W "bash zsh fish" -- "$cur"))

@@ -115,6 +115,7 @@ complete -c mltrain -n __mltrain_no_subcommand -a export -d "Print a job as a Ku
 complete -c mltrain -n __mltrain_no_subcommand -a sbatch -d "Submit a job to Slurm"
 complete -c mltrain -n __mltrain_no_subcommand -a queue -d "Who holds which GPUs on the hosts, and which jobs wait for them"
 complete -c mltrain -n __mltrain_no_subcommand -a rerun -d "Run a recorded run again: the same code, spec and hosts"
+complete -c mltrain -n __mltrain_no_subcommand -a diff -d "What changed between two runs: record, spec and code"
 
 # Global options (mltrain also takes them after the subcommand).
 complete -c mltrain -n 'not __mltrain_after_dashdash' -s h -l help -d 'Print help and exit'
@@ -153,13 +154,14 @@ complete -c mltrain -n '__mltrain_using run' -l stdin-rank -x -d 'Forward stdin 
 
 # logs, ls, show, stop.
 complete -c mltrain -n '__mltrain_using logs show stop rerun; and __mltrain_no_positional' -k -a '(__mltrain_run_ids)' -d 'Run id'
+complete -c mltrain -n '__mltrain_using diff' -k -a '(__mltrain_run_ids)' -d 'Run id'
 complete -c mltrain -n '__mltrain_using logs' -s f -l follow -d 'Keep printing new lines until the run ends'
 complete -c mltrain -n '__mltrain_using logs' -s r -l rank -x -d 'Only these ranks, e.g. 0,3-5'
 complete -c mltrain -n '__mltrain_using logs' -s g -l grep -x -d 'Only lines matching this regular expression'
 complete -c mltrain -n '__mltrain_using logs' -s t -l tail -x -d 'Only the last N lines of each rank'
 complete -c mltrain -n '__mltrain_using logs' -l no-prefix -d 'Print lines without the [rank] prefix'
 complete -c mltrain -n '__mltrain_using logs' -l by-rank -d 'Each rank'\''s lines together, rank by rank'
-complete -c mltrain -n '__mltrain_using ls show knobs' -l json -d 'Print as JSON'
+complete -c mltrain -n '__mltrain_using ls show knobs diff' -l json -d 'Print as JSON'
 
 # completions.
 complete -c mltrain -n '__mltrain_using completions; and __mltrain_no_positional' -a 'bash zsh fish' -d 'Shell'

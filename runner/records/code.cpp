@@ -451,6 +451,53 @@ Restored restore_code(const std::string& run_id, const std::string& dest) {
   return r;
 }
 
+std::optional<Manifest> code_manifest(const std::string& run_id) {
+  FILE* f = std::fopen((run_dir(run_id) + "/code.json").c_str(), "re");
+  if (!f) return std::nullopt;
+  json j = json::parse(f, nullptr, false);
+  std::fclose(f);
+  if (j.is_discarded() || !j.contains("entries") || !j["entries"].is_array()) return std::nullopt;
+  Manifest m;
+  m.kept = j.value("kept", false);
+  for (const auto& e : j["entries"]) {
+    if (!e.is_array() || e.size() < 6 || !e[0].is_string() || !e[1].is_number() || !e[2].is_number() ||
+        !e[3].is_number() || !e[4].is_string() || !e[5].is_string())
+      continue;
+    CodeEntry c;
+    c.path = e[0].get<std::string>(), c.kind = e[1].get<uint32_t>(), c.mode = e[2].get<uint32_t>();
+    c.size = e[3].get<uint64_t>(), c.hash = e[4].get<std::string>(), c.target = e[5].get<std::string>();
+    m.entries.push_back(std::move(c));
+  }
+  for (const auto& w : j.value("withheld", json::array()))
+    if (w.is_object() && w.contains("path") && w["path"].is_string())
+      m.withheld.push_back(w["path"].get<std::string>());
+  return m;
+}
+
+std::optional<std::string> stored_content(const std::string& hash, uint64_t max) {
+  if (!is_hash(hash)) return std::nullopt;
+  const std::string object = objects_dir() + "/" + hash.substr(0, 2) + "/" + hash.substr(2);
+  Fd in(::open(object.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (in.fd < 0) return std::nullopt;
+  ZSTD_DCtx* dctx = ZSTD_createDCtx();
+  std::string packed(ZSTD_DStreamInSize(), '\0'), raw(ZSTD_DStreamOutSize(), '\0'), out;
+  bool ok = true;
+  for (ssize_t n; ok && (n = ::read(in.fd, packed.data(), packed.size())) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    ok = n > 0;
+    ZSTD_inBuffer ib{packed.data(), ok ? size_t(n) : 0, 0};
+    while (ok && ib.pos < ib.size) {
+      ZSTD_outBuffer ob{raw.data(), raw.size(), 0};
+      ok = !ZSTD_isError(ZSTD_decompressStream(dctx, &ob, &ib));
+      out.append(raw.data(), ob.pos);
+      ok = ok && out.size() <= max;
+    }
+  }
+  ZSTD_freeDCtx(dctx);
+  if (!ok) return std::nullopt;
+  return out;
+}
+
 uint64_t sweep_code_store() {
   struct stat st {};
   if (::stat(objects_dir().c_str(), &st) != 0) return 0;  // no store: nothing to do

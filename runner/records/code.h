@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,17 @@ std::string reruns_dir();
 // hold yet. Never throws for a file it cannot keep: it is withheld and named in code.json.
 // Throws mltrain::Error when the run's folder or the store cannot be written.
 CodeSummary keep_code(const std::string& run_id, const std::vector<CodeEntry>& entries, const CodeOptions& o);
+
+// The entries of a run's code.json (nullopt when the run has none) and the paths it withheld.
+struct Manifest {
+  std::vector<CodeEntry> entries;
+  std::vector<std::string> withheld;
+  bool kept = false;
+};
+std::optional<Manifest> code_manifest(const std::string& run_id);
+
+// A file's content as the store keeps it, when it is there and at most `max` bytes.
+std::optional<std::string> stored_content(const std::string& hash, uint64_t max);
 
 // What restore_code made.
 struct Restored {

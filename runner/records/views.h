@@ -25,6 +25,9 @@ struct LogsOptions {
 int print_logs(const LogsOptions& o);
 void print_list(bool json);
 void print_show(const std::string& id, bool json);
+// `mltrain diff A B`: the two records side by side (differing rows marked *), the spec's and the
+// code's unified diffs (from the code store); with as_json one document (docs/json.md, "diff").
+int print_diff(const std::string& a, const std::string& b, bool as_json, bool terminal);
 // Asks the run's launcher to stop (SIGTERM) and waits for it to finish. Returns the exit code.
 int stop_run(const std::string& id);
 

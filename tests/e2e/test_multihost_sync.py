@@ -219,6 +219,10 @@ def test_rerun_runs_its_run_s_code_on_every_host_after_the_project_changed_and_i
     assert r.returncode == 0 and r.stdout.count("VERSION = 2") == 4, r.stdout
     for h in HOSTS:
         assert not (synced(cluster, h, "again") / "src" / "data.txt").exists()
+    b = mh.show()["id"]
+    d = mh.ml("diff", a, b)
+    assert d.returncode == 0, d.stderr
+    assert "-VERSION = 1\n+VERSION = 2" in d.stdout and "  removed  src/data.txt" in d.stdout, d.stdout
 
     def rerun_prints_version_1():
         # The recorded spec keeps the hosts (-H) and the ssh config: rerun needs nothing more.

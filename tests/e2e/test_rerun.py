@@ -93,3 +93,41 @@ def test_rerun_with_flags_and_of_runs_that_kept_no_code(ml):
     assert r.returncode != 0 and "kept no code" in r.stderr and "[sync]" in r.stderr, r.stderr
     r = ml("rerun", a, "--", "echo", "other")
     assert r.returncode == 2 and "takes none after '--'" in r.stderr, r.stderr
+
+
+def test_diff_shows_what_changed_between_two_runs_record_spec_and_code(ml):
+    p = project(ml)
+    (p / "logo.bin").write_bytes(b"\x00\x01binary")
+    assert ml("run", p / "job.toml", timeout=60).returncode == 0
+    a = ml.run_dirs()[-1].name
+    (p / "train.py").write_text("print('version 2')\n")
+    (p / "data" / "util.txt").unlink()
+    (p / "new.py").write_text("NEW = 1\n")
+    (p / "logo.bin").write_bytes(b"\x00\x02binary")
+    before = set(ml.run_dirs())
+    assert ml("run", p / "job.toml", "-n", "3", timeout=60).returncode == 0
+    b = added_run(ml, before).name
+
+    r = ml("diff", a, b)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "* ranks      2" in out and out.count(" 3\n") >= 1, out
+    assert "  name       again" in out and "=" in out, out  # the same on both sides
+    assert "spec: changed" in out and "-nprocs = 2" in out and "+nprocs = 3" in out, out
+    assert "code: 2 changed, 1 added, 1 removed" in out, out
+    assert "  changed  train.py" in out and "  removed  data/util.txt" in out and "  added    new.py" in out, out
+    assert "-print('version 1')\n+print('version 2')" in out, out  # the changed line, unified
+    assert "--- a/data/util.txt" in out and "-util here" in out, out  # the deleted file's lines
+    assert "Binary or large files a/logo.bin and b/logo.bin differ" in out, out
+
+    doc = json.loads(ml("diff", "--json", a, b).stdout)
+    assert doc["schema"] == 1 and doc["a"] == a and doc["b"] == b
+    assert doc["fields"]["ranks"] == {"a": "2", "b": "3", "same": False}
+    assert doc["code"]["removed"] == ["data/util.txt"] and doc["code"]["added"] == ["new.py"]
+    assert sorted(doc["code"]["changed"]) == ["logo.bin", "train.py"] and "+print('version 2')" in doc["code"]["diff"]
+
+    same = ml("diff", a, a).stdout
+    assert "spec: the same" in same and "code: the same" in same and "*" not in same, same
+    assert ml("run", "-n", "1", "--", "true").returncode == 0
+    r = ml("diff", a, "latest")
+    assert r.returncode == 0 and "code: not compared: run " in r.stdout and "kept no code" in r.stdout, r.stdout
