@@ -32,8 +32,8 @@ launch::JobRequest request(const RunFlags& f, const Global& g) {
   return r;
 }
 
-int do_run(const RunFlags& f, const Global& g) {
-  launch::JobRequest req = request(f, g);
+// Runs (or with --dry-run plans) a request as `run` and `rerun` do; returns the exit code.
+int run_request(const launch::JobRequest& req, const RunFlags& f) {
   if (f.dry_run) {
     plan::Plan p = launch::dry_run(req);
     if (f.json)
@@ -57,6 +57,8 @@ int do_run(const RunFlags& f, const Global& g) {
   return r.exit_code;
 }
 
+int do_run(const RunFlags& f, const Global& g) { return run_request(request(f, g), f); }
+
 int do_rerun(const RunFlags& f, const Global& g) {
   if (g.has_trailing)
     throw Error("mltrain rerun runs the recorded command; it takes none after '--'",
@@ -66,18 +68,7 @@ int do_rerun(const RunFlags& f, const Global& g) {
                 "e.g. mltrain rerun 20261129-141502-hello-3fa2 ('mltrain ls' lists them)", exit_code::usage);
   RunFlags spec_flags = f;
   spec_flags.positional.clear();
-  launch::JobRequest req = launch::rerun_request(f.positional[0], request(spec_flags, g));
-  if (f.dry_run) {
-    plan::Plan p = launch::dry_run(req);
-    if (f.json)
-      std::printf("%s\n", records::plan_to_json(p).c_str());
-    else
-      std::fputs((launch::describe_plan(p) + launch::describe_sync(req)).c_str(), stdout);
-    return 0;
-  }
-  launch::RunResult r = launch::run(req);
-  if (r.detached) std::printf("%s\n", r.run_id.c_str());
-  return r.exit_code;
+  return run_request(launch::rerun_request(f.positional[0], request(spec_flags, g)), f);
 }
 
 int do_validate(const RunFlags& f, const Global& g) {

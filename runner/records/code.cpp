@@ -160,6 +160,31 @@ Kept keep_file(int objects, const CodeEntry& e, const std::vector<std::string>& 
   return result;
 }
 
+std::string object_path(const std::string& hash) {
+  return objects_dir() + "/" + hash.substr(0, 2) + "/" + hash.substr(2);
+}
+
+// Streams the content of the store's frame open at `fd` to `take` (false: stop). False when the
+// frame is damaged or cut short, or `take` stopped.
+template <class Take>
+bool unpack(int fd, ZSTD_DCtx* dctx, Take&& take) {
+  ZSTD_DCtx_reset(dctx, ZSTD_reset_session_only);
+  std::string packed(ZSTD_DStreamInSize(), '\0'), raw(ZSTD_DStreamOutSize(), '\0');
+  bool ok = true;
+  size_t left = 1;  // 0 once a whole frame is in
+  for (ssize_t n; ok && (n = ::read(fd, packed.data(), packed.size())) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    ok = n > 0;
+    ZSTD_inBuffer ib{packed.data(), ok ? size_t(n) : 0, 0};
+    while (ok && ib.pos < ib.size) {
+      ZSTD_outBuffer ob{raw.data(), raw.size(), 0};
+      left = ZSTD_decompressStream(dctx, &ob, &ib);
+      ok = !ZSTD_isError(left) && take(std::string_view(raw.data(), ob.pos));
+    }
+  }
+  return ok && left == 0;
+}
+
 std::string redacted(std::string text, const std::vector<std::string>& secrets) {
   for (const auto& s : secrets) {
     if (s.size() < kMinSecret) continue;
@@ -352,29 +377,19 @@ void restore_file(const std::string& run_id, const json& e, int parent, const st
                   ZSTD_DCtx* dctx) {
   const std::string path = e[0].get<std::string>(), hash = e[4].get<std::string>();
   if (!is_hash(hash)) damaged(run_id, path, "has no valid hash in code.json");
-  const std::string object = objects_dir() + "/" + hash.substr(0, 2) + "/" + hash.substr(2);
+  const std::string object = object_path(hash);
   Fd in(::open(object.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   if (in.fd < 0) damaged(run_id, path, "is missing (" + object + ")");
   Fd out(::openat(parent, leaf.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (out.fd < 0) throw Error(sys_error_text("create", path, errno), {}, exit_code::state);
   XXH3_state_t* st3 = XXH3_createState();
   XXH3_128bits_reset(st3);
-  ZSTD_DCtx_reset(dctx, ZSTD_reset_session_only);
-  std::string packed(ZSTD_DStreamInSize(), '\0'), raw(ZSTD_DStreamOutSize(), '\0');
   uint64_t total = 0;
-  bool ok = true;
-  for (ssize_t n; ok && (n = ::read(in.fd, packed.data(), packed.size())) != 0;) {
-    if (n < 0 && errno == EINTR) continue;
-    ok = n > 0;
-    ZSTD_inBuffer ib{packed.data(), ok ? size_t(n) : 0, 0};
-    while (ok && ib.pos < ib.size) {
-      ZSTD_outBuffer ob{raw.data(), raw.size(), 0};
-      ok = !ZSTD_isError(ZSTD_decompressStream(dctx, &ob, &ib));
-      XXH3_128bits_update(st3, raw.data(), ob.pos);
-      total += ob.pos;
-      ok = ok && (ob.pos == 0 || ::write(out.fd, raw.data(), ob.pos) == ssize_t(ob.pos));
-    }
-  }
+  const bool ok = unpack(in.fd, dctx, [&](std::string_view raw) {
+    XXH3_128bits_update(st3, raw.data(), raw.size());
+    total += raw.size();
+    return raw.empty() || ::write(out.fd, raw.data(), raw.size()) == ssize_t(raw.size());
+  });
   const std::string got = sync::hex(sync::canonical(XXH3_128bits_digest(st3)));
   XXH3_freeState(st3);
   if (!ok || got != hash || total != e[3].get<uint64_t>()) damaged(run_id, path, "does not match its hash");
@@ -476,23 +491,14 @@ std::optional<Manifest> code_manifest(const std::string& run_id) {
 
 std::optional<std::string> stored_content(const std::string& hash, uint64_t max) {
   if (!is_hash(hash)) return std::nullopt;
-  const std::string object = objects_dir() + "/" + hash.substr(0, 2) + "/" + hash.substr(2);
-  Fd in(::open(object.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  Fd in(::open(object_path(hash).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   if (in.fd < 0) return std::nullopt;
   ZSTD_DCtx* dctx = ZSTD_createDCtx();
-  std::string packed(ZSTD_DStreamInSize(), '\0'), raw(ZSTD_DStreamOutSize(), '\0'), out;
-  bool ok = true;
-  for (ssize_t n; ok && (n = ::read(in.fd, packed.data(), packed.size())) != 0;) {
-    if (n < 0 && errno == EINTR) continue;
-    ok = n > 0;
-    ZSTD_inBuffer ib{packed.data(), ok ? size_t(n) : 0, 0};
-    while (ok && ib.pos < ib.size) {
-      ZSTD_outBuffer ob{raw.data(), raw.size(), 0};
-      ok = !ZSTD_isError(ZSTD_decompressStream(dctx, &ob, &ib));
-      out.append(raw.data(), ob.pos);
-      ok = ok && out.size() <= max;
-    }
-  }
+  std::string out;
+  const bool ok = unpack(in.fd, dctx, [&](std::string_view raw) {
+    out.append(raw);
+    return out.size() <= max;
+  });
   ZSTD_freeDCtx(dctx);
   if (!ok) return std::nullopt;
   return out;

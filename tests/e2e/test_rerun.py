@@ -131,3 +131,18 @@ def test_diff_shows_what_changed_between_two_runs_record_spec_and_code(ml):
     assert ml("run", "-n", "1", "--", "true").returncode == 0
     r = ml("diff", a, "latest")
     assert r.returncode == 0 and "code: not compared: run " in r.stdout and "kept no code" in r.stdout, r.stdout
+
+
+def test_a_content_changed_in_the_store_is_refused_not_run(ml):
+    p = project(ml)
+    assert ml("run", p / "job.toml", timeout=60).returncode == 0
+    a = ml.run_dirs()[-1].name
+    h = {e[0]: e[4] for e in json.loads((ml.runs_dir / a / "code.json").read_text())["entries"]}["train.py"]
+    obj = ml.home / "code" / "objects" / h[:2] / h[2:]
+    obj.chmod(0o600)
+    other = ml.dir / "other.py"
+    other.write_text("print('not what ran')\n")
+    obj.write_bytes(__import__("subprocess").run(["zstd", "-cq", str(other)], capture_output=True, check=True).stdout)
+    r = ml("rerun", a, timeout=60)
+    assert r.returncode != 0 and "the code store's copy of train.py does not match its hash" in r.stderr, r.stderr
+    assert "not what ran" not in r.stdout
