@@ -314,9 +314,6 @@ std::chrono::milliseconds check_before_run(const spec::JobSpec& s, const JobRequ
   return telemetry_interval;
 }
 
-// A workdir with more files and folders than this is not listed for the run's record.
-constexpr size_t kMaxWorkdirEntries = 20000;
-
 // Every secret's value the launcher knows: the spec's and the environment's secret-named variables.
 std::vector<std::string> secret_values(const spec::JobSpec& s, const JobRequest& req) {
   std::vector<std::string> out;
@@ -327,22 +324,22 @@ std::vector<std::string> secret_values(const spec::JobSpec& s, const JobRequest&
   return out;
 }
 
-// The run's code: a tree's manifest in the run's folder and its contents in the store. A store
-// that cannot be written is a warning: the run goes on without its code kept.
-records::CodeSummary keep_tree(const sync::Tree& tree, const std::string& root, bool git,
-                               const spec::JobSpec& s, const JobRequest& req, const records::RunRecord& rec) {
+// The run's code: the synced tree's manifest in the run's folder and its contents in the store. A
+// store that cannot be written is a warning: the run goes on without its code kept.
+records::CodeSummary keep_code(const spec::JobSpec& s, const JobRequest& req, const detail::SyncPlan& sp,
+                               const records::RunRecord& rec) {
   std::vector<records::CodeEntry> entries;
-  entries.reserve(tree.entries.size());
-  for (size_t i = 0; i < tree.entries.size(); ++i) {
-    const auto& e = tree.entries[i];
-    entries.push_back(
-        {e.path, e.kind, e.mode, e.size, e.hash.empty() ? "" : sync::hex(e.hash), e.target, tree.sources[i]});
+  entries.reserve(sp.tree.entries.size());
+  for (size_t i = 0; i < sp.tree.entries.size(); ++i) {
+    const auto& e = sp.tree.entries[i];
+    entries.push_back({e.path, e.kind, e.mode, e.size, e.hash.empty() ? "" : sync::hex(e.hash), e.target,
+                       sp.tree.sources[i]});
   }
   records::CodeOptions o;
-  o.root = root;
+  o.root = req.rerun ? req.rerun->root : sp.src;  // a rerun's tree is the run's, restored
   o.max_bytes = s.record.code_max;
   o.secrets = secret_values(s, req);
-  o.git = git;
+  o.git = !rec.git_commit.empty() && !req.rerun;
   try {
     return records::keep_code(rec.id, entries, o);
   } catch (const Error& e) {
@@ -351,40 +348,6 @@ records::CodeSummary keep_tree(const sync::Tree& tree, const std::string& root, 
     none.skipped = e.what();
     return none;
   }
-}
-
-// A run that syncs keeps the tree it synced; a run on this machine alone without [sync] keeps its
-// workdir, listed as a sync would list it, when that is a project's size (not a home folder).
-records::CodeSummary keep_code(const spec::JobSpec& s, const JobRequest& req, const plan::Plan& p,
-                               const std::optional<detail::SyncPlan>& sp, const records::RunRecord& rec) {
-  if (sp) {
-    // A rerun's tree is the run's, restored: its origin and commit are the run's.
-    return keep_tree(sp->tree, req.rerun ? req.rerun->root : sp->src, !rec.git_commit.empty() && !req.rerun,
-                     s, req, rec);
-  }
-  const bool local = std::all_of(p.hosts.begin(), p.hosts.end(), [](const auto& h) { return h.local; });
-  if (!local || s.sync.reuse || p.workdir.empty()) return {};
-  sync::TreeOptions to;
-  to.root = std::filesystem::absolute(p.workdir).lexically_normal().string();
-  to.max_entries = kMaxWorkdirEntries;
-  to.max_bytes = s.record.code_max;
-  // Never the state folder itself (the records and the store), wherever it lies.
-  const std::string home = std::filesystem::absolute(state_home()).lexically_normal().string();
-  if (home == to.root || to.root.rfind(home + "/", 0) == 0) return {};
-  if (home.rfind(to.root + "/", 0) == 0) to.exclude.push_back("/" + home.substr(to.root.size() + 1) + "/");
-  records::CodeSummary skipped;
-  skipped.recorded = true;
-  try {
-    make_private_dirs(state_home() + "/sync");
-    to.cache_file = state_home() + "/sync/" + sync::hash_hex(to.root + "|workdir") + ".hashes";
-    return keep_tree(sync::build_tree(to), to.root, !rec.git_commit.empty(), s, req, rec);
-  } catch (const sync::TooLarge& e) {
-    skipped.skipped = "the workdir " + to.root + " is not a project's size: " + e.what() +
-                      " (sync a project folder with [sync] to keep its code)";
-  } catch (const Error& e) {
-    skipped.skipped = "the workdir " + to.root + " could not be listed: " + e.what();
-  }
-  return skipped;
 }
 
 // The run's record, saved: it must be writable before anything starts (a full or read-only state
@@ -399,7 +362,7 @@ records::RunRecord first_record(const spec::JobSpec& s, const plan::Plan& p, con
   if (sp) rec.git_commit = git_commit(sp->src);
   if (req.rerun) rec.rerun_of = req.rerun->of, rec.git_commit = req.rerun->git_commit;
   rec.kind = req.exec ? "exec" : "run";
-  if (s.record.code && !req.exec) rec.code = keep_code(s, req, p, sp, rec);
+  if (sp && s.record.code && !req.exec) rec.code = keep_code(s, req, *sp, rec);
   // `ssh` and `cp` reach the hosts again the way this run did, however it was given its config.
   if (!s.ssh.config.empty()) {
     const std::string home = knobs::home.get();

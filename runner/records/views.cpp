@@ -333,7 +333,6 @@ static std::string code_line(const CodeSummary& c) {
     return std::string(buf);
   };
   std::string line = std::to_string(c.files) + " file" + (c.files == 1 ? "" : "s") + ", " + mib(c.bytes);
-  if (!c.kept && c.files == 0 && c.bytes == 0) return "not kept: " + c.skipped;
   if (!c.kept) return line + "; contents not kept: " + (c.skipped.empty() ? "no store" : c.skipped);
   line +=
       ", kept (" + (c.new_bytes ? mib(c.new_bytes) + " new in the store" : std::string("nothing new")) + ")";
