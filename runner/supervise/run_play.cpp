@@ -566,19 +566,25 @@ void RunPlay::on_lost(size_t i, const std::string& why) {
 // A host lost while the gang stops after a rank's failure, silent since well before that failure
 // (two heartbeat intervals: a host that answers pings is never that quiet): it was lost first, and
 // the rank most likely failed for it (its peers vanished). The host becomes the first failure.
+// A host that ran PS servers and whose link closed just after a worker failed was lost first too:
+// its servers' connections closed with it (the agent killed, the host gone), the worker failed on
+// them a moment before the link's end reached mltrain.
 void RunPlay::lost_before_failure(size_t i, const std::string& why) {
   const FleetHost& h = fleet_[i];
-  if (ending_ != Ending::failure || !rec_.failure || rec_.failure->rank < 0 ||
-      h.last_heard + 2 * opts_.heartbeat_interval >= failed_at_)
-    return;
+  if (ending_ != Ending::failure || !rec_.failure || rec_.failure->rank < 0) return;
+  const bool silent_before = h.last_heard + 2 * opts_.heartbeat_interval < failed_at_;
+  const bool served = !ps_note(i).empty() && clock_.now() - failed_at_ <= kServerLossWindow;
+  if (!silent_before && !served) return;
   const records::Failure later = *rec_.failure;
   const auto silent = std::chrono::duration_cast<milliseconds>(failed_at_ - h.last_heard);
   records::Failure f;
   f.host = h.name();
   f.exit_code = exit_code::host_failure;
-  f.message = fleet_.describe(i) + ": " + why + ps_note(i) + "; silent for " + text::format_duration(silent) +
-              " before rank " + std::to_string(later.rank) + " on " + later.host +
-              " failed, which most likely followed from it";
+  f.message = fleet_.describe(i) + ": " + why + ps_note(i) +
+              (silent_before ? "; silent for " + text::format_duration(silent) + " before rank "
+                             : "; its servers' connections closed with it, and rank ") +
+              std::to_string(later.rank) + " on " + later.host + " failed" +
+              (silent_before ? ", which most likely followed from it" : " on them just before");
   f.reason = "host_lost";
   rec_.failure = f;
   ending_ = Ending::host_failure;
