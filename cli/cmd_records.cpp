@@ -73,38 +73,52 @@ void register_logs(CLI::App& app, Global& g, std::function<int()>& handler) {
 }
 
 void register_ls(CLI::App& app, Global&, std::function<int()>& handler) {
-  static bool json = false;
-  auto* c = app.add_subcommand("ls", "List recorded runs, newest first");
-  c->add_flag("--json", json,
+  static records::ListOptions o;
+  auto* c = app.add_subcommand("ls", "List recorded runs, newest first; find and export them");
+  c->add_flag("--json", o.json,
               "Print the runs as one JSON object: {\"schema\": 1, \"runs\": [run, ...]} (docs/json.md)");
-  c->footer("Example:\n  mltrain ls\nRuns live in $MLTRAIN_HOME/runs (default ~/.local/state/mltrain/runs).");
+  c->add_flag("--jsonl", o.jsonl,
+              "One JSON object per run and line, for pandas or DuckDB: its record and metrics_last, or the "
+              "--columns");
+  c->add_option("--where", o.where,
+                "Only the runs where FIELD OP VALUE holds; 'and', 'or'; OP: < <= > >= = != ~ (regex)");
+  c->add_option("--columns", o.columns, "The table's (or --jsonl's) fields, comma-separated");
+  c->footer(
+      "Fields: id name status kind exit ranks hosts started ended duration restarts git rerun_of spec,\n"
+      "metric.NAME (its last value), metric.NAME.first|min|max|last|count, env.KEY (os kernel python torch "
+      "...)\n"
+      "Examples:\n  mltrain ls\n  mltrain ls --where 'metric.loss < 0.3' --columns "
+      "name,metric.loss,duration\n"
+      "  mltrain ls --jsonl > runs.jsonl        # pandas.read_json('runs.jsonl', lines=True)\n"
+      "Runs live in $MLTRAIN_HOME/runs (default ~/.local/state/mltrain/runs); docs/records.md.");
   c->callback([&] {
     handler = [&] {
-      records::print_list(json);
+      if (o.json && o.jsonl) throw Error("--json and --jsonl do not go together", "choose one");
+      records::print_list(o);
       return 0;
     };
   });
 }
 
-void register_show(CLI::App& app, Global&, std::function<int()>& handler) {
+void register_show(CLI::App& app, Global& g, std::function<int()>& handler) {
   static std::string id;
   static bool json = false;
-  auto* c = app.add_subcommand("show", "Show one run: command, hosts, ranks and how each ended");
+  auto* c = app.add_subcommand("show", "Show one run: command, hosts, ranks, how each ended, its metrics");
   c->add_option("id", id, "Run id, a unique part of it, or 'latest'")->each(no_empty_run_id);
   c->add_flag("--json", json, "Print the run record (run.json)");
   c->footer("Example:\n  mltrain show latest");
   c->callback([&] {
     handler = [&] {
-      records::print_show(id, json);
+      records::print_show(id, json, use_color(g, 1));
       return 0;
     };
   });
 }
 
-void register_diff(CLI::App& app, Global&, std::function<int()>& handler) {
+void register_diff(CLI::App& app, Global& g, std::function<int()>& handler) {
   static std::string a, b;
   static bool json = false;
-  auto* c = app.add_subcommand("diff", "What changed between two runs: record, spec and code");
+  auto* c = app.add_subcommand("diff", "What changed between two runs: record, metrics, spec and code");
   c->add_option("a", a, "A run id, a unique part of it, or 'latest'")->required()->each(no_empty_run_id);
   c->add_option("b", b, "The other run")->required()->each(no_empty_run_id);
   c->add_flag("--json", json, "Print the comparison as one JSON document (docs/json.md)");
@@ -112,7 +126,8 @@ void register_diff(CLI::App& app, Global&, std::function<int()>& handler) {
       "Rows that differ are marked *. The spec is compared as recorded; the code from what each run kept\n"
       "(docs/records.md): files changed, added and removed, and a unified diff of the text files.\n"
       "Example:\n  mltrain diff 20261129-141502-hello-3fa2 latest");
-  c->callback([&] { handler = [&] { return records::print_diff(a, b, json, ::isatty(1) == 1); }; });
+  c->callback(
+      [&] { handler = [&] { return records::print_diff(a, b, json, ::isatty(1) == 1, use_color(g, 1)); }; });
 }
 
 void register_stop(CLI::App& app, Global&, std::function<int()>& handler) {

@@ -68,7 +68,7 @@ _mltrain() {
         --master-port --max-restarts --timeout --grace-period --profile --name --workdir"
     # Options that take a value (the value is the next word, or follows '=').
     local with_value=" --color -n --nprocs --procs-per-host --hostfile -H --hosts --include --exclude -e --env -x
-        --master-port --max-restarts --timeout --grace-period --profile --name --workdir --ranks -r --rank -g --grep -t --tail --stdin-rank "
+        --master-port --max-restarts --timeout --grace-period --profile --name --workdir --ranks -r --rank -g --grep -t --tail --stdin-rank --where --columns "
     with_value=${with_value//$'\n'/ }
 
     # Find the subcommand, count the positionals after it, and notice a '--'.
@@ -168,7 +168,8 @@ _mltrain() {
             rerun) flags="$job_opts --ranks --no-prefix --timestamps --dry-run --json -d --detach -h --help $global_opts" ;;
             validate) flags="$job_opts --json -h --help $global_opts" ;;
             logs) flags="-f --follow -r --rank -g --grep -t --tail --no-prefix --by-rank -h --help $global_opts" ;;
-            ls | show | knobs | diff) flags="--json -h --help $global_opts" ;;
+            ls) flags="--json --jsonl --where --columns -h --help $global_opts" ;;
+            show | knobs | diff) flags="--json -h --help $global_opts" ;;
             stop | completions) flags="-h --help $global_opts" ;;
             *) flags="-h --help" ;;
         esac

@@ -162,6 +162,9 @@ complete -c mltrain -n '__mltrain_using logs' -s t -l tail -x -d 'Only the last 
 complete -c mltrain -n '__mltrain_using logs' -l no-prefix -d 'Print lines without the [rank] prefix'
 complete -c mltrain -n '__mltrain_using logs' -l by-rank -d 'Each rank'\''s lines together, rank by rank'
 complete -c mltrain -n '__mltrain_using ls show knobs diff' -l json -d 'Print as JSON'
+complete -c mltrain -n '__mltrain_using ls' -l jsonl -d 'One JSON object per run and line'
+complete -c mltrain -n '__mltrain_using ls' -l where -x -d 'Only the runs where FIELD OP VALUE holds'
+complete -c mltrain -n '__mltrain_using ls' -l columns -x -d 'The fields to show, comma-separated'
 
 # completions.
 complete -c mltrain -n '__mltrain_using completions; and __mltrain_no_positional' -a 'bash zsh fish' -d 'Shell'

@@ -20,12 +20,13 @@ import queue
 import threading
 
 from . import _capi, _common, _env
+from .metrics import log
 
 __all__ = [
     "CommError", "Communicator", "Handle", "init", "is_initialized", "shutdown", "rank", "size",
     "local_rank", "local_size", "allreduce", "allreduce_async", "broadcast", "broadcast_async",
     "allgather", "allgather_async", "reduce_scatter", "reduce_scatter_async", "barrier",
-    "library_path",
+    "library_path", "log",
 ]
 
 OPS = {"sum": _capi.SUM, "prod": _capi.PROD, "min": _capi.MIN, "max": _capi.MAX, "avg": _capi.AVG}

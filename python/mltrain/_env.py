@@ -6,7 +6,7 @@ every name in NAMES is there.
 """
 import os
 
-NAMES = ("MLTRAIN_COMM_LIB", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+NAMES = ("MLTRAIN_COMM_LIB", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MLTRAIN_METRICS_FD")
 
 
 def comm_lib():
@@ -22,3 +22,9 @@ def local_rank():
 def local_world_size():
     """The number of ranks on this host."""
     return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+def metrics_fd():
+    """The descriptor of this rank's metrics pipe (`mltrain run` sets it), or None."""
+    fd = os.environ.get("MLTRAIN_METRICS_FD", "")
+    return int(fd) if fd.isdigit() else None

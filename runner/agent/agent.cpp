@@ -52,7 +52,7 @@ Agent::Agent(AgentStream stream, AgentWorld world)
 Agent::~Agent() {
   close_sync_files();
   for (auto& [id, r] : ranks_)
-    for (int fd : {r.fds[0], r.fds[1], r.stdin_fd})
+    for (int fd : {r.fds[0], r.fds[1], r.fds[2], r.stdin_fd})
       if (fd >= 0) ::close(fd);
   if (pull_.fd >= 0) ::close(pull_.fd);
 }
@@ -253,7 +253,7 @@ std::optional<int> Agent::step(int max_wait_ms) {
   fds_.push_back({backlog && stdout_open_ ? out_fd_ : -1, POLLOUT, 0});
   if (outbox_.size() - outbox_pos_ < kOutboxHighWater) {
     for (auto& [id, r] : ranks_)
-      for (int w = 0; w < 2; ++w)
+      for (int w = 0; w < 3; ++w)
         if (r.fds[w] >= 0) {
           fds_.push_back({r.fds[w], POLLIN, 0});
           owners_.emplace_back(&r, w);
@@ -262,7 +262,7 @@ std::optional<int> Agent::step(int max_wait_ms) {
   for (auto& [id, r] : ranks_)
     if (r.stdin_fd >= 0 && !r.stdin_buf.empty()) {
       fds_.push_back({r.stdin_fd, POLLOUT, 0});
-      owners_.emplace_back(&r, 2);
+      owners_.emplace_back(&r, 3);
     }
   if (telemetry_interval_ms_ > 0 && !exiting_ && now >= next_sample_ms_) {
     take_sample();
@@ -288,9 +288,9 @@ std::optional<int> Agent::step(int max_wait_ms) {
   if (fds_[ps_slot].revents & POLLIN) pump_ps();
   for (size_t i = 3; i < ps_slot; ++i) {
     auto [rank, which] = owners_[i - 3];
-    if (which == 2 && (fds_[i].revents & (POLLOUT | POLLHUP | POLLERR)))
+    if (which == 3 && (fds_[i].revents & (POLLOUT | POLLHUP | POLLERR)))
       write_rank_stdin(*rank);
-    else if (which < 2 && (fds_[i].revents & (POLLIN | POLLHUP | POLLERR)))
+    else if (which < 3 && (fds_[i].revents & (POLLIN | POLLHUP | POLLERR)))
       read_rank_fd(*rank, which);
   }
   reap();

@@ -33,11 +33,15 @@ struct ProcessSpec {
   std::string cwd;                // "" = the agent's own
   bool one_stream = false;        // stderr into the stdout pipe: the order of the writes kept
   bool stdin_pipe = false;        // a pipe for stdin (else /dev/null)
+  // A pipe for the rank's metrics (mltrain.log), its write end fd kMetricsFd in the process.
+  bool metrics_pipe = false;
 };
+// The descriptor a rank's metrics pipe has in it (MLTRAIN_METRICS_FD), as systemd passes sockets.
+inline constexpr int kMetricsFd = 3;
 
 // The agent's ends of a started process's pipes, non-blocking; -1 where there is none.
 struct ProcessPipes {
-  int out = -1, err = -1, in = -1;
+  int out = -1, err = -1, in = -1, metrics = -1;
 };
 
 // When a rank started (CLOCK_MONOTONIC microseconds, as the kernel log stamps records) and its

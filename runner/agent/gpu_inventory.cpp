@@ -72,6 +72,8 @@ bool probe_nvml(const std::string& library, GpuInventory& inv, std::vector<std::
   inv.source = "nvml";
   std::vector<std::string> errors;
   nvml->driver_version(inv.driver_version);
+  if (int cuda = 0; nvml->cuda_driver_version(cuda) == gpu::Nvml::kSuccess && cuda > 0)
+    inv.cuda_version = std::to_string(cuda / 1000) + "." + std::to_string(cuda % 1000 / 10);
   unsigned count = 0;
   if (int r = nvml->device_count(count); r != gpu::Nvml::kSuccess) {
     errors.push_back("nvmlDeviceGetCount: " + nvml->what(r));

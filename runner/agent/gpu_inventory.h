@@ -18,6 +18,7 @@ struct GpuInventory {
   std::vector<Gpu> gpus;       // in NVML's order (PCI bus id)
   std::string source;          // "nvml", "nvidia-smi", or "" when none was found
   std::string driver_version;  // from NVML, "" otherwise
+  std::string cuda_version;    // the newest CUDA the driver supports ("13.0"), from NVML, "" otherwise
   std::string note;            // why there is none, or what failed on the way (may be set with gpus)
   std::string library;         // the NVML file loaded and which step found it (knobs/gpu_library.h)
   std::vector<int> busy;       // NVML only: the GPUs a compute process ran on when probed

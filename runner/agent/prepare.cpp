@@ -49,8 +49,9 @@ std::string python_for(const std::string& want, const std::string& path) {
 
 // Why NCCL cannot serve a job that requires it here, or "" when it loads and is new enough: the
 // comm library's own probe (comm/src/core/nccl_probe.h), so the names and the oldest version agree.
-std::string nccl_problem(const std::string& job_value, const std::string& python) {
+std::string nccl_problem(const std::string& job_value, const std::string& python, int& version) {
   const comm::detail::NcclProbe probe = comm::detail::probe_nccl(nccl_library_for(job_value), python);
+  version = probe.version_known ? probe.version : 0;
   if (probe.handle == nullptr)
     return "[comm] backend = \"nccl\", but NCCL does not load here (" + probe.error +
            (probe.searched.empty() ? "" : "; looked in " + probe.searched) +
@@ -84,10 +85,13 @@ void Agent::on(uint32_t id, const msg::Prepare& m) {
       check_workdir_and_program(expand_home(m.workdir), m.argv0, ranks_path(m.path), real_file_system());
   out.cannot_start = missing.empty() ? 0 : 1;
   for (auto& p : missing) problems.push_back(std::move(p));
+  int nccl_version = 0;
   if (m.nccl_required)
-    if (std::string why = nccl_problem(
-            m.nccl_library, python_for(basename_of(m.argv0).rfind("python", 0) == 0 ? m.argv0 : std::string(),
-                                       ranks_path(m.path)));
+    if (std::string why =
+            nccl_problem(m.nccl_library,
+                         python_for(basename_of(m.argv0).rfind("python", 0) == 0 ? m.argv0 : std::string(),
+                                    ranks_path(m.path)),
+                         nccl_version);
         !why.empty())
       problems.push_back(std::move(why));
   // Forced NCCL without [gpus] asks for no GPU slots, but NCCL needs a GPU per rank: a host with
@@ -102,8 +106,10 @@ void Agent::on(uint32_t id, const msg::Prepare& m) {
   // GPUs only when the job asks for some: a CPU job pays nothing. Whether there are enough is the
   // launcher's call, which knows what [gpus] asked.
   std::set<int> busy_gpus;
+  std::optional<GpuInventory> taken;
   if (m.gpu_slots_needed > 0) {
     GpuInventory inv = probe_gpus(nvml_library_for(m.nvml_library), ranks_path(m.path));
+    taken = inv;
     busy_gpus.insert(inv.busy.begin(), inv.busy.end());
     std::optional<std::string> visible = cuda_visible_devices_for(
         m.has_cuda_visible_devices, m.cuda_visible_devices, env_.get("CUDA_VISIBLE_DEVICES"));
@@ -121,6 +127,7 @@ void Agent::on(uint32_t id, const msg::Prepare& m) {
   for (int i : out.gpu_usable)
     for (const auto& g : out.gpus)
       if (g.index == i) claimable_gpus_.push_back({i, g.uuid, busy_gpus.count(i) > 0});
+  if (m.facts) out.facts = host_facts(m, taken ? &*taken : nullptr, nccl_version);
   // Servers last, and only when every check passed: a host that fails preflight serves nothing.
   if (problems.empty()) start_ps(m, out);
   send(out, id);

@@ -137,7 +137,7 @@ const std::string& Agent::private_dir(std::string& why) {
 
 // Forwards everything already in the pipes, so a rank's output always precedes its exit frame.
 void Agent::drain_rank(Rank& r) {
-  for (int which = 0; which < 2; ++which) {
+  for (int which = 0; which < 3; ++which) {
     char buf[kReadChunk];
     while (r.fds[which] >= 0) {
       ssize_t n = ::read(r.fds[which], buf, sizeof buf);
@@ -274,6 +274,11 @@ std::map<std::string, std::string> Agent::rank_env(uint32_t id, const msg::Spawn
       given = "MLTRAIN_COMM_STATS_NAME=" + comm_stats_name(run->second.substr(sizeof "MLTRAIN_RUN_ID"), id);
     stats_name = given.substr(sizeof "MLTRAIN_COMM_STATS_NAME");
   }
+  // Where mltrain.log writes (python/mltrain/metrics.py); the setup command gets no pipe.
+  if (id != kSetupId)
+    merged["MLTRAIN_METRICS_FD"] = "MLTRAIN_METRICS_FD=" + std::to_string(kMetricsFd);
+  else
+    merged.erase("MLTRAIN_METRICS_FD");
   return merged;
 }
 
@@ -307,6 +312,7 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
   spec.cwd = expand_home(m.cwd);
   spec.one_stream = m.one_stream != 0;
   spec.stdin_pipe = m.stdin_pipe != 0;
+  spec.metrics_pipe = id != kSetupId;
   start_warden_once(merged);
   ProcessPipes pipes;
   std::string error;
@@ -320,6 +326,7 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
   r.pid = pid;
   r.fds[0] = pipes.out;
   r.fds[1] = pipes.err;
+  r.fds[2] = pipes.metrics;
   r.stdin_fd = pipes.in;
   if (auto e = merged.find("TORCHELASTIC_ERROR_FILE"); e != merged.end())
     r.error_file = e->second.substr(e->second.find('=') + 1);

@@ -56,13 +56,21 @@ void children_of(pid_t pid, std::vector<pid_t>& out) {
 
 // The pipes of one child: [0] read end, [1] write end; -1 where there is none.
 struct ChildPipes {
-  int out[2] = {-1, -1}, err[2] = {-1, -1}, status[2] = {-1, -1}, in[2] = {-1, -1};
+  int out[2] = {-1, -1}, err[2] = {-1, -1}, status[2] = {-1, -1}, in[2] = {-1, -1}, metrics[2] = {-1, -1};
   void close_all() {
-    for (int* p : {out, err, status, in})
+    for (int* p : {out, err, status, in, metrics})
       for (int i = 0; i < 2; ++i)
         if (p[i] >= 0) ::close(p[i]), p[i] = -1;
   }
 };
+
+// In the child: the metrics pipe's write end as descriptor `fd`, inherited by the program; the
+// status pipe moved off `fd` first when it is there.
+bool metrics_at(ChildPipes& p, int fd) {
+  if (p.status[1] == fd && (p.status[1] = ::fcntl(fd, F_DUPFD_CLOEXEC, fd + 1)) < 0) return false;
+  if (p.metrics[1] == fd) return ::fcntl(fd, F_SETFD, 0) == 0;  // dup2 to itself keeps O_CLOEXEC
+  return ::dup2(p.metrics[1], fd) == fd;
+}
 
 // In the child: its own process group, clean signal state, the pipes as stdout/stderr, /dev/null (or
 // the launcher's forwarded stdin) as stdin, then exec. A step that fails is reported like a failed
@@ -89,6 +97,8 @@ struct ChildPipes {
     failed = "dup2 of stdout";
   else if (::dup2(p.err[1] >= 0 ? p.err[1] : p.out[1], 2) < 0)
     failed = "dup2 of stderr";
+  else if (p.metrics[1] >= 0 && !metrics_at(p, kMetricsFd))
+    failed = "dup2 of the metrics pipe";
   char msg[512];
   if (failed) {
     int len = std::snprintf(msg, sizeof msg, "%s: %s", failed, std::strerror(errno));
@@ -123,14 +133,16 @@ class SystemProcesses final : public ProcessTable {
     // which two pipes read in turns cannot.
     ChildPipes p;
     if (::pipe2(p.out, O_CLOEXEC) || (!spec.one_stream && ::pipe2(p.err, O_CLOEXEC)) ||
-        ::pipe2(p.status, O_CLOEXEC) || (spec.stdin_pipe && ::pipe2(p.in, O_CLOEXEC))) {
+        ::pipe2(p.status, O_CLOEXEC) || (spec.stdin_pipe && ::pipe2(p.in, O_CLOEXEC)) ||
+        (spec.metrics_pipe && ::pipe2(p.metrics, O_CLOEXEC))) {
       error = std::string("pipe: ") + std::strerror(errno);
       p.close_all();
       return -1;
     }
     // The agent's ends only (the ranks' ends stay blocking); they are not inherited (O_CLOEXEC).
     if (!detail::set_nonblocking(p.out[0]) || (p.err[0] >= 0 && !detail::set_nonblocking(p.err[0])) ||
-        (p.in[1] >= 0 && !detail::set_nonblocking(p.in[1]))) {
+        (p.in[1] >= 0 && !detail::set_nonblocking(p.in[1])) ||
+        (p.metrics[0] >= 0 && !detail::set_nonblocking(p.metrics[0]))) {
       error = std::string("fcntl: ") + std::strerror(errno);
       p.close_all();
       return -1;
@@ -146,7 +158,7 @@ class SystemProcesses final : public ProcessTable {
     // Also here, so a signal sent right away finds the group. It fails (EACCES) only when the
     // child has already exec'd, by which time the child's own setpgid has done it.
     (void)::setpgid(pid, pid);
-    for (int* child_end : {&p.out[1], &p.err[1], &p.status[1], &p.in[0]})
+    for (int* child_end : {&p.out[1], &p.err[1], &p.status[1], &p.in[0], &p.metrics[1]})
       if (*child_end >= 0) ::close(*child_end), *child_end = -1;
     char msg[512];
     ssize_t n;
@@ -161,7 +173,7 @@ class SystemProcesses final : public ProcessTable {
       return -1;
     }
     ::close(p.status[0]);
-    pipes = ProcessPipes{p.out[0], p.err[0], p.in[1]};
+    pipes = ProcessPipes{p.out[0], p.err[0], p.in[1], p.metrics[0]};
     return pid;
   }
 

@@ -70,6 +70,7 @@ struct Nvml::Api {
   nvmlReturn_t (*handle)(unsigned, nvmlDevice_t*) = nullptr;
   const char* (*error)(nvmlReturn_t) = nullptr;
   nvmlReturn_t (*driver)(char*, unsigned) = nullptr;
+  nvmlReturn_t (*cuda_driver)(int*) = nullptr;
   nvmlReturn_t (*name)(nvmlDevice_t, char*, unsigned) = nullptr;
   nvmlReturn_t (*uuid)(nvmlDevice_t, char*, unsigned) = nullptr;
   nvmlReturn_t (*mig)(nvmlDevice_t, unsigned*, unsigned*) = nullptr;
@@ -94,6 +95,8 @@ struct Nvml::Api {
     bind(lib, handle, "nvmlDeviceGetHandleByIndex_v2");
     bind(lib, error, "nvmlErrorString");
     bind(lib, driver, "nvmlSystemGetDriverVersion");
+    bind(lib, cuda_driver, "nvmlSystemGetCudaDriverVersion_v2");
+    if (!cuda_driver) bind(lib, cuda_driver, "nvmlSystemGetCudaDriverVersion");
     bind(lib, name, "nvmlDeviceGetName");
     bind(lib, uuid, "nvmlDeviceGetUUID");
     bind(lib, mig, "nvmlDeviceGetMigMode");
@@ -170,6 +173,10 @@ int Nvml::device_count(unsigned& count) const { return api_->count(&count); }
 int Nvml::device(unsigned index, Device& dev) const { return api_->handle(index, &dev); }
 
 int Nvml::driver_version(std::string& out) const { return text_call(api_->driver, kDriverSize, out); }
+
+int Nvml::cuda_driver_version(int& out) const {
+  return api_->cuda_driver ? int(api_->cuda_driver(&out)) : kFunctionNotFound;
+}
 
 int Nvml::name(Device dev, std::string& out) const { return text_call(api_->name, kNameSize, out, dev); }
 

@@ -58,6 +58,8 @@ class Nvml {
   int device_count(unsigned& count) const;
   int device(unsigned index, Device& dev) const;
   int driver_version(std::string& out) const;
+  // The newest CUDA the driver supports (12040 for 12.4): nvmlSystemGetCudaDriverVersion(_v2).
+  int cuda_driver_version(int& out) const;
   int name(Device dev, std::string& out) const;
   int uuid(Device dev, std::string& out) const;
   int mig_mode(Device dev, unsigned& current, unsigned& pending) const;

@@ -301,6 +301,7 @@ struct Prepare {  // preflight
   // What this host's servers may hold together: "N" bytes or "P%" of the host's memory (the
   // smaller of MemTotal and the agent's cgroup limit); "": 50%.
   std::string ps_memory;
+  uint32_t facts = 0;  // 1: say what the run records of this host (Prepared::facts)
   void put(Writer& w) const {
     w.str(master_addr).u32(nports).str(workdir).str(argv0).str(path).u32(fixed_port);
     w.u32(gpu_slots_needed).str(nvml_library).u32(has_cuda_visible_devices).str(cuda_visible_devices);
@@ -308,6 +309,7 @@ struct Prepare {  // preflight
     w.ints(ps_servers).u32(ps_workers).u32(ps_sync).str(ps_token).str(ps_optimizer);
     w.str(ps_lr).str(ps_momentum).str(ps_weight_decay);
     w.str(ps_memory);
+    w.u32(facts);
   }
   void get(Reader& r) {
     master_addr = r.str(), nports = r.u32(), workdir = r.str(), argv0 = r.str(), path = r.str();
@@ -323,6 +325,8 @@ struct Prepare {  // preflight
     ps_lr = r.str(), ps_momentum = r.str(), ps_weight_decay = r.str();
     if (r.left() == 0) return;  // from a launcher without a PS memory budget
     ps_memory = r.str();
+    if (r.left() == 0) return;  // from a launcher that records no host facts
+    facts = r.u32();
   }
 };
 struct Probe {  // doctor
@@ -718,11 +722,15 @@ struct Prepared {
   uint32_t has_cuda_visible_devices = 0;
   std::string cuda_visible_devices;
   std::vector<int32_t> ps_ports;  // where the PS servers Prepare asked for listen, in its order
+  // When Prepare asked: "key=value" — os, kernel, arch, glibc, cpus, gpus, gpu_driver, cuda, nccl,
+  // python, torch, mltrain (runner/agent/host_facts.cpp).
+  std::vector<std::string> facts;
   void put(Writer& w) const {
     w.str(ifname).str(local_ip).strings(ports).strings(problems).u32(cannot_start);
     put_gpus(w, gpus);
     w.ints(gpu_usable).str(gpu_source).str(gpu_note).u32(has_cuda_visible_devices).str(cuda_visible_devices);
     w.ints(ps_ports);
+    w.strings(facts);
   }
   void get(Reader& r) {
     ifname = r.str(), local_ip = r.str(), ports = r.strings(), problems = r.strings();
@@ -732,6 +740,7 @@ struct Prepared {
     gpu_usable = r.ints(), gpu_source = r.str(), gpu_note = r.str(), has_cuda_visible_devices = r.u32();
     cuda_visible_devices = r.str();
     if (r.left() > 0) ps_ports = r.ints();
+    if (r.left() > 0) facts = r.strings();
   }
 };
 struct Probed {

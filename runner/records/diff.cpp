@@ -13,8 +13,11 @@
 #include "runner/common/error.h"
 #include "runner/common/text.h"
 #include "runner/records/code.h"
+#include "runner/records/metrics.h"
 #include "runner/records/records.h"
+#include "runner/records/telemetry_log.h"
 #include "runner/records/views.h"
+#include "runner/telemetry/analysis.h"
 
 namespace mltrain::records {
 
@@ -145,6 +148,21 @@ std::string gpus_of(const RunRecord& r) {
   return out.empty() ? "-" : text::join(out, " ");
 }
 
+// Utilization over the run from its telemetry: the hosts' CPU and the GPUs' mean ("-": none).
+std::pair<std::string, std::string> utilization_of(const RunRecord& r) {
+  const telemetry::Summary s = telemetry::summarize(read_telemetry(run_dir(r.id) + "/telemetry.jsonl"));
+  auto pct = [](std::optional<double> v) {
+    if (!v) return std::string("-");
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "mean %.0f%%", *v);
+    return std::string(buf);
+  };
+  telemetry::Stat gpu;
+  for (const auto& g : s.gpus)
+    if (auto m = g.util.mean()) gpu.add(*m);
+  return {s.samples ? pct(s.host_cpu.mean()) : "-", s.gpus.empty() ? "-" : pct(gpu.mean())};
+}
+
 // The rows both runs have, as name -> (A's, B's).
 std::vector<std::pair<std::string, std::pair<std::string, std::string>>> rows(const RunRecord& a,
                                                                               const RunRecord& b) {
@@ -169,21 +187,52 @@ std::vector<std::pair<std::string, std::pair<std::string, std::string>>> rows(co
                : text::format_duration(std::chrono::milliseconds((long long)(r.duration_s * 1000)));
   };
   auto or_dash = [](const std::string& s) { return s.empty() ? std::string("-") : s; };
-  return {{"run", {a.id, b.id}},
-          {"name", {a.name, b.name}},
-          {"status", {status_of(a), status_of(b)}},
-          {"started", {a.started_at, b.started_at}},
-          {"duration", {dur(a), dur(b)}},
-          {"command", {argv(a), argv(b)}},
-          {"hosts", {hosts(a), hosts(b)}},
-          {"ranks", {std::to_string(a.ranks.size()), std::to_string(b.ranks.size())}},
-          {"gpus", {gpus_of(a), gpus_of(b)}},
-          {"restarts", {std::to_string(a.restarts), std::to_string(b.restarts)}},
-          {"git",
-           {or_dash(a.git_commit) + (a.code.dirty ? " + changes" : ""),
-            or_dash(b.git_commit) + (b.code.dirty ? " + changes" : "")}},
-          {"code", {code(a), code(b)}},
-          {"rerun of", {or_dash(a.rerun_of), or_dash(b.rerun_of)}}};
+  std::vector<std::pair<std::string, std::pair<std::string, std::string>>> out = {
+      {"run", {a.id, b.id}},
+      {"name", {a.name, b.name}},
+      {"status", {status_of(a), status_of(b)}},
+      {"started", {a.started_at, b.started_at}},
+      {"duration", {dur(a), dur(b)}},
+      {"command", {argv(a), argv(b)}},
+      {"hosts", {hosts(a), hosts(b)}},
+      {"ranks", {std::to_string(a.ranks.size()), std::to_string(b.ranks.size())}},
+      {"gpus", {gpus_of(a), gpus_of(b)}},
+      {"restarts", {std::to_string(a.restarts), std::to_string(b.restarts)}},
+      {"git",
+       {or_dash(a.git_commit) + (a.code.dirty ? " + changes" : ""),
+        or_dash(b.git_commit) + (b.code.dirty ? " + changes" : "")}},
+      {"code", {code(a), code(b)}},
+      {"rerun of", {or_dash(a.rerun_of), or_dash(b.rerun_of)}}};
+  const auto ua = utilization_of(a), ub = utilization_of(b);
+  out.push_back({"cpu use", {ua.first, ub.first}});
+  out.push_back({"gpu use", {ua.second, ub.second}});
+  // Then the hosts' environment, each fact either run has.
+  const auto ea = environment_rows(a), eb = environment_rows(b);
+  auto value = [&](const std::vector<std::pair<std::string, std::string>>& rows, const std::string& k) {
+    for (const auto& [key, v] : rows)
+      if (key == k) return v;
+    return std::string("-");
+  };
+  for (const auto* side : {&ea, &eb})
+    for (const auto& [k, v] : *side)
+      if (std::none_of(out.begin(), out.end(), [&](const auto& row) { return row.first == k; }))
+        out.push_back({k, {value(ea, k), value(eb, k)}});
+  return out;
+}
+
+// Per metric either run reported: its final, min (and step) and count in A and in B (null: none).
+json metrics_json(const std::vector<MetricSeries>& a, const std::vector<MetricSeries>& b) {
+  json out = json::object();
+  auto side = [](const MetricSeries& s) {
+    const MetricStats st = stats_of(s);
+    return json{{"final", st.last}, {"min", st.min}, {"min_step", st.min_step}, {"count", st.count}};
+  };
+  for (const auto* all : {&a, &b})
+    for (const auto& s : *all)
+      if (!out.contains(s.name)) out[s.name] = {{"a", nullptr}, {"b", nullptr}};
+  for (const auto& s : a) out[s.name]["a"] = side(s);
+  for (const auto& s : b) out[s.name]["b"] = side(s);
+  return out;
 }
 
 void print_text(std::string s, bool terminal) {
@@ -196,11 +245,13 @@ void print_text(std::string s, bool terminal) {
 
 }  // namespace
 
-int print_diff(const std::string& query_a, const std::string& query_b, bool as_json, bool terminal) {
+int print_diff(const std::string& query_a, const std::string& query_b, bool as_json, bool terminal,
+               bool color) {
   const RunRecord a = load(resolve(query_a)), b = load(resolve(query_b));
   const auto table = rows(a, b);
   const std::string spec_patch = unified("spec.toml", a.spec_toml, b.spec_toml);
   const CodeDiff code = diff_code(a, b);
+  const auto metrics_a = read_metrics(run_dir(a.id)), metrics_b = read_metrics(run_dir(b.id));
   if (as_json) {
     json fields = json::object();
     for (const auto& [k, v] : table)
@@ -218,7 +269,8 @@ int print_diff(const std::string& query_a, const std::string& query_b, bool as_j
              {"fields", fields},
              {"spec_diff", spec_patch.empty() ? json(nullptr) : json(spec_patch)},
              {"code", c},
-             {"code_missing", code.missing.empty() ? json(nullptr) : json(code.missing)}};
+             {"code_missing", code.missing.empty() ? json(nullptr) : json(code.missing)},
+             {"metrics", metrics_json(metrics_a, metrics_b)}};
     std::printf("%s\n", doc.dump(2).c_str());
     return 0;
   }
@@ -231,6 +283,7 @@ int print_diff(const std::string& query_a, const std::string& query_b, bool as_j
     std::printf("%s %-10s %-*s  %s\n", same ? " " : "*", k.c_str(), int(width),
                 text::host_text(v.first).c_str(), same ? "=" : text::host_text(v.second).c_str());
   }
+  std::printf("%s", format_metrics_diff(metrics_a, metrics_b, utf8_locale(), color).c_str());
   std::printf("\nspec: %s\n", spec_patch.empty() ? "the same" : "changed");
   if (!spec_patch.empty()) print_text(spec_patch, terminal);
   if (!code.missing.empty()) {

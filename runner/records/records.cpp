@@ -84,10 +84,17 @@ RunRecord from_json(const json& j) {
   r.ssh_config = get<std::string>(j, "ssh_config", "");
   r.log_prefix = get<std::string>(j, "log_prefix", "[{rank}]");
   r.rerun_of = get<std::string>(j, "rerun_of", "");
-  for (const auto& h : get(j, "hosts", json::array()))
+  for (const auto& h : get(j, "hosts", json::array())) {
     r.hosts.push_back(
-        {get<std::string>(h, "name", ""), get<std::string>(h, "address", ""), get(h, "node_rank", 0),
-         h.contains("workdir") && h["workdir"].is_string() ? h["workdir"].get<std::string>() : ""});
+        {get<std::string>(h, "name", ""),
+         get<std::string>(h, "address", ""),
+         get(h, "node_rank", 0),
+         h.contains("workdir") && h["workdir"].is_string() ? h["workdir"].get<std::string>() : "",
+         {}});
+    if (h.contains("environment") && h["environment"].is_object())
+      for (const auto& [k, v] : h["environment"].items())
+        if (v.is_string()) r.hosts.back().environment.emplace_back(k, v.get<std::string>());
+  }
   for (const auto& k : get(j, "ranks", json::array())) {
     RankRecord rr;
     rr.rank = get(k, "rank", 0);
@@ -142,16 +149,25 @@ RunRecord from_json(const json& j) {
     r.code.dirty = get(c, "dirty", false);
     r.code.skipped = get<std::string>(c, "skipped", "");
   }
+  if (j.contains("metrics") && j["metrics"].is_object()) {
+    const auto& m = j["metrics"];
+    r.metrics.names = get(m, "names", std::vector<std::string>{});
+    r.metrics.records = get(m, "records", 0ULL), r.metrics.dropped = get(m, "dropped", 0ULL);
+  }
   return r;
 }
 
 json to_json_value(const RunRecord& r) {
   json hosts = json::array();
-  for (const auto& h : r.hosts)
+  for (const auto& h : r.hosts) {
+    json environment = json::object();
+    for (const auto& [k, v] : h.environment) environment[k] = v;
     hosts.push_back({{"name", h.name},
                      {"address", h.address},
                      {"node_rank", h.node_rank},
-                     {"workdir", h.workdir.empty() ? json(nullptr) : json(h.workdir)}});
+                     {"workdir", h.workdir.empty() ? json(nullptr) : json(h.workdir)},
+                     {"environment", h.environment.empty() ? json(nullptr) : environment}});
+  }
   json ranks = json::array();
   for (const auto& k : r.ranks) {
     json gpus = json::array();
@@ -222,11 +238,46 @@ json to_json_value(const RunRecord& r) {
                                       {"dirty", r.code.dirty},
                                       {"skipped", or_null(r.code.skipped)}}
                                : json(nullptr)},
+      {"metrics",
+       r.metrics.records || r.metrics.dropped
+           ? json{{"names", r.metrics.names}, {"records", r.metrics.records}, {"dropped", r.metrics.dropped}}
+           : json(nullptr)},
       {"spec", r.spec_toml}};
   return j;
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, std::string>> environment_rows(const RunRecord& r) {
+  static const char* const kOrder[] = {"os",         "kernel", "arch", "glibc",  "cpus",  "gpus",
+                                       "gpu_driver", "cuda",   "nccl", "python", "torch", "mltrain"};
+  std::vector<std::pair<std::string, std::string>> rows;
+  for (const char* key : kOrder) {
+    std::vector<std::pair<std::string, std::vector<std::string>>> values;  // value -> its hosts
+    bool any = false;
+    for (const auto& h : r.hosts) {
+      std::string v = "-";
+      for (const auto& [k, val] : h.environment)
+        if (k == key) v = val, any = true;
+      auto it = std::find_if(values.begin(), values.end(), [&](const auto& p) { return p.first == v; });
+      if (it == values.end()) values.push_back({v, {}}), it = values.end() - 1;
+      it->second.push_back(h.name);
+    }
+    if (!any) continue;
+    if (values.size() == 1) {
+      rows.emplace_back(key, values[0].first);
+      continue;
+    }
+    std::string text;
+    for (const auto& [v, hosts] : values) {
+      std::string names;
+      for (const auto& n : hosts) names += (names.empty() ? "" : ", ") + n;
+      text += (text.empty() ? "" : "; ") + v + " (" + names + ")";
+    }
+    rows.emplace_back(key, text);
+  }
+  return rows;
+}
 
 std::string runs_dir() { return mltrain::state_home() + "/runs"; }
 std::string run_dir(const std::string& id) { return runs_dir() + "/" + id; }
@@ -264,7 +315,7 @@ std::string workdir_of(const RunRecord& r, int host) {
 void fill_from_plan(RunRecord& r, const plan::Plan& p) {
   r.hosts.clear();
   for (const auto& h : p.hosts)
-    r.hosts.push_back({h.host.name, h.local ? "127.0.0.1" : h.host.name, h.node_rank, ""});
+    r.hosts.push_back({h.host.name, h.local ? "127.0.0.1" : h.host.name, h.node_rank, "", {}});
   r.ranks.clear();
   for (const auto& k : p.ranks) {
     RankRecord rr;

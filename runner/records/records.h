@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "runner/records/code.h"
+#include "runner/records/metrics.h"
 
 namespace mltrain::plan {
 struct Plan;
@@ -38,6 +39,8 @@ struct HostRecord {
   std::string address;
   int node_rank = 0;
   std::string workdir;  // where its ranks ran, when not the run's workdir (its own copy of a synced folder)
+  // What its agent said of it at preflight (os, kernel, python, torch, ...: docs/records.md).
+  std::vector<std::pair<std::string, std::string>> environment;
 };
 
 // One PS server of the run: where it listened and its counters, as its agent last reported them.
@@ -90,8 +93,9 @@ struct RunRecord {
   std::vector<PsServerRecord> ps_servers;  // PS mode: in server order
   std::optional<Failure> failure;
   std::optional<PullRecord> pull;
-  std::string rerun_of;  // `mltrain rerun`: the run this one repeats
-  CodeSummary code;      // the code it ran (code.json in its folder), when recorded
+  std::string rerun_of;    // `mltrain rerun`: the run this one repeats
+  CodeSummary code;        // the code it ran (code.json in its folder), when recorded
+  MetricsSummary metrics;  // what its ranks reported (metrics.jsonl in its folder)
   // The live console's line prefix template ("[{host}:{rank}]", "[{rank}]", "" for none), so
   // `logs` prefixes lines the same way. Records written before it: "[{rank}]".
   std::string log_prefix = "[{rank}]";
@@ -120,6 +124,11 @@ std::string run_dir(const std::string& id);
 
 // A new, unique, time-sortable id like "20261129-141502-hello-3fa2", with its folder created.
 std::string create_run(const std::string& name);
+
+// The hosts' environment (HostRecord::environment) one row per fact in a fixed order: its value
+// when every host said the same, else each value with its hosts ("6.1.0 (h1, h2); 6.5.0 (h3)"),
+// "-" for a host that said none.
+std::vector<std::pair<std::string, std::string>> environment_rows(const RunRecord& r);
 
 // Fills hosts, ranks and addresses from a plan.
 void fill_from_plan(RunRecord& r, const plan::Plan& p);

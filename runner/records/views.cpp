@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <regex>
 #include <thread>
@@ -16,6 +17,8 @@
 #include "runner/common/status.h"
 #include "runner/common/sys_check.h"
 #include "runner/common/text.h"
+#include "runner/records/find.h"
+#include "runner/records/metrics.h"
 #include "runner/records/records.h"
 #include "runner/records/telemetry_log.h"
 #include "runner/records/telemetry_view.h"
@@ -302,17 +305,75 @@ int print_logs(const LogsOptions& o) {
   }
 }
 
-void print_list(bool json) {
-  auto runs = list();
-  if (json) {
+// Terminal columns of UTF-8 text: one per character.
+size_t columns_of(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+// The runs (oldest first) as a table of the given fields, newest first; cells escaped and cut at
+// 48 columns.
+void print_columns(const std::vector<RunRecord>& runs, const std::vector<std::string>& columns) {
+  std::vector<std::vector<std::string>> rows;
+  std::vector<size_t> width;
+  std::vector<std::string> head;
+  for (const auto& c : columns) {
+    std::string h = c;
+    for (char& ch : h) ch = char(std::toupper(static_cast<unsigned char>(ch)));
+    head.push_back(h);
+    width.push_back(h.size());
+  }
+  for (auto it = runs.rbegin(); it != runs.rend(); ++it) {
+    RunFields f(*it);
+    std::vector<std::string> row;
+    for (size_t i = 0; i < columns.size(); ++i) {
+      row.push_back(text::cut(text::host_text(cell_text(f.get(columns[i]))), 48));
+      width[i] = std::max(width[i], columns_of(row.back()));
+    }
+    rows.push_back(std::move(row));
+  }
+  auto print = [&](const std::vector<std::string>& row) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(width[i] - columns_of(row[i]) + 2, ' ');
+    }
+    std::printf("%s\n", line.c_str());
+  };
+  print(head);
+  for (const auto& row : rows) print(row);
+}
+
+void print_list(const ListOptions& o) {
+  const Filter filter(o.where);
+  const std::vector<std::string> columns =
+      o.columns.empty() ? std::vector<std::string>{} : parse_columns(o.columns);
+  const std::vector<RunRecord> all = list();
+  std::vector<RunRecord> runs;  // oldest first, as list() gives them
+  for (const auto& r : all)
+    if (RunFields f(r); filter.matches(f)) runs.push_back(r);
+  if (o.json) {
     std::reverse(runs.begin(), runs.end());  // newest first, as the table
     std::printf("%s\n", list_to_json(runs).c_str());
     return;
   }
-  if (runs.empty()) {
+  if (o.jsonl) {
+    for (auto it = runs.rbegin(); it != runs.rend(); ++it) {
+      RunFields f(*it);
+      std::printf("%s\n", jsonl_row(f, columns).c_str());
+    }
+    return;
+  }
+  if (all.empty()) {
     std::printf("no runs yet in %s (start one with 'mltrain run')\n", runs_dir().c_str());
     return;
   }
+  if (runs.empty()) {
+    std::printf("no run of the %zu recorded matches --where '%s'\n", all.size(), o.where.c_str());
+    return;
+  }
+  if (!columns.empty()) return print_columns(runs, columns);
   std::printf("%-34s %-12s %-4s %5s %5s %-19s %9s %4s\n", "ID", "STATUS", "KIND", "RANKS", "HOSTS", "STARTED",
               "DURATION", "EXIT");
   for (auto it = runs.rbegin(); it != runs.rend(); ++it) {  // newest first
@@ -333,6 +394,7 @@ static std::string code_line(const CodeSummary& c) {
     return std::string(buf);
   };
   std::string line = std::to_string(c.files) + " file" + (c.files == 1 ? "" : "s") + ", " + mib(c.bytes);
+  if (!c.kept && c.files == 0 && c.bytes == 0) return "not kept: " + c.skipped;
   if (!c.kept) return line + "; contents not kept: " + (c.skipped.empty() ? "no store" : c.skipped);
   line +=
       ", kept (" + (c.new_bytes ? mib(c.new_bytes) + " new in the store" : std::string("nothing new")) + ")";
@@ -342,7 +404,7 @@ static std::string code_line(const CodeSummary& c) {
   return line;
 }
 
-void print_show(const std::string& query, bool json) {
+void print_show(const std::string& query, bool json, bool color) {
   std::string id = resolve(query);
   RunRecord r = load(id);
   size_t skipped = 0;
@@ -353,8 +415,13 @@ void print_show(const std::string& query, bool json) {
     std::string doc = to_json(r, true);
     size_t end = doc.rfind('}');
     std::string util = samples.empty() ? "null" : utilization_json(use);
-    std::printf("%s,\n  \"utilization\": %s\n}\n",
-                doc.substr(0, doc.find_last_not_of(" \n", end - 1) + 1).c_str(), util.c_str());
+    const auto series = read_metrics(run_dir(r.id));
+    std::string metrics = series.empty() ? "null" : metric_series_json(series);
+    for (size_t at = 0; (at = metrics.find('\n', at)) != std::string::npos; at += 3)
+      metrics.insert(at + 1, "  ");
+    std::printf("%s,\n  \"utilization\": %s,\n  \"metric_series\": %s\n}\n",
+                doc.substr(0, doc.find_last_not_of(" \n", end - 1) + 1).c_str(), util.c_str(),
+                metrics.c_str());
     return;
   }
   // Every string of the record as text for a terminal: the record holds what hosts said.
@@ -384,6 +451,11 @@ void print_show(const std::string& query, bool json) {
   std::printf("master     %s:%d\n", t(r.master_addr), r.master_port);
   std::printf("restarts   %d of %d\n", r.restarts, r.max_restarts);
   std::printf("logs       %s\n", run_dir(r.id).c_str());
+  // What the hosts' agents found at preflight: one value where every host said the same.
+  const auto environment = environment_rows(r);
+  if (!environment.empty())
+    std::printf("\nenvironment%s\n", r.hosts.size() > 1 ? " (every host, unless named)" : "");
+  for (const auto& [k, v] : environment) std::printf("  %-11s %s\n", k.c_str(), t(v));
   if (r.pull) {
     std::printf("pulled     %llu file%s (%s) into %s/pulled%s\n", (unsigned long long)r.pull->files,
                 r.pull->files == 1 ? "" : "s", human_bytes(r.pull->bytes).c_str(), run_dir(r.id).c_str(),
@@ -429,6 +501,13 @@ void print_show(const std::string& query, bool json) {
     std::printf("\nfirst failure: %s\n", message.c_str());
     for (const auto& l : r.failure->tail) std::printf("    %s\n", text::escape_console(l).c_str());
   }
+  size_t bad_metrics = 0;
+  const auto series = read_metrics(run_dir(r.id), &bad_metrics);
+  std::printf("%s", format_metrics(series, utf8_locale(), color).c_str());
+  if (bad_metrics) std::printf("(%zu lines of metrics.jsonl could not be read)\n", bad_metrics);
+  if (r.metrics.dropped)
+    std::printf("(%llu metric records or values were refused: not JSON, too long, or over a bound)\n",
+                (unsigned long long)r.metrics.dropped);
   std::printf("%s", format_utilization(use).c_str());
   if (skipped) std::printf("(%zu lines of telemetry.jsonl could not be read)\n", skipped);
 }

@@ -23,11 +23,19 @@ struct LogsOptions {
 // they arrived (or rank by rank); with follow, keeps printing new lines until the run ends.
 // Returns the process exit code: 0, or with follow the run's own exit code.
 int print_logs(const LogsOptions& o);
-void print_list(bool json);
-void print_show(const std::string& id, bool json);
+struct ListOptions {
+  bool json = false;    // one JSON document (docs/json.md)
+  bool jsonl = false;   // one JSON object per line
+  std::string where;    // a filter (records/find.h)
+  std::string columns;  // "" = the default table
+};
+// `mltrain ls`: the runs, newest first, that pass `where`.
+void print_list(const ListOptions& o);
+// `color`: the metric charts' dots coloured.
+void print_show(const std::string& id, bool json, bool color = false);
 // `mltrain diff A B`: the two records side by side (differing rows marked *), the spec's and the
 // code's unified diffs (from the code store); with as_json one document (docs/json.md, "diff").
-int print_diff(const std::string& a, const std::string& b, bool as_json, bool terminal);
+int print_diff(const std::string& a, const std::string& b, bool as_json, bool terminal, bool color = false);
 // Asks the run's launcher to stop (SIGTERM) and waits for it to finish. Returns the exit code.
 int stop_run(const std::string& id);
 

@@ -359,6 +359,35 @@ bool never_written(const JobSpec&) { return false; }
 bool sync_written(const JobSpec& s) { return s.sync.enabled; }
 bool setup_written(const JobSpec& s) { return !s.setup.command.empty(); }
 bool k8s_written(const JobSpec& s) { return s.k8s.present; }
+bool metrics_written(const JobSpec& s) { return !s.metrics.patterns.empty(); }
+
+// One pattern or an array of them, each checked where it is written.
+void read_metric_patterns(Load& l, const Value& v) {
+  std::vector<const Value*> items;
+  if (v.is(Value::Kind::array))
+    for (const auto& item : v.items) items.push_back(&item);
+  else
+    items.push_back(&v);
+  std::vector<std::string> patterns;
+  for (const Value* item : items) {
+    std::string p = get_string(l, *item, "pattern"), error;
+    std::vector<std::string> groups;
+    if (metric_regex(p, groups, error).empty())
+      l.fail(item->at, "[metrics] pattern '" + p + "': " + error,
+             "Python's syntax: 'loss=(?P<loss>[-0-9.e+]+)'; a group named step is the step");
+    patterns.push_back(std::move(p));
+  }
+  l.spec.metrics.patterns = std::move(patterns);
+}
+
+void write_metric_patterns(const JobSpec& s, Value& metrics) {
+  const auto& p = s.metrics.patterns;
+  if (p.size() == 1) return set_field(metrics, "pattern", string_value(p[0]));
+  std::vector<Value> items;
+  for (const auto& one : p) items.push_back(string_value(one));
+  set_field(metrics, "pattern", array_value(std::move(items)));
+}
+
 bool record_written(const JobSpec& s) {
   const RecordSection fresh;
   return s.record.code != fresh.code || s.record.code_max != fresh.code_max;
@@ -813,6 +842,19 @@ std::vector<Key> sync_and_setup_keys() {
        .emit = Emit::unless_default,
        .hi = int64_t(1) << 40,
        .range_hint = "1 TiB"},
+      {.name = "metrics",
+       .type = Type::section,
+       .doc = "scalars read from rank 0's output (docs/metrics.md)",
+       .written = metrics_written},
+      {.section = "metrics",
+       .name = "pattern",
+       .type = Type::custom,
+       .member = member<&S::metrics, &MetricsSection::patterns>(),
+       .doc = "regexes whose named groups are metrics; a group named step is the step",
+       .emit = Emit::custom,
+       .shown = "string or array of strings",
+       .read = read_metric_patterns,
+       .write = write_metric_patterns},
   };
 }
 

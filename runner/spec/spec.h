@@ -112,6 +112,19 @@ struct RecordSection {
   uint64_t code_max = uint64_t{1} << 30;  // a tree larger than this keeps its manifest only
 };
 
+// [metrics]: scalars read from rank 0's output (docs/metrics.md).
+struct MetricsSection {
+  // Regular expressions whose named groups are metrics ("loss=(?P<loss>[-0-9.e+]+)"); a group
+  // named `step` is the step. Matched against each line of rank 0's stdout and stderr.
+  std::vector<std::string> patterns;
+};
+
+// A [metrics] pattern in std::regex's ECMAScript grammar: each named group, Python's
+// `(?P<name>...)` or `(?<name>...)`, made a plain group. `groups` gets the name of every capturing
+// group in order ("" for an unnamed one). "" with `error` set when the pattern does not compile,
+// names no metric, or uses what ECMAScript lacks (a named back-reference).
+std::string metric_regex(const std::string& pattern, std::vector<std::string>& groups, std::string& error);
+
 // [setup]: a command run once per host before any rank (docs/sync.md).
 struct SetupSection {
   std::string command;        // "": none
@@ -155,6 +168,7 @@ struct JobSpec {
   SyncSection sync;
   SetupSection setup;
   RecordSection record;
+  MetricsSection metrics;
   K8sSection k8s;
 };
 

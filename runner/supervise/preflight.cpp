@@ -2,6 +2,7 @@
 // Nothing starts unless every host passes.
 #include <algorithm>
 #include <cstdio>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -115,6 +116,7 @@ void RunPlay::begin_preflight() {
   m.nccl_library = plan_.nccl_library;
   m.has_cuda_visible_devices = plan_.user_cuda_visible_devices ? 1 : 0;
   m.cuda_visible_devices = plan_.user_cuda_visible_devices.value_or("");
+  m.facts = 1;
   number_ps_servers();
   if (opts_.sync)
     syncs_ = std::make_unique<Syncs>(fleet_, *opts_.sync, *out_, out_->terminal() && opts_.console.color);
@@ -151,10 +153,26 @@ void RunPlay::send_prepare(size_t i) {
   fleet_.send(i, m);
 }
 
+// What a host's agent said of it, into the record: a host's words, so bounded (32 facts of a
+// known name, 200 bytes each); unknown names are dropped.
+void RunPlay::record_facts(size_t i, const std::vector<std::string>& facts) {
+  static const std::set<std::string> kNames = {"os",         "kernel", "arch", "glibc",  "cpus",  "gpus",
+                                               "gpu_driver", "cuda",   "nccl", "python", "torch", "mltrain"};
+  if (i >= rec_.hosts.size()) return;
+  auto& env = rec_.hosts[i].environment;
+  env.clear();
+  for (const auto& f : facts) {
+    const size_t eq = f.find('=');
+    if (eq == std::string::npos || !kNames.count(f.substr(0, eq)) || env.size() >= 32) continue;
+    env.emplace_back(f.substr(0, eq), f.substr(eq + 1, 200));
+  }
+}
+
 void RunPlay::on(size_t i, uint32_t, msg::Prepared& m) {
   if (fleet_[i].state() != HostState::preparing) return;
   RunHost& h = hosts_[i];
   h.prepared = std::move(m);
+  record_facts(i, h.prepared.facts);
   for (const auto& port : h.prepared.ports)  // a host's word, used as a number below
     if (!text::parse_int_in(port, 1, 65535))
       h.prepared.problems.push_back("the agent offered the port '" + text::host_text(port, 32) +
@@ -209,6 +227,7 @@ void RunPlay::settle_rendezvous() {
   records::fill_from_plan(rec_, plan_);
   for (size_t i = 0; i < fleet_.size(); ++i) {
     rec_.hosts[i].address = fleet_[i].link->address();
+    record_facts(i, hosts_[i].prepared.facts);
     if (syncs_ && syncs_->on_host(i, plan_.workdir) != plan_.workdir)
       rec_.hosts[i].workdir = syncs_->on_host(i, plan_.workdir);
   }

@@ -77,6 +77,7 @@ int RunPlay::run() {
   rec_.log_prefix = records::prefix_template(opts_.console.prefix, plan_.multi_host);
   out_ = std::make_unique<Output>(infos, plan_.multi_host, records::run_dir(rec_.id), opts_.console,
                                   opts_.console_fd, 2);
+  metrics_ = std::make_unique<records::MetricsLog>(records::run_dir(rec_.id), opts_.metric_patterns);
   ranks_.assign(plan_.ranks.size(), RankState{});
   begin(Phase::connecting);
   fleet_.drive(*this);
@@ -134,6 +135,7 @@ void RunPlay::restart_gang() {
   out_->mark_all("==> mltrain: restart " + std::to_string(restart_ + 1) + " of " +
                  std::to_string(opts_.max_restarts) + " <==");
   ++restart_;
+  metrics_->restarted(restart_);
   plan::set_restart_count(plan_, restart_);
   ending_ = Ending::none;
   stop_deadline_.reset();
@@ -300,7 +302,10 @@ bool RunPlay::hold_reads() {
 }
 
 std::chrono::milliseconds RunPlay::max_wait() { return out_->due_in(); }
-void RunPlay::flush() { out_->flush(); }
+void RunPlay::flush() {
+  out_->flush();
+  metrics_->flush();
+}
 void RunPlay::before_message() { out_->before_message(); }
 
 void RunPlay::on_resumed(Clock::time_point now) {
@@ -320,7 +325,9 @@ void RunPlay::on(size_t i, uint32_t id, msg::Output& m) {
     return;
   }
   if (id >= plan_.ranks.size() || size_t(plan_.ranks[id].host) != i) return;
+  if (m.stream == 3) return metrics_->channel(int(id), m.bytes);  // mltrain.log's lines
   out_->data(int(id), m.stream, m.bytes);
+  metrics_->output(int(id), m.stream, m.bytes);
 }
 
 void RunPlay::on(size_t, uint32_t id, msg::Started& m) {

@@ -118,6 +118,10 @@ int RunPlay::finish() {
   rec_.exit_code = code;
   rec_.ended_at = records::now_iso8601();
   rec_.duration_s = std::chrono::duration<double>(clock_.now() - job_start_).count();
+  if (metrics_) {
+    metrics_->flush();
+    rec_.metrics = metrics_->summary();
+  }
   if (!records::save(rec_)) record_unsaved_ = true;
   print_summary(code);
   // The job's outcome stands, but what it left behind is incomplete: say so loudly, and a job that

@@ -97,6 +97,9 @@ struct Options {
   // The hint when preflight finds the workdir missing or unreadable on a host ("" : the generic
   // one): the launcher knows whether the code was meant to be synced there.
   std::string workdir_hint;
+  // [metrics] patterns, matched on rank 0's output into metrics.jsonl (mltrain.log's lines go
+  // there with or without them).
+  std::vector<std::string> metric_patterns;
 };
 
 // Chooses the transport for a host (local child or SSH).

@@ -169,7 +169,8 @@ def test_bash_completes(scripts, env):
     assert got["mltrain run --profile "] == ["cpu-cluster", "local", "mine", "nccl-ethernet"]
     assert got["mltrain run --profile m"] == ["mine"]
     assert {"--help", "--version", "--verbose", "--color"} <= set(got["mltrain -"])
-    assert set(got["mltrain ls -"]) == {"-h", "--help", "--json", "-v", "--verbose", "--color"}
+    assert set(got["mltrain ls -"]) == {"-h", "--help", "--json", "--jsonl", "--where", "--columns", "-v", "--verbose",
+                                        "--color"}
 
 
 def test_bash_default_run_home(scripts, env):

@@ -73,6 +73,10 @@ def test_each_rank_gets_its_gpus(ml, fakes, gpus, nprocs, want):
     # The run record holds the environment the ranks got.
     rec = json.loads(ml("show", "--json", "latest").stdout)
     assert [x["env"]["CUDA_VISIBLE_DEVICES"] for x in rec["ranks"]] == want
+    # And what the host's agent found: the GPUs' model, driver and CUDA (the fake NVML's defaults).
+    facts = rec["hosts"][0]["environment"]
+    assert facts["gpus"] == "4 x NVIDIA H100 80GB HBM3" and facts["gpu_driver"] == "580.95.05", facts
+    assert facts["cuda"] == "13.0", facts
 
 
 def test_too_few_gpus_fails_preflight_naming_the_host(ml, fakes):

@@ -3,6 +3,7 @@ delivered into a clean home: every op x dtype on numpy and torch (3 hosts x 2 ra
 hooks and DistributedOptimizer against gloo, a rank killed mid-step, `mltrain bench` from the
 delivered benchmark. Ranks run as the cluster's login user; worker scripts and outputs live in
 mh.shared. The same on one host: test_python.py."""
+import json
 import pwd
 import re
 import shutil
@@ -35,7 +36,7 @@ def test_clean_home_gets_import_mltrain_and_bench_from_the_launcher(mh, cluster)
     # Nothing of mltrain on the hosts: no agent, no runtime in the user's cache.
     shutil.rmtree(user_cache(), ignore_errors=True)
     probe = ("import mltrain, numpy as np, os, socket; mltrain.init(); "
-             "x = mltrain.allreduce(np.ones(4, np.int64)); "
+             "x = mltrain.allreduce(np.ones(4, np.int64)); mltrain.log(step=7, total=float(x[0])); "
              "print('PROBE', socket.gethostname(), int(x[0]), mltrain.__file__, mltrain.library_path(), "
              "os.environ.get('LD_LIBRARY_PATH', 'none'))")
     r = mh.run("-H", "h1:1,h2:1,h3:1", "--workdir", "/tmp", "--", PY, "-c", probe, timeout=120)
@@ -49,6 +50,13 @@ def test_clean_home_gets_import_mltrain_and_bench_from_the_launcher(mh, cluster)
         assert total == "3" and ld == "none", rows
         assert pkg == str(rt / "python/mltrain/__init__.py") and lib == str(rt / "lib/libmltrain-comm.so.0"), rows
     assert {row[0] for row in rows} == {"h1", "h2", "h3"}, rows
+    # mltrain.log from every host's ranks through its agent; each host's environment recorded.
+    run = mh.show()
+    lines = [json.loads(l) for l in (mh.latest_run_dir() / "metrics.jsonl").read_text().splitlines()]
+    assert sorted((l["rank"], l["step"], l["total"]) for l in lines) == [(0, 7, 3.0), (1, 7, 3.0), (2, 7, 3.0)]
+    assert run["metric_series"]["total"]["last"] == 3.0
+    for h in run["hosts"]:
+        assert h["environment"]["python"].endswith(f"({PY})") and h["environment"]["kernel"], h
 
     b = mh.ml("bench", *mh.args("-H", "h1:1,h2:1,h3:1"), "-b", "64K", "-e", "1M", "-f", "4",
               "--iters", "3", "--warmup", "1", "--check", timeout=120)

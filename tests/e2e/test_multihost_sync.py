@@ -209,7 +209,7 @@ def test_cp_and_ssh_reach_a_rank_in_its_synced_folder(mh, cluster, tmp_path):  #
 
 def test_rerun_runs_its_run_s_code_on_every_host_after_the_project_changed_and_is_gone(mh, cluster):  # noqa: F811
     import shutil
-    p = project(mh.shared, "again", "./train.sh")
+    p = project(mh.shared, "again", "./train.sh", "[metrics]\npattern = 'VERSION = (?P<version>[0-9]+)'\n")
     r = run(mh, p / "job.toml")
     assert r.returncode == 0, r.stderr
     a = mh.show()["id"]
@@ -223,6 +223,10 @@ def test_rerun_runs_its_run_s_code_on_every_host_after_the_project_changed_and_i
     d = mh.ml("diff", a, b)
     assert d.returncode == 0, d.stderr
     assert "-VERSION = 1\n+VERSION = 2" in d.stdout and "  removed  src/data.txt" in d.stdout, d.stdout
+    # The pattern read rank 0's version from its output; each host's kernel is one row for all.
+    assert "* version   1 / 1                    2 / 2" in d.stdout, d.stdout
+    assert re.search(r"^  kernel +\S+ += *$", d.stdout, re.M), d.stdout
+    assert "environment (every host, unless named)" in mh.ml("show", b).stdout
 
     def rerun_prints_version_1():
         # The recorded spec keeps the hosts (-H) and the ssh config: rerun needs nothing more.

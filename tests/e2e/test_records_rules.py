@@ -78,7 +78,7 @@ RUN_FIELDS = {"schema", "id", "name", "status", "exit_code", "launcher_pid", "la
               "ended_at", "duration_s", "spec_file", "workdir", "git_commit", "argv", "master_addr",
               "master_port", "restarts", "max_restarts", "detached", "slurm_job_id", "ps_servers", "log_prefix",
               "kind", "ssh_config", "rerun_of",
-              "hosts", "ranks", "failure", "pull", "code", "spec"}
+              "hosts", "ranks", "failure", "pull", "code", "metrics", "spec"}
 RANK_FIELDS = {"rank", "host", "node_rank", "local_rank", "pid", "exit_code", "signal", "host_lost", "env", "gpus"}
 
 
@@ -89,6 +89,10 @@ def _check_run(doc, ended=True, fields=RUN_FIELDS):
                                    and doc["pull"]["complete"] == (doc["pull"]["problems"] == [])), doc["pull"]
     assert doc["code"] is None or set(doc["code"]) == {"kept", "files", "bytes", "new_bytes", "withheld", "dirty",
                                                        "skipped"}, doc["code"]
+    assert doc["metrics"] is None or set(doc["metrics"]) == {"names", "records", "dropped"}, doc["metrics"]
+    for h in doc["hosts"]:
+        assert set(h) == {"name", "address", "node_rank", "workdir", "environment"}, h
+        assert h["environment"] is None or all(isinstance(v, str) for v in h["environment"].values()), h
     host_names = {h["name"] for h in doc["hosts"]}
     for k in doc["ranks"]:
         assert set(k) == RANK_FIELDS
@@ -112,8 +116,9 @@ def test_every_json_output_follows_the_documented_schema(ml):
     # show: the run and its utilization summary (docs/json.md, "utilization"; this run was too short
     # for a sample, so null or a summary of what came).
     shown = json.loads(ml("show", "--json").stdout)
-    _check_run(shown, fields=RUN_FIELDS | {"utilization"})
+    _check_run(shown, fields=RUN_FIELDS | {"utilization", "metric_series"})
     assert shown["utilization"] is None or shown["utilization"]["samples"] >= 1
+    assert shown["metric_series"] is None  # this run logged nothing
     ls = json.loads(ml("ls", "--json").stdout)
     assert set(ls) == {"schema", "runs"} and ls["schema"] == 1
     for x in ls["runs"]:

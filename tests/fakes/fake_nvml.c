@@ -5,6 +5,7 @@
  *   memory_mib N       every GPU's memory in MiB (default 81559)
  *   mig 0|1            MIG mode, current and pending (default 0)
  *   driver_version T   nvmlSystemGetDriverVersion (default "580.95.05")
+ *   cuda_driver_version N  nvmlSystemGetCudaDriverVersion_v2 (default 13000: CUDA 13.0)
  *   init_delay_ms N    nvmlInit takes this long (default 0), as on a big or busy machine
  * UUIDs are fake_gpu_uuid(i), as the fake nvidia-smi and the fake CUDA runtime give them.
  * The ABI is NVML's (nvml.h): declared here, since no NVML header is needed to build it. */
@@ -122,6 +123,13 @@ nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned* current, unsign
   if (!valid(device)) return init_count ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
   if (current == NULL || pending == NULL) return NVML_ERROR_INVALID_ARGUMENT;
   *current = *pending = fake_conf_int(&init_count, "mig", 0) ? 1u : 0u;
+  return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int* version) {
+  if (init_count == 0) return NVML_ERROR_UNINITIALIZED;
+  if (version == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+  *version = fake_conf_int(&init_count, "cuda_driver_version", 13000);
   return NVML_SUCCESS;
 }
 

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -47,7 +48,7 @@ struct FakeRank {
   std::vector<int> signals;
   bool ignores_term = false;
   bool alive = true;
-  int out = -1, err = -1;  // the rank's write ends
+  int out = -1, err = -1, metrics = -1;  // the rank's write ends
 };
 
 class FakeProcesses final : public agent::ProcessTable {
@@ -67,8 +68,10 @@ class FakeProcesses final : public agent::ProcessTable {
     int out[2], err[2] = {-1, -1};
     REQUIRE(::pipe2(out, O_CLOEXEC | O_NONBLOCK) == 0);
     if (!spec.one_stream) REQUIRE(::pipe2(err, O_CLOEXEC | O_NONBLOCK) == 0);
-    pipes = agent::ProcessPipes{out[0], err[0], -1};
-    r.out = out[1], r.err = err[1];
+    int metrics[2] = {-1, -1};
+    if (spec.metrics_pipe) REQUIRE(::pipe2(metrics, O_CLOEXEC | O_NONBLOCK) == 0);
+    pipes = agent::ProcessPipes{out[0], err[0], -1, metrics[0]};
+    r.out = out[1], r.err = err[1], r.metrics = metrics[1];
     r.ignores_term = spec.argv[0] == "ignores-term";
     const pid_t pid = next_pid_++;
     ranks[pid] = std::move(r);
@@ -121,7 +124,7 @@ class FakeProcesses final : public agent::ProcessTable {
 
  private:
   static void close_ends(FakeRank& r) {
-    for (int* fd : {&r.out, &r.err})
+    for (int* fd : {&r.out, &r.err, &r.metrics})
       if (*fd >= 0) ::close(*fd), *fd = -1;
   }
   pid_t next_pid_ = 4000;
@@ -396,6 +399,67 @@ TEST_CASE("agent_core: a rank's output precedes its exit, and a failed exec is s
   auto failed = all_of<msg::SpawnFailed>(l.said());
   REQUIRE(failed.size() == 1);
   CHECK(failed[0].message == "exec of 'missing': No such file or directory");
+}
+
+// What the run records of a host: asked for, it comes with Prepared; not asked, nothing is probed.
+TEST_CASE("agent_core: Prepare with facts says the host's OS, kernel, Python and mltrain") {
+  Launcher l;
+  l.hello(5000, 0);
+  msg::Prepare p;
+  p.argv0 = "train";
+  l.send(p);
+  CHECK_FALSE(l.turns());
+  auto plain = all_of<msg::Prepared>(l.said());
+  REQUIRE(plain.size() == 1);
+  CHECK(plain[0].facts.empty());
+  p.facts = 1;
+  l.send(p);
+  CHECK_FALSE(l.turns());
+  auto got = all_of<msg::Prepared>(l.said());
+  REQUIRE(got.size() == 1);
+  std::map<std::string, std::string> facts;
+  for (const auto& f : got[0].facts) facts[f.substr(0, f.find('='))] = f.substr(f.find('=') + 1);
+  struct utsname u;
+  REQUIRE(::uname(&u) == 0);
+  CHECK(facts["kernel"] == u.release);
+  CHECK(facts["arch"] == u.machine);
+  CHECK_FALSE(facts["os"].empty());
+  CHECK(facts["mltrain"].rfind("0.", 0) == 0);
+  // python3 as the ranks' PATH (/usr/bin:/bin) finds it; no GPUs asked: no GPU facts.
+  CHECK(facts["python"].find("(/usr/bin/python3)") != std::string::npos);
+  CHECK(facts.count("torch") == 1);
+  CHECK(facts.count("gpus") == 0);
+  CHECK(facts.count("gpu_driver") == 0);
+}
+
+// mltrain.log's lines travel as stream 3 of the rank, apart from its output, before its exit.
+TEST_CASE("agent_core: a rank's metrics pipe is forwarded as stream 3; the setup command has none") {
+  Launcher l;
+  l.hello(5000, 0);
+  const pid_t pid = l.spawn(0, "train");
+  const FakeRank& r = l.procs.ranks.at(pid);
+  REQUIRE(r.spec.metrics_pipe);
+  CHECK(std::find(r.spec.env.begin(), r.spec.env.end(), "MLTRAIN_METRICS_FD=3") != r.spec.env.end());
+  const std::string metric = "{\"step\":1,\"loss\":0.5}\n", line = "step 1\n";
+  REQUIRE(::write(r.metrics, metric.data(), metric.size()) == ssize_t(metric.size()));
+  REQUIRE(::write(r.out, line.data(), line.size()) == ssize_t(line.size()));
+  l.procs.end(pid, 0);
+  CHECK_FALSE(l.turns());
+  auto out = all_of<msg::Output>(l.said());
+  REQUIRE(out.size() == 2);
+  CHECK(out[0].stream == 1);
+  CHECK(out[0].bytes == line);
+  CHECK(out[1].stream == 3);
+  CHECK(out[1].bytes == metric);
+
+  msg::Spawn setup;
+  setup.argv = {"sh"};
+  setup.env = {"MLTRAIN_METRICS_FD=9"};
+  l.send(setup, agent::kSetupId);
+  CHECK_FALSE(l.turns());
+  const FakeRank& s = std::prev(l.procs.ranks.end())->second;
+  CHECK_FALSE(s.spec.metrics_pipe);
+  for (const auto& kv : s.spec.env) CHECK(kv.rfind("MLTRAIN_METRICS_FD=", 0) != 0);
 }
 
 namespace {

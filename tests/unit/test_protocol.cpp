@@ -141,7 +141,8 @@ const msg::Prepare kPrepare{"10.0.0.1",
                             "0.10000000000000001",
                             "0.9",
                             "0",
-                            "25%"};
+                            "25%",
+                            1};
 const msg::Probe kProbe{29500,
                         "/opt/venv/bin/python",
                         "/opt/venv/bin:/usr/bin",
@@ -150,9 +151,19 @@ const msg::Probe kProbe{29500,
                         "",
                         "/home/u/proj",
                         "torchrun"};
-const msg::Prepared kPrepared{
-    "eth0", "10.0.0.2", {"29500", "29501"}, {"program x not found"}, 1, {kH100, {}}, {3, 0}, "nvml", "",
-    1,      "3,0",      {40001, 40002}};
+const msg::Prepared kPrepared{"eth0",
+                              "10.0.0.2",
+                              {"29500", "29501"},
+                              {"program x not found"},
+                              1,
+                              {kH100, {}},
+                              {3, 0},
+                              "nvml",
+                              "",
+                              1,
+                              "3,0",
+                              {40001, 40002},
+                              {"os=Debian GNU/Linux 12 (bookworm)", "torch=2.5.1+cu121"}};
 const msg::Probed kProbed{{"arch=x86_64", "gpus=1"}, {kH100}};
 const SyncEntry kFileEntry{"src/train.py",
                            SyncEntry::file,

@@ -35,7 +35,9 @@ TEST_CASE("records: save and load round trip") {
   r.status = "failed";
   r.exit_code = 3;
   r.argv = {"python3", "train.py", "--lr=0.1"};
-  r.hosts = {{"h1", "10.0.0.1", 0, ""}, {"h2", "10.0.0.2", 1, "~/.cache/mltrain/work/p-1a2b3c4d@2"}};
+  r.hosts = {{"h1", "10.0.0.1", 0, "", {{"kernel", "6.1.0"}, {"torch", "2.5.1"}}},
+             {"h2", "10.0.0.2", 1, "~/.cache/mltrain/work/p-1a2b3c4d@2", {{"kernel", "6.5.0"}}}};
+  r.metrics = {{"loss", "lr"}, 120, 3};
   records::RankRecord rank;
   rank.rank = 1;
   rank.host = 1;
@@ -71,6 +73,12 @@ TEST_CASE("records: save and load round trip") {
   CHECK(back.failure->host == "h2");
   CHECK(back.failure->tail == std::vector<std::string>{"Traceback", "boom"});
   CHECK(back.failure->reason == "rank_exit");
+  CHECK(back.metrics == r.metrics);
+  CHECK(back.hosts[0].environment == r.hosts[0].environment);
+  // One row per fact: one value when the hosts agree, else each value with its hosts.
+  CHECK(records::environment_rows(back) ==
+        std::vector<std::pair<std::string, std::string>>{{"kernel", "6.1.0 (h1); 6.5.0 (h2)"},
+                                                         {"torch", "2.5.1 (h1); - (h2)"}});
 }
 
 TEST_CASE("records: listing and id lookup") {

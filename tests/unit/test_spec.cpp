@@ -178,6 +178,9 @@ TEST_CASE("spec: malformed specs give one-line errors with their location") {
        "job.toml:3:11: 'timeout' has a malformed duration '10 minutes'"},
       {"[run]\ncommand = 'x'\ntimeout = '5x'\n", "malformed duration '5x'"},
       {"[run]\ncommand = 'x'\ngrace_period = -3\n", "'grace_period' must not be negative"},
+      {"[run]\ncommand = 'x'\n[metrics]\npattern = ['a=(?P<a>.)', 'loss=([0-9]+)']\n",
+       "job.toml:4:26: [metrics] pattern 'loss=([0-9]+)': the pattern names no metric"},
+      {"[run]\ncommand = 'x'\n[metrics]\npattern = 'x(?P<x>[0-9'\n", "not a regular expression"},
       {"[run]\ncommand = 'x'\ntimeout = true\n", "'timeout' must be a duration"},
       {"[run]\ncommand = 'x'\n[run.env]\nRANK = '3'\n",
        "job.toml:4:1: env 'RANK' is set by mltrain for every rank"},
@@ -338,6 +341,13 @@ TEST_CASE("spec: to_toml round-trips through load_file") {
   CHECK(back.sync.enabled);
   CHECK(back.record.code_max == 5u << 20);
   CHECK(spec::to_toml(back) == spec::to_toml(synced));
+  for (const char* patterns : {"'loss=(?P<loss>[0-9.]+)'", "['a=(?P<a>.)', 'b=(?P<b>.)']"}) {
+    auto m = spec::load_file(
+        d.write("m.toml", std::string("[run]\ncommand = 'x'\n[metrics]\npattern = ") + patterns + "\n"));
+    auto m2 = spec::load_file(d.write("m2.toml", spec::to_toml(m)));
+    CHECK(m2.metrics.patterns == m.metrics.patterns);
+    CHECK_FALSE(m.metrics.patterns.empty());
+  }
 }
 
 TEST_CASE("spec: [ps] makes the job PS mode and loads every key") {

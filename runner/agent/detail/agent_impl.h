@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "runner/agent/agent_core.h"
+#include "runner/agent/gpu_inventory.h"
 #include "runner/lease/claim.h"
 #include "runner/protocol/protocol.h"
 #include "runner/telemetry/sample.h"
@@ -121,7 +122,7 @@ struct PsHost;  // ps.cpp: this host's parameter servers
 struct Rank {
   uint32_t id = 0;
   pid_t pid = -1;
-  int fds[2] = {-1, -1};       // stdout, stderr read ends
+  int fds[3] = {-1, -1, -1};   // stdout, stderr, metrics read ends (stream fds[i] is i + 1)
   int stdin_fd = -1;           // write end of the rank's stdin pipe (spawned with stdin_pipe)
   std::string stdin_buf;       // bytes from Stdin frames not yet taken by the rank
   bool stdin_closing = false;  // StdinClose came: close once stdin_buf is written
@@ -164,6 +165,10 @@ class Agent {
   // The PATH a job's ranks look programs up in: the job's own, else the agent's.
   std::string ranks_path(const std::string& job_path) const;
   void on(uint32_t id, const msg::Prepare& m);
+  // What the run records of this host (host_facts.cpp); `gpus`: the inventory when one was taken,
+  // `nccl_version`: NCCL's when it was loaded (0: not).
+  std::vector<std::string> host_facts(const msg::Prepare& m, const GpuInventory* gpus, int nccl_version);
+  void python_facts(const std::string& python, std::vector<std::string>& facts);
   void on(uint32_t id, const msg::Probe& m);
   void on(uint32_t id, msg::Stdin& m);
   void on(uint32_t id, const msg::StdinClose& m);
@@ -242,7 +247,7 @@ class Agent {
   std::function<std::string(std::string& why)> unpack_runtime_;
   int in_fd_, out_fd_, sigfd_;
   std::vector<pollfd> fds_;  // one turn's wait: signals, stream in, stream out, then owners_'
-  std::vector<std::pair<Rank*, int>> owners_;  // the rank and pipe of each fds_[3...]: 0, 1 out, 2 in
+  std::vector<std::pair<Rank*, int>> owners_;  // the rank and pipe of each fds_[3...]: 0-2 out, 3 in
   std::map<uint32_t, Rank> ranks_;
   std::string outbox_;
   size_t outbox_pos_ = 0;

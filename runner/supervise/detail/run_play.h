@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "runner/records/metrics.h"
 #include "runner/records/telemetry_log.h"
 #include "runner/supervise/detail/fleet.h"
 #include "runner/supervise/detail/pulls.h"
@@ -119,6 +120,7 @@ class RunPlay final : public Play {
   void on(size_t i, uint32_t id, agent::msg::Started& m);
   void on(size_t i, uint32_t id, agent::msg::SpawnFailed& m);
   void on(size_t i, uint32_t id, agent::msg::Output& m);
+  void record_facts(size_t i, const std::vector<std::string>& facts);
   void on(size_t i, uint32_t id, agent::msg::Exited& m);
   void on(size_t i, uint32_t id, agent::msg::LauncherSilent& m);
   void on(size_t i, uint32_t id, agent::msg::Telemetry& m);
@@ -191,6 +193,7 @@ class RunPlay final : public Play {
   std::vector<RunHost> hosts_;  // beside the fleet's
   std::vector<RankState> ranks_;
   std::unique_ptr<Output> out_;
+  std::unique_ptr<records::MetricsLog> metrics_;      // metrics.jsonl
   std::unique_ptr<records::TelemetryLog> telemetry_;  // telemetry.jsonl, from the first sample
   telemetry::Board board_;                            // the latest samples, for the status line
   std::optional<Clock::time_point> next_status_;      // on a terminal: redraw the status line then

@@ -1,0 +1,160 @@
+// Metrics: [metrics] patterns, metrics.jsonl as the launcher writes it from what ranks send (any
+// of which may be hostile), read back, and the chart (runner/records/metrics.h).
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "runner/records/metrics.h"
+#include "runner/spec/spec.h"
+#include "temp_dir.h"
+
+namespace fs = std::filesystem;
+using namespace mltrain;
+
+namespace {
+
+std::vector<std::string> lines_of(const fs::path& p) {
+  std::ifstream in(p);
+  std::vector<std::string> out;
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+// The line without its "t" field, which is a time.
+std::string untimed(const std::string& line) {
+  const size_t comma = line.find(',');
+  return comma == std::string::npos ? line : "{" + line.substr(comma + 1);
+}
+
+}  // namespace
+
+TEST_CASE("metrics: a pattern's Python named groups become plain groups, and bad ones are refused") {
+  std::vector<std::string> groups;
+  std::string error;
+  CHECK(spec::metric_regex(R"(step (?P<step>\d+) loss=(?P<loss>[-0-9.e+]+) \((x)\))", groups, error) ==
+        R"(step (\d+) loss=([-0-9.e+]+) \((x)\))");
+  CHECK(groups == std::vector<std::string>{"step", "loss", ""});
+  CHECK(spec::metric_regex(R"((?:acc|accuracy)=(?<acc>[0-9.]+)[(?P<x>])", groups, error) ==
+        R"((?:acc|accuracy)=([0-9.]+)[(?P<x>])");  // inside a class, nothing is a group
+  CHECK(groups == std::vector<std::string>{"acc"});
+  for (const char* bad :
+       {"loss=([0-9.]+)", "(?P<step>\\d+)", "(?P<1x>.)", "(?P<a>.)(?P<a>.)", "(?P<a>[)", "(?P<a>.)(?P=a)"}) {
+    CAPTURE(bad);
+    error.clear();
+    CHECK(spec::metric_regex(bad, groups, error).empty());
+    CHECK_FALSE(error.empty());
+  }
+}
+
+TEST_CASE(
+    "metrics: mltrain.log lines and pattern matches land in metrics.jsonl; what is not a metric does not") {
+  testing::TempDir dir("metrics-log");
+  records::MetricsSummary summary;
+  {
+    records::MetricsLog log(dir.path.string(), {R"(it (?P<step>\d+) .*loss=(?P<ploss>[-0-9.e+]+))"});
+    // A rank's pipe, in pieces that split lines anywhere.
+    log.channel(1, R"({"step":3,"loss":0.5,"lr":1e-3}
+{"step":4,"lo)");
+    log.channel(1, R"(ss":null,"acc":1})"
+                   "\n");
+    log.channel(1, "not json\n[1,2]\n{\"step\":5,\"t\":9,\"bad name\":1,\"ok\":\"text\"}\n");
+    log.channel(1, "{\"x\":\"" + std::string(5000, 'a') + "\"}\n{\"step\":6,\"loss\":0.25}\n");
+    // Rank 0's output: a progress line counts as what it ends as; other ranks are not matched.
+    log.output(0, 1, "it 7 loss=9\rit 7 ... loss=0.75\n");
+    log.output(1, 1, "it 8 loss=0.1\n");
+    log.output(0, 2, "nothing here\n");
+    log.restarted(1);
+    log.channel(1, R"({"loss":0.125})"
+                   "\n");  // no step: the one after this rank's last
+    log.flush();
+    summary = log.summary();
+  }
+  std::vector<std::string> got;
+  for (const auto& l : lines_of(dir.path / records::kMetricsFile)) got.push_back(untimed(l));
+  CHECK(got == std::vector<std::string>{
+                   R"({"rank":1,"restart":0,"step":3,"loss":0.5,"lr":0.001})",
+                   R"({"rank":1,"restart":0,"step":4,"loss":null,"acc":1})",
+                   R"({"rank":1,"restart":0,"step":6,"loss":0.25})",
+                   R"({"rank":0,"restart":0,"step":7,"ploss":0.75})",
+                   R"({"rank":1,"restart":1,"step":7,"loss":0.125})",
+               });
+  CHECK(summary.names == std::vector<std::string>{"loss", "lr", "acc", "ploss"});
+  CHECK(summary.records == 5);
+  // not json, [1,2], the step-5 line's "t", "bad name" and "ok", the overlong line
+  CHECK(summary.dropped == 6);
+  CHECK((fs::status(dir.path / records::kMetricsFile).permissions() & fs::perms::all) == fs::perms(0600));
+}
+
+TEST_CASE("metrics: a host that floods names or bytes is bounded") {
+  testing::TempDir dir("metrics-bounds");
+  records::MetricsLog log(dir.path.string(), {});
+  std::string many;
+  for (size_t i = 0; i < records::kMaxMetricNames + 10; ++i)
+    many += "{\"step\":" + std::to_string(i) + ",\"m" + std::to_string(i) + "\":1}\n";
+  log.channel(0, many);
+  log.flush();
+  CHECK(log.summary().names.size() == records::kMaxMetricNames);
+  CHECK(log.summary().dropped == 10);
+}
+
+TEST_CASE("metrics: read back per metric from the lowest rank, a repeated step keeping its last value") {
+  testing::TempDir dir("metrics-read");
+  std::ofstream(dir.path / records::kMetricsFile)
+      << R"({"t":0,"rank":1,"restart":0,"step":0,"loss":9})"
+         "\n"
+      << R"({"t":0,"rank":0,"restart":0,"step":0,"loss":4,"acc":0.1})"
+         "\n"
+      << R"({"t":0,"rank":0,"restart":0,"step":1,"loss":3})"
+         "\n"
+      << "garbage\n"
+      << R"({"t":0,"rank":1,"restart":0,"step":1,"loss":8})"
+         "\n"
+      << R"({"t":0,"rank":0,"restart":1,"step":1,"loss":2,"acc":null})"
+         "\n"
+      << R"({"t":0,"rank":0,"restart":1,"step":2,"loss":1})"
+         "\n";
+  size_t skipped = 0;
+  const auto series = records::read_metrics(dir.path.string(), &skipped);
+  CHECK(skipped == 1);
+  REQUIRE(series.size() == 2);
+  CHECK(series[0].name == "loss");
+  CHECK(series[0].rank == 0);
+  CHECK(series[0].steps == std::vector<int64_t>{0, 1, 2});
+  CHECK(series[0].values == std::vector<double>{4, 2, 1});
+  CHECK(series[1].name == "acc");
+  CHECK(series[1].steps == std::vector<int64_t>{0});
+  const records::MetricStats st = records::stats_of(series[0]);
+  CHECK(st.first == 4);
+  CHECK(st.min == 1);
+  CHECK(st.min_step == 2);
+  CHECK(st.last == 1);
+  CHECK(st.count == 3);
+  CHECK(records::read_metrics((dir.path / "none").string()).empty());
+}
+
+TEST_CASE("metrics: the chart puts the first step bottom-left or top-left by value, with both axes") {
+  records::MetricSeries down{"loss", 0, {0, 10, 20}, {2, 1, 0}};
+  const auto rows = records::line_chart({&down}, 20, 4, false);
+  REQUIRE(rows.size() == 6);             // 4 plot rows, the axis, the steps
+  CHECK(rows[0].rfind("2 |*", 0) == 0);  // the first (highest) value at the left end of the top row
+  CHECK(rows[0].size() < 3 + 12);
+  CHECK(rows[3].rfind("0 |", 0) == 0);
+  CHECK(rows[3].back() == '*');  // the last (lowest) value at the right end of the bottom row
+  CHECK(rows[4] == "  +--------------------");
+  CHECK(rows[5] == "   step 0" + std::string(20 - 6 - 2, ' ') + "20");
+  // Two series: where they overlap '#', else each its own glyph.
+  records::MetricSeries up{"loss", 0, {0, 20}, {0, 2}};
+  const auto both = records::line_chart({&down, &up}, 3, 3, false);
+  CHECK(both[0] == "2 |* o");
+  CHECK(both[1] == "1 | #");
+  CHECK(both[2] == "0 |o *");
+  // Braille: one cell holds 2 by 4 dots; a single point is one dot.
+  records::MetricSeries one{"x", 0, {5}, {1}};
+  const auto dot = records::line_chart({&one}, 2, 2, true);
+  REQUIRE(dot.size() == 4);
+  CHECK(dot[2].find("└──") != std::string::npos);
+}
