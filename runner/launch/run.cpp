@@ -69,6 +69,7 @@ supervise::Options supervise_options(const spec::JobSpec& s, const JobRequest& r
   o.console.timestamps = s.logs.timestamps;
   o.console.prefix = s.logs.prefix;
   o.stdin_rank = req.overrides.stdin_rank;
+  o.metric_patterns = s.metrics.patterns;
   if (!s.logs.ranks.empty()) {
     auto list = text::parse_int_list(s.logs.ranks);
     o.console.ranks = std::set<int>(list->begin(), list->end());
@@ -288,10 +289,16 @@ void adapt_for_exec(spec::JobSpec& s, const JobRequest& req) {
   s.ps = {};
 }
 
+// What the planner says of a job before its run exists.
+struct Pending {
+  std::chrono::milliseconds telemetry_interval{0};
+  bool all_local = false;  // every host is this machine
+  std::string workdir;     // the ranks' folder, as planned (before a sync moves it)
+};
+
 // What can be wrong before a run exists (a bad knob, --stdin past the ranks): said before anything
-// is recorded. Returns the telemetry interval.
-std::chrono::milliseconds check_before_run(const spec::JobSpec& s, const JobRequest& req,
-                                           const std::string& token) {
+// is recorded.
+Pending check_before_run(const spec::JobSpec& s, const JobRequest& req, const std::string& token) {
   std::chrono::milliseconds telemetry_interval{0};
   try {
     telemetry_interval = knobs::mltrain_telemetry_interval.get();
@@ -300,8 +307,9 @@ std::chrono::milliseconds check_before_run(const spec::JobSpec& s, const JobRequ
   }
   detail::supervise_defaults();  // the heartbeat knobs too: checked before there is a run
   // Plan before creating the record, so a bad host list leaves no empty run behind.
-  const size_t nranks =
-      plan::make_plan(s, detail::plan_inputs(req, "pending", token, detail::Ports::free)).ranks.size();
+  const plan::Plan pending =
+      plan::make_plan(s, detail::plan_inputs(req, "pending", token, detail::Ports::free));
+  const size_t nranks = pending.ranks.size();
   if (const int in = req.overrides.stdin_rank; in >= 0) {
     if (req.detach)
       throw Error("--stdin cannot be used with --detach: a detached job has no terminal to read",
@@ -311,7 +319,9 @@ std::chrono::milliseconds check_before_run(const spec::JobSpec& s, const JobRequ
                       (nranks == 1 ? "" : "s") + " (0.." + std::to_string(nranks - 1) + ")",
                   "pick a rank in that range", exit_code::usage);
   }
-  return telemetry_interval;
+  const bool all_local =
+      std::all_of(pending.hosts.begin(), pending.hosts.end(), [](const auto& h) { return h.local; });
+  return {telemetry_interval, all_local, pending.workdir};
 }
 
 // Every secret's value the launcher knows: the spec's and the environment's secret-named variables.
@@ -324,24 +334,27 @@ std::vector<std::string> secret_values(const spec::JobSpec& s, const JobRequest&
   return out;
 }
 
-// The run's code: the synced tree's manifest in the run's folder and its contents in the store. A
-// store that cannot be written is a warning: the run goes on without its code kept.
-records::CodeSummary keep_code(const spec::JobSpec& s, const JobRequest& req, const detail::SyncPlan& sp,
-                               const records::RunRecord& rec) {
+// A workdir with more files and folders than this is not listed for the run's record.
+constexpr size_t kMaxWorkdirEntries = 20000;
+
+// The run's code: a tree's manifest in the run's folder and its contents in the store. A store
+// that cannot be written is a warning: the run goes on without its code kept.
+records::CodeSummary keep_tree(const sync::Tree& tree, const std::string& root, bool git,
+                               const spec::JobSpec& s, const JobRequest& req, const std::string& run_id) {
   std::vector<records::CodeEntry> entries;
-  entries.reserve(sp.tree.entries.size());
-  for (size_t i = 0; i < sp.tree.entries.size(); ++i) {
-    const auto& e = sp.tree.entries[i];
-    entries.push_back({e.path, e.kind, e.mode, e.size, e.hash.empty() ? "" : sync::hex(e.hash), e.target,
-                       sp.tree.sources[i]});
+  entries.reserve(tree.entries.size());
+  for (size_t i = 0; i < tree.entries.size(); ++i) {
+    const auto& e = tree.entries[i];
+    entries.push_back(
+        {e.path, e.kind, e.mode, e.size, e.hash.empty() ? "" : sync::hex(e.hash), e.target, tree.sources[i]});
   }
   records::CodeOptions o;
-  o.root = req.rerun ? req.rerun->root : sp.src;  // a rerun's tree is the run's, restored
+  o.root = root;
   o.max_bytes = s.record.code_max;
   o.secrets = secret_values(s, req);
-  o.git = !rec.git_commit.empty() && !req.rerun;
+  o.git = git;
   try {
-    return records::keep_code(rec.id, entries, o);
+    return records::keep_code(run_id, entries, o);
   } catch (const Error& e) {
     std::fprintf(stderr, "mltrain: warning: the run's code was not kept: %s\n", e.what());
     records::CodeSummary none;
@@ -350,10 +363,47 @@ records::CodeSummary keep_code(const spec::JobSpec& s, const JobRequest& req, co
   }
 }
 
+// What a run keeps of its code, before any port is chosen for it (listing and storing a tree takes
+// time, and a free port the planner found stays free only while nothing else takes it): a run that
+// syncs keeps the tree it syncs; a run on this machine alone without [sync] keeps its workdir,
+// listed as a sync would list it, when that is a project's size (not a home folder). `git`: the
+// commit of the synced folder or workdir ("" none).
+records::CodeSummary keep_run_code(const spec::JobSpec& s, const JobRequest& req, const Pending& pending,
+                                   const std::optional<detail::SyncPlan>& sp, const std::string& run_id,
+                                   const std::string& git) {
+  if (!s.record.code || req.exec) return {};
+  // A rerun's tree is the run's, restored: its origin and commit are the run's.
+  if (sp)
+    return keep_tree(sp->tree, req.rerun ? req.rerun->root : sp->src, !git.empty() && !req.rerun, s, req,
+                     run_id);
+  if (!pending.all_local || s.sync.reuse || pending.workdir.empty()) return {};
+  sync::TreeOptions to;
+  to.root = std::filesystem::absolute(pending.workdir).lexically_normal().string();
+  to.max_entries = kMaxWorkdirEntries;
+  to.max_bytes = s.record.code_max;
+  // Never the state folder itself (the records and the store), wherever it lies.
+  const std::string home = std::filesystem::absolute(state_home()).lexically_normal().string();
+  if (home == to.root || to.root.rfind(home + "/", 0) == 0) return {};
+  if (home.rfind(to.root + "/", 0) == 0) to.exclude.push_back("/" + home.substr(to.root.size() + 1) + "/");
+  records::CodeSummary skipped;
+  skipped.recorded = true;
+  try {
+    make_private_dirs(state_home() + "/sync");
+    to.cache_file = state_home() + "/sync/" + sync::hash_hex(to.root + "|workdir") + ".hashes";
+    return keep_tree(sync::build_tree(to), to.root, !git.empty(), s, req, run_id);
+  } catch (const sync::TooLarge& e) {
+    skipped.skipped = "the workdir " + to.root + " is not a project's size: " + e.what() +
+                      " (sync a project folder with [sync] to keep its code)";
+  } catch (const Error& e) {
+    skipped.skipped = "the workdir " + to.root + " could not be listed: " + e.what();
+  }
+  return skipped;
+}
+
 // The run's record, saved: it must be writable before anything starts (a full or read-only state
 // folder is a clean error here, not a cut record later, and leaves no empty run folder behind).
 records::RunRecord first_record(const spec::JobSpec& s, const plan::Plan& p, const JobRequest& req,
-                                const std::optional<detail::SyncPlan>& sp) {
+                                const std::optional<detail::SyncPlan>& sp, records::CodeSummary code) {
   records::RunRecord rec = new_record(s, p);
   if (p.slurm) {
     auto env = req.environ ? *req.environ : plan::current_environ();
@@ -362,7 +412,7 @@ records::RunRecord first_record(const spec::JobSpec& s, const plan::Plan& p, con
   if (sp) rec.git_commit = git_commit(sp->src);
   if (req.rerun) rec.rerun_of = req.rerun->of, rec.git_commit = req.rerun->git_commit;
   rec.kind = req.exec ? "exec" : "run";
-  if (sp && s.record.code && !req.exec) rec.code = keep_code(s, req, *sp, rec);
+  rec.code = std::move(code);
   // `ssh` and `cp` reach the hosts again the way this run did, however it was given its config.
   if (!s.ssh.config.empty()) {
     const std::string home = knobs::home.get();
@@ -542,11 +592,15 @@ RunResult run(const JobRequest& req) {
   const bool exec_in_home = req.exec && s.run.workdir.empty();
   if (req.exec) adapt_for_exec(s, req);
   const std::string token = detail::random_token();
-  const std::chrono::milliseconds telemetry_interval = check_before_run(s, req, token);
+  const Pending pending = check_before_run(s, req, token);
+  const std::chrono::milliseconds telemetry_interval = pending.telemetry_interval;
   // The tree is listed and hashed before the run exists: an unreadable file leaves no run behind.
   std::optional<detail::SyncPlan> sp = detail::plan_sync(s, req);
 
-  plan::Inputs in = detail::plan_inputs(req, records::create_run(s.name), token, detail::Ports::free);
+  const std::string run_id = records::create_run(s.name);
+  records::CodeSummary code =
+      keep_run_code(s, req, pending, sp, run_id, req.rerun ? "" : git_commit(sp ? sp->src : pending.workdir));
+  plan::Inputs in = detail::plan_inputs(req, run_id, token, detail::Ports::free);
   in.error_dir = records::run_dir(in.run_id);
   plan::Plan p = plan::make_plan(s, in);
   if (sp)
@@ -558,7 +612,7 @@ RunResult run(const JobRequest& req) {
 
   RunResult result;
   result.run_id = p.run_id;
-  result.record = first_record(s, p, req, sp);
+  result.record = first_record(s, p, req, sp, std::move(code));
   supervise::Options o = run_options(s, p, req, sp, telemetry_interval);
   if (req.detach) return run_detached(s, p, req, o, std::move(result));
   records::RunRecord& rec = result.record;

@@ -135,6 +135,7 @@ class Builder {
       walk("", o_.root, /*honour_gitignore=*/true);
     }
     for (const auto& x : o_.files) add_extra(x);
+    hash_unhashed();
     finish();
   }
 
@@ -243,6 +244,10 @@ class Builder {
 
   // Adds (or replaces) one entry; false for what is not synced (sockets, devices, fifos).
   bool add(const std::string& rel, const std::string& full, const struct stat& st) {
+    if (o_.max_entries && t_.entries.size() >= o_.max_entries)
+      throw TooLarge("it holds more than " + std::to_string(o_.max_entries) + " files and folders");
+    if (S_ISREG(st.st_mode) && o_.max_bytes && (listed_bytes_ += uint64_t(st.st_size)) > o_.max_bytes)
+      throw TooLarge("its files hold more than " + std::to_string(o_.max_bytes >> 20) + " MiB");
     agent::SyncEntry e;
     e.path = rel;
     e.mode = st.st_mode & 07777;
@@ -252,8 +257,12 @@ class Builder {
       e.size = uint64_t(st.st_size);
       HashCache::Key k = HashCache::key_of(st);
       auto c = cache_.entries.find(full);
-      e.hash = c != cache_.entries.end() && c->second.first == k ? c->second.second : file_hash(full, e.size);
-      if (!o_.cache_file.empty()) cache_.used[full] = {k, e.hash};
+      if (c != cache_.entries.end() && c->second.first == k) {
+        e.hash = c->second.second;
+        if (!o_.cache_file.empty()) cache_.used[full] = {k, e.hash};
+      } else {
+        unhashed_.emplace_back(rel, k);  // read once the listing is whole (and within its limits)
+      }
     } else if (S_ISDIR(st.st_mode)) {
       e.kind = agent::SyncEntry::dir;
     } else if (S_ISLNK(st.st_mode)) {
@@ -309,6 +318,17 @@ class Builder {
     }
   }
 
+  // The files the cache did not know, read now that the listing is complete.
+  void hash_unhashed() {
+    for (const auto& [rel, key] : unhashed_) {
+      const size_t i = index_.at(rel);
+      auto& e = t_.entries[i];
+      if (e.kind != agent::SyncEntry::file || !e.hash.empty()) continue;  // replaced since
+      e.hash = file_hash(t_.sources[i], e.size);
+      if (!o_.cache_file.empty()) cache_.used[t_.sources[i]] = {key, e.hash};
+    }
+  }
+
   void finish() {
     std::vector<size_t> order(t_.entries.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -344,6 +364,8 @@ class Builder {
   std::set<std::string> loaded_;
   std::map<std::string, size_t> index_;
   HashCache cache_;
+  uint64_t listed_bytes_ = 0;
+  std::vector<std::pair<std::string, HashCache::Key>> unhashed_;
 };
 
 }  // namespace

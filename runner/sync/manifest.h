@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "runner/common/error.h"
 #include "runner/protocol/protocol.h"
 
 namespace mltrain::sync {
@@ -31,6 +32,15 @@ struct TreeOptions {
   // Where the hashes of the last listing are kept ("": nowhere): a file whose inode, size, mtime
   // and ctime are as they were is not read again.
   std::string cache_file;
+  // Stop listing (build_tree throws TooLarge) past this many entries or bytes of files (0: no
+  // limit): a run's record lists an unsynced workdir only when it is a project, not a home.
+  size_t max_entries = 0;
+  uint64_t max_bytes = 0;
+};
+
+// build_tree went past TreeOptions' max_entries or max_bytes.
+struct TooLarge : Error {
+  using Error::Error;
 };
 
 struct Tree {

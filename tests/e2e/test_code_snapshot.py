@@ -128,6 +128,12 @@ def test_no_secret_value_reaches_the_store_the_record_or_the_diff(ml):
                 data = subprocess.run(["zstd", "-dcq", str(f)], capture_output=True, check=True).stdout
             assert secret.encode() not in data, f
     assert kept(ml, one, "train.py") == b"print('version 1')\n"
+    # Nor does anything that reads the records back: show, diff, the exports.
+    for args in (["show", one.name], ["show", "--json", one.name], ["diff", one.name, one.name],
+                 ["diff", "--json", one.name, one.name], ["ls", "--json"], ["ls", "--jsonl"],
+                 ["ls", "--jsonl", "--columns", "id,name,spec,env.python"], ["logs", one.name]):
+        out = ml(*args)
+        assert out.returncode == 0 and secret not in out.stdout + out.stderr, args
 
 
 def test_record_code_false_keeps_nothing_and_code_max_keeps_the_manifest_only(ml):
@@ -145,3 +151,28 @@ def test_record_code_false_keeps_nothing_and_code_max_keeps_the_manifest_only(ml
     assert set(manifest(one)) == {"job.toml", "train.py"}
     assert store_files(ml) == []
     assert "contents not kept: the tree is" in ml("show", one.name).stdout
+
+
+def test_a_local_run_without_sync_keeps_its_workdir_never_the_state_folder_nor_a_home_s_worth(ml):
+    w = ml.dir / "work"
+    (w / "pkg").mkdir(parents=True)
+    (w / "pkg" / "model.py").write_text("LAYERS = 4\n")
+    (w / "run.sh").write_text("cat pkg/model.py\n")
+    r, one = run(ml, "-n", "2", "--workdir", w, "--", "sh", "run.sh", timeout=60)
+    assert r.returncode == 0 and r.stdout.count("LAYERS = 4") == 2, r.stderr
+    assert set(manifest(one)) == {"pkg", "pkg/model.py", "run.sh"}
+    assert kept(ml, one, "pkg/model.py") == b"LAYERS = 4\n"
+    # From a folder that holds the state folder: everything but the state folder.
+    r, two = run(ml, "-n", "1", "--", "true", timeout=60)
+    assert r.returncode == 0, r.stderr
+    paths = set(manifest(two))
+    assert "work/pkg/model.py" in paths and not any(p == "home" or p.startswith("home/") for p in paths), paths
+    # A workdir over [record] code_max is not listed at all, and show says why.
+    (w / "big.bin").write_bytes(os.urandom(3 << 20))
+    ml.write("small.toml", f'[run]\ncommand = "true"\nworkdir = "{w}"\n[record]\ncode_max = "2M"\n')
+    r, three = run(ml, ml.dir / "small.toml", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert not (three / "code.json").exists()
+    c = record(three)["code"]
+    assert not c["kept"] and "is not a project's size: its files hold more than 2 MiB" in c["skipped"], c
+    assert "code       not kept: the workdir" in ml("show", three.name).stdout

@@ -88,7 +88,8 @@ def test_rerun_with_flags_and_of_runs_that_kept_no_code(ml):
     r = ml("rerun", a, "--dry-run")
     assert r.returncode == 0 and "sync:" in r.stdout and str(ml.home / "reruns" / a / "tree") in r.stdout, r.stdout
 
-    assert ml("run", "-n", "1", "--", "true").returncode == 0
+    ml.write("nocode.toml", '[run]\ncommand = "true"\n[record]\ncode = false\n')
+    assert ml("run", ml.dir / "nocode.toml").returncode == 0
     r = ml("rerun", "latest")
     assert r.returncode != 0 and "kept no code" in r.stderr and "[sync]" in r.stderr, r.stderr
     r = ml("rerun", a, "--", "echo", "other")
@@ -128,7 +129,8 @@ def test_diff_shows_what_changed_between_two_runs_record_spec_and_code(ml):
 
     same = ml("diff", a, a).stdout
     assert "spec: the same" in same and "code: the same" in same and "*" not in same, same
-    assert ml("run", "-n", "1", "--", "true").returncode == 0
+    ml.write("nocode.toml", '[run]\ncommand = "true"\n[record]\ncode = false\n')
+    assert ml("run", ml.dir / "nocode.toml").returncode == 0
     r = ml("diff", a, "latest")
     assert r.returncode == 0 and "code: not compared: run " in r.stdout and "kept no code" in r.stdout, r.stdout
 
