@@ -15,6 +15,7 @@ struct RunFlags {
   std::vector<std::string> positional;
   launch::Overrides overrides;
   bool dry_run = false, json = false, detach = false;
+  std::string sweep_trial;  // --sweep-trial SWEEP/N (hidden: mltrain sweep starts its trials with it)
 };
 
 void add_spec_arg(CLI::App* c, RunFlags& rf) {
@@ -29,6 +30,7 @@ launch::JobRequest request(const RunFlags& f, const Global& g) {
   r.json = f.json;
   r.detach = f.detach;
   r.color = use_color(g, 1);
+  r.sweep_trial = f.sweep_trial;
   return r;
 }
 
@@ -180,6 +182,9 @@ void register_run(CLI::App& app, Global& g, std::function<int()>& handler) {
   add_int_option(c, "--stdin-rank", f.overrides.stdin_rank, 0, 1 << 20,
                  "Forward stdin to rank N instead of rank 0")
       ->excludes(in);
+  c->add_option("--sweep-trial", f.sweep_trial,
+                "SWEEP/N: this run is trial N of a sweep (mltrain sweep sets it)")
+      ->group("");
   c->footer(
       "Examples:\n"
       "  mltrain run examples/hello.toml\n"
@@ -192,6 +197,33 @@ void register_run(CLI::App& app, Global& g, std::function<int()>& handler) {
       "143 when stopped, 255 when a host is lost or fails preflight. With --detach: 0 once every rank\n"
       "started; a failure before that is the command's (docs/exit-codes.md).");
   c->callback([&] { handler = [&] { return do_run(f, g); }; });
+}
+
+void register_sweep(CLI::App& app, Global& g, std::function<int()>& handler) {
+  static launch::SweepRequest r;
+  static std::vector<std::string> spec;
+  auto* c = app.add_subcommand("sweep", "Run a job once per trial of its [sweep] parameters and rank them");
+  c->add_option("job", spec, "Job spec with [sweep] (TOML)")->expected(0, 1);
+  c->add_option("--resume", r.resume,
+                "Go on with a sweep (its id, a unique part, or 'latest'): the trials not finished");
+  add_int_option(c, "--max-parallel", r.max_parallel, 1, 1000, "Trials at once (over [sweep] max_parallel)");
+  c->footer(
+      "Examples:\n  mltrain sweep sweep.toml\n  mltrain sweep --resume latest\n"
+      "Each trial is an ordinary run with {name} replaced by its parameters in the command, argv and "
+      "[run.env];\n"
+      "the table at the end is sorted by [sweep] metric and ends with the best trial's rerun line\n"
+      "(docs/sweep.md). Exit code: 0 when a trial succeeded, 1 when none did, 130 on Ctrl-C.");
+  c->callback([&] {
+    handler = [&] {
+      if (spec.empty() == r.resume.empty())
+        throw Error(spec.empty() ? "give a spec with [sweep], or --resume SWEEP"
+                                 : "give a spec or --resume, not both",
+                    "mltrain sweep sweep.toml, or mltrain sweep --resume latest");
+      r.spec = spec.empty() ? "" : spec[0];
+      r.color = use_color(g, 1);
+      return launch::sweep(r);
+    };
+  });
 }
 
 void register_rerun(CLI::App& app, Global& g, std::function<int()>& handler) {

@@ -42,6 +42,7 @@ void register_exec(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_ssh(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_top(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_cp(CLI::App& app, Global& g, std::function<int()>& handler);
+void register_sweep(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_sbatch(CLI::App& app, Global& g, std::function<int()>& handler);
 void register_export(CLI::App& app, Global& g, std::function<int()>& handler);
 

@@ -33,7 +33,7 @@ const Register kCommands[] = {
     register_run,   register_validate, register_logs,   register_ls,    register_show,        register_stop,
     register_rm,    register_gc,       register_doctor, register_bench, register_completions, register_knobs,
     register_top,   register_exec,     register_ssh,    register_cp,    register_export,      register_sbatch,
-    register_queue, register_rerun,    register_diff};
+    register_queue, register_rerun,    register_diff,   register_sweep};
 
 int run_main(int argc, char** argv) {
   Global g;

@@ -62,13 +62,13 @@ _mltrain() {
     cur=${words[cword]}
     prev=${words[cword - 1]}
 
-    local cmds="run validate logs ls show stop rm gc completions knobs doctor bench top exec ssh cp export sbatch queue rerun diff"
+    local cmds="run validate logs ls show stop rm gc completions knobs doctor bench top exec ssh cp export sbatch queue rerun diff sweep"
     local global_opts="-v --verbose --color"
     local job_opts="-n --nprocs --procs-per-host --oversubscribe --queue --hostfile -H --hosts --include --exclude -e --env -x
         --master-port --max-restarts --timeout --grace-period --profile --name --workdir"
     # Options that take a value (the value is the next word, or follows '=').
     local with_value=" --color -n --nprocs --procs-per-host --hostfile -H --hosts --include --exclude -e --env -x
-        --master-port --max-restarts --timeout --grace-period --profile --name --workdir --ranks -r --rank -g --grep -t --tail --stdin-rank --where --columns "
+        --master-port --max-restarts --timeout --grace-period --profile --name --workdir --ranks -r --rank -g --grep -t --tail --stdin-rank --where --columns --resume --max-parallel "
     with_value=${with_value//$'\n'/ }
 
     # Find the subcommand, count the positionals after it, and notice a '--'.
@@ -168,6 +168,7 @@ _mltrain() {
             rerun) flags="$job_opts --ranks --no-prefix --timestamps --dry-run --json -d --detach -h --help $global_opts" ;;
             validate) flags="$job_opts --json -h --help $global_opts" ;;
             logs) flags="-f --follow -r --rank -g --grep -t --tail --no-prefix --by-rank -h --help $global_opts" ;;
+            sweep) flags="--resume --max-parallel -h --help $global_opts" ;;
             ls) flags="--json --jsonl --where --columns -h --help $global_opts" ;;
             show | knobs | diff) flags="--json -h --help $global_opts" ;;
             stop | completions) flags="-h --help $global_opts" ;;
@@ -185,7 +186,7 @@ _mltrain() {
         return 0
     fi
     case $cmd in
-        run | validate)
+        run | validate | sweep)
             ((npos == 0)) && _mltrain_files "$cur" toml
             ;;
         logs | show | stop | rerun)

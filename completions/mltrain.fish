@@ -115,7 +115,11 @@ complete -c mltrain -n __mltrain_no_subcommand -a export -d "Print a job as a Ku
 complete -c mltrain -n __mltrain_no_subcommand -a sbatch -d "Submit a job to Slurm"
 complete -c mltrain -n __mltrain_no_subcommand -a queue -d "Who holds which GPUs on the hosts, and which jobs wait for them"
 complete -c mltrain -n __mltrain_no_subcommand -a rerun -d "Run a recorded run again: the same code, spec and hosts"
-complete -c mltrain -n __mltrain_no_subcommand -a diff -d "What changed between two runs: record, spec and code"
+complete -c mltrain -n __mltrain_no_subcommand -a diff -d "What changed between two runs: record, metrics, spec and code"
+complete -c mltrain -n __mltrain_no_subcommand -a sweep -d "Run a job once per trial of its [sweep] parameters and rank them"
+complete -c mltrain -n '__mltrain_using sweep' -l resume -x -d 'Go on with a sweep: the trials not finished'
+complete -c mltrain -n '__mltrain_using sweep' -l max-parallel -x -d 'Trials at once'
+complete -c mltrain -n '__mltrain_using sweep; and __mltrain_no_positional' -k -a '(__mltrain_toml_files)' -d 'Job spec with [sweep]'
 
 # Global options (mltrain also takes them after the subcommand).
 complete -c mltrain -n 'not __mltrain_after_dashdash' -s h -l help -d 'Print help and exit'

@@ -68,7 +68,22 @@ struct JobRequest {
     std::string git_commit;  // what it recorded
   };
   std::optional<Rerun> rerun;
+  // `mltrain sweep`'s trial ("SWEEP/N"): the run says so in its record and writes its id to
+  // <state home>/sweeps/SWEEP/trial-N.run.
+  std::string sweep_trial;
 };
+
+// `mltrain sweep SPEC` (docs/sweep.md): a trial per parameter combination of [sweep], each an
+// ordinary run, at most max_parallel at once; or `--resume SWEEP`: the trials that did not finish.
+struct SweepRequest {
+  std::string spec;      // the spec path ("" with resume)
+  std::string resume;    // a sweep id ("" for a new sweep)
+  int max_parallel = 0;  // over [sweep] max_parallel (0: the spec's)
+  bool color = false;
+};
+// Returns the exit code: 0 when a trial succeeded and every trial finished, 1 when none succeeded,
+// 130 when interrupted (--resume goes on from there).
+int sweep(const SweepRequest& req);
 
 // A request for `mltrain rerun RUN`: the run's code restored from the code store (once, under
 // <state home>/reruns/<run>) and its recorded spec, with `req`'s flags over them. Secrets are

@@ -289,6 +289,17 @@ void adapt_for_exec(spec::JobSpec& s, const JobRequest& req) {
   s.ps = {};
 }
 
+// A sweep's trial: its run id where the sweep looks for it (<state home>/sweeps/SWEEP/trial-N.run).
+void note_sweep_trial(const std::string& trial, const std::string& run_id) {
+  const size_t slash = trial.find('/');
+  const std::string path =
+      state_home() + "/sweeps/" + trial.substr(0, slash) + "/trial-" + trial.substr(slash + 1) + ".run";
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0 || ::write(fd, run_id.data(), run_id.size()) != ssize_t(run_id.size()))
+    std::fprintf(stderr, "mltrain: warning: cannot write %s: %s\n", path.c_str(), std::strerror(errno));
+  if (fd >= 0) ::close(fd);
+}
+
 // What the planner says of a job before its run exists.
 struct Pending {
   std::chrono::milliseconds telemetry_interval{0};
@@ -411,6 +422,10 @@ records::RunRecord first_record(const spec::JobSpec& s, const plan::Plan& p, con
   }
   if (sp) rec.git_commit = git_commit(sp->src);
   if (req.rerun) rec.rerun_of = req.rerun->of, rec.git_commit = req.rerun->git_commit;
+  if (const size_t slash = req.sweep_trial.find('/'); slash != std::string::npos) {
+    rec.sweep_id = req.sweep_trial.substr(0, slash);
+    rec.sweep_trial = std::atoi(req.sweep_trial.c_str() + slash + 1);
+  }
   rec.kind = req.exec ? "exec" : "run";
   rec.code = std::move(code);
   // `ssh` and `cp` reach the hosts again the way this run did, however it was given its config.
@@ -589,6 +604,9 @@ RunResult run_detached(const spec::JobSpec& s, plan::Plan& p, const JobRequest& 
 
 RunResult run(const JobRequest& req) {
   spec::JobSpec s = resolve_spec(req);
+  if (s.sweep.present && req.sweep_trial.empty())
+    throw Error(s.source + " has [sweep]: it is run as trials, one per combination of its parameters",
+                "mltrain sweep " + text::shell_quote(s.source) + " (docs/sweep.md)", exit_code::usage);
   const bool exec_in_home = req.exec && s.run.workdir.empty();
   if (req.exec) adapt_for_exec(s, req);
   const std::string token = detail::random_token();
@@ -598,6 +616,7 @@ RunResult run(const JobRequest& req) {
   std::optional<detail::SyncPlan> sp = detail::plan_sync(s, req);
 
   const std::string run_id = records::create_run(s.name);
+  if (!req.sweep_trial.empty()) note_sweep_trial(req.sweep_trial, run_id);
   records::CodeSummary code =
       keep_run_code(s, req, pending, sp, run_id, req.rerun ? "" : git_commit(sp ? sp->src : pending.workdir));
   plan::Inputs in = detail::plan_inputs(req, run_id, token, detail::Ports::free);

@@ -209,6 +209,7 @@ void MetricsLog::put(int rank, std::optional<int64_t> step,
     ++summary_.dropped;
     return;
   }
+  if (buf_.empty()) buffered_since_ = std::chrono::steady_clock::now();
   buf_ += line;
   ++summary_.records;
   if (buf_.size() >= kWriteChunk) flush();
@@ -218,6 +219,18 @@ void MetricsLog::restarted(int restart) {
   restart_ = restart;
   channel_.clear();
   out_[0] = out_[1] = Partial{};
+}
+
+std::chrono::milliseconds MetricsLog::due_in() const {
+  using std::chrono::milliseconds;
+  if (buf_.empty() || failed_) return milliseconds(60000);
+  const auto age =
+      std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - buffered_since_);
+  return age >= kFlushEvery ? milliseconds(0) : kFlushEvery - age;
+}
+
+void MetricsLog::flush_if_due() {
+  if (!buf_.empty() && std::chrono::steady_clock::now() - buffered_since_ >= kFlushEvery) flush();
 }
 
 void MetricsLog::flush() {

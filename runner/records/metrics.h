@@ -49,6 +49,12 @@ class MetricsLog {
   // The gang restarted: later records say so, and each rank's partial lines are dropped.
   void restarted(int restart);
   void flush();
+  // flush() when what is buffered is kFlushEvery old: readers (show, a sweep) see a run's metrics
+  // while it goes on. The launcher's loop calls it every turn.
+  void flush_if_due();
+  static constexpr std::chrono::milliseconds kFlushEvery{200};
+  // How long until flush_if_due() has something to write (a large value when nothing waits).
+  std::chrono::milliseconds due_in() const;
   const MetricsSummary& summary() const { return summary_; }
 
  private:
@@ -74,6 +80,7 @@ class MetricsLog {
   int restart_ = 0;
   std::chrono::steady_clock::time_point start_;
   std::string buf_;
+  std::chrono::steady_clock::time_point buffered_since_{};
   uint64_t written_ = 0;
   int fd_ = -1;
   bool failed_ = false;

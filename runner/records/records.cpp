@@ -84,6 +84,10 @@ RunRecord from_json(const json& j) {
   r.ssh_config = get<std::string>(j, "ssh_config", "");
   r.log_prefix = get<std::string>(j, "log_prefix", "[{rank}]");
   r.rerun_of = get<std::string>(j, "rerun_of", "");
+  if (j.contains("sweep") && j["sweep"].is_object()) {
+    r.sweep_id = get<std::string>(j["sweep"], "id", "");
+    r.sweep_trial = get(j["sweep"], "trial", -1);
+  }
   for (const auto& h : get(j, "hosts", json::array())) {
     r.hosts.push_back(
         {get<std::string>(h, "name", ""),
@@ -221,6 +225,7 @@ json to_json_value(const RunRecord& r) {
       {"ssh_config", or_null(r.ssh_config)},
       {"log_prefix", r.log_prefix},
       {"rerun_of", or_null(r.rerun_of)},
+      {"sweep", r.sweep_id.empty() ? json(nullptr) : json{{"id", r.sweep_id}, {"trial", r.sweep_trial}}},
       {"hosts", hosts},
       {"ranks", ranks},
       {"ps_servers", r.ps_servers.empty() ? json(nullptr) : ps},

@@ -93,7 +93,9 @@ struct RunRecord {
   std::vector<PsServerRecord> ps_servers;  // PS mode: in server order
   std::optional<Failure> failure;
   std::optional<PullRecord> pull;
-  std::string rerun_of;    // `mltrain rerun`: the run this one repeats
+  std::string rerun_of;  // `mltrain rerun`: the run this one repeats
+  std::string sweep_id;  // `mltrain sweep`: the sweep this run is a trial of, and which
+  int sweep_trial = -1;
   CodeSummary code;        // the code it ran (code.json in its folder), when recorded
   MetricsSummary metrics;  // what its ranks reported (metrics.jsonl in its folder)
   // The live console's line prefix template ("[{host}:{rank}]", "[{rank}]", "" for none), so

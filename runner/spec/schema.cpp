@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <sstream>
 
@@ -360,6 +362,92 @@ bool sync_written(const JobSpec& s) { return s.sync.enabled; }
 bool setup_written(const JobSpec& s) { return !s.setup.command.empty(); }
 bool k8s_written(const JobSpec& s) { return s.k8s.present; }
 bool metrics_written(const JobSpec& s) { return !s.metrics.patterns.empty(); }
+
+// [sweep]: a trial's spec is written without it (it is the sweep's, not the run's).
+void enter_sweep(Load& l, const Value&) { l.spec.sweep.present = true; }
+
+std::string sweep_param_name(const Load& l, const std::string& name, Pos at) {
+  bool ok = !name.empty() && name.size() <= 64 &&
+            (std::isalpha(static_cast<unsigned char>(name[0])) || name[0] == '_');
+  for (char c : name) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
+  if (!ok)
+    l.fail(at, "'" + name + "' is not a parameter name",
+           "letters, digits and '_', as {name} is written in the command");
+  return name;
+}
+
+// A parameter's value as it is substituted: a string as written, a number as TOML would write it.
+std::string sweep_value_text(const Load& l, const Value& v, const std::string& name) {
+  if (v.is(Value::Kind::string)) return v.str;
+  if (v.is(Value::Kind::integer)) return std::to_string(v.integer);
+  if (v.is(Value::Kind::boolean)) return v.boolean ? "true" : "false";
+  if (v.is(Value::Kind::floating) && std::isfinite(v.floating)) {
+    char buf[32];
+    auto r = std::to_chars(buf, buf + sizeof buf, v.floating);
+    std::string t(buf, r.ptr);
+    return t;
+  }
+  l.fail(v.at, "'" + name + "' takes strings, numbers or booleans, not " + type_of(v));
+}
+
+void read_sweep_grid(Load& l, const Value& v) {
+  const Value& t = as_table(l, v, "sweep.grid");
+  l.spec.sweep.grid.clear();
+  for (const auto& f : t.fields) {
+    const std::string name = sweep_param_name(l, f.key, f.at);
+    if (!f.value.is(Value::Kind::array) || f.value.items.empty())
+      l.fail(f.value.at, "[sweep.grid] '" + name + "' must be a non-empty array of values",
+             "as in lr = [0.1, 0.01, 0.001]");
+    std::vector<std::string> values;
+    for (const auto& item : f.value.items) values.push_back(sweep_value_text(l, item, name));
+    l.spec.sweep.grid.emplace_back(name, std::move(values));
+  }
+}
+
+void read_sweep_random(Load& l, const Value& v) {
+  const Value& t = as_table(l, v, "sweep.random");
+  l.spec.sweep.random.clear();
+  for (const auto& f : t.fields) {
+    SweepRange r;
+    r.name = sweep_param_name(l, f.key, f.at);
+    const Value& range = f.value;
+    if (!range.is(Value::Kind::table))
+      l.fail(range.at, "[sweep.random] '" + r.name + "' must be a table",
+             "as in lr = { min = 1e-4, max = 0.1, log = true }");
+    bool has_min = false, has_max = false;
+    for (const auto& g : range.fields) {
+      if (g.key == "min")
+        r.min = get_number(l, g.value, "min"), has_min = true;
+      else if (g.key == "max")
+        r.max = get_number(l, g.value, "max"), has_max = true;
+      else if (g.key == "log")
+        r.log = get_bool(l, g.value, "log");
+      else if (g.key == "int")
+        r.integer = get_bool(l, g.value, "int");
+      else
+        l.fail(g.at, "unknown key '" + g.key + "' in [sweep.random] '" + r.name + "'", "min, max, log, int");
+    }
+    if (!has_min || !has_max || !(r.min < r.max))
+      l.fail(range.at, "[sweep.random] '" + r.name + "' needs min < max",
+             "as in lr = { min = 1e-4, max = 0.1 }");
+    if (r.log && r.min <= 0) l.fail(range.at, "[sweep.random] '" + r.name + "': log needs min > 0");
+    l.spec.sweep.random.push_back(r);
+  }
+}
+
+void read_sweep_list(Load& l, const Value& v) {
+  if (!v.is(Value::Kind::array))
+    l.fail(v.at, "'list' must be an array of tables ([[sweep.list]]), not " + type_of(v));
+  l.spec.sweep.list.clear();
+  for (const auto& item : v.items) {
+    const Value& t = as_table(l, item, "sweep.list");
+    std::vector<std::pair<std::string, std::string>> trial;
+    for (const auto& f : t.fields)
+      trial.emplace_back(sweep_param_name(l, f.key, f.at), sweep_value_text(l, f.value, f.key));
+    if (trial.empty()) l.fail(item.at, "a [[sweep.list]] table is empty", "give each trial's parameters");
+    l.spec.sweep.list.push_back(std::move(trial));
+  }
+}
 
 // One pattern or an array of them, each checked where it is written.
 void read_metric_patterns(Load& l, const Value& v) {
@@ -842,6 +930,67 @@ std::vector<Key> sync_and_setup_keys() {
        .emit = Emit::unless_default,
        .hi = int64_t(1) << 40,
        .range_hint = "1 TiB"},
+      {.name = "sweep",
+       .type = Type::section,
+       .doc = "run the job once per trial: `mltrain sweep` (docs/sweep.md)",
+       .read = enter_sweep,
+       .written = never_written},
+      {.section = "sweep",
+       .name = "max_parallel",
+       .type = Type::integer,
+       .member = member<&S::sweep, &SweepSection::max_parallel>(),
+       .doc = "trials running at once",
+       .lo = 1,
+       .hi = 1000},
+      {.section = "sweep",
+       .name = "metric",
+       .type = Type::string,
+       .member = member<&S::sweep, &SweepSection::metric>(),
+       .doc = "the metric the trials are ranked by (docs/metrics.md)"},
+      {.section = "sweep",
+       .name = "goal",
+       .type = Type::choice,
+       .member = member<&S::sweep, &SweepSection::goal>(),
+       .doc = "whether a lower or a higher metric is better",
+       .choices = {"min", "max"}},
+      {.section = "sweep",
+       .name = "early_stop",
+       .type = Type::choice,
+       .member = member<&S::sweep, &SweepSection::early_stop>(),
+       .doc = "median: stop a trial worse than the median of finished ones at the same step",
+       .choices = {"none", "median"}},
+      {.section = "sweep",
+       .name = "trials",
+       .type = Type::integer,
+       .member = member<&S::sweep, &SweepSection::trials>(),
+       .doc = "with [sweep.random]: draws (per grid point)",
+       .lo = 0,
+       .hi = 100000},
+      {.section = "sweep",
+       .name = "seed",
+       .type = Type::integer,
+       .member = member<&S::sweep, &SweepSection::seed>(),
+       .doc = "the random draws' seed",
+       .lo = 0,
+       .hi = 2147483647},
+      {.section = "sweep",
+       .name = "grid",
+       .type = Type::custom,
+       .doc = "parameters as arrays of values: every combination is a trial",
+       .shown = "table of arrays",
+       .read = read_sweep_grid},
+      {.section = "sweep",
+       .name = "random",
+       .type = Type::custom,
+       .doc = "parameters as ranges: { min, max, log, int }, drawn `trials` times",
+       .shown = "table of tables",
+       .read = read_sweep_random},
+      {.section = "sweep",
+       .name = "list",
+       .type = Type::custom,
+       .doc = "trials as tables of their parameters ([[sweep.list]])",
+       .shown = "array of tables",
+       .read = read_sweep_list},
       {.name = "metrics",
        .type = Type::section,
        .doc = "scalars read from rank 0's output (docs/metrics.md)",

@@ -125,6 +125,28 @@ struct MetricsSection {
 // names no metric, or uses what ECMAScript lacks (a named back-reference).
 std::string metric_regex(const std::string& pattern, std::vector<std::string>& groups, std::string& error);
 
+// [sweep]: a job run once per trial, each with its parameters substituted as {name} into
+// run.command, run.argv and [run.env] (docs/sweep.md). `mltrain sweep` runs it; `mltrain run`
+// refuses a spec with [sweep].
+struct SweepRange {
+  std::string name;
+  double min = 0, max = 1;
+  bool log = false;      // log-uniform (min > 0)
+  bool integer = false;  // rounded to an integer
+};
+struct SweepSection {
+  bool present = false;
+  int max_parallel = 1;
+  std::string metric;               // what ranks report (docs/metrics.md): the trials' table sorts by it
+  std::string goal = "min";         // min | max
+  std::string early_stop = "none";  // none | median
+  int trials = 0;                   // with [sweep.random]: how many draws (with a grid: per grid point)
+  int seed = 0;
+  std::vector<std::pair<std::string, std::vector<std::string>>> grid;  // each value as TOML wrote it
+  std::vector<SweepRange> random;
+  std::vector<std::vector<std::pair<std::string, std::string>>> list;  // [[sweep.list]]
+};
+
 // [setup]: a command run once per host before any rank (docs/sync.md).
 struct SetupSection {
   std::string command;        // "": none
@@ -169,6 +191,7 @@ struct JobSpec {
   SetupSection setup;
   RecordSection record;
   MetricsSection metrics;
+  SweepSection sweep;
   K8sSection k8s;
 };
 

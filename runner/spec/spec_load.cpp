@@ -30,21 +30,6 @@ T& ref(const Key& k, JobSpec& s) {
   return std::get<Ref<T>>(k.member).get(s);
 }
 
-bool get_bool(const Load& l, const Value& v, const std::string& key) {
-  if (v.is(Value::Kind::boolean)) return v.boolean;
-  l.fail(v.at, "'" + key + "' must be true or false, not " + type_of(v));
-}
-
-// A float or an integer (lr = 1 is as good as lr = 1.0).
-double get_number(const Load& l, const Value& v, const std::string& key) {
-  if (v.is(Value::Kind::floating)) {
-    if (!std::isfinite(v.floating)) l.fail(v.at, "'" + key + "' must be a finite number");
-    return v.floating;
-  }
-  if (v.is(Value::Kind::integer)) return double(v.integer);
-  l.fail(v.at, "'" + key + "' must be a number, not " + type_of(v));
-}
-
 std::string number_text(double v) {
   std::ostringstream os;
   os << v;
@@ -228,6 +213,21 @@ void apply_profile(JobSpec& s, const std::string& base_dir, const std::string& o
 }
 
 }  // namespace
+
+bool get_bool(const Load& l, const Value& v, const std::string& key) {
+  if (v.is(Value::Kind::boolean)) return v.boolean;
+  l.fail(v.at, "'" + key + "' must be true or false, not " + type_of(v));
+}
+
+// A float or an integer (lr = 1 is as good as lr = 1.0).
+double get_number(const Load& l, const Value& v, const std::string& key) {
+  if (v.is(Value::Kind::floating)) {
+    if (!std::isfinite(v.floating)) l.fail(v.at, "'" + key + "' must be a finite number");
+    return v.floating;
+  }
+  if (v.is(Value::Kind::integer)) return double(v.integer);
+  l.fail(v.at, "'" + key + "' must be a number, not " + type_of(v));
+}
 
 void Load::fail(Pos at, const std::string& msg, const std::string& hint) const {
   throw Error(doc.where(at) + ": " + msg, hint);

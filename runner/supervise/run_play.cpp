@@ -298,10 +298,11 @@ bool RunPlay::hold_reads() {
   const bool backlogged = out_->console_backlog() > Output::kConsoleBacklog;
   out_->hold(backlogged);
   out_->flush();
+  metrics_->flush_if_due();
   return backlogged;
 }
 
-std::chrono::milliseconds RunPlay::max_wait() { return out_->due_in(); }
+std::chrono::milliseconds RunPlay::max_wait() { return std::min(out_->due_in(), metrics_->due_in()); }
 void RunPlay::flush() {
   out_->flush();
   metrics_->flush();

@@ -114,6 +114,8 @@ struct Load {
 std::string get_string(const Load& l, const Value& v, const std::string& key);
 std::vector<std::string> get_strings(const Load& l, const Value& v, const std::string& key);
 int64_t get_int(const Load& l, const Value& v, const std::string& key, int64_t lo, int64_t hi);
+bool get_bool(const Load& l, const Value& v, const std::string& key);
+double get_number(const Load& l, const Value& v, const std::string& key);  // a float or an integer, finite
 const Value& as_table(const Load& l, const Value& v, const std::string& section);
 std::string get_choice(const Load& l, const Value& v, const std::string& key,
                        const std::vector<std::string>& choices);

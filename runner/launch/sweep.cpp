@@ -1,0 +1,511 @@
+// `mltrain sweep` (docs/sweep.md): a trial per combination of [sweep]'s parameters, each an
+// ordinary run (a child `mltrain run` of the trial's spec, linked to the sweep in its record), at
+// most max_parallel at once; a live table of the trials; median stopping; the table sorted by the
+// metric at the end, with the best trial's rerun line. The sweep's state lives in
+// <state home>/sweeps/<id>/sweep.json, so `--resume` runs only the trials that did not finish.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "runner/common/error.h"
+#include "runner/common/secret.h"
+#include "runner/common/state_home.h"
+#include "runner/common/text.h"
+#include "runner/launch/detail/launch_detail.h"
+#include "runner/launch/launch.h"
+#include "runner/records/records.h"
+
+extern char** environ;
+
+namespace mltrain::launch {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+using Params = std::vector<std::pair<std::string, std::string>>;
+
+std::atomic<int> g_signal{0};
+void on_signal(int sig) { g_signal = sig; }
+
+struct Trial {
+  int n = 0;
+  Params params;
+  std::string state = "pending";  // pending | running | succeeded | failed | early-stopped | interrupted
+  std::string run_id;
+  std::optional<double> metric;  // its latest value of the sweep's metric (rank 0's)
+  int64_t step = -1;             // ... at this step
+  int exit_code = -1;
+  // Not kept in sweep.json: the live trial.
+  pid_t pid = -1;
+  std::map<int64_t, double> curve;  // the metric by step, for median stopping
+  uint64_t offset = 0;              // how much of its metrics.jsonl was read
+  bool finished() const { return state == "succeeded" || state == "failed" || state == "early-stopped"; }
+};
+
+struct Sweep {
+  std::string id, dir, spec_file, name, metric, goal = "min", early_stop = "none";
+  int max_parallel = 1;
+  bool queue = false;                          // the trials wait for GPUs other jobs hold (--queue)
+  std::map<std::string, std::string> secrets;  // [run.env] secrets: into each trial's environment
+  std::vector<Trial> trials;
+};
+
+std::string number_text(double v, bool integer) {
+  if (integer) return std::to_string(std::llround(v));
+  char buf[32];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+// Every trial [sweep] names: its list, else every grid combination (each with `trials` random
+// draws when [sweep.random] is given), else `trials` random draws.
+std::vector<Params> expand(const spec::SweepSection& s) {
+  std::vector<Params> out;
+  for (const auto& t : s.list) out.push_back(t);
+  if (!s.list.empty()) return out;
+  std::vector<Params> points{{}};
+  for (const auto& [name, values] : s.grid) {
+    std::vector<Params> next;
+    for (const auto& p : points)
+      for (const auto& v : values) {
+        Params q = p;
+        q.emplace_back(name, v);
+        next.push_back(std::move(q));
+      }
+    points = std::move(next);
+  }
+  if (s.random.empty()) {
+    if (s.grid.empty())
+      throw Error("[sweep] names no parameter", "give [sweep.grid], [sweep.random] or [[sweep.list]]");
+    return points;
+  }
+  if (s.trials < 1)
+    throw Error("[sweep.random] needs [sweep] trials = N, how many draws", "as in trials = 8");
+  std::mt19937_64 rng(uint64_t(s.seed));
+  for (const auto& p : points)
+    for (int i = 0; i < s.trials; ++i) {
+      Params q = p;
+      for (const auto& r : s.random) {
+        std::uniform_real_distribution<double> u(r.log ? std::log(r.min) : r.min,
+                                                 r.log ? std::log(r.max) : r.max);
+        const double x = u(rng);
+        q.emplace_back(r.name, number_text(r.log ? std::exp(x) : x, r.integer));
+      }
+      out.push_back(std::move(q));
+    }
+  return out;
+}
+
+std::string substitute(std::string text, const Params& params) {
+  for (const auto& [name, value] : params) {
+    const std::string key = "{" + name + "}";
+    for (size_t at = 0; (at = text.find(key, at)) != std::string::npos; at += value.size())
+      text.replace(at, key.size(), value);
+  }
+  return text;
+}
+
+// The trial's spec: the parameters in the command, argv and [run.env]; no [sweep]; secrets as
+// <secret> (the trial's launcher takes them from its environment); the synced folder fixed, since
+// the trial's spec file lies elsewhere.
+spec::JobSpec trial_spec(const spec::JobSpec& base, const Params& params) {
+  spec::JobSpec t = base;
+  t.sweep = {};
+  if (t.run.command) *t.run.command = substitute(*t.run.command, params);
+  for (auto& a : t.run.argv) a = substitute(a, params);
+  for (auto& [k, v] : t.run.env)
+    v = secret::is_secret_name(k) ? std::string(secret::kShown) : substitute(v, params);
+  if (t.sync.enabled && t.sync.src.empty() && !base.source.empty())
+    t.sync.src = std::filesystem::absolute(base.source).parent_path().lexically_normal().string();
+  return t;
+}
+
+std::string params_text(const Params& p) {
+  std::string out;
+  for (const auto& [k, v] : p) out += (out.empty() ? "" : " ") + k + "=" + v;
+  return out;
+}
+
+void write_atomic(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << text;
+    if (!f)
+      throw Error("cannot write " + tmp + ": " + std::strerror(errno), "free space in the state folder");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw Error("cannot write " + path + ": " + std::strerror(errno), "free space in the state folder");
+}
+
+void save(const Sweep& s) {
+  json trials = json::array();
+  for (const auto& t : s.trials) {
+    json params = json::object();
+    for (const auto& [k, v] : t.params) params[k] = v;
+    trials.push_back({{"trial", t.n},
+                      {"params", params},
+                      {"state", t.state},
+                      {"run", t.run_id.empty() ? json(nullptr) : json(t.run_id)},
+                      {"metric", t.metric ? json(*t.metric) : json(nullptr)},
+                      {"step", t.step < 0 ? json(nullptr) : json(t.step)},
+                      {"exit_code", t.exit_code < 0 ? json(nullptr) : json(t.exit_code)}});
+  }
+  json doc{{"schema", 1},
+           {"id", s.id},
+           {"name", s.name},
+           {"spec_file", s.spec_file},
+           {"metric", s.metric},
+           {"goal", s.goal},
+           {"early_stop", s.early_stop},
+           {"max_parallel", s.max_parallel},
+           {"queue", s.queue},
+           {"trials", trials}};
+  write_atomic(s.dir + "/sweep.json", doc.dump(2) + "\n");
+}
+
+Sweep load(const std::string& query) {
+  const std::string root = state_home() + "/sweeps";
+  std::string id = query;
+  if (!std::filesystem::is_directory(root + "/" + id)) {
+    std::vector<std::string> hits;  // a unique part of an id, or "latest"
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(root, ec))
+      if (query == "latest" || e.path().filename().string().find(query) != std::string::npos)
+        hits.push_back(e.path().filename());
+    std::sort(hits.begin(), hits.end());
+    if (query == "latest" && !hits.empty()) hits = {hits.back()};
+    if (hits.size() != 1)
+      throw Error(
+          hits.empty() ? "no sweep matches '" + query + "'" : "'" + query + "' matches several sweeps",
+          "the sweeps are in " + root);
+    id = hits[0];
+  }
+  Sweep s;
+  s.id = id;
+  s.dir = root + "/" + id;
+  std::ifstream in(s.dir + "/sweep.json");
+  json doc = json::parse(in, nullptr, false);
+  if (doc.is_discarded() || !doc.is_object())
+    throw Error(s.dir + "/sweep.json cannot be read", "remove the sweep's folder");
+  s.name = doc.value("name", "");
+  s.spec_file = doc.value("spec_file", "");
+  s.metric = doc.value("metric", "");
+  s.goal = doc.value("goal", "min");
+  s.early_stop = doc.value("early_stop", "none");
+  s.max_parallel = doc.value("max_parallel", 1);
+  s.queue = doc.value("queue", false);
+  for (const auto& t : doc["trials"]) {
+    Trial x;
+    x.n = t.value("trial", 0);
+    for (const auto& [k, v] : t["params"].items()) x.params.emplace_back(k, v.get<std::string>());
+    x.state = t.value("state", "pending");
+    if (t["run"].is_string()) x.run_id = t["run"].get<std::string>();
+    if (t["metric"].is_number()) x.metric = t["metric"].get<double>();
+    if (t["step"].is_number_integer()) x.step = t["step"].get<int64_t>();
+    if (t["exit_code"].is_number_integer()) x.exit_code = t["exit_code"].get<int>();
+    if (!x.finished()) x.state = "pending", x.run_id.clear(), x.metric.reset(), x.step = -1, x.exit_code = -1;
+    s.trials.push_back(std::move(x));
+  }
+  return s;
+}
+
+std::string new_sweep_id(const std::string& name) {
+  char stamp[32];
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&now, &tm);
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+  std::random_device rd;
+  char tail[8];
+  std::snprintf(tail, sizeof tail, "%04x", unsigned(rd() & 0xffff));
+  return std::string(stamp) + "-" + name + "-" + tail;
+}
+
+// Reads what the trial's run added to its metrics.jsonl: rank 0's values of the metric.
+void read_progress(const Sweep& s, Trial& t) {
+  if (t.run_id.empty()) {
+    std::ifstream f(s.dir + "/trial-" + std::to_string(t.n) + ".run");
+    std::getline(f, t.run_id);
+    if (t.run_id.empty()) return;
+  }
+  std::ifstream in(records::run_dir(t.run_id) + "/" + records::kMetricsFile);
+  if (!in) return;
+  in.seekg(std::streamoff(t.offset));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (in.eof()) break;  // a line still being written: read again next time
+    t.offset += line.size() + 1;
+    json j = json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || j.value("rank", -1) != 0) continue;
+    auto v = j.find(s.metric);
+    if (v == j.end() || !v->is_number() || !j["step"].is_number_integer()) continue;
+    const int64_t step = j["step"].get<int64_t>();
+    t.curve[step] = v->get<double>();
+    if (step >= t.step) t.step = step, t.metric = v->get<double>();
+  }
+}
+
+bool better(const Sweep& s, double a, double b) { return s.goal == "max" ? a > b : a < b; }
+
+// Median stopping: a running trial whose value at its step is worse than the median of the
+// finished trials' values at that step (each its latest at or before it), when two or more have one.
+bool should_stop(const Sweep& s, const Trial& t) {
+  if (s.early_stop != "median" || !t.metric || s.metric.empty()) return false;
+  std::vector<double> others;
+  for (const auto& o : s.trials) {
+    if (o.state != "succeeded" || o.curve.empty()) continue;
+    auto it = o.curve.upper_bound(t.step);
+    if (it == o.curve.begin()) continue;
+    others.push_back(std::prev(it)->second);
+  }
+  if (others.size() < 2) return false;
+  std::sort(others.begin(), others.end());
+  const size_t m = others.size();
+  const double median = m % 2 ? others[m / 2] : (others[m / 2 - 1] + others[m / 2]) / 2;
+  return better(s, median, *t.metric);
+}
+
+pid_t start_trial(const Sweep& s, Trial& t) {
+  const std::string log = s.dir + "/trial-" + std::to_string(t.n) + ".log";
+  std::vector<std::string> args = {"mltrain",
+                                   "run",
+                                   s.dir + "/trial-" + std::to_string(t.n) + ".toml",
+                                   "--name",
+                                   s.name + "-t" + std::to_string(t.n),
+                                   "--sweep-trial",
+                                   s.id + "/" + std::to_string(t.n)};
+  if (s.queue) args.push_back("--queue");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    if (!s.secrets.count(kv.substr(0, kv.find('=')))) env.push_back(kv);
+  }
+  for (const auto& [k, v] : s.secrets) env.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0)
+    throw Error(std::string("cannot start a trial: ") + std::strerror(rc), "see the state folder's space");
+  t.pid = pid;
+  t.state = "running";
+  t.offset = 0;
+  t.curve.clear();
+  return pid;
+}
+
+std::string metric_text(const Trial& t) {
+  if (!t.metric) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", *t.metric);
+  return buf;
+}
+
+std::string upper(std::string s) {
+  for (char& c : s) c = char(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string table(const Sweep& s, const std::vector<const Trial*>& order) {
+  std::optional<double> best;
+  for (const auto& t : s.trials)
+    if (t.metric && t.state != "failed" && (!best || better(s, *t.metric, *best))) best = t.metric;
+  size_t pw = 6;
+  for (const auto& t : s.trials) pw = std::max(pw, params_text(t.params).size());
+  pw = std::min<size_t>(pw, 48);
+  char line[512];
+  std::snprintf(line, sizeof line, "%-5s %-*s %-13s %12s %7s  %s\n", "TRIAL", int(pw), "PARAMS", "STATE",
+                s.metric.empty() ? "METRIC" : upper(text::cut(s.metric, 12)).c_str(), "STEP", "RUN");
+  std::string out = line;
+  for (const Trial* t : order) {
+    const std::string m = metric_text(*t) + (t->metric && best && *t->metric == *best ? " *" : "");
+    std::snprintf(line, sizeof line, "%-5d %-*s %-13s %12s %7s  %s\n", t->n, int(pw),
+                  text::cut(params_text(t->params), pw).c_str(), t->state.c_str(), m.c_str(),
+                  t->step < 0 ? "-" : std::to_string(t->step).c_str(),
+                  t->run_id.empty() ? "-" : t->run_id.c_str());
+    out += line;
+  }
+  return out;
+}
+
+// Runs the trials not finished, at most max_parallel at once; Ctrl-C stops them (130).
+int drive(Sweep& s) {
+  const bool tty = ::isatty(1) == 1;
+  g_signal = 0;
+  struct sigaction sa {
+  }, old_int{}, old_term{};
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  int drawn = 0;
+  auto show = [&](bool force) {
+    if (!tty && !force) return;
+    std::vector<const Trial*> order;
+    for (const auto& t : s.trials) order.push_back(&t);
+    std::string text = table(s, order);
+    if (tty && drawn) std::printf("\033[%dA\033[J", drawn);
+    std::fputs(text.c_str(), stdout);
+    std::fflush(stdout);
+    drawn = int(std::count(text.begin(), text.end(), '\n'));
+  };
+  auto say = [&](const Trial& t, const std::string& what) {
+    if (tty) return;
+    std::printf("trial %d (%s): %s\n", t.n, params_text(t.params).c_str(), what.c_str());
+    std::fflush(stdout);
+  };
+  bool stopping = false;
+  for (;;) {
+    if (g_signal && !stopping) {
+      stopping = true;
+      for (auto& t : s.trials)
+        if (t.pid > 0) ::kill(t.pid, SIGTERM);
+    }
+    int running = 0;
+    for (auto& t : s.trials) {
+      if (t.pid <= 0) continue;
+      read_progress(s, t);
+      int status = 0;
+      if (::waitpid(t.pid, &status, WNOHANG) == t.pid) {
+        t.pid = -1;
+        read_progress(s, t);
+        t.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (t.state != "early-stopped")
+          t.state = stopping ? "interrupted" : t.exit_code == 0 ? "succeeded" : "failed";
+        say(t,
+            t.state + (t.metric ? ", " + s.metric + " " + metric_text(t) : "") + " (run " + t.run_id + ")");
+        save(s);
+        continue;
+      }
+      ++running;
+      if (t.state == "running" && should_stop(s, t)) {
+        t.state = "early-stopped";
+        ::kill(t.pid, SIGTERM);
+        say(t, "stopped early at step " + std::to_string(t.step) + ": " + s.metric + " " + metric_text(t) +
+                   " is worse than the median of the finished trials there");
+        save(s);
+      }
+    }
+    if (!stopping)
+      for (auto& t : s.trials) {
+        if (running >= s.max_parallel) break;
+        if (t.state != "pending") continue;
+        start_trial(s, t);
+        ++running;
+        say(t, "started");
+        save(s);
+      }
+    show(false);
+    if (running == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+  if (tty && drawn) std::printf("\033[%dA\033[J", drawn);
+  return stopping ? 130 : 0;
+}
+
+}  // namespace
+
+int sweep(const SweepRequest& req) {
+  Sweep s;
+  if (!req.resume.empty()) {
+    s = load(req.resume);
+  } else {
+    JobRequest jr;
+    jr.specs = {req.spec};
+    const spec::JobSpec base = resolve_spec(jr);
+    if (!base.sweep.present)
+      throw Error(req.spec + " has no [sweep]",
+                  "add [sweep] with [sweep.grid] (docs/sweep.md), or use mltrain run");
+    const std::vector<Params> combos = expand(base.sweep);
+    s.name = base.name;
+    s.spec_file = std::filesystem::absolute(req.spec).string();
+    s.metric = base.sweep.metric;
+    s.goal = base.sweep.goal;
+    s.early_stop = base.sweep.early_stop;
+    s.max_parallel = base.sweep.max_parallel;
+    s.queue = base.gpus.per_proc > 0 || base.gpus.procs_per_gpu > 0;
+    if (s.early_stop == "median" && s.metric.empty())
+      throw Error("[sweep] early_stop = \"median\" needs a metric", "name it: metric = \"loss\"");
+    s.id = new_sweep_id(base.name);
+    s.dir = state_home() + "/sweeps/" + s.id;
+    make_private_dirs(s.dir);
+    for (size_t i = 0; i < combos.size(); ++i) {
+      Trial t;
+      t.n = int(i);
+      t.params = combos[i];
+      write_atomic(s.dir + "/trial-" + std::to_string(i) + ".toml",
+                   spec::to_toml(trial_spec(base, t.params)));
+      s.trials.push_back(std::move(t));
+    }
+    save(s);
+    for (const auto& [k, v] : base.run.env)
+      if (secret::is_secret_name(k)) s.secrets[k] = v;
+  }
+  if (req.max_parallel > 0) s.max_parallel = req.max_parallel;
+  size_t todo = 0;
+  for (const auto& t : s.trials) todo += !t.finished();
+  std::fprintf(stderr,
+               "mltrain: sweep %s: %zu trials (%zu to run), at most %d at once; resume with: mltrain sweep "
+               "--resume %s\n",
+               s.id.c_str(), s.trials.size(), todo, s.max_parallel, s.id.c_str());
+  const int code = drive(s);
+  save(s);
+  // The table sorted by the metric (trials without one last), and the best trial's rerun line.
+  std::vector<const Trial*> order;
+  for (const auto& t : s.trials) order.push_back(&t);
+  std::stable_sort(order.begin(), order.end(), [&](const Trial* a, const Trial* b) {
+    const bool ma = a->metric && a->state != "failed", mb = b->metric && b->state != "failed";
+    if (ma != mb) return ma;
+    return ma && better(s, *a->metric, *b->metric);
+  });
+  std::fputs(table(s, order).c_str(), stdout);
+  const Trial* best = nullptr;
+  for (const Trial* t : order)
+    if (t->state == "succeeded" &&
+        (!best || (t->metric && (!best->metric || better(s, *t->metric, *best->metric)))))
+      best = t;
+  if (best)
+    std::printf("best: trial %d (%s)%s\n  mltrain rerun %s\n", best->n, params_text(best->params).c_str(),
+                best->metric ? (": " + s.metric + " " + metric_text(*best)).c_str() : "",
+                best->run_id.c_str());
+  if (code) {
+    std::fprintf(stderr, "mltrain: sweep %s interrupted; go on with: mltrain sweep --resume %s\n",
+                 s.id.c_str(), s.id.c_str());
+    return code;
+  }
+  return best ? 0 : 1;
+}
+
+}  // namespace mltrain::launch

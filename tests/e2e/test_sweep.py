@@ -1,0 +1,163 @@
+"""`mltrain sweep` (docs/sweep.md): a trial per combination of [sweep]'s parameters, each an
+ordinary run linked to its sweep, at most max_parallel at once, ranked by the metric the trials
+log; median stopping; --resume after Ctrl-C runs only the trials that did not finish."""
+import json
+import os
+import signal
+import subprocess
+import time
+from datetime import datetime
+from pathlib import Path
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sweep"
+
+
+def sweep_spec(ml, steps=40, step_seconds=0.05, extra=""):
+    """The example's sweep, its trainer copied beside the spec."""
+    d = ml.dir / "sw"
+    d.mkdir(exist_ok=True)
+    (d / "train.py").write_text((EXAMPLE / "train.py").read_text())
+    text = (EXAMPLE / "sweep.toml").read_text().replace(
+        "--batch {batch}", f"--batch {{batch}} --steps {steps} --step-seconds {step_seconds}")
+    (d / "sweep.toml").write_text(text + extra)
+    return d / "sweep.toml"
+
+
+def sweep_doc(ml):
+    (d,) = list((ml.home / "sweeps").iterdir())
+    return json.loads((d / "sweep.json").read_text())
+
+
+def records(ml):
+    out = []
+    for d in ml.run_dirs():
+        r = json.loads((d / "run.json").read_text())
+        if r["sweep"]:
+            out.append(r)
+    return out
+
+
+def at(iso):
+    return datetime.strptime(iso, "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()
+
+
+def test_a_grid_sweep_runs_every_trial_two_at_a_time_stops_the_bad_one_and_ranks_them(ml):
+    r = ml("sweep", sweep_spec(ml), timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = sweep_doc(ml)
+    trials = doc["trials"]
+    assert [t["params"] for t in trials] == [{"batch": b, "lr": lr} for b in ("16", "32")
+                                            for lr in ("0.01", "0.001", "0.1")]
+    # Every trial is an ordinary run that says which trial it is.
+    recs = {r["sweep"]["trial"]: r for r in records(ml)}
+    assert sorted(recs) == list(range(6)) and all(r["sweep"]["id"] == doc["id"] for r in recs.values())
+    assert all(trials[n]["run"] == recs[n]["id"] for n in recs)
+    assert "--lr 0.1 --batch 32" in " ".join(recs[5]["argv"]) or "--lr 0.1 --batch 32" in recs[5]["spec"]
+    # Never more than two at once.
+    spans = [(at(r["started_at"]), at(r["ended_at"])) for r in recs.values()]
+    most = max(sum(1 for a, b in spans if a <= t < b) for t, _ in spans)
+    assert most <= 2, spans
+    # The diverging trial (lr 0.1, batch 32) was stopped early, and its record says so; a trial
+    # stopped is one whose loss was above the median of the finished ones at its step.
+    states = {t["trial"]: t["state"] for t in trials}
+    assert states[5] == "early-stopped" and trials[5]["step"] < 39 and recs[5]["status"] == "stopped", trials[5]
+    assert set(states.values()) <= {"succeeded", "early-stopped"} and states[0] == states[1] == "succeeded", states
+    for n, s in states.items():
+        assert (trials[n]["step"] == 39) == (s == "succeeded"), trials[n]
+    # The final table sorted by the metric (lower is better), the best trial's rerun line last.
+    table = r.stdout[r.stdout.rindex("TRIAL"):].splitlines()
+    order = [int(l.split()[0]) for l in table[1:7]]
+    finals = {t["trial"]: t["metric"] for t in trials}
+    assert [finals[n] for n in order] == sorted(finals.values()), (order, finals)
+    best = min((n for n in states if states[n] == "succeeded"), key=lambda n: finals[n])
+    assert best == 2  # batch 16, lr 0.1: the fastest fall that does not diverge
+    assert f"best: trial 2 (batch=16 lr=0.1): loss" in r.stdout, r.stdout
+    assert f"  mltrain rerun {trials[best]['run']}" in r.stdout
+    # A trial is a run like any other: ls finds the sweep's runs by their metric.
+    ls = ml("ls", "--where", "metric.loss < 0.1", "--columns", "name")
+    assert sorted(ls.stdout.split()[1:]) == sorted(f"sweep-example-t{n}" for n in range(6) if finals[n] < 0.1)
+
+
+def test_ctrl_c_stops_the_sweep_and_resume_runs_only_the_rest(ml):
+    spec = sweep_spec(ml, steps=30, step_seconds=0.1, extra="")
+    p = subprocess.Popen([ml.bin, "sweep", str(spec)], env=ml._env(), cwd=str(ml.dir), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            done = [t for t in sweep_doc(ml)["trials"] if t["state"] == "succeeded"]
+        except (ValueError, FileNotFoundError):
+            done = []
+        if len(done) >= 2:
+            break
+        time.sleep(0.1)
+    os.killpg(p.pid, signal.SIGINT)  # Ctrl-C reaches the sweep and its trials
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, out + err
+    assert "go on with: mltrain sweep --resume" in err
+    first = {t["trial"]: t["state"] for t in sweep_doc(ml)["trials"]}
+    finished = {n for n, s in first.items() if s in ("succeeded", "failed", "early-stopped")}
+    assert len(finished) >= 2 and any(s == "interrupted" for s in first.values()), first
+    before = {r["id"] for r in records(ml)}
+
+    r = ml("sweep", "--resume", "latest", timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    new = [x for x in records(ml) if x["id"] not in before]
+    assert sorted(x["sweep"]["trial"] for x in new) == sorted(set(range(6)) - finished)
+    assert all(t["state"] in ("succeeded", "early-stopped") for t in sweep_doc(ml)["trials"])
+
+
+def test_bad_sweeps_are_clear_errors(ml):
+    d = ml.dir
+    cases = {
+        "none.toml": ('[run]\ncommand = "true"\n[sweep]\nmax_parallel = 2\n', "[sweep] names no parameter"),
+        "grid.toml": ('[run]\ncommand = "true"\n[sweep.grid]\nlr = 0.1\n', "must be a non-empty array"),
+        "random.toml": ('[run]\ncommand = "true"\n[sweep.random]\nlr = { min = 1, max = 0 }\n', "needs min < max"),
+        "draws.toml": ('[run]\ncommand = "true"\n[sweep.random]\nlr = { min = 0, max = 1 }\n', "needs [sweep] trials"),
+        "median.toml": ('[run]\ncommand = "true"\n[sweep]\nearly_stop = "median"\n[sweep.grid]\nx = [1]\n',
+                        "needs a metric"),
+    }
+    for name, (text, said) in cases.items():
+        (d / name).write_text(text)
+        r = ml("sweep", d / name)
+        assert r.returncode == 2 and said in r.stderr, (name, r.stderr)
+    r = ml("run", d / "grid.toml")
+    assert r.returncode == 2, r.stderr
+    (d / "ok.toml").write_text('[run]\ncommand = "echo {x}"\n[sweep.grid]\nx = [1, 2]\n')
+    r = ml("run", d / "ok.toml")
+    assert r.returncode == 2 and "has [sweep]" in r.stderr and "mltrain sweep" in r.stderr, r.stderr
+    r = ml("sweep", "--resume", "nothing-like-it")
+    assert r.returncode == 2 and "no sweep matches 'nothing-like-it'" in r.stderr, r.stderr
+
+
+def test_random_draws_are_seeded_and_in_range_and_a_list_runs_as_written(ml):
+    d = ml.dir
+    (d / "rand.toml").write_text(
+        '[run]\ncommand = "echo lr={lr} layers={layers} opt={opt}"\n[sweep]\nmax_parallel = 3\ntrials = 4\nseed = 7\n'
+        '[sweep.grid]\nopt = ["sgd", "adam"]\n'
+        '[sweep.random]\nlr = { min = 1e-4, max = 1e-1, log = true }\nlayers = { min = 2, max = 8, int = true }\n')
+    drawn = []
+    for _ in range(2):
+        r = ml("sweep", d / "rand.toml", timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        (latest,) = [p for p in sorted((ml.home / "sweeps").iterdir()) if p.name not in {x[0] for x in drawn}][-1:]
+        trials = json.loads((latest / "sweep.json").read_text())["trials"]
+        drawn.append((latest.name, [t["params"] for t in trials]))
+    assert drawn[0][1] == drawn[1][1]  # the same seed draws the same trials
+    params = drawn[0][1]
+    assert [p["opt"] for p in params] == ["sgd"] * 4 + ["adam"] * 4
+    assert all(1e-4 <= float(p["lr"]) <= 1e-1 and p["layers"] in {str(i) for i in range(2, 9)} for p in params)
+    assert len({p["lr"] for p in params}) == 8
+    # Each trial ran its own command, its parameters substituted.
+    logs = {t: (ml.home / "sweeps" / drawn[0][0] / f"trial-{t}.log").read_text() for t in range(8)}
+    for t, p in enumerate(params):
+        assert f"lr={p['lr']} layers={p['layers']} opt={p['opt']}" in logs[t], logs[t]
+
+    (d / "list.toml").write_text('[run]\ncommand = "echo {a}-{b}"\n[[sweep.list]]\na = "x"\nb = 1\n'
+                                 '[[sweep.list]]\na = "y"\nb = 2.5\n')
+    r = ml("sweep", d / "list.toml", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    latest = max((ml.home / "sweeps").iterdir(), key=lambda p: p.stat().st_mtime)
+    assert [t["params"] for t in json.loads((latest / "sweep.json").read_text())["trials"]] == [
+        {"a": "x", "b": "1"}, {"a": "y", "b": "2.5"}]
+    assert "x-1" in (latest / "trial-0.log").read_text() and "y-2.5" in (latest / "trial-1.log").read_text()
