@@ -207,10 +207,7 @@ spec::JobSpec resolve_spec(const JobRequest& req) {
   }
   apply_overrides(s, req.overrides, req.environ ? *req.environ : plan::current_environ());
   if (req.rerun) detail::adapt_for_rerun(s, *req.rerun, req.environ ? *req.environ : plan::current_environ());
-  // A sweep's trial: its spec holds secrets as <secret>, the sweep passes their values in the environment.
-  if (!req.sweep_trial.empty())
-    detail::restore_secrets(s, req.environ ? *req.environ : plan::current_environ(), "the sweep's",
-                            "before mltrain sweep --resume");
+  if (!req.sweep_trial.empty()) detail::apply_sweep_trial(s, req.sweep_trial);
   // exec's one word with more than a program name in it is a command line for the host's shell,
   // as ssh and pdsh run one ('cd ~/proj && git pull').
   if (req.exec && !s.run.command && s.run.argv.size() == 1 &&

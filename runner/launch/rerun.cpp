@@ -97,17 +97,12 @@ void adapt_for_rerun(spec::JobSpec& s, const JobRequest::Rerun& r,
     wd = r.tree;
   else if (!r.root.empty() && wd.rfind(r.root + "/", 0) == 0)
     wd = r.tree + wd.substr(r.root.size());
-  restore_secrets(s, environ, "run " + r.of + "'s", "to rerun it");
-}
-
-void restore_secrets(spec::JobSpec& s, const std::map<std::string, std::string>& environ,
-                     const std::string& whose, const std::string& to_do) {
   for (auto& [k, v] : s.run.env) {
     if (v != secret::kShown || !secret::is_secret_name(k)) continue;
     auto it = environ.find(k);
     if (it == environ.end())
-      throw Error(whose + " [run.env] " + k + " is a secret: its value was never recorded",
-                  "set " + k + " in this shell (or pass --env " + k + "=...) " + to_do);
+      throw Error("run " + r.of + "'s [run.env] " + k + " is a secret: its value was never recorded",
+                  "set " + k + " in this shell (or pass --env " + k + "=...) to rerun it");
     v = it->second;
   }
 }

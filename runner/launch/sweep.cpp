@@ -28,7 +28,6 @@
 #include <thread>
 
 #include "runner/common/error.h"
-#include "runner/common/secret.h"
 #include "runner/common/state_home.h"
 #include "runner/common/text.h"
 #include "runner/launch/detail/launch_detail.h"
@@ -65,8 +64,7 @@ struct Trial {
 struct Sweep {
   std::string id, dir, spec_file, name, metric, goal = "min", early_stop = "none";
   int max_parallel = 1;
-  bool queue = false;                          // the trials wait for GPUs other jobs hold (--queue)
-  std::map<std::string, std::string> secrets;  // [run.env] secrets: into each trial's environment
+  bool queue = false;  // the trials wait for GPUs other jobs hold (--queue)
   std::vector<Trial> trials;
 };
 
@@ -123,21 +121,6 @@ std::string substitute(std::string text, const Params& params) {
       text.replace(at, key.size(), value);
   }
   return text;
-}
-
-// The trial's spec: the parameters in the command, argv and [run.env]; no [sweep]; secrets as
-// <secret> (the trial's launcher takes them from its environment); the synced folder fixed, since
-// the trial's spec file lies elsewhere.
-spec::JobSpec trial_spec(const spec::JobSpec& base, const Params& params) {
-  spec::JobSpec t = base;
-  t.sweep = {};
-  if (t.run.command) *t.run.command = substitute(*t.run.command, params);
-  for (auto& a : t.run.argv) a = substitute(a, params);
-  for (auto& [k, v] : t.run.env)
-    v = secret::is_secret_name(k) ? std::string(secret::kShown) : substitute(v, params);
-  if (t.sync.enabled && t.sync.src.empty() && !base.source.empty())
-    t.sync.src = std::filesystem::absolute(base.source).parent_path().lexically_normal().string();
-  return t;
 }
 
 std::string params_text(const Params& p) {
@@ -290,7 +273,7 @@ pid_t start_trial(const Sweep& s, Trial& t) {
   const std::string log = s.dir + "/trial-" + std::to_string(t.n) + ".log";
   std::vector<std::string> args = {"mltrain",
                                    "run",
-                                   s.dir + "/trial-" + std::to_string(t.n) + ".toml",
+                                   s.spec_file,
                                    "--name",
                                    s.name + "-t" + std::to_string(t.n),
                                    "--sweep-trial",
@@ -299,22 +282,13 @@ pid_t start_trial(const Sweep& s, Trial& t) {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) {
-    const std::string kv = *e;
-    if (!s.secrets.count(kv.substr(0, kv.find('=')))) env.push_back(kv);
-  }
-  for (const auto& [k, v] : s.secrets) env.push_back(k + "=" + v);
-  std::vector<char*> envp;
-  for (auto& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
   posix_spawn_file_actions_adddup2(&fa, 1, 2);
   pid_t pid = -1;
-  const int rc = posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv.data(), envp.data());
+  const int rc = posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   if (rc != 0)
     throw Error(std::string("cannot start a trial: ") + std::strerror(rc), "see the state folder's space");
@@ -323,6 +297,15 @@ pid_t start_trial(const Sweep& s, Trial& t) {
   t.offset = 0;
   t.curve.clear();
   return pid;
+}
+
+// Why a trial failed, as its launcher said it (the last "mltrain: error:" line of its log).
+std::string failure_of(const Sweep& s, const Trial& t) {
+  std::ifstream in(s.dir + "/trial-" + std::to_string(t.n) + ".log");
+  std::string line, last;
+  while (std::getline(in, line))
+    if (line.rfind("mltrain: error: ", 0) == 0) last = line.substr(16);
+  return text::host_text(last, 300);
 }
 
 std::string metric_text(const Trial& t) {
@@ -402,8 +385,9 @@ int drive(Sweep& s) {
         t.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         if (t.state != "early-stopped")
           t.state = stopping ? "interrupted" : t.exit_code == 0 ? "succeeded" : "failed";
-        say(t,
-            t.state + (t.metric ? ", " + s.metric + " " + metric_text(t) : "") + " (run " + t.run_id + ")");
+        const std::string why = t.state == "failed" ? failure_of(s, t) : "";
+        say(t, t.state + (t.metric ? ", " + s.metric + " " + metric_text(t) : "") +
+                   (t.run_id.empty() ? "" : " (run " + t.run_id + ")") + (why.empty() ? "" : ": " + why));
         save(s);
         continue;
       }
@@ -437,6 +421,24 @@ int drive(Sweep& s) {
 
 }  // namespace
 
+namespace detail {
+
+void apply_sweep_trial(spec::JobSpec& s, const std::string& trial) {
+  const size_t slash = trial.find('/');
+  const std::string id = trial.substr(0, slash);
+  const int n = slash == std::string::npos ? -1 : std::atoi(trial.c_str() + slash + 1);
+  Sweep sw = load(id);
+  auto it = std::find_if(sw.trials.begin(), sw.trials.end(), [&](const Trial& t) { return t.n == n; });
+  if (it == sw.trials.end())
+    throw Error("sweep " + id + " has no trial " + std::to_string(n), "see its sweep.json");
+  if (s.run.command) *s.run.command = substitute(*s.run.command, it->params);
+  for (auto& a : s.run.argv) a = substitute(a, it->params);
+  for (auto& [k, v] : s.run.env) v = substitute(v, it->params);
+  s.sweep = {};
+}
+
+}  // namespace detail
+
 int sweep(const SweepRequest& req) {
   Sweep s;
   if (!req.resume.empty()) {
@@ -465,13 +467,9 @@ int sweep(const SweepRequest& req) {
       Trial t;
       t.n = int(i);
       t.params = combos[i];
-      write_atomic(s.dir + "/trial-" + std::to_string(i) + ".toml",
-                   spec::to_toml(trial_spec(base, t.params)));
       s.trials.push_back(std::move(t));
     }
     save(s);
-    for (const auto& [k, v] : base.run.env)
-      if (secret::is_secret_name(k)) s.secrets[k] = v;
   }
   if (req.max_parallel > 0) s.max_parallel = req.max_parallel;
   size_t todo = 0;

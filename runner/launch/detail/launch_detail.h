@@ -54,10 +54,9 @@ std::string project_work_dir(const std::string& src);
 // hosts, each secret of [run.env] ("<secret>" in the record) taken from `environ`.
 void adapt_for_rerun(spec::JobSpec& s, const JobRequest::Rerun& r,
                      const std::map<std::string, std::string>& environ);
-// Each secret of [run.env] written "<secret>" taken from `environ`; one that is not there is an
-// error naming `whose` spec and what setting it is `to_do`.
-void restore_secrets(spec::JobSpec& s, const std::map<std::string, std::string>& environ,
-                     const std::string& whose, const std::string& to_do);
+// `mltrain sweep`'s trial "SWEEP/N": its parameters (from the sweep's sweep.json) substituted as
+// {name} into the command, argv and [run.env]; [sweep] dropped. Throws mltrain::Error.
+void apply_sweep_trial(spec::JobSpec& s, const std::string& trial);
 // The local and the hosts' folder of the spec's [sync], without listing the tree (for --no-sync,
 // whose ranks run in the folder the last sync made).
 SyncPlan sync_folders(const spec::JobSpec& s, const JobRequest& req);
