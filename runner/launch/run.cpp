@@ -43,7 +43,8 @@ std::string git_commit(const std::string& dir) {
   return out;
 }
 
-records::RunRecord new_record(const spec::JobSpec& s, const plan::Plan& p) {
+// `commit`: git_commit() of the synced folder or the workdir, found once.
+records::RunRecord new_record(const spec::JobSpec& s, const plan::Plan& p, const std::string& commit) {
   records::RunRecord rec;
   rec.id = p.run_id;
   rec.name = s.name;
@@ -53,7 +54,7 @@ records::RunRecord new_record(const spec::JobSpec& s, const plan::Plan& p) {
   rec.spec_toml = spec::to_toml(shown);
   rec.max_restarts = s.run.max_restarts;
   rec.started_at = records::now_iso8601();
-  rec.git_commit = git_commit(p.workdir);
+  rec.git_commit = commit;
   records::fill_from_plan(rec, p);
   return rec;
 }
@@ -414,13 +415,12 @@ records::CodeSummary keep_run_code(const spec::JobSpec& s, const JobRequest& req
 // The run's record, saved: it must be writable before anything starts (a full or read-only state
 // folder is a clean error here, not a cut record later, and leaves no empty run folder behind).
 records::RunRecord first_record(const spec::JobSpec& s, const plan::Plan& p, const JobRequest& req,
-                                const std::optional<detail::SyncPlan>& sp, records::CodeSummary code) {
-  records::RunRecord rec = new_record(s, p);
+                                const std::string& commit, records::CodeSummary code) {
+  records::RunRecord rec = new_record(s, p, commit);
   if (p.slurm) {
     auto env = req.environ ? *req.environ : plan::current_environ();
     if (const std::string* id = knobs::slurm_job_id.in(env)) rec.slurm_job_id = *id;
   }
-  if (sp) rec.git_commit = git_commit(sp->src);
   if (req.rerun) rec.rerun_of = req.rerun->of, rec.git_commit = req.rerun->git_commit;
   if (const size_t slash = req.sweep_trial.find('/'); slash != std::string::npos) {
     rec.sweep_id = req.sweep_trial.substr(0, slash);
@@ -617,21 +617,24 @@ RunResult run(const JobRequest& req) {
 
   const std::string run_id = records::create_run(s.name);
   if (!req.sweep_trial.empty()) note_sweep_trial(req.sweep_trial, run_id);
-  records::CodeSummary code =
-      keep_run_code(s, req, pending, sp, run_id, req.rerun ? "" : git_commit(sp ? sp->src : pending.workdir));
+  // The commit of the synced folder, else of the ranks' folder (once: each asks git).
+  std::string commit = exec_in_home ? "" : git_commit(sp ? sp->src : pending.workdir);
+  records::CodeSummary code = keep_run_code(s, req, pending, sp, run_id, req.rerun ? "" : commit);
   plan::Inputs in = detail::plan_inputs(req, run_id, token, detail::Ports::free);
   in.error_dir = records::run_dir(in.run_id);
   plan::Plan p = plan::make_plan(s, in);
-  if (sp)
+  if (sp) {
     p.workdir = detail::synced_workdir(s, *sp);
-  else if (s.sync.reuse && !req.exec)
+  } else if (s.sync.reuse && !req.exec) {
     p.workdir = detail::synced_workdir(s, detail::sync_folders(s, req));  // what the last sync left
-  else if (exec_in_home)
+    commit = git_commit(p.workdir);
+  } else if (exec_in_home) {
     p.workdir.clear();  // the agent's own directory: the login's home over SSH
+  }
 
   RunResult result;
   result.run_id = p.run_id;
-  result.record = first_record(s, p, req, sp, std::move(code));
+  result.record = first_record(s, p, req, commit, std::move(code));
   supervise::Options o = run_options(s, p, req, sp, telemetry_interval);
   if (req.detach) return run_detached(s, p, req, o, std::move(result));
   records::RunRecord& rec = result.record;

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -251,22 +252,27 @@ void read_progress(const Sweep& s, Trial& t) {
 
 bool better(const Sweep& s, double a, double b) { return s.goal == "max" ? a > b : a < b; }
 
-// Median stopping: a running trial whose value at its step is worse than the median of the
-// finished trials' values at that step (each its latest at or before it), when two or more have one.
+// The median stopping rule (Golovin et al., Google Vizier; Katib's "medianstop"): a running trial
+// whose best value up to its step s is worse than the median of the finished trials' running
+// averages up to s (each the mean of its values at steps <= s), once two trials have one.
 bool should_stop(const Sweep& s, const Trial& t) {
-  if (s.early_stop != "median" || !t.metric || s.metric.empty()) return false;
+  if (s.early_stop != "median" || !t.metric || s.metric.empty() || t.curve.empty()) return false;
   std::vector<double> others;
   for (const auto& o : s.trials) {
-    if (o.state != "succeeded" || o.curve.empty()) continue;
-    auto it = o.curve.upper_bound(t.step);
-    if (it == o.curve.begin()) continue;
-    others.push_back(std::prev(it)->second);
+    if (o.state != "succeeded") continue;
+    double sum = 0;
+    size_t n = 0;
+    for (auto it = o.curve.begin(); it != o.curve.end() && it->first <= t.step; ++it) sum += it->second, ++n;
+    if (n) others.push_back(sum / double(n));
   }
   if (others.size() < 2) return false;
   std::sort(others.begin(), others.end());
   const size_t m = others.size();
   const double median = m % 2 ? others[m / 2] : (others[m / 2 - 1] + others[m / 2]) / 2;
-  return better(s, median, *t.metric);
+  double best = t.curve.begin()->second;
+  for (const auto& [step, v] : t.curve)
+    if (step <= t.step && better(s, v, best)) best = v;
+  return better(s, median, best);
 }
 
 pid_t start_trial(const Sweep& s, Trial& t) {
@@ -395,8 +401,8 @@ int drive(Sweep& s) {
       if (t.state == "running" && should_stop(s, t)) {
         t.state = "early-stopped";
         ::kill(t.pid, SIGTERM);
-        say(t, "stopped early at step " + std::to_string(t.step) + ": " + s.metric + " " + metric_text(t) +
-                   " is worse than the median of the finished trials there");
+        say(t, "stopped early at step " + std::to_string(t.step) + ": its best " + s.metric +
+                   " so far is worse than the median of the finished trials' running averages there");
         save(s);
       }
     }
@@ -471,6 +477,11 @@ int sweep(const SweepRequest& req) {
     }
     save(s);
   }
+  // One driver a sweep: a second --resume while it runs would start its trials twice.
+  const int lock = ::open((s.dir + "/lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (lock < 0 || ::flock(lock, LOCK_EX | LOCK_NB) != 0)
+    throw Error("sweep " + s.id + " is being run by another mltrain sweep",
+                "wait for it to end, or stop it with Ctrl-C");
   if (req.max_parallel > 0) s.max_parallel = req.max_parallel;
   size_t todo = 0;
   for (const auto& t : s.trials) todo += !t.finished();

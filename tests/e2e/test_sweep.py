@@ -161,3 +161,23 @@ def test_random_draws_are_seeded_and_in_range_and_a_list_runs_as_written(ml):
     assert [t["params"] for t in json.loads((latest / "sweep.json").read_text())["trials"]] == [
         {"a": "x", "b": "1"}, {"a": "y", "b": "2.5"}]
     assert "x-1" in (latest / "trial-0.log").read_text() and "y-2.5" in (latest / "trial-1.log").read_text()
+
+
+def test_a_sweep_being_run_cannot_be_resumed_twice(ml):
+    spec = sweep_spec(ml, steps=30, step_seconds=0.1)
+    p = subprocess.Popen([ml.bin, "sweep", str(spec)], env=ml._env(), cwd=str(ml.dir), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        def running():
+            try:
+                return any(t["state"] == "running" for t in sweep_doc(ml)["trials"])
+            except (OSError, ValueError):  # not written yet
+                return False
+        deadline = time.time() + 60
+        while time.time() < deadline and not running():
+            time.sleep(0.1)
+        r = ml("sweep", "--resume", "latest")
+        assert r.returncode == 2 and "is being run by another mltrain sweep" in r.stderr, r.stderr
+    finally:
+        os.killpg(p.pid, signal.SIGINT)
+        p.communicate(timeout=60)
