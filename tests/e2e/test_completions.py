@@ -234,16 +234,20 @@ print -r -- "autoload: compdef=$_comps[mltrain]"
 autoload -Uz +X _mltrain && (( $+functions[_mltrain] )) && print -r -- "autoload: defined"
 
 zpty z zsh -f -i
-zpty -w z "PS1=''; PROMPT=''; RPROMPT=''; fpath=($dir \$fpath); autoload -Uz compinit; compinit -C -d $dump"
+# The prompt marks zle waiting for a line, the terminal in raw mode: a line typed before it would
+# meet the terminal's own line editing, where ^U erases it before zle ever sees the tab.
+zpty -w z "PROMPT='<z''le>'; RPROMPT=''; fpath=($dir \$fpath); autoload -Uz compinit; compinit -C -d $dump"
 zpty -w z 'compadd () { local -a __hits; builtin compadd -O __hits "$@"; (( $#__hits )) && print -rl -- "" "<""hits>${(j: :)__hits}</""hits>"; builtin compadd "$@" }'
 zpty -w z 'zstyle ":completion:*" menu no; bindkey "^I" complete-word; bindkey "^U" kill-whole-line'
 zpty -w z "print -r -- '<ready>' \$((6*7))"
 zpty -r z out '*<ready> 42*' || exit 4
+zpty -r z out '*<zle>' || exit 4
 for line in "$@"; do
   zpty -w z "$line"$'\t'$'\x15'"print -r -- '<line>' \$((6*7)) '</line>'"
   zpty -r z out '*<line> 42 </line>*' || exit 5
   print -r -- "<case>$line</case>"
   print -r -- "$out" | tr -d '\r' | grep -ao '<hits>.*</hits>'
+  zpty -r z rest '*<zle>' || exit 6
 done
 zpty -d z
 

@@ -157,6 +157,10 @@ def main():
     print(f"DDP-DONE {args.mode} rank {rank} loss {loss.item():.6f}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
+    # Debian 12's torch 1.13 can deadlock freeing a gloo DDP model at exit (a gloo thread that
+    # drops a tensor waits for the GIL the destructor holds): end here, everything written.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
