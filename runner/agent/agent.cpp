@@ -209,6 +209,7 @@ std::optional<int> Agent::act_on_time(int64_t now) {
     kill_orphans();
     stop_ps();
     remove_private_dir(private_dir_);
+    if (!checkpoint_made_.empty()) (void)::rmdir(checkpoint_made_.c_str());  // an unused one
     send(msg::Bye{});
     flush_outbox(true);
     return 0;

@@ -251,6 +251,31 @@ void Agent::place_error_file(std::map<std::string, std::string>& merged) {
   }
 }
 
+// MLTRAIN_CHECKPOINT_DIR ("~/.cache/mltrain/checkpoints/RUN_ID" unless the job set its own):
+// below this user's home, made private (0700) before the rank starts, kept across the run's
+// restarts (docs/elastic.md). Folders that exist are left as they are; the one it made goes at the
+// agent's end if no rank wrote into it (rmdir: only an empty folder).
+void Agent::place_checkpoint_dir(std::map<std::string, std::string>& merged) {
+  auto e = merged.find("MLTRAIN_CHECKPOINT_DIR");
+  if (e == merged.end()) return;
+  const std::string given = e->second.substr(sizeof "MLTRAIN_CHECKPOINT_DIR");
+  if (given.rfind("~/", 0) != 0) return;
+  const std::string dir = expand_home(given);
+  e->second = "MLTRAIN_CHECKPOINT_DIR=" + dir;
+  const std::string home = expand_home("~");
+  for (size_t at = home.size() + 1; at <= dir.size(); ++at) {
+    if (at < dir.size() && dir[at] != '/') continue;
+    const std::string part = dir.substr(0, at);
+    if (::mkdir(part.c_str(), 0700) == 0) {
+      if (at == dir.size()) checkpoint_made_ = dir;
+    } else if (errno != EEXIST) {
+      send(msg::AgentError{"cannot make " + part + " for MLTRAIN_CHECKPOINT_DIR: " + std::strerror(errno) +
+                           "; free space in the home folder on this host"});
+      return;
+    }
+  }
+}
+
 std::map<std::string, std::string> Agent::rank_env(uint32_t id, const msg::Spawn& m,
                                                    std::string& stats_name) {
   // The agent's own, with the launcher's variables set over it.
@@ -265,6 +290,7 @@ std::map<std::string, std::string> Agent::rank_env(uint32_t id, const msg::Spawn
   if (auto run = merged.find("MLTRAIN_RUN_ID"); run != merged.end() && run_id_.empty())
     run_id_ = run->second.substr(sizeof "MLTRAIN_RUN_ID");  // after "MLTRAIN_RUN_ID="
   place_error_file(merged);
+  if (id != kSetupId) place_checkpoint_dir(merged);
   // The rank's comm counter block: a name only this agent and the rank know (comm_stats.h).
   if (auto run = merged.find("MLTRAIN_RUN_ID"); run != merged.end() && id != kSetupId) {
     auto& given = merged["MLTRAIN_COMM_STATS_NAME"];
@@ -296,6 +322,12 @@ void Agent::start_warden_once(const std::map<std::string, std::string>& merged) 
 
 void Agent::on(uint32_t id, msg::Spawn& m) {
   if (claim_) claim_->leave_queue();  // the job runs: its leases hold what it has, not its place
+  // A restart: the stop before it is over once every rank it stopped was reaped. What is left
+  // below goes now, and its KILL deadline with it: it must not reach the new ranks.
+  if (kill_deadline_ms_ >= 0 && !any_alive()) {
+    kill_orphans();
+    kill_deadline_ms_ = -1;
+  }
   if (m.argv.empty()) {
     send(msg::SpawnFailed{"nothing to run (empty argv)"}, id);
     return;

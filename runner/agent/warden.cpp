@@ -5,10 +5,10 @@
 // leaders die with it (PR_SET_PDEATHSIG), but their descendants are handed to init. So before the
 // first rank starts, the agent forks a warden: a process outside every rank's tree, holding only
 // the read end of a pipe whose write end only the agent holds. When the agent is gone, however it
-// went, the read returns 0, and the warden kills every process of this user that carries the job's
-// run id in its environment (every rank does, and every descendant that kept its environment),
-// sweep after sweep until none is found (after an ordinary end it finds nothing), then removes the
-// job's shared memory segments from /dev/shm and the agent's private folder.
+// went, the read returns 0, and the warden kills every process of this user on this host that
+// carries the job's run id in its environment (every rank does, and every descendant that kept its
+// environment), sweep after sweep until none is found (after an ordinary end it finds nothing), then
+// removes the job's shared memory segments from /dev/shm and the agent's private folder.
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -53,12 +53,24 @@ bool environ_has(const char* pid, const std::string& marker) {
   return found;
 }
 
-// Kills this user's processes that carry `marker`; returns how many it found.
+// The network namespace a process is in ("net:[4026531840]"), "" when it cannot be read.
+std::string netns_of(const char* pid) {
+  char path[300], link[128];
+  std::snprintf(path, sizeof path, "/proc/%s/ns/net", pid);
+  const ssize_t n = ::readlink(path, link, sizeof link - 1);
+  return n > 0 ? std::string(link, size_t(n)) : std::string();
+}
+
+// Kills this user's processes that carry `marker` on this host; returns how many it found. A
+// process in another network namespace is another host's, where several hosts share one process
+// table (containers of one machine, the test cluster): the ranks of its agent, alive there. One
+// whose namespace cannot be read counts as this host's.
 int sweep(const std::string& marker) {
   DIR* d = ::opendir("/proc");
   if (!d) return 0;
   const uid_t uid = ::getuid();
   const pid_t self = ::getpid();
+  const std::string here = netns_of("self");
   int found = 0;
   while (dirent* e = ::readdir(d)) {
     if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
@@ -68,6 +80,7 @@ int sweep(const std::string& marker) {
     std::snprintf(path, sizeof path, "/proc/%s", e->d_name);
     if (::stat(path, &st) != 0 || st.st_uid != uid) continue;
     if (!environ_has(e->d_name, marker)) continue;
+    if (const std::string ns = netns_of(e->d_name); !here.empty() && !ns.empty() && ns != here) continue;
     ++found;
     ::kill(pid_t(std::atoi(e->d_name)), SIGKILL);
   }

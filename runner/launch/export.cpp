@@ -662,6 +662,10 @@ std::vector<std::string> export_warnings(const spec::JobSpec& s, const std::stri
   if (s.origins.count("comm.backend") && s.comm.backend != "auto")
     w.push_back(s.origin("comm.backend", file) + ": [comm] backend = \"" + s.comm.backend +
                 "\" is mltrain's comm library, which does not run in pods (no agent, no store)");
+  if (s.cluster.min_hosts > 0 || !s.cluster.spares.empty())
+    w.push_back(s.origin(s.cluster.min_hosts > 0 ? "cluster.min_hosts" : "cluster.spares", file) +
+                ": min_hosts and spares are mltrain run's elastic restarts (docs/elastic.md); the exported "
+                "job has the hosts alone, and the operator restarts its pods as it does");
   return w;
 }
 
@@ -687,10 +691,12 @@ std::string export_manifest(const JobRequest& req, const std::string& to,
                     : s.origin("comm.mode", file) +
                           ": [comm] mode = \"ps\" cannot be exported: its servers run inside mltrain's agent",
                 "export an allreduce job, or run this one with mltrain run");
+  std::vector<std::string> w = export_warnings(s, file);
+  s.cluster.min_hosts = 0;  // the pods are the hosts; spares are no pods
+  s.cluster.spares.clear();
   plan::Plan p = plan::make_plan(s, detail::plan_inputs(req, "export", "export", detail::Ports::placeholder));
   Shape sh = shape_of(s, p, file);
   check_name(s, sh, file);
-  std::vector<std::string> w = export_warnings(s, file);
   if (warnings) *warnings = w;
   return t == Target::volcano ? volcano_job(s, sh, w) : pytorch_job(s, sh, w);
 }

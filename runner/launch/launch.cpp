@@ -277,7 +277,10 @@ Validation validate(const JobRequest& req) {
   std::vector<std::string> hosts;
   for (const auto& h : v.plan.hosts)
     hosts.push_back(h.host.name + "(" +
-                    (h.ranks.empty() ? std::string("server") : std::to_string(h.ranks.size())) + ")");
+                    (h.spare           ? std::string("spare")
+                     : h.ranks.empty() ? std::string("server")
+                                       : std::to_string(h.ranks.size())) +
+                    ")");
   size_t n = v.plan.ranks.size();
   std::string what = req.specs.empty() ? std::string("command") : req.specs[0];
   std::vector<std::string> failures;
@@ -375,11 +378,15 @@ std::string describe_plan(const plan::Plan& p) {
   auto plural = [](size_t n, const char* what) {
     return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
   };
-  size_t server_only = 0;
-  for (const auto& h : p.hosts) server_only += h.ranks.empty() ? 1 : 0;
+  size_t server_only = 0, spares = 0;
+  for (const auto& h : p.hosts) (h.spare ? spares : server_only) += h.ranks.empty() ? 1 : 0;
   out += "run " + p.name + ": " + plural(p.ranks.size(), "rank") + " on " +
-         plural(p.hosts.size() - server_only, "host") +
-         (server_only ? " + " + plural(server_only, "server-only host") : std::string()) + "\n";
+         plural(p.hosts.size() - server_only - spares, "host") +
+         (server_only ? " + " + plural(server_only, "server-only host") : std::string()) +
+         (spares ? " + " + plural(spares, "spare") : std::string()) + "\n";
+  if (p.elastic())
+    out += "elastic: a restart goes on without a lost host while " + std::to_string(p.min_hosts) + " remain" +
+           (spares ? ", a spare in its place" : "") + " (docs/elastic.md)\n";
   std::vector<std::string> argv;
   for (const auto& a : p.argv) argv.push_back(text::shell_quote(a));
   out += "command: " + text::join(argv, " ") + "\nworkdir: " + p.workdir + "\nmaster:  " + p.master_addr +
@@ -400,6 +407,11 @@ std::string describe_plan(const plan::Plan& p) {
            "\n         the servers run in the hosts' agents; MLTRAIN_PS_SERVERS is set at launch, when they "
            "listen\n";
   for (const auto& h : p.hosts) {
+    if (h.spare) {
+      out += "\nhost " + h.host.name + " (spare" + std::string(h.local ? ", local" : "") +
+             "): no rank until it takes a lost host's place\n";
+      continue;
+    }
     if (h.ranks.empty()) {
       out += "\nhost " + h.host.name + " (server only" + (h.local ? ", local" : "") +
              "): ps servers: " + std::to_string(h.ps_servers) + "\n";

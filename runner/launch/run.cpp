@@ -284,6 +284,8 @@ void adapt_for_exec(spec::JobSpec& s, const JobRequest& req) {
   s.cluster.procs_per_host = 1;
   s.cluster.nprocs = 0;
   s.run.max_restarts = 0;
+  s.cluster.min_hosts = 0;  // nor an elastic gang's spares
+  s.cluster.spares.clear();
   if (!req.overrides.no_prefix) s.logs.prefix = "[{host}]";
   // A one-off command starts no parameter servers (and server-only hosts run no rank).
   s.comm.mode = "allreduce";
@@ -616,26 +618,32 @@ RunResult run(const JobRequest& req) {
   std::optional<detail::SyncPlan> sp = detail::plan_sync(s, req);
 
   const std::string run_id = records::create_run(s.name);
-  if (!req.sweep_trial.empty()) note_sweep_trial(req.sweep_trial, run_id);
-  // The commit of the synced folder, else of the ranks' folder (once: each asks git).
-  std::string commit = exec_in_home ? "" : git_commit(sp ? sp->src : pending.workdir);
-  records::CodeSummary code = keep_run_code(s, req, pending, sp, run_id, req.rerun ? "" : commit);
-  plan::Inputs in = detail::plan_inputs(req, run_id, token, detail::Ports::free);
-  in.error_dir = records::run_dir(in.run_id);
-  plan::Plan p = plan::make_plan(s, in);
-  if (sp) {
-    p.workdir = detail::synced_workdir(s, *sp);
-  } else if (s.sync.reuse && !req.exec) {
-    p.workdir = detail::synced_workdir(s, detail::sync_folders(s, req));  // what the last sync left
-    commit = git_commit(p.workdir);
-  } else if (exec_in_home) {
-    p.workdir.clear();  // the agent's own directory: the login's home over SSH
-  }
-
+  plan::Plan p;
   RunResult result;
-  result.run_id = p.run_id;
-  result.record = first_record(s, p, req, commit, std::move(code));
-  supervise::Options o = run_options(s, p, req, sp, telemetry_interval);
+  supervise::Options o;
+  try {  // the run exists from here on: an error ends its record, as one in run_job does
+    if (!req.sweep_trial.empty()) note_sweep_trial(req.sweep_trial, run_id);
+    // The commit of the synced folder, else of the ranks' folder (once: each asks git).
+    std::string commit = exec_in_home ? "" : git_commit(sp ? sp->src : pending.workdir);
+    records::CodeSummary code = keep_run_code(s, req, pending, sp, run_id, req.rerun ? "" : commit);
+    plan::Inputs in = detail::plan_inputs(req, run_id, token, detail::Ports::free);
+    in.error_dir = records::run_dir(in.run_id);
+    p = plan::make_plan(s, in);
+    if (sp) {
+      p.workdir = detail::synced_workdir(s, *sp);
+    } else if (s.sync.reuse && !req.exec) {
+      p.workdir = detail::synced_workdir(s, detail::sync_folders(s, req));  // what the last sync left
+      commit = git_commit(p.workdir);
+    } else if (exec_in_home) {
+      p.workdir.clear();  // the agent's own directory: the login's home over SSH
+    }
+    result.run_id = p.run_id;
+    result.record = first_record(s, p, req, commit, std::move(code));
+    o = run_options(s, p, req, sp, telemetry_interval);
+  } catch (const Error& e) {
+    records::end_with_launcher_error(run_id, e.code(), e.what(), error_text(e));
+    throw;
+  }
   if (req.detach) return run_detached(s, p, req, o, std::move(result));
   records::RunRecord& rec = result.record;
   rec.launcher_pid = ::getpid();

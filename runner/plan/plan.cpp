@@ -214,6 +214,12 @@ std::vector<hostfile::Host> resolve_hosts(const spec::JobSpec& s,
     });
     if (!known) hosts.push_back(h);
   }
+  if (!s.cluster.spares.empty()) {  // doctor checks them as the job's hosts
+    const std::string origin = s.origin("cluster.spares", "[cluster] spares");
+    for (auto& h :
+         hostfile_call([&] { return hostfile::parse_host_list(text::join(s.cluster.spares, ","), origin); }))
+      hosts.push_back(std::move(h));
+  }
   return hosts;
 }
 
@@ -346,6 +352,47 @@ void place_servers(Plan& p, const std::vector<std::pair<hostfile::Host, int>>& s
                  std::any_of(p.hosts.begin(), p.hosts.end(), [](const HostPlan& h) { return !h.local; });
 }
 
+// [cluster] min_hosts and spares: the spares after every other host, each ready to take the place
+// of any host (its GPU slots as many as the most any host needs, once plan_gpu_slots ran).
+void plan_elastic(Plan& p, const spec::JobSpec& s) {
+  const auto& c = s.cluster;
+  if (c.min_hosts == 0 && c.spares.empty()) return;
+  const std::string key = c.min_hosts > 0 ? "cluster.min_hosts" : "cluster.spares";
+  const std::string where = s.origin(key, "[cluster]");
+  if (p.ps_mode || s.comm.mode == "ps")
+    throw Error(where + ": elastic restarts are not for PS mode (its servers hold the parameters)",
+                "remove min_hosts and spares, or train with allreduce");
+  if (s.run.max_restarts == 0)
+    throw Error(where + ": an elastic job restarts without a lost host, and [run] max_restarts is 0",
+                "set [run] max_restarts (or --max-restarts) to how many restarts the job may take");
+  const int hosts = int(p.hosts.size());
+  if (c.min_hosts > hosts)
+    throw Error(where + ": min_hosts is " + std::to_string(c.min_hosts) + " but the job has " +
+                    std::to_string(hosts) + (hosts == 1 ? " host" : " hosts"),
+                "lower min_hosts to at most " + std::to_string(hosts));
+  p.min_hosts = c.min_hosts > 0 ? c.min_hosts : hosts;  // spares alone: a restart keeps every place
+  if (c.spares.empty()) return;
+  if (p.slurm)
+    throw Error(s.origin("cluster.spares", "[cluster]") + ": spares are for hosts reached over SSH",
+                "remove spares, or run with [cluster] launcher = \"ssh\"");
+  const std::string origin = s.origin("cluster.spares", "[cluster] spares");
+  auto spares = hostfile_call([&] { return hostfile::parse_host_list(text::join(c.spares, ","), origin); });
+  for (const auto& h : spares) {
+    for (const auto& hp : p.hosts)
+      if (same_host(hp.host.name, h.name))
+        throw Error(origin + ": " + h.name + " is one of the job's hosts and a spare",
+                    "name each host once: in hosts, or in spares");
+    HostPlan hp;
+    hp.host = h;
+    hp.local = is_local_host(h.name);
+    hp.node_rank = -1;
+    hp.spare = true;
+    hp.gpu_ids = h.slot_ids;
+    p.hosts.push_back(hp);
+  }
+  p.multi_host = true;
+}
+
 // Rendezvous addresses. All-local jobs use loopback; preflight replaces master_addr with an
 // address of rank 0's host that the other hosts reach. PS mode's settings and root port too.
 void plan_rendezvous(Plan& p, const spec::JobSpec& s, const Inputs& in) {
@@ -410,6 +457,10 @@ void plan_gpu_slots(Plan& p, const spec::JobSpec& s) {
       int& needed = p.hosts[size_t(r.host)].gpu_slots_needed;
       needed = std::max(needed, d + 1);
     }
+  int most = 0;
+  for (const auto& h : p.hosts) most = std::max(most, h.gpu_slots_needed);
+  for (auto& h : p.hosts)
+    if (h.spare) h.gpu_slots_needed = most;
 }
 
 }  // namespace
@@ -440,6 +491,7 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in) {
   place_ranks(p, hosts, counts);
   check_console_ranks(s, p);
   place_servers(p, servers);
+  plan_elastic(p, s);
 
   // Program and working directory.
   p.argv = s.run.command ? std::vector<std::string>{"/bin/sh", "-c", *s.run.command} : s.run.argv;
@@ -487,6 +539,10 @@ void put_contract(Env& env, const Plan& p, const Runtime& rt, const RankPlan& r)
   put(env, "MLTRAIN_STORE_ADDR", p.store_addr);
   put(env, "MLTRAIN_TOKEN", p.token);
   put(env, "MLTRAIN_COMM_BACKEND", p.comm_backend);
+  // One folder per run on each host, kept across restarts: rank 0 checkpoints there and a
+  // restart resumes from it (docs/elastic.md). The job's own value stands.
+  if (!has(p.user_env, "MLTRAIN_CHECKPOINT_DIR"))
+    put(env, "MLTRAIN_CHECKPOINT_DIR", "~/.cache/mltrain/checkpoints/" + p.run_id);
   // torchrun's @record writes the failure there; the launcher's summary shows it. Elsewhere a
   // bare name: the host's agent puts it in a private folder of its own (0700, a random name in
   // /tmp, removed at its end), never at a path another user of the host can guess.
@@ -645,6 +701,28 @@ std::string assign_gpus(Plan& p, int host, const HostGpus& gpus) {
   }
   for (size_t i = 0; i < hp.ranks.size(); ++i) p.runtime.gpus[hp.ranks[i]] = std::move(devices[i]);
   return {};
+}
+
+void regroup(Plan& p, const std::vector<int>& gang, const std::vector<std::vector<std::vector<int>>>& seats) {
+  for (auto& h : p.hosts) {
+    h.ranks.clear();
+    h.node_rank = -1;
+  }
+  p.ranks.clear();
+  p.runtime.gpus.clear();
+  for (size_t k = 0; k < gang.size(); ++k) {
+    HostPlan& hp = p.hosts[size_t(gang[k])];
+    hp.node_rank = int(k);
+    for (size_t l = 0; l < seats[k].size(); ++l) {
+      RankPlan r;
+      r.rank = int(p.ranks.size());
+      r.host = gang[k];
+      r.local_rank = int(l);
+      r.gpu_slots = seats[k][l];
+      hp.ranks.push_back(r.rank);
+      p.ranks.push_back(std::move(r));
+    }
+  }
 }
 
 void set_restart_count(Plan& p, int restart_count) { p.runtime.restart_count = restart_count; }

@@ -31,6 +31,11 @@ struct HostPlan {
   // ranks (a server-only host: [ps] hosts, or role=server in the hostfile) comes after every
   // host with ranks, so hosts[0] is always rank 0's.
   int ps_servers = 0;
+  // [cluster] spares: connected, synced and set up with the job's hosts, it runs no rank until an
+  // elastic restart puts it in a lost host's place (regroup). Spares come after every other host.
+  bool spare = false;
+  // Runs the job's program: has ranks now, or may have after a restart.
+  bool runs_program() const { return !ranks.empty() || spare; }
 };
 
 struct RankPlan {
@@ -91,6 +96,10 @@ struct Plan {
   std::string ps_memory = "50%";
   int ps_port = 0;  // PS mode: DMLC_PS_ROOT_PORT, a free port on rank 0's host
   int max_restarts = 0;
+  // Elastic restarts ([cluster] min_hosts, spares): a restart goes on without lost hosts while at
+  // least min_hosts run ranks. 0: every host is needed (a lost host ends the run).
+  int min_hosts = 0;
+  bool elastic() const { return min_hosts > 0; }
   std::string comm_backend = "auto";
   std::string error_dir;  // Inputs::error_dir
   // The ranks' own variables, lowest precedence first: forward_env matches, then [run] env (with
@@ -160,6 +169,12 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in);
 // The hosts a spec names, before rank placement (for `doctor` and `validate`).
 std::vector<hostfile::Host> resolve_hosts(const spec::JobSpec& s,
                                           const std::map<std::string, std::string>& environ);
+
+// An elastic restart's new gang: host gang[k] (an index into p.hosts) becomes node k and runs
+// seats[k].size() ranks, local rank l with the GPU slots seats[k][l]. Ranks are numbered again
+// from 0 in that order; every other host runs none. The ranks' GPUs (p.runtime.gpus) are cleared:
+// assign_gpus gives them again.
+void regroup(Plan& p, const std::vector<int>& gang, const std::vector<std::vector<std::vector<int>>>& seats);
 
 // The gang's restart count (p.runtime: TORCHELASTIC_RESTART_COUNT), on a gang restart.
 void set_restart_count(Plan& p, int restart_count);

@@ -78,6 +78,12 @@ RunRecord from_json(const json& j) {
   r.argv = get(j, "argv", std::vector<std::string>{});
   r.restarts = get(j, "restarts", 0);
   r.max_restarts = get(j, "max_restarts", 0);
+  for (const auto& g : get(j, "generations", json::array())) {
+    if (!g.is_object()) continue;
+    r.generations.push_back({get(g, "restart", 0), get<std::string>(g, "started_at", ""),
+                             get(g, "hosts", std::vector<std::string>{}), get(g, "world_size", 0),
+                             get<std::string>(g, "why", "")});
+  }
   r.detached = get(j, "detached", false);
   r.slurm_job_id = get<std::string>(j, "slurm_job_id", "");
   r.kind = get<std::string>(j, "kind", "run");
@@ -172,6 +178,13 @@ json to_json_value(const RunRecord& r) {
                      {"workdir", h.workdir.empty() ? json(nullptr) : json(h.workdir)},
                      {"environment", h.environment.empty() ? json(nullptr) : environment}});
   }
+  json generations = json::array();
+  for (const auto& g : r.generations)
+    generations.push_back({{"restart", g.restart},
+                           {"started_at", g.started_at},
+                           {"hosts", g.hosts},
+                           {"world_size", g.world_size},
+                           {"why", or_null(g.why)}});
   json ranks = json::array();
   for (const auto& k : r.ranks) {
     json gpus = json::array();
@@ -219,6 +232,7 @@ json to_json_value(const RunRecord& r) {
       {"master_port", or_null(r.master_port, 0)},
       {"restarts", r.restarts},
       {"max_restarts", r.max_restarts},
+      {"generations", generations},
       {"detached", r.detached},
       {"slurm_job_id", or_null(r.slurm_job_id)},
       {"kind", r.kind},
@@ -287,6 +301,10 @@ std::vector<std::pair<std::string, std::string>> environment_rows(const RunRecor
 std::string runs_dir() { return mltrain::state_home() + "/runs"; }
 std::string run_dir(const std::string& id) { return runs_dir() + "/" + id; }
 
+namespace {
+bool save_in(const std::string& dir, const RunRecord& r);
+}
+
 std::string create_run(const std::string& name) {
   make_private_dirs(state_home(), /*make_private=*/true);
   make_private_dirs(runs_dir(), /*make_private=*/true);
@@ -295,17 +313,38 @@ std::string create_run(const std::string& name) {
   ::gmtime_r(&t, &tm);
   char stamp[32];
   std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+  // The folder is born with its run.json: made under a hidden name (`list` skips it), the record
+  // written, then renamed into place. A launcher killed at any moment (Ctrl-C while the code is
+  // being kept) leaves a run `ls` shows as lost, never a folder without a record.
+  RunRecord first;
+  first.name = name;
+  first.started_at = now_iso8601();
+  first.launcher_pid = ::getpid();
+  first.launcher_start = process_start_time(first.launcher_pid);
   std::random_device rd;
   for (int attempt = 0; attempt < 100; ++attempt) {
     char suffix[8];
     std::snprintf(suffix, sizeof suffix, "%04x", unsigned(rd() & 0xffff));
-    std::string id = std::string(stamp) + "-" + (name.empty() ? "job" : name) + "-" + suffix;
-    if (::mkdir(run_dir(id).c_str(), 0700) == 0) {
-      ::chmod(run_dir(id).c_str(), 0700);  // whatever the umask: the owner reads and writes it
-      return id;
+    first.id = std::string(stamp) + "-" + (name.empty() ? "job" : name) + "-" + suffix;
+    const std::string staging = runs_dir() + "/." + first.id + ".new";
+    if (::mkdir(staging.c_str(), 0700) != 0) {
+      if (errno == EEXIST) continue;
+      throw Error("cannot create " + staging + ": " + std::strerror(errno),
+                  "set MLTRAIN_HOME to a writable folder", exit_code::state);
     }
-    if (errno != EEXIST)
-      throw Error("cannot create " + run_dir(id) + ": " + std::strerror(errno),
+    ::chmod(staging.c_str(), 0700);  // whatever the umask: the owner reads and writes it
+    if (!save_in(staging, first)) {
+      ::rmdir(staging.c_str());
+      throw Error("cannot write the run's record in " + runs_dir(),
+                  "free some space there, or set MLTRAIN_HOME to a writable folder", exit_code::state);
+    }
+    // rename(2) onto a folder that is not empty fails: every run folder is born holding run.json.
+    if (::rename(staging.c_str(), run_dir(first.id).c_str()) == 0) return first.id;
+    const int err = errno;
+    ::unlink((staging + "/run.json").c_str());
+    ::rmdir(staging.c_str());
+    if (err != EEXIST && err != ENOTEMPTY)
+      throw Error("cannot create " + run_dir(first.id) + ": " + std::strerror(err),
                   "set MLTRAIN_HOME to a writable folder", exit_code::state);
   }
   throw Error("cannot find a free run id in " + runs_dir(), {}, exit_code::internal);
@@ -321,6 +360,14 @@ void fill_from_plan(RunRecord& r, const plan::Plan& p) {
   r.hosts.clear();
   for (const auto& h : p.hosts)
     r.hosts.push_back({h.host.name, h.local ? "127.0.0.1" : h.host.name, h.node_rank, "", {}});
+  r.argv = p.argv;
+  r.workdir = p.workdir;
+  fill_ranks(r, p);
+}
+
+void fill_ranks(RunRecord& r, const plan::Plan& p) {
+  for (size_t i = 0; i < p.hosts.size() && i < r.hosts.size(); ++i)
+    r.hosts[i].node_rank = p.hosts[i].node_rank;
   r.ranks.clear();
   for (const auto& k : p.ranks) {
     RankRecord rr;
@@ -331,14 +378,15 @@ void fill_from_plan(RunRecord& r, const plan::Plan& p) {
       if (key != "MLTRAIN_TOKEN") rr.env[key] = secret::shown_value(key, v);  // the job's secret stays out
     r.ranks.push_back(rr);
   }
-  r.argv = p.argv;
-  r.workdir = p.workdir;
   r.master_addr = p.master_addr;
   r.master_port = p.master_port;
 }
 
-bool save(const RunRecord& r) {
-  std::string dir = run_dir(r.id);
+bool save(const RunRecord& r) { return save_in(run_dir(r.id), r); }
+
+namespace {
+
+bool save_in(const std::string& dir, const RunRecord& r) {
   std::string tmp = dir + "/.run.json.tmp";
   // Env values are bytes; a record shows invalid UTF-8 as U+FFFD rather than failing the run.
   std::string data = to_json_value(r).dump(2, ' ', false, json::error_handler_t::replace) + "\n";
@@ -380,6 +428,8 @@ bool save(const RunRecord& r) {
   }
   return true;
 }
+
+}  // namespace
 
 namespace {
 

@@ -71,6 +71,16 @@ struct PullRecord {
   std::vector<std::string> problems;
 };
 
+// One generation of the gang: the ranks as the start, or a restart, made them (docs/elastic.md).
+struct Generation {
+  int restart = 0;
+  std::string started_at;          // ISO 8601, UTC
+  std::vector<std::string> hosts;  // the hosts that ran ranks, in node-rank order
+  int world_size = 0;
+  std::string why;  // what ended the generation before and how the gang changed ("" for the first)
+  bool operator==(const Generation&) const = default;
+};
+
 struct RunRecord {
   std::string id, name;
   std::string status = "running";  // running | lost (launcher died) | succeeded | failed | interrupted |
@@ -86,6 +96,7 @@ struct RunRecord {
   std::vector<HostRecord> hosts;
   std::vector<RankRecord> ranks;
   int restarts = 0, max_restarts = 0;
+  std::vector<Generation> generations;  // one per start of the ranks: the first, then each restart
   bool detached = false;
   std::string slurm_job_id;                // the allocation a Slurm-launched run ran in ("" otherwise)
   std::string kind = "run";                // run | exec (one command on every host)
@@ -134,6 +145,8 @@ std::vector<std::pair<std::string, std::string>> environment_rows(const RunRecor
 
 // Fills hosts, ranks and addresses from a plan.
 void fill_from_plan(RunRecord& r, const plan::Plan& p);
+// The ranks, node ranks and rendezvous of the plan's gang now (after an elastic restart's regroup).
+void fill_ranks(RunRecord& r, const plan::Plan& p);
 
 // Writes run.json atomically (write then rename).
 // The folder host `host` of the run ran its ranks in: its own copy of a synced folder, or the run's.

@@ -451,6 +451,16 @@ void print_show(const std::string& query, bool json, bool color) {
   std::printf("master     %s:%d\n", t(r.master_addr), r.master_port);
   std::printf("restarts   %d of %d\n", r.restarts, r.max_restarts);
   std::printf("logs       %s\n", run_dir(r.id).c_str());
+  // Each start of the gang, once it restarted: its hosts, and why the one before ended.
+  if (r.generations.size() > 1) {
+    std::printf("\ngenerations\n");
+    for (const auto& g : r.generations) {
+      const std::string when = g.started_at.size() >= 19 ? g.started_at.substr(11, 8) : g.started_at;
+      std::printf("  %-3d %s  %d rank%s on %s\n", g.restart, t(when), g.world_size,
+                  g.world_size == 1 ? "" : "s", t(text::join(g.hosts, ", ")));
+      if (!g.why.empty()) std::printf("      after: %s\n", t(g.why));
+    }
+  }
   // What the hosts' agents found at preflight: one value where every host said the same.
   const auto environment = environment_rows(r);
   if (!environment.empty())

@@ -117,6 +117,8 @@ void read_hosts(Load& l, const Value& v) {
   l.spec.cluster.hostfile.clear();
 }
 
+void read_spares(Load& l, const Value& v) { l.spec.cluster.spares = get_host_list(l, v, "spares"); }
+
 void read_hostfile(Load& l, const Value& v) {
   l.spec.cluster.hostfile = l.resolve(get_string(l, v, "hostfile"));
   l.spec.cluster.hosts.clear();
@@ -635,6 +637,22 @@ std::vector<Key> cluster_keys() {
        .member = member<&S::cluster, &ClusterSection::queue>(),
        .doc = "wait in the hosts' queue for free GPUs (--queue) instead of failing (docs/sharing.md)",
        .emit = Emit::unless_default},
+      {.section = "cluster",
+       .name = "min_hosts",
+       .type = Type::integer,
+       .member = member<&S::cluster, &ClusterSection::min_hosts>(),
+       .doc = "elastic: a restart goes on without lost hosts while this many remain (docs/elastic.md)",
+       .emit = Emit::unless_default,
+       .lo = 1,
+       .hi = spec::kMaxHosts},
+      {.section = "cluster",
+       .name = "spares",
+       .type = Type::custom,
+       .member = member<&S::cluster, &ClusterSection::spares>(),
+       .doc = "hosts that take a lost host's place at a restart, items as in hosts (docs/elastic.md)",
+       .emit = Emit::unless_default,
+       .shown = "string or array of strings",
+       .read = read_spares},
   };
 }
 

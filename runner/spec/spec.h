@@ -45,6 +45,10 @@ struct ClusterSection {
   // while it runs), and waiting in the hosts' queue for free GPUs (or hosts) instead of failing.
   bool exclusive = false;
   bool queue = false;
+  // Elastic restarts (docs/elastic.md): a restart goes on without a lost host while at least
+  // min_hosts remain (0: every host is needed), and a spare takes a lost host's place.
+  int min_hosts = 0;
+  std::vector<std::string> spares;  // host-list items, as hosts
 };
 
 struct CommSection {

@@ -244,7 +244,7 @@ class DoctorPlay final : public Play {
     msg::Probe probe;
     probe.port = uint32_t(i == 0 ? port_ : 0);
     std::string prog = job_program();
-    if (!plan_.hosts[i].ranks.empty() && !prog.empty()) {
+    if (plan_.hosts[i].runs_program() && !prog.empty()) {
       std::string base = prog.substr(prog.rfind('/') + 1);
       (base.rfind("python", 0) == 0 ? probe.python : probe.program) = prog;
     }

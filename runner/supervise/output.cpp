@@ -134,11 +134,25 @@ Output::Output(std::vector<RankInfo> ranks, bool multi_host, const std::string& 
     if (r.fd < 0) log::warn("output", "cannot open " + path + ": " + std::strerror(errno));
     struct stat st {};
     if (r.fd >= 0 && ::fstat(r.fd, &st) == 0) r.file_end = uint64_t(st.st_size);
-    std::string p = render_prefix(opts_.prefix, r.info, multi_host);
-    if (!p.empty()) {
-      r.prefix = opts_.color ? std::string(rank_color(int(i))) + p + kColorReset + " " : p + " ";
-    }
-    r.shown = !opts_.quiet && (!opts_.ranks || opts_.ranks->count(r.info.rank));
+    label(i, multi_host);
+  }
+  multi_host_ = multi_host;
+}
+
+void Output::label(size_t i, bool multi_host) {
+  Rank& r = ranks_[i];
+  std::string p = render_prefix(opts_.prefix, r.info, multi_host);
+  r.prefix = p.empty()     ? std::string()
+             : opts_.color ? std::string(rank_color(int(i))) + p + kColorReset + " "
+                           : p + " ";
+  r.shown = !opts_.quiet && (!opts_.ranks || opts_.ranks->count(r.info.rank));
+}
+
+void Output::relabel(const std::vector<RankInfo>& ranks) {
+  for (size_t i = 0; i < ranks.size() && i < ranks_.size(); ++i) {
+    if (ranks[i].rank != ranks_[i].info.rank) continue;  // rank N stays rank-N.log
+    ranks_[i].info = ranks[i];
+    label(i, multi_host_);
   }
 }
 

@@ -91,6 +91,9 @@ class Output {
   void data(int rank, int stream, std::string_view bytes);
   // The rank is gone: pass on any unterminated line.
   void finish(int rank);
+  // An elastic restart placed the ranks anew (fewer of them, or on other hosts): their prefixes
+  // follow. A rank keeps its file; ranks beyond `ranks` get no more output.
+  void relabel(const std::vector<RankInfo>& ranks);
   // A line from mltrain itself into every rank file (e.g. a restart marker).
   void mark_all(const std::string& line);
   // Writes what is buffered (and partial lines now due) to the console and the files.
@@ -149,6 +152,7 @@ class Output {
     uint64_t file_lost = 0;  // bytes that never reached it
     bool shown = true;
   };
+  void label(size_t i, bool multi_host);  // rank i's prefix and whether the console shows it
   void feed(Rank& r, int s, std::string_view bytes);
   void end_line(Rank& r, int s);
   void show_fragment(Rank& r, int s);
@@ -170,6 +174,7 @@ class Output {
   void to_file(Rank& r, std::string_view bytes);
 
   std::vector<Rank> ranks_;
+  bool multi_host_ = false;
   std::string run_dir_;
   ConsoleOptions opts_;
   int out_fd_, err_fd_;

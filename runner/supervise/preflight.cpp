@@ -33,7 +33,7 @@ void RunPlay::on_progress() {
 std::vector<std::string> RunPlay::failed_hosts() const {
   std::vector<std::string> lines;
   for (const auto& h : fleet_.hosts())
-    if (h.state() == HostState::failed) {
+    if (h.state() == HostState::failed && !h.plan->spare) {
       const std::string& n = h.name();
       bool named = h.problem.compare(0, n.size() + 2, n + ": ") == 0;
       lines.push_back("  " + (named ? h.problem : n + ": " + h.problem));
@@ -57,6 +57,12 @@ void RunPlay::fail_host(size_t i, const std::string& problem) {
 void RunPlay::preflight_done() {
   log::info("supervise", "preflight done");
   settle_gpus();
+  for (size_t i = 0; i < fleet_.size(); ++i)  // a spare that failed is left out; the job starts
+    if (plan_.hosts[i].spare && fleet_[i].state() == HostState::failed) {
+      out_->before_message();
+      std::fprintf(stderr, "mltrain: spare %s is left out: %s\n", fleet_.describe(i).c_str(),
+                   fleet_[i].problem.c_str());
+    }
   if (auto lines = failed_hosts(); !lines.empty()) return preflight_failed(lines);
   step(Event::preflight_passed);  // claiming (claims.cpp), then start_job()
 }
@@ -129,7 +135,7 @@ void RunPlay::next_step(size_t i) {
   RunHost& h = hosts_[i];
   if (!fleet_[i].open()) return;
   // A PS server host runs no job code: nothing to sync or set up there.
-  const bool serves_only = plan_.hosts[i].ranks.empty();
+  const bool serves_only = !plan_.hosts[i].runs_program();
   if (syncs_ && !syncs_->synced(i) && !serves_only)
     syncs_->start(i);
   else if (opts_.setup && !h.set_up && !serves_only)
@@ -143,10 +149,12 @@ void RunPlay::send_prepare(size_t i) {
   uint32_t nports =
       plan_.multi_host ? (plan_.auto_master_port ? 1u : 0u) + 1u + (plan_.ps_mode ? 1u : 0u) : 0u;
   m.gpu_slots_needed = uint32_t(plan_.hosts[i].gpu_slots_needed);
-  m.nports = i == 0 ? nports : 0;
+  // Rank 0's host offers the rendezvous ports; in an elastic job every host that may become it.
+  const bool may_lead = i == 0 || (plan_.elastic() && plan_.hosts[i].runs_program());
+  m.nports = may_lead ? nports : 0;
   // A fixed master_port must be free on rank 0's host, or rank 0 fails to listen on it later.
-  m.fixed_port = i == 0 && !plan_.auto_master_port ? uint32_t(plan_.master_port) : 0;
-  if (plan_.hosts[i].ranks.empty()) m.workdir.clear(), m.argv0.clear();  // a PS server host runs no program
+  m.fixed_port = may_lead && !plan_.auto_master_port ? uint32_t(plan_.master_port) : 0;
+  if (!plan_.hosts[i].runs_program()) m.workdir.clear(), m.argv0.clear();  // a PS server host runs no program
   ps_prepare(i, m);
   fleet_.advance(i, HostState::preparing);
   hosts_[i].prepare_deadline = clock_.now() + opts_.preflight_timeout;
@@ -210,9 +218,11 @@ bool RunPlay::settle_gpus() {
 
 void RunPlay::settle_rendezvous() {
   if (plan_.multi_host) {
+    const size_t lead = size_t(plan_.ranks[0].host);  // another than hosts[0] after an elastic regroup
+    if (lead != 0) master_ = reach_address(lead);
     plan::Rendezvous r;
     r.master_addr = master_;
-    const auto& ports = hosts_[0].prepared.ports;
+    const auto& ports = hosts_[lead].prepared.ports;
     size_t k = 0;
     auto next = [&](int fallback) {
       return k < ports.size() ? int(*text::parse_int_in(ports[k++], 1, 65535)) : fallback;
@@ -226,7 +236,7 @@ void RunPlay::settle_rendezvous() {
   // The record shows the rendezvous and environment as preflight settled them.
   records::fill_from_plan(rec_, plan_);
   for (size_t i = 0; i < fleet_.size(); ++i) {
-    rec_.hosts[i].address = fleet_[i].link->address();
+    if (fleet_[i].link) rec_.hosts[i].address = fleet_[i].link->address();
     record_facts(i, hosts_[i].prepared.facts);
     if (syncs_ && syncs_->on_host(i, plan_.workdir) != plan_.workdir)
       rec_.hosts[i].workdir = syncs_->on_host(i, plan_.workdir);

@@ -70,13 +70,10 @@ RunPlay::~RunPlay() {
 int RunPlay::run() {
   job_start_ = clock_.now();
   if (opts_.timeout.count() > 0) job_deadline_ = job_start_ + opts_.timeout;
-  std::vector<RankInfo> infos;
-  for (const auto& r : plan_.ranks)
-    infos.push_back(
-        {r.rank, r.local_rank, plan_.hosts[size_t(r.host)].node_rank, plan_.hosts[size_t(r.host)].host.name});
   rec_.log_prefix = records::prefix_template(opts_.console.prefix, plan_.multi_host);
-  out_ = std::make_unique<Output>(infos, plan_.multi_host, records::run_dir(rec_.id), opts_.console,
+  out_ = std::make_unique<Output>(rank_infos(), plan_.multi_host, records::run_dir(rec_.id), opts_.console,
                                   opts_.console_fd, 2);
+  begin_gang();
   metrics_ = std::make_unique<records::MetricsLog>(records::run_dir(rec_.id), opts_.metric_patterns);
   ranks_.assign(plan_.ranks.size(), RankState{});
   begin(Phase::connecting);
@@ -129,11 +126,30 @@ void RunPlay::begin(Phase p) {
   }
 }
 
+std::vector<RankInfo> RunPlay::rank_infos() const {
+  std::vector<RankInfo> infos;
+  for (const auto& r : plan_.ranks)
+    infos.push_back(
+        {r.rank, r.local_rank, plan_.hosts[size_t(r.host)].node_rank, plan_.hosts[size_t(r.host)].host.name});
+  return infos;
+}
+
 void RunPlay::restart_gang() {
   out_->before_message();
-  std::fprintf(stderr, "mltrain: restarting the gang (restart %d of %d)\n", restart_ + 1, opts_.max_restarts);
+  const std::string change = gang_change_.empty() ? "" : ": " + gang_change_;
+  std::fprintf(stderr, "mltrain: restarting the gang (restart %d of %d)%s\n", restart_ + 1,
+               opts_.max_restarts, change.c_str());
   out_->mark_all("==> mltrain: restart " + std::to_string(restart_ + 1) + " of " +
-                 std::to_string(opts_.max_restarts) + " <==");
+                 std::to_string(opts_.max_restarts) + change + " <==");
+  const std::string why = rec_.failure ? rec_.failure->message : "";
+  if (!gang_change_.empty()) regroup_gang();
+  rec_.generations.push_back({restart_ + 1,
+                              records::now_iso8601(),
+                              {},
+                              int(plan_.ranks.size()),
+                              why + (gang_change_.empty() ? "" : (why.empty() ? "" : "; ") + gang_change_)});
+  for (int h : gang_) rec_.generations.back().hosts.push_back(plan_.hosts[size_t(h)].host.name);
+  gang_change_.clear();
   ++restart_;
   metrics_->restarted(restart_);
   plan::set_restart_count(plan_, restart_);
@@ -146,6 +162,11 @@ void RunPlay::restart_gang() {
 
 void RunPlay::start_ranks() {
   rec_.restarts = restart_;
+  if (rec_.generations.empty()) {
+    rec_.generations.push_back({0, records::now_iso8601(), {}, int(plan_.ranks.size()), ""});
+    for (int h : gang_) rec_.generations.back().hosts.push_back(plan_.hosts[size_t(h)].host.name);
+  }
+  ran_ranks_.insert(gang_.begin(), gang_.end());
   if (!records::save(rec_)) record_unsaved_ = true;
   spawn_all();
   if (opts_.telemetry_interval.count() > 0)  // after the Spawns: an agent samples its ranks
@@ -379,6 +400,7 @@ void RunPlay::on(size_t i, uint32_t id, msg::Exited& m) {
 }
 
 void RunPlay::on(size_t i, uint32_t, msg::LauncherSilent& m) {
+  if (idle_spare(i)) return;  // it has no ranks to stop: the run goes on
   // Its ranks are being stopped now: the host, not their exit statuses, is the first failure.
   const std::string why =
       fleet_.describe(i) + ": heard nothing from mltrain for " +
@@ -423,6 +445,13 @@ void RunPlay::on(size_t i, uint32_t, msg::PullDone& m) { pull_frame(i, m); }
 
 void RunPlay::start_pull() {
   PullJob job = *opts_.pull;
+  if (plan_.elastic()) {  // the gang changed, maybe: the hosts that ran ranks, or rank 0's now
+    job.hosts.clear();
+    if (job.per_host_folders)
+      job.hosts.assign(ran_ranks_.begin(), ran_ranks_.end());
+    else
+      job.hosts.push_back(size_t(plan_.ranks[0].host));
+  }
   if (syncs_)  // from each host's own copy of the folder, where it made one
     for (size_t i = 0; i < fleet_.size(); ++i) job.host_dirs.push_back(syncs_->on_host(i, job.dir));
   pull_job_ = std::move(job);
@@ -432,15 +461,48 @@ void RunPlay::start_pull() {
 
 void RunPlay::pull_finished() {
   if (pulled_) return;
-  pulled_ = true;
   const PullResult r = pulls_->finish(stop_signal_);
-  rec_.pull = records::PullRecord{r.files, r.bytes, r.problems};
   out_->flush();
   out_->before_message();
-  std::fprintf(stderr, "mltrain: pulled %s (%s) into %s\n", plural(r.files, "file", "files").c_str(),
-               bytes_text(r.bytes).c_str(), opts_.pull->dest.c_str());
-  for (const auto& p : r.problems) std::fprintf(stderr, "mltrain: pull: %s\n", p.c_str());
+  if (checkpoint_job_) {  // the second pull: rank 0's checkpoint folder
+    if (r.files > 0)
+      std::fprintf(stderr, "mltrain: pulled the checkpoint folder, %s (%s), into %s\n",
+                   plural(r.files, "file", "files").c_str(), bytes_text(r.bytes).c_str(),
+                   checkpoint_job_->dest.c_str());
+    for (const auto& p : r.problems) std::fprintf(stderr, "mltrain: pull: checkpoint: %s\n", p.c_str());
+    if (rec_.pull)
+      for (const auto& p : r.problems) rec_.pull->problems.push_back("checkpoint: " + p);
+  } else {
+    rec_.pull = records::PullRecord{r.files, r.bytes, r.problems};
+    std::fprintf(stderr, "mltrain: pulled %s (%s) into %s\n", plural(r.files, "file", "files").c_str(),
+                 bytes_text(r.bytes).c_str(), opts_.pull->dest.c_str());
+    for (const auto& p : r.problems) std::fprintf(stderr, "mltrain: pull: %s\n", p.c_str());
+    if (!stop_signal_ && start_checkpoint_pull()) return;
+  }
+  pulled_ = true;
   step(Event::pulled);
+}
+
+// MLTRAIN_CHECKPOINT_DIR of rank 0's host, after the results: into the run's checkpoint/ folder.
+bool RunPlay::start_checkpoint_pull() {
+  if (plan_.ranks.empty()) return false;
+  const plan::Env env = plan::rank_env(plan_, plan_.runtime, 0);
+  std::string dir;
+  for (const auto& [k, v] : env)
+    if (k == "MLTRAIN_CHECKPOINT_DIR") dir = v;
+  if (dir.empty() || (dir[0] != '/' && dir.rfind("~/", 0) != 0)) return false;
+  PullJob job = *opts_.pull;
+  job.dir = dir;
+  job.host_dirs.clear();
+  job.patterns.clear();  // every file in it
+  job.hosts = {size_t(plan_.ranks[0].host)};
+  job.per_host_folders = false;
+  job.dest = records::run_dir(rec_.id) + "/checkpoint";
+  checkpoint_job_ = std::move(job);
+  pulls_ = std::make_unique<Pulls>(fleet_, *checkpoint_job_);
+  if (pulls_->start()) return true;
+  pulls_.reset();
+  return false;
 }
 
 // ---- running ----
@@ -561,6 +623,7 @@ void RunPlay::on_lost(size_t i, const std::string& why) {
   FleetHost& h = fleet_[i];
   if (!h.open()) return;
   if (before_running()) return fleet_.fail_link(i, why);
+  if (idle_spare(i)) return spare_lost(i, why);
   fleet_.advance(i, HostState::lost);
   ranks_gone(i);
   if (phase_ == Phase::running)
@@ -670,10 +733,7 @@ void RunPlay::interrupt(int sig) {
 void RunPlay::all_ranks_ended() {
   out_->flush();
   log::info("supervise", "every rank has ended");
-  bool can_restart =
-      ending_ == Ending::failure && restart_ < opts_.max_restarts &&
-      std::all_of(fleet_.hosts().begin(), fleet_.hosts().end(), [](const FleetHost& h) { return h.open(); });
-  step(can_restart ? Event::restart : opts_.pull ? Event::results : Event::ranks_ended);
+  step(may_restart() ? Event::restart : opts_.pull ? Event::results : Event::ranks_ended);
 }
 
 }  // namespace detail

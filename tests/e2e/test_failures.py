@@ -174,6 +174,16 @@ def test_restart_recovers_a_flaky_rank(ml, tmp_path):
     assert rec["status"] == "succeeded" and rec["restarts"] == 1 and rec["max_restarts"] == 2
 
 
+def test_a_restarted_gang_outlives_the_grace_of_the_stop_before_it(ml):
+    # The survivors of the first attempt were TERMed with a 1 s grace; the agent's KILL at its end
+    # once hit the new attempt's ranks (SIGKILL one second into the restart).
+    script = ('if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then [ "$RANK" = 1 ] && exit 5; sleep 30; fi; '
+              'sleep 2.5; echo "attempt $TORCHELASTIC_RESTART_COUNT done"')
+    r = ml("run", "-n", "2", "--max-restarts", "1", "--grace-period", "1s", "--", "sh", "-c", script, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "[0] attempt 1 done" in r.stdout and "[1] attempt 1 done" in r.stdout
+
+
 def test_restart_gives_up_after_max(ml, tmp_path):
     count = tmp_path / "attempts"
     script = f'if [ "$RANK" = 0 ]; then echo "$TORCHELASTIC_RESTART_COUNT" >> {count}; exit 4; fi; sleep 30'

@@ -76,7 +76,7 @@ def test_gc_keep_older_than_and_dry_run(ml):
 
 RUN_FIELDS = {"schema", "id", "name", "status", "exit_code", "launcher_pid", "launcher_start", "started_at",
               "ended_at", "duration_s", "spec_file", "workdir", "git_commit", "argv", "master_addr",
-              "master_port", "restarts", "max_restarts", "detached", "slurm_job_id", "ps_servers", "log_prefix",
+              "master_port", "restarts", "max_restarts", "generations", "detached", "slurm_job_id", "ps_servers", "log_prefix",
               "kind", "ssh_config", "rerun_of", "sweep",
               "hosts", "ranks", "failure", "pull", "code", "metrics", "spec"}
 RANK_FIELDS = {"rank", "host", "node_rank", "local_rank", "pid", "exit_code", "signal", "host_lost", "env", "gpus"}

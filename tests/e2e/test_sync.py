@@ -3,6 +3,8 @@ too), with the synced folder under the test's own tmp folder. The multi-host sid
 that share no files, the SIGKILL mid-sync and cp/ssh: test_multihost_sync.py."""
 import os
 import re
+import shutil
+from pathlib import Path
 
 
 def project(ml, extra=""):
@@ -47,6 +49,28 @@ def test_a_local_run_syncs_runs_in_the_copy_and_pulls_back(ml):
 
     r = ml("run", "--no-sync", "--setup", "never", "--workdir", p, p / "job.toml", timeout=60)
     assert r.returncode == 0 and "synced" not in r.stderr and f"in {p}: two" in r.stdout, r.stderr
+
+
+def test_rank_0s_checkpoint_folder_comes_back_with_the_results(ml):
+    p, remote = project(ml)
+    job = p / "job.toml"
+    job.write_text(job.read_text().replace(
+        'echo $RANK > out/r$RANK.txt"',
+        'echo $RANK > out/r$RANK.txt; [ $RANK = 1 ] || echo step 7 > $MLTRAIN_CHECKPOINT_DIR/last.txt"'))
+    r = ml("run", job, timeout=60)
+    assert r.returncode == 0, r.stderr
+    run_dir = ml.run_dirs()[-1]
+    assert (run_dir / "checkpoint" / "last.txt").read_text() == "step 7\n"
+    assert re.search(r"pulled the checkpoint folder, 1 file \(.*\), into .*/checkpoint", r.stderr), r.stderr
+    on_host = Path.home() / ".cache/mltrain/checkpoints" / run_dir.name
+    assert (on_host / "last.txt").exists() and on_host.stat().st_mode & 0o777 == 0o700
+    shutil.rmtree(on_host)
+
+    # A run that wrote no checkpoint leaves no folder behind on its hosts.
+    job.write_text(job.read_text().replace("step 7 > $MLTRAIN_CHECKPOINT_DIR/last.txt", "no checkpoint"))
+    r = ml("run", job, timeout=60)
+    assert r.returncode == 0 and "checkpoint folder" not in r.stderr, r.stderr
+    assert not (Path.home() / ".cache/mltrain/checkpoints" / ml.run_dirs()[-1].name).exists()
 
 
 def test_dry_run_says_what_would_travel(ml):

@@ -147,6 +147,22 @@ TEST_CASE("output: console filter, prefix templates, colour") {
   CHECK(fx.file(0) == "hidden\n");  // files get every rank
 }
 
+TEST_CASE("output: after an elastic regroup a rank's prefix names its new host; its file stays") {
+  Fixture fx;
+  {
+    Output o({{0, 0, 0, "h1"}, {1, 0, 1, "h2"}, {2, 0, 2, "h3"}}, true, fx.dir.string(), ConsoleOptions{},
+             fx.out[1], fx.err[1]);
+    o.data(1, 1, "before\n");
+    o.flush();
+    CHECK(Fixture::drain(fx.out[0]) == "[h2:1] before\n");
+    o.relabel({{0, 0, 0, "h1"}, {1, 0, 1, "h4"}});  // h2 lost, h4 in its place; rank 2 gone
+    o.data(1, 1, "after\n");
+    o.flush();
+    CHECK(Fixture::drain(fx.out[0]) == "[h4:1] after\n");
+  }
+  CHECK(fx.file(1) == "before\nafter\n");
+}
+
 TEST_CASE("output: render_prefix") {
   RankInfo r{5, 1, 2, "gpu3"};
   CHECK(render_prefix("auto", r, false) == "[5]");

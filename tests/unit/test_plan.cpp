@@ -410,6 +410,103 @@ TEST_CASE("plan: restarts bump TORCHELASTIC_RESTART_COUNT") {
   CHECK(env_of(p, 1)["TORCHELASTIC_RESTART_COUNT"] == "2");
 }
 
+TEST_CASE(
+    "plan: MLTRAIN_CHECKPOINT_DIR is one folder per run below the host's home, unless the job sets it") {
+  auto s = job();
+  s.cluster.nprocs = 2;
+  auto p = plan::make_plan(s, inputs());
+  CHECK(env_of(p, 0)["MLTRAIN_CHECKPOINT_DIR"] == "~/.cache/mltrain/checkpoints/run-1");
+  CHECK(env_of(p, 1)["MLTRAIN_CHECKPOINT_DIR"] == "~/.cache/mltrain/checkpoints/run-1");
+  s.run.env.push_back({"MLTRAIN_CHECKPOINT_DIR", "/data/ckpt"});
+  CHECK(env_of(plan::make_plan(s, inputs()), 1)["MLTRAIN_CHECKPOINT_DIR"] == "/data/ckpt");
+}
+
+namespace {
+// Three hosts of two ranks, one GPU each, min_hosts 2 and the spare d.
+spec::JobSpec elastic_job() {
+  auto s = job();
+  s.cluster.hosts = {"a:2", "b:2", "c:2"};
+  s.run.max_restarts = 2;
+  s.cluster.min_hosts = 2;
+  s.cluster.spares = {"d:2"};
+  s.gpus.per_proc = 1;
+  return s;
+}
+}  // namespace
+
+TEST_CASE("plan: spares come after the hosts with no ranks; min_hosts is checked") {
+  auto s = elastic_job();
+  auto p = plan::make_plan(s, inputs());
+  REQUIRE(p.hosts.size() == 4);
+  CHECK(p.min_hosts == 2);
+  CHECK(p.elastic());
+  CHECK(p.hosts[3].host.name == "d");
+  CHECK(p.hosts[3].spare);
+  CHECK(p.hosts[3].ranks.empty());
+  CHECK(p.hosts[3].node_rank == -1);
+  CHECK(p.hosts[3].runs_program());
+  CHECK(p.hosts[3].gpu_slots_needed == 2);  // ready to take any host's place
+  CHECK(p.ranks.size() == 6);
+  CHECK(env_of(p, 5)["GROUP_WORLD_SIZE"] == "3");  // a spare is no node until it runs ranks
+
+  // Spares alone: a restart keeps every place.
+  s.cluster.min_hosts = 0;
+  CHECK(plan::make_plan(s, inputs()).min_hosts == 3);
+
+  auto refused = [&](spec::JobSpec bad, const std::string& what) {
+    std::string message;
+    try {
+      plan::make_plan(bad, inputs());
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    CAPTURE(message);
+    CHECK(message.find(what) != std::string::npos);
+  };
+  auto too_many = s;
+  too_many.cluster.min_hosts = 4;
+  refused(too_many, "min_hosts is 4 but the job has 3 hosts");
+  auto no_restarts = s;
+  no_restarts.run.max_restarts = 0;
+  refused(no_restarts, "max_restarts is 0");
+  auto twice = s;
+  twice.cluster.spares = {"b"};
+  refused(twice, "b is one of the job's hosts and a spare");
+  auto ps = s;
+  ps.comm.mode = "ps";
+  refused(ps, "not for PS mode");
+}
+
+TEST_CASE("plan: regroup numbers the ranks anew on the gang it is given") {
+  auto p = plan::make_plan(elastic_job(), inputs());
+  REQUIRE(plan::assign_gpus(p, 0, {{0, 1}, {"A", "A"}, {0, 1}, "", std::nullopt}) == "");
+  // b is lost; d takes its place; a keeps node 0.
+  plan::regroup(p, {0, 3, 2}, {{{0}, {1}}, {{0}, {1}}, {{0}, {1}}});
+  plan::set_restart_count(p, 1);
+  REQUIRE(p.ranks.size() == 6);
+  CHECK(p.hosts[1].ranks.empty());
+  CHECK(p.hosts[1].node_rank == -1);
+  CHECK(p.hosts[3].node_rank == 1);
+  CHECK(p.hosts[3].ranks == std::vector<int>{2, 3});
+  CHECK(p.hosts[2].node_rank == 2);
+  CHECK(p.runtime.gpus.empty());  // assigned again at the restart
+  auto e = env_of(p, 3);
+  CHECK(e["RANK"] == "3");
+  CHECK(e["LOCAL_RANK"] == "1");
+  CHECK(e["NODE_RANK"] == "1");
+  CHECK(e["WORLD_SIZE"] == "6");
+  CHECK(e["GROUP_WORLD_SIZE"] == "3");
+  CHECK(e["CUDA_VISIBLE_DEVICES"] == "1");
+  CHECK(e["TORCHELASTIC_RESTART_COUNT"] == "1");
+  // Without a spare: two hosts, four ranks.
+  plan::regroup(p, {0, 2}, {{{0}, {1}}, {{0}, {1}}});
+  CHECK(p.ranks.size() == 4);
+  CHECK(env_of(p, 3)["WORLD_SIZE"] == "4");
+  CHECK(env_of(p, 3)["NODE_RANK"] == "1");
+  CHECK(env_of(p, 3)["GROUP_WORLD_SIZE"] == "2");
+  CHECK(p.ranks[2].host == 2);
+}
+
 TEST_CASE("plan: hostfile errors become spec errors") {
   auto s = job();
   s.cluster.hosts = {"a:x"};
@@ -639,6 +736,7 @@ TEST_CASE("plan: rank_env is one pure function of the plan's facts and what pref
                                              "MLTRAIN_STORE_ADDR",
                                              "MLTRAIN_TOKEN",
                                              "MLTRAIN_COMM_BACKEND",
+                                             "MLTRAIN_CHECKPOINT_DIR",
                                              "TORCHELASTIC_ERROR_FILE",
                                              "OMP_NUM_THREADS",
                                              "PYTHONUNBUFFERED",

@@ -114,6 +114,24 @@ TEST_CASE("records: listing and id lookup") {
   CHECK_THROWS_AS(records::load("no-such-run"), Error);
 }
 
+TEST_CASE("records: a new run's folder holds its run.json from the moment it exists") {
+  // A launcher killed between creating the run and its first full save (Ctrl-C while the code is
+  // kept) left a folder without run.json: `ls` hid it, a sweep's trial pointed at nothing.
+  TempHome home;
+  std::string id = records::create_run("born");
+  auto r = records::load(id);
+  CHECK(r.id == id);
+  CHECK(r.name == "born");
+  CHECK(r.status == "running");  // this process is its launcher, and it is alive
+  CHECK(r.launcher_pid == ::getpid());
+  CHECK(!r.started_at.empty());
+  REQUIRE(records::list().size() == 1);
+  CHECK(records::list()[0].id == id);
+  for (const auto& e : fs::directory_iterator(records::runs_dir()))  // no staging folder left
+    CHECK(e.path().filename().string() == id);
+  CHECK((fs::status(records::run_dir(id)).permissions() & fs::perms::all) == fs::perms::owner_all);
+}
+
 TEST_CASE("records: a corrupt run.json is an error naming the file") {
   TempHome home;
   std::string id = records::create_run("bad");

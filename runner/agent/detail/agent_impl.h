@@ -159,6 +159,7 @@ class Agent {
   std::map<std::string, std::string> rank_env(uint32_t id, const msg::Spawn& m, std::string& stats_name);
   void add_runtime_env(std::map<std::string, std::string>& merged, const msg::Spawn& m);
   void place_error_file(std::map<std::string, std::string>& merged);
+  void place_checkpoint_dir(std::map<std::string, std::string>& merged);
   void start_warden_once(const std::map<std::string, std::string>& merged);
   // `~` or `~/...`: below this user's home (HOME, else the password database).
   std::string expand_home(const std::string& path) const;
@@ -268,6 +269,8 @@ class Agent {
   std::string runtime_dir_;  // the unpacked comm runtime ("" when it could not be unpacked)
   std::string private_dir_;  // this run's private folder (error files), "" until made
   bool private_dir_tried_ = false;
+  // The run's MLTRAIN_CHECKPOINT_DIR when this agent made it: removed at the end if left empty.
+  std::string checkpoint_made_;
   std::string run_id_;                 // the job's MLTRAIN_RUN_ID (names its comm counter blocks)
   int64_t telemetry_interval_ms_ = 0;  // 0: not sampling
   int64_t next_sample_ms_ = 0;

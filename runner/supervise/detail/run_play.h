@@ -91,6 +91,16 @@ class RunPlay final : public Play {
   void stop_deadline_passed();
   void restart_gang();
   void start_ranks();
+  std::vector<RankInfo> rank_infos() const;  // each rank's place, for the console's prefixes
+
+  // Elastic restarts (elastic.cpp, docs/elastic.md).
+  void begin_gang();  // the first generation: the hosts with ranks, each's seats
+  // Whether the gang may restart after the ranks ended, and with which hosts (next_gang_); says
+  // why not when an elastic gang is too small.
+  bool may_restart();
+  void regroup_gang();  // next_gang_ becomes the gang: ranks numbered anew, the rendezvous moved
+  bool idle_spare(size_t i) const { return plan_.hosts[i].spare && plan_.hosts[i].ranks.empty(); }
+  void spare_lost(size_t i, const std::string& why);
 
   // Preflight (preflight.cpp).
   void begin_preflight();
@@ -145,6 +155,7 @@ class RunPlay final : public Play {
   // Pull ([sync] pull, after the ranks).
   void start_pull();
   void pull_finished();
+  bool start_checkpoint_pull();  // false: nothing to pull
   template <class M>
   void pull_frame(size_t i, M& m) {
     if (!pulls_) return;  // none asked for yet
@@ -203,6 +214,12 @@ class RunPlay final : public Play {
   int stop_signal_ = 0;  // the signal that stopped the run (exit 128 + it)
   int interrupts_ = 0;
   int restart_ = 0;
+  // The gang: the hosts running ranks now, in node-rank order, and what each host's ranks need
+  // (per local rank, its GPU slots; a spare gets the seats of the host whose place it takes).
+  std::vector<int> gang_, next_gang_;
+  std::vector<std::vector<std::vector<int>>> seats_;
+  std::string gang_change_;     // how next_gang_ differs from gang_ ("" when it does not)
+  std::set<size_t> ran_ranks_;  // hosts that ran ranks in some generation: [sync] pull asks them
   bool stdin_eof_ = false;
   std::string master_;
   std::string preflight_error_;
@@ -214,6 +231,7 @@ class RunPlay final : public Play {
   agent::msg::Prepare prepare_;                     // what every host is asked (per host: ports, GPUs)
   std::unique_ptr<Syncs> syncs_;                    // [sync], from preflight on
   std::optional<PullJob> pull_job_;                 // [sync] pull as each host has its folder
+  std::optional<PullJob> checkpoint_job_;           // ... then MLTRAIN_CHECKPOINT_DIR of rank 0's host
   std::unique_ptr<Pulls> pulls_;                    // [sync] pull, once the ranks ended
   bool pulled_ = false;                             // ... and it is over
   std::vector<std::vector<int32_t>> ps_numbers_;    // per host: the PS servers its agent runs
