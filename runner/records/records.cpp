@@ -316,6 +316,18 @@ std::string create_run(const std::string& name) {
   // The folder is born with its run.json: made under a hidden name (`list` skips it), the record
   // written, then renamed into place. A launcher killed at any moment (Ctrl-C while the code is
   // being kept) leaves a run `ls` shows as lost, never a folder without a record.
+  // Ctrl-C (or TERM, HUP) waits the few milliseconds (an fsync) until the folder is in place:
+  // a launcher killed between the hidden folder and the rename would leave the run nowhere.
+  struct HoldSignals {
+    sigset_t old{};
+    HoldSignals() {
+      sigset_t hold;
+      ::sigemptyset(&hold);
+      for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaddset(&hold, sig);
+      ::pthread_sigmask(SIG_BLOCK, &hold, &old);
+    }
+    ~HoldSignals() { ::pthread_sigmask(SIG_SETMASK, &old, nullptr); }
+  } hold;
   RunRecord first;
   first.name = name;
   first.started_at = now_iso8601();

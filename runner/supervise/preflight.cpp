@@ -60,8 +60,11 @@ void RunPlay::preflight_done() {
   for (size_t i = 0; i < fleet_.size(); ++i)  // a spare that failed is left out; the job starts
     if (plan_.hosts[i].spare && fleet_[i].state() == HostState::failed) {
       out_->before_message();
-      std::fprintf(stderr, "mltrain: spare %s is left out: %s\n", fleet_.describe(i).c_str(),
-                   fleet_[i].problem.c_str());
+      const std::string& n = fleet_[i].name();  // a spare never reached has no link to describe
+      const std::string& why = fleet_[i].problem;
+      const bool named = why.compare(0, n.size() + 2, n + ": ") == 0;
+      std::fprintf(stderr, "mltrain: spare %s is left out: %s\n", n.c_str(),
+                   (named ? why.substr(n.size() + 2) : why).c_str());
     }
   if (auto lines = failed_hosts(); !lines.empty()) return preflight_failed(lines);
   step(Event::preflight_passed);  // claiming (claims.cpp), then start_job()

@@ -239,7 +239,8 @@ class Mltrain:
     def run_dirs(self):
         if not self.runs_dir.exists():
             return []
-        return sorted(p for p in self.runs_dir.iterdir() if p.is_dir())
+        # As mltrain lists them: a hidden folder is a run being made (records::create_run).
+        return sorted(p for p in self.runs_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
 
     def marker(self) -> str:
         m = unique_marker()

@@ -131,3 +131,15 @@ def test_too_few_hosts_left_ends_the_run_and_says_why(mh, cluster):  # noqa: F81
     assert p.returncode == 255, (out + err)[-3000:]  # a lost host, as without min_hosts
     assert "not restarting: 3 of the gang's hosts are left (h3 lost, no spare ready), fewer than [cluster] " \
            "min_hosts = 4" in err
+
+
+@needs_torch
+def test_a_spare_that_cannot_be_reached_is_left_out_and_the_job_runs(mh, cluster):  # noqa: F811
+    cluster.cut("h5")
+    spec = elastic_job(mh, cluster, 'min_hosts = 3\nspares = ["h5"]')
+    spec.write_text(spec.read_text().replace('"--steps", "60"', '"--steps", "4"'))
+    r = mh.ml("run", spec, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert re.search(r"spare h5 .*is left out: .*", r.stderr), r.stderr
+    rec = json.loads((mh.latest_run_dir() / "run.json").read_text())
+    assert [g["hosts"] for g in rec["generations"]] == [["h1", "h2", "h3", "h4"]]

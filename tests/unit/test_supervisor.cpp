@@ -159,7 +159,6 @@ class FakeAgent {
   void loop() {
     proto::Decoder d;
     std::map<uint32_t, Running> ranks;
-    std::map<uint32_t, int> spawns;
     bool silent = false;
     std::optional<proto::msg::Prepared> delayed;
     supervise::Clock::time_point delayed_due{};
@@ -212,14 +211,19 @@ class FakeAgent {
             } else {
               send(r);
             }
-          } else if (std::get_if<proto::msg::Spawn>(&*m)) {
+          } else if (auto* spawn = std::get_if<proto::msg::Spawn>(&*m)) {
             if (b_.leave_on_spawn) {
               send(proto::msg::LauncherSilent{12000});
               send(proto::msg::Bye{});
               silent = true;
               continue;
             }
-            int restart = spawns[id]++;
+            // Which attempt this is, as the rank itself sees it (an elastic restart numbers the
+            // ranks anew: a host's rank id says nothing of it).
+            int restart = 0;
+            static constexpr std::string_view kCount = "TORCHELASTIC_RESTART_COUNT=";
+            for (const auto& kv : spawn->env)
+              if (kv.compare(0, kCount.size(), kCount) == 0) restart = std::atoi(kv.c_str() + kCount.size());
             if (id == 0) seen_.restarts = restart;
             Running run{script_(int(id), restart), {}, false};
             if (run.s.after) run.due = clock_.now() + *run.s.after;
@@ -493,6 +497,92 @@ TEST_CASE("supervisor: max_restarts restarts the whole gang") {
   CHECK(run.rec.restarts == 2);
   CHECK(t.seen.restarts == 2);
   CHECK(run.log(0).find("==> mltrain: restart 1 of 3 <==") != std::string::npos);
+}
+
+// Elastic restarts (docs/elastic.md): the first attempt's ranks run until b falls silent; the
+// second attempt's end at once.
+Script until_restarted(int, int restart) { return restart == 0 ? Script{"", 0, kNever} : Script{"", 0}; }
+
+TEST_CASE("supervisor: an elastic gang restarts without a lost host, its ranks numbered anew") {
+  FakeTransport t(until_restarted,
+                  {{"a", {}}, {"b", host_that(&FakeHostBehaviour::go_silent_after_spawn)}, {"c", {}}});
+  Run run;
+  supervise::Options o;
+  o.max_restarts = 1;
+  Driver d(run.finished, [&](const std::atomic<bool>& done) {
+    wait_until(done, [&] { return t.seen.spawns == 5; });  // b falls silent after its first
+    advance_in_steps(t.clock, done, 30s);
+  });
+  run.go("a:2,b:2,c:2", t, o, [](spec::JobSpec& s) {
+    s.cluster.min_hosts = 2;
+    s.run.max_restarts = 1;
+  });
+  CHECK(run.code == 0);
+  CHECK(run.rec.restarts == 1);
+  REQUIRE(run.rec.generations.size() == 2);
+  CHECK(run.rec.generations[0].hosts == std::vector<std::string>{"a", "b", "c"});
+  CHECK(run.rec.generations[0].world_size == 6);
+  CHECK(run.rec.generations[1].hosts == std::vector<std::string>{"a", "c"});
+  CHECK(run.rec.generations[1].world_size == 4);
+  CHECK(run.rec.generations[1].why.find("b: stopped answering heartbeats") != std::string::npos);
+  CHECK(run.rec.generations[1].why.find("without b, on 2 hosts") != std::string::npos);
+  CHECK(t.seen.spawns == 9);
+  REQUIRE(run.rec.ranks.size() == 4);
+  CHECK(run.rec.ranks[2].host == 2);  // c's ranks are 2 and 3 now
+  auto env = plan::rank_env(run.plan, run.plan.runtime, 3);
+  std::map<std::string, std::string> e(env.begin(), env.end());
+  CHECK(e["RANK"] == "3");
+  CHECK(e["WORLD_SIZE"] == "4");
+  CHECK(e["NODE_RANK"] == "1");
+  CHECK(e["GROUP_WORLD_SIZE"] == "2");
+  CHECK(e["TORCHELASTIC_RESTART_COUNT"] == "1");
+  CHECK(run.log(2).find("==> mltrain: restart 1 of 1: without b, on 2 hosts <==") != std::string::npos);
+}
+
+TEST_CASE("supervisor: a spare takes a lost host's place; it ran nothing before") {
+  FakeTransport t(until_restarted,
+                  {{"a", {}}, {"b", host_that(&FakeHostBehaviour::go_silent_after_spawn)}, {"c", {}}});
+  Run run;
+  supervise::Options o;
+  o.max_restarts = 1;
+  Driver d(run.finished, [&](const std::atomic<bool>& done) {
+    wait_until(done, [&] { return t.seen.spawns == 2; });
+    advance_in_steps(t.clock, done, 30s);
+  });
+  run.go("a:1,b:1", t, o, [](spec::JobSpec& s) {
+    s.cluster.spares = {"c"};
+    s.run.max_restarts = 1;
+  });
+  CHECK(run.code == 0);
+  CHECK(t.seen.prepares == 3);  // the spare was prepared with the others
+  CHECK(t.seen.spawns == 4);    // 2 ranks, then 2 again: the spare ran only after the restart
+  REQUIRE(run.rec.generations.size() == 2);
+  CHECK(run.rec.generations[1].hosts == std::vector<std::string>{"a", "c"});
+  CHECK(run.rec.generations[1].world_size == 2);
+  CHECK(run.rec.generations[1].why.find("c in place of b") != std::string::npos);
+  REQUIRE(run.rec.ranks.size() == 2);
+  CHECK(run.rec.hosts[size_t(run.rec.ranks[1].host)].name == "c");
+}
+
+TEST_CASE("supervisor: fewer than min_hosts left: no restart, the lost host is the failure") {
+  FakeTransport t(until_restarted,
+                  {{"a", {}}, {"b", host_that(&FakeHostBehaviour::go_silent_after_spawn)}, {"c", {}}});
+  Run run;
+  supervise::Options o;
+  o.max_restarts = 2;
+  Driver d(run.finished, [&](const std::atomic<bool>& done) {
+    wait_until(done, [&] { return t.seen.spawns == 3; });
+    advance_in_steps(t.clock, done, 30s);
+  });
+  run.go("a:1,b:1,c:1", t, o, [](spec::JobSpec& s) {
+    s.cluster.min_hosts = 3;
+    s.run.max_restarts = 2;
+  });
+  CHECK(run.code == exit_code::host_failure);
+  CHECK(run.rec.restarts == 0);
+  CHECK(t.seen.spawns == 3);
+  REQUIRE(run.rec.failure);
+  CHECK(run.rec.failure->host == "b");
 }
 
 TEST_CASE("supervisor: restarts run out") {
