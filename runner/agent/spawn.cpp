@@ -251,7 +251,7 @@ void Agent::place_error_file(std::map<std::string, std::string>& merged) {
   }
 }
 
-// MLTRAIN_CHECKPOINT_DIR ("~/.cache/mltrain/checkpoints/RUN_ID" unless the job set its own):
+// MLTRAIN_CHECKPOINT_DIR as mltrain sets it ("~/.cache/mltrain/checkpoints/RUN_ID", plan.cpp):
 // below this user's home, made private (0700) before the rank starts, kept across the run's
 // restarts (docs/elastic.md). Folders that exist are left as they are; the one it made goes at the
 // agent's end if no rank wrote into it (rmdir: only an empty folder).
@@ -259,7 +259,10 @@ void Agent::place_checkpoint_dir(std::map<std::string, std::string>& merged) {
   auto e = merged.find("MLTRAIN_CHECKPOINT_DIR");
   if (e == merged.end()) return;
   const std::string given = e->second.substr(sizeof "MLTRAIN_CHECKPOINT_DIR");
-  if (given.rfind("~/", 0) != 0) return;
+  auto run = merged.find("MLTRAIN_RUN_ID");
+  if (run == merged.end() ||
+      given != "~/.cache/mltrain/checkpoints/" + run->second.substr(sizeof "MLTRAIN_RUN_ID"))
+    return;  // the job's own folder: the job's to make
   const std::string dir = expand_home(given);
   e->second = "MLTRAIN_CHECKPOINT_DIR=" + dir;
   const std::string home = expand_home("~");

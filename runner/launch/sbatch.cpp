@@ -22,6 +22,9 @@ SbatchScript sbatch_script(const SbatchRequest& req) {
   if (req.job.specs.size() != 1)
     throw Error("sbatch needs one job spec", "mltrain sbatch job.toml --nodes 2", exit_code::usage);
   spec::JobSpec s = resolve_spec(req.job);
+  if (!s.cluster.spares.empty())  // the allocation's nodes are the hosts; srun starts no spare
+    throw Error(s.origin("cluster.spares", "[cluster] spares") + ": spares are for hosts reached over SSH",
+                "remove spares for a batch job (min_hosts alone works in an allocation)", exit_code::usage);
   // The spec's plan outside any allocation: its hosts are the node count, its ranks per host the
   // tasks per node (hosts = ["a:2", "b:2"] is 2 nodes of 2).
   int nodes = req.nodes, per_node = s.cluster.procs_per_host;

@@ -542,7 +542,7 @@ void put_contract(Env& env, const Plan& p, const Runtime& rt, const RankPlan& r)
   // One folder per run on each host, kept across restarts: rank 0 checkpoints there and a
   // restart resumes from it (docs/elastic.md). The job's own value stands.
   if (!has(p.user_env, "MLTRAIN_CHECKPOINT_DIR"))
-    put(env, "MLTRAIN_CHECKPOINT_DIR", "~/.cache/mltrain/checkpoints/" + p.run_id);
+    put(env, "MLTRAIN_CHECKPOINT_DIR", checkpoint_dir(p.run_id));
   // torchrun's @record writes the failure there; the launcher's summary shows it. Elsewhere a
   // bare name: the host's agent puts it in a private folder of its own (0700, a random name in
   // /tmp, removed at its end), never at a path another user of the host can guess.
@@ -671,6 +671,13 @@ std::string assign_gpus(Plan& p, int host, const HostGpus& gpus) {
   if (gpus.usable.empty())
     return name + ": " + asked + " but no GPU of " + name + " is usable (" + restriction + "; " + name +
            " has " + std::to_string(total) + ": " + inventory + ")";
+  if (hp.spare && hp.ranks.empty()) {  // no rank yet: ready for the ranks of any host it may replace
+    const size_t have = hp.gpu_ids.empty() ? gpus.usable.size() : hp.gpu_ids.size();
+    if (have >= size_t(hp.gpu_slots_needed)) return {};
+    return name + ": a spare must be ready for any host's ranks, which need up to " +
+           plural(size_t(hp.gpu_slots_needed), "GPU") + " (" + asked + "); " + name + " has " +
+           std::to_string(have) + " usable";
+  }
   // What each rank's slots are on this host: explicit ids (include/exclude), else the usable list.
   std::vector<std::vector<int>> devices;
   for (int r : hp.ranks) {
@@ -702,6 +709,8 @@ std::string assign_gpus(Plan& p, int host, const HostGpus& gpus) {
   for (size_t i = 0; i < hp.ranks.size(); ++i) p.runtime.gpus[hp.ranks[i]] = std::move(devices[i]);
   return {};
 }
+
+std::string checkpoint_dir(const std::string& run_id) { return "~/.cache/mltrain/checkpoints/" + run_id; }
 
 void regroup(Plan& p, const std::vector<int>& gang, const std::vector<std::vector<std::vector<int>>>& seats) {
   for (auto& h : p.hosts) {

@@ -170,6 +170,9 @@ Plan make_plan(const spec::JobSpec& s, const Inputs& in);
 std::vector<hostfile::Host> resolve_hosts(const spec::JobSpec& s,
                                           const std::map<std::string, std::string>& environ);
 
+// MLTRAIN_CHECKPOINT_DIR as mltrain gives it (docs/elastic.md): below each host user's home.
+std::string checkpoint_dir(const std::string& run_id);
+
 // An elastic restart's new gang: host gang[k] (an index into p.hosts) becomes node k and runs
 // seats[k].size() ranks, local rank l with the GPU slots seats[k][l]. Ranks are numbered again
 // from 0 in that order; every other host runs none. The ranks' GPUs (p.runtime.gpus) are cleared:

@@ -214,7 +214,9 @@ bool RunPlay::settle_gpus() {
     g.note = h.prepared.gpu_note;
     if (h.prepared.has_cuda_visible_devices) g.cuda_visible_devices = h.prepared.cuda_visible_devices;
     std::string problem = plan::assign_gpus(plan_, int(i), g);
-    if (!problem.empty()) fleet_.fail(i, problem), fit = false;
+    if (problem.empty()) continue;
+    fleet_.fail(i, problem);
+    fit = fit && plan_.hosts[i].spare && plan_.hosts[i].ranks.empty();  // an idle spare is left out
   }
   return fit;
 }

@@ -477,7 +477,9 @@ void RunPlay::pull_finished() {
     std::fprintf(stderr, "mltrain: pulled %s (%s) into %s\n", plural(r.files, "file", "files").c_str(),
                  bytes_text(r.bytes).c_str(), opts_.pull->dest.c_str());
     for (const auto& p : r.problems) std::fprintf(stderr, "mltrain: pull: %s\n", p.c_str());
-    if (!stop_signal_ && start_checkpoint_pull()) return;
+    // The checkpoint next, unless this pull was cut short: a host stopped mid-stream may still
+    // send the results' files, which must not land in checkpoint/.
+    if (!stop_signal_ && r.problems.empty() && start_checkpoint_pull()) return;
   }
   pulled_ = true;
   step(Event::pulled);
@@ -490,7 +492,9 @@ bool RunPlay::start_checkpoint_pull() {
   std::string dir;
   for (const auto& [k, v] : env)
     if (k == "MLTRAIN_CHECKPOINT_DIR") dir = v;
-  if (dir.empty() || (dir[0] != '/' && dir.rfind("~/", 0) != 0)) return false;
+  // mltrain's own folder for the run; one the job set itself (a shared folder, maybe) is the
+  // job's to manage and is not copied.
+  if (dir != plan::checkpoint_dir(plan_.run_id)) return false;
   PullJob job = *opts_.pull;
   job.dir = dir;
   job.host_dirs.clear();

@@ -69,7 +69,7 @@ void RunPlay::finish_preflight_failed() {
   // A program or workdir missing (and nothing else wrong) is "could not start": 127, as a shell says.
   bool cannot_start = true;
   for (size_t i = 0; i < fleet_.size(); ++i)
-    cannot_start &= fleet_[i].state() != HostState::failed || hosts_[i].cannot_start;
+    cannot_start &= fleet_[i].state() != HostState::failed || hosts_[i].cannot_start || plan_.hosts[i].spare;
   int code = cannot_start ? exit_code::cannot_start : exit_code::host_failure;
   record_unstarted(cannot_start ? "failed" : "host-failure", code, "preflight");
   const bool workdir = preflight_error_.find("workdir ") != std::string::npos;

@@ -96,7 +96,9 @@ def test_a_cut_host_leaves_the_gang_and_training_resumes_on_three(mh, cluster): 
     assert [g["hosts"] for g in gens] == [["h1", "h2", "h3", "h4"], ["h1", "h2", "h4"]], gens
     assert [g["world_size"] for g in gens] == [4, 3]
     assert "h3" in gens[1]["why"] and "without h3, on 3 hosts" in gens[1]["why"], gens[1]
-    assert at(gens[1]["started_at"]) - cut_at <= 20, (gens[1]["started_at"], cut_at)
+    delay = at(gens[1]["started_at"]) - cut_at
+    print(f"restarted on 3 hosts {delay:.1f} s after the cut")  # -s shows it (docs/elastic.md)
+    assert delay <= 20, (gens[1]["started_at"], cut_at)
     assert "restarting the gang (restart 1 of 2): without h3, on 3 hosts" in out
     assert "rank 2/3 on h4 restart 1" in out  # numbered anew: h4 is node 2 now
     check_resumed(mh.latest_run_dir(), 3)

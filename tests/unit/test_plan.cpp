@@ -477,6 +477,16 @@ TEST_CASE("plan: spares come after the hosts with no ranks; min_hosts is checked
   refused(ps, "not for PS mode");
 }
 
+TEST_CASE("plan: a spare's GPUs are checked against what any host's ranks need") {
+  auto p = plan::make_plan(elastic_job(), inputs());
+  CHECK(plan::assign_gpus(p, 3, {{0, 1}, {"A", "A"}, {0, 1}, "", std::nullopt}) == "");
+  CHECK(
+      plan::assign_gpus(p, 3, {{0, 1}, {"A", "A"}, {1}, "", std::nullopt}) ==
+      "d: a spare must be ready for any host's ranks, which need up to 2 GPUs ([gpus] per_proc = 1); d has 1 "
+      "usable");
+  CHECK(p.runtime.gpus.empty());  // nothing assigned: it runs no rank yet
+}
+
 TEST_CASE("plan: regroup numbers the ranks anew on the gang it is given") {
   auto p = plan::make_plan(elastic_job(), inputs());
   REQUIRE(plan::assign_gpus(p, 0, {{0, 1}, {"A", "A"}, {0, 1}, "", std::nullopt}) == "");
