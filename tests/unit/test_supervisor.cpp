@@ -499,24 +499,39 @@ TEST_CASE("supervisor: max_restarts restarts the whole gang") {
   CHECK(run.log(0).find("==> mltrain: restart 1 of 3 <==") != std::string::npos);
 }
 
+namespace {
+
 // Elastic restarts (docs/elastic.md): the first attempt's ranks run until b falls silent; the
 // second attempt's end at once.
 Script until_restarted(int, int restart) { return restart == 0 ? Script{"", 0, kNever} : Script{"", 0}; }
 
-TEST_CASE("supervisor: an elastic gang restarts without a lost host, its ranks numbered anew") {
-  FakeTransport t(until_restarted,
-                  {{"a", {}}, {"b", host_that(&FakeHostBehaviour::go_silent_after_spawn)}, {"c", {}}});
-  Run run;
+// Hosts a, b, c, where b falls silent (a cut link) after its first Spawn: runs `hosts` with
+// max_restarts and the elastic keys `tweak` sets, moving the fake clock on once `spawns` ranks
+// started, until the run ends.
+void run_losing_b(Run& run, FakeTransport& t, const std::string& hosts, int spawns, int max_restarts,
+                  const std::function<void(spec::JobSpec&)>& tweak) {
   supervise::Options o;
-  o.max_restarts = 1;
+  o.max_restarts = max_restarts;
   Driver d(run.finished, [&](const std::atomic<bool>& done) {
-    wait_until(done, [&] { return t.seen.spawns == 5; });  // b falls silent after its first
+    wait_until(done, [&] { return t.seen.spawns == spawns; });
     advance_in_steps(t.clock, done, 30s);
   });
-  run.go("a:2,b:2,c:2", t, o, [](spec::JobSpec& s) {
-    s.cluster.min_hosts = 2;
-    s.run.max_restarts = 1;
+  run.go(hosts, t, o, [&](spec::JobSpec& s) {
+    s.run.max_restarts = max_restarts;
+    tweak(s);
   });
+}
+
+const std::map<std::string, FakeHostBehaviour> kSilentB = {
+    {"a", {}}, {"b", host_that(&FakeHostBehaviour::go_silent_after_spawn)}, {"c", {}}};
+
+}  // namespace
+
+TEST_CASE("supervisor: an elastic gang restarts without a lost host, its ranks numbered anew") {
+  FakeTransport t(until_restarted, kSilentB);
+  Run run;
+  // b falls silent after its first Spawn: 5 of the 6 ranks start.
+  run_losing_b(run, t, "a:2,b:2,c:2", 5, 1, [](spec::JobSpec& s) { s.cluster.min_hosts = 2; });
   CHECK(run.code == 0);
   CHECK(run.rec.restarts == 1);
   REQUIRE(run.rec.generations.size() == 2);
@@ -540,19 +555,9 @@ TEST_CASE("supervisor: an elastic gang restarts without a lost host, its ranks n
 }
 
 TEST_CASE("supervisor: a spare takes a lost host's place; it ran nothing before") {
-  FakeTransport t(until_restarted,
-                  {{"a", {}}, {"b", host_that(&FakeHostBehaviour::go_silent_after_spawn)}, {"c", {}}});
+  FakeTransport t(until_restarted, kSilentB);
   Run run;
-  supervise::Options o;
-  o.max_restarts = 1;
-  Driver d(run.finished, [&](const std::atomic<bool>& done) {
-    wait_until(done, [&] { return t.seen.spawns == 2; });
-    advance_in_steps(t.clock, done, 30s);
-  });
-  run.go("a:1,b:1", t, o, [](spec::JobSpec& s) {
-    s.cluster.spares = {"c"};
-    s.run.max_restarts = 1;
-  });
+  run_losing_b(run, t, "a:1,b:1", 2, 1, [](spec::JobSpec& s) { s.cluster.spares = {"c"}; });
   CHECK(run.code == 0);
   CHECK(t.seen.prepares == 3);  // the spare was prepared with the others
   CHECK(t.seen.spawns == 4);    // 2 ranks, then 2 again: the spare ran only after the restart
@@ -565,19 +570,9 @@ TEST_CASE("supervisor: a spare takes a lost host's place; it ran nothing before"
 }
 
 TEST_CASE("supervisor: fewer than min_hosts left: no restart, the lost host is the failure") {
-  FakeTransport t(until_restarted,
-                  {{"a", {}}, {"b", host_that(&FakeHostBehaviour::go_silent_after_spawn)}, {"c", {}}});
+  FakeTransport t(until_restarted, kSilentB);
   Run run;
-  supervise::Options o;
-  o.max_restarts = 2;
-  Driver d(run.finished, [&](const std::atomic<bool>& done) {
-    wait_until(done, [&] { return t.seen.spawns == 3; });
-    advance_in_steps(t.clock, done, 30s);
-  });
-  run.go("a:1,b:1,c:1", t, o, [](spec::JobSpec& s) {
-    s.cluster.min_hosts = 3;
-    s.run.max_restarts = 2;
-  });
+  run_losing_b(run, t, "a:1,b:1,c:1", 3, 2, [](spec::JobSpec& s) { s.cluster.min_hosts = 3; });
   CHECK(run.code == exit_code::host_failure);
   CHECK(run.rec.restarts == 0);
   CHECK(t.seen.spawns == 3);
