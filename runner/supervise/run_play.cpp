@@ -396,7 +396,43 @@ void RunPlay::on(size_t i, uint32_t id, msg::Exited& m) {
                who + " failed with " + describe_status(r.status, r.oom_killed) + " after " + after +
                    (ending_ == Ending::none ? " (first failure)" : ""),
                WIFSIGNALED(r.status) ? "rank_signal" : "rank_exit");
+  } else if (phase_ == Phase::stopping && WIFSIGNALED(r.status) && WTERMSIG(r.status) == SIGKILL) {
+    killed_after_failure(i, int(id));
   }
+}
+
+// A rank SIGKILLed by someone else than mltrain (the OOM killer, a user), reported while the gang
+// stops for another rank's error exit, within kServerLossWindow of it and before mltrain's own
+// KILL (the grace): the other rank most likely failed for it (its collectives lost the killed
+// rank: "rank 1 closed the connection"), and only the order the agents' reports came in put it
+// first. The killed rank becomes the first failure.
+void RunPlay::killed_after_failure(size_t i, int rank) {
+  if (ending_ != Ending::failure || !rec_.failure || rec_.failure->rank < 0 || rec_.failure->signal != 0)
+    return;
+  const auto since = clock_.now() - failed_at_;
+  if (since > kServerLossWindow || since >= opts_.grace) return;
+  const RankState& r = ranks_[size_t(rank)];
+  const records::Failure earlier = *rec_.failure;
+  const auto secs = std::chrono::duration<double>(clock_.now() - r.started_at).count();
+  char after[32];
+  std::snprintf(after, sizeof after, "%.1fs", secs);
+  records::Failure f;
+  f.rank = rank;
+  f.host = fleet_[i].name();
+  f.exit_code = exit_code_of(r.status);
+  f.signal = SIGKILL;
+  f.message = (plan_.multi_host ? fleet_.describe(i) + ": " : std::string()) + "rank " +
+              std::to_string(rank) + " failed with " + describe_status(r.status, r.oom_killed) + " after " +
+              after + "; rank " + std::to_string(earlier.rank) + " on " + earlier.host +
+              " failed just before, most likely for it (its peers lost it)";
+  f.reason = "rank_signal";
+  f.tail = out_->tail(rank);
+  rec_.failure = f;
+  ending_code_ = f.exit_code;
+  out_->flush();
+  out_->before_message();
+  std::fprintf(stderr, "mltrain: %s\n", f.message.c_str());
+  std::fflush(stderr);
 }
 
 void RunPlay::on(size_t i, uint32_t, msg::LauncherSilent& m) {

@@ -469,6 +469,31 @@ TEST_CASE("supervisor: the first failure stops the gang and sets the exit code")
   CHECK(run.rec.ranks[3].signal == SIGTERM);
 }
 
+// The OOM killer (or a user) SIGKILLs rank 1; rank 0's collective fails on the lost peer and its
+// exit is reported first. The killed rank is the first failure, not the one that failed for it.
+TEST_CASE("supervisor: a rank SIGKILLed just after another's error exit is the first failure") {
+  FakeTransport t(
+      [](int r, int) {
+        if (r == 0) return Script{"rank 1 closed the connection\n", exited(1), 1000ms};
+        if (r == 1) return Script{"", SIGKILL, 1000ms};
+        return Script{"", 0, kNever};
+      },
+      kPlainHosts);
+  Run run;
+  Driver d(run.finished, [&](const std::atomic<bool>& done) {
+    wait_until(done, [&] { return t.seen.spawns == 3; });
+    advance_in_steps(t.clock, done, 20s);
+  });
+  run.go("a:3", t);
+  CHECK(run.code == 128 + SIGKILL);
+  REQUIRE(run.rec.failure);
+  CHECK(run.rec.failure->rank == 1);
+  CHECK(run.rec.failure->signal == SIGKILL);
+  CHECK(run.rec.failure->message.find("rank 0 on a failed just before, most likely for it") !=
+        std::string::npos);
+  CHECK(run.rec.ranks[2].signal == SIGTERM);  // the stop's own TERM takes nothing over
+}
+
 TEST_CASE("supervisor: a signal death maps to 128+N") {
   FakeTransport t(
       [](int r, int) {

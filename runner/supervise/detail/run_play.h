@@ -178,6 +178,7 @@ class RunPlay final : public Play {
   void fail_first(int rank, const std::string& host, int code, int sig, const std::string& message,
                   const char* reason);
   void lost_before_failure(size_t i, const std::string& why);  // stopping: was it lost first?
+  void killed_after_failure(size_t i, int rank);               // stopping: was it killed first?
   // How soon after a worker's failure a PS server host's lost link still counts as its cause.
   static constexpr std::chrono::milliseconds kServerLossWindow{2000};
   bool ranks_gone(size_t i);  // host i's unreported ranks count as ended (lost); true if any were
