@@ -34,6 +34,22 @@ print_stages() {
   done
   printf '  %-62s %8.1f s  %s\n' "total" "$(elapsed "$suite_start")" \
     "$([ "$rc" = 0 ] && echo ok || echo "FAILED (exit $rc)")"
+  print_disk "$rc"
+}
+
+# The suite writes about 5 GiB (two builds, the e2e tests' temporary folders): a full disk shows up
+# as hundreds of tests failing at setup, so the footer says how much room was left, and says it
+# plainly when that is the likely cause of a failure.
+print_disk() {
+  local rc=$1 dir free_kib
+  for dir in "$PWD" "${TMPDIR:-/tmp}"; do
+    free_kib=$(df -Pk "$dir" 2>/dev/null | awk 'NR == 2 { print $4 }') || continue
+    [ -n "$free_kib" ] || continue
+    printf '  %-62s %8.1f GiB free\n' "disk at $dir" "$(awk -v k="$free_kib" 'BEGIN { print k / 1048576 }')"
+    if [ "$rc" != 0 ] && [ "$free_kib" -lt 1048576 ]; then
+      printf '  the disk at %s is nearly full: tests fail at setup then; free some room (the suite needs about 5 GiB) and run it again\n' "$dir"
+    fi
+  done
 }
 trap 'print_stages; stop_background' EXIT
 
