@@ -117,6 +117,10 @@ void RunPlay::claims_answered() {
   for (size_t i = 0; i < fleet_.size(); ++i) {
     if (!hosts_[i].claimed) continue;  // lost meanwhile: on_lost ends the run
     const uint32_t st = hosts_[i].claimed->state;
+    if (plan_.hosts[i].spare && st != uint32_t(msg::ClaimState::granted)) {
+      leave_out_spare(i);
+      continue;
+    }
     (st == uint32_t(msg::ClaimState::granted) ? granted
      : st == uint32_t(msg::ClaimState::busy)  ? busy
                                               : failed)
@@ -149,6 +153,18 @@ void RunPlay::claims_answered() {
   }
   waiting_said_ = status;
   step(Event::busy);
+}
+
+// A spare the job cannot have now (another job holds what it would need there) is left out, as
+// one that failed preflight: the job starts without it rather than wait for a host it may never
+// use. Its link goes, so its agent leaves the host's queue and holds nothing there.
+void RunPlay::leave_out_spare(size_t i) {
+  const std::string why = claim_obstacles(i);
+  const std::string& n = fleet_[i].name();
+  out_->before_message();
+  std::fprintf(stderr, "mltrain: spare %s is left out: %s\n", n.c_str(), why.substr(n.size() + 2).c_str());
+  fleet_.fail(i, why);
+  fleet_[i].link->kill();
 }
 
 // "waiting for 2 GPUs on h2; 1 job ahead": what the first busy host lacks, and the longest line.

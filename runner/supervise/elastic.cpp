@@ -30,18 +30,21 @@ bool RunPlay::may_restart() {
   if (!plan_.elastic())  // every host is needed: a lost one ends the run
     return std::all_of(fleet_.hosts().begin(), fleet_.hosts().end(),
                        [](const FleetHost& h) { return h.open(); });
-  // Each host of the gang stays if its link does; a lost one's place goes to the first spare
-  // ready, else the gang goes on without it.
+  // Each host of the gang stays if its link does and its ranks could start (the agent's spawn is
+  // the check a restart makes again: the workdir, the program, the GPUs there); a lost one's place
+  // goes to the first spare ready, else the gang goes on without it.
   std::vector<bool> taken(plan_.hosts.size(), false);
   for (int h : gang_) taken[size_t(h)] = true;
   std::vector<std::string> left, replaced;
   next_gang_.clear();
   for (int h : gang_) {
-    if (fleet_[size_t(h)].open()) {
+    const bool started = !cannot_start_.count(size_t(h));
+    if (fleet_[size_t(h)].open() && started) {
       next_gang_.push_back(h);
       continue;
     }
-    const std::string& name = plan_.hosts[size_t(h)].host.name;
+    const std::string name =
+        plan_.hosts[size_t(h)].host.name + (started ? "" : " (its ranks could not start)");
     int spare = -1;
     for (size_t s = 0; s < plan_.hosts.size() && spare < 0; ++s)
       if (plan_.hosts[s].spare && !taken[s] && fleet_[s].open() && fleet_[s].state() == HostState::ready)
@@ -57,10 +60,11 @@ bool RunPlay::may_restart() {
   }
   if (int(next_gang_.size()) < plan_.min_hosts) {
     out_->before_message();
-    std::fprintf(stderr,
-                 "mltrain: not restarting: %zu of the gang's hosts are left (%s lost, no spare ready), fewer "
-                 "than [cluster] min_hosts = %d\n",
-                 next_gang_.size(), text::join(left, ", ").c_str(), plan_.min_hosts);
+    std::fprintf(
+        stderr,
+        "mltrain: not restarting: %zu of the gang's hosts are left (without %s, no spare ready), fewer "
+        "than [cluster] min_hosts = %d\n",
+        next_gang_.size(), text::join(left, ", ").c_str(), plan_.min_hosts);
     return false;
   }
   gang_change_.clear();

@@ -366,6 +366,7 @@ void RunPlay::on(size_t i, uint32_t id, msg::SpawnFailed& m) {
   r.exited = true;
   r.status = 127 << 8;
   rec_.ranks[id].exit_code = 127;
+  cannot_start_.insert(i);
   if (phase_ == Phase::running)
     fail_first(int(id), fleet_[i].name(), 127, 0,
                fleet_.describe(i) + ": rank " + std::to_string(id) + " could not start: " + m.message,

@@ -8,6 +8,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from conftest import unique_marker
 from multihost_fixtures import MAX_SESSIONS, module_cluster, mh, shared_root  # noqa: F401 (fixtures)
 from test_python import PY, needs_torch
 
@@ -131,7 +132,7 @@ def test_too_few_hosts_left_ends_the_run_and_says_why(mh, cluster):  # noqa: F81
     cluster.cut("h3")
     out, err = p.communicate(timeout=120)
     assert p.returncode == 255, (out + err)[-3000:]  # a lost host, as without min_hosts
-    assert "not restarting: 3 of the gang's hosts are left (h3 lost, no spare ready), fewer than [cluster] " \
+    assert "not restarting: 3 of the gang's hosts are left (without h3, no spare ready), fewer than [cluster] " \
            "min_hosts = 4" in err
 
 
@@ -145,3 +146,41 @@ def test_a_spare_that_cannot_be_reached_is_left_out_and_the_job_runs(mh, cluster
     assert re.search(r"spare h5 .*is left out: .*", r.stderr), r.stderr
     rec = json.loads((mh.latest_run_dir() / "run.json").read_text())
     assert [g["hosts"] for g in rec["generations"]] == [["h1", "h2", "h3", "h4"]]
+
+
+def test_a_host_whose_ranks_cannot_start_at_a_restart_is_left_out(mh, cluster):  # noqa: F811
+    """h3's rank fails and takes its workdir with it (each host has a /dev/shm of its own): at the
+    restart h3's ranks cannot start, so the gang restarts again without it, not on the same hosts
+    until the restarts run out."""
+    work = f"/dev/shm/mlt-elastic-{unique_marker()}"
+    hosts = ["h1", "h2", "h3"]
+    for h in hosts:
+        cluster.run(h, ["mkdir", "-p", work], check=True)
+    spec = mh.shared / "cannot-start.toml"
+    spec.write_text(f"""name = "cannot-start"
+[run]
+command = '''
+if [ "$TORCHELASTIC_RESTART_COUNT" = 2 ]; then echo "rank $RANK of $WORLD_SIZE on $(hostname)"; exit 0; fi
+if [ "$(hostname)" = h3 ]; then rm -rf "$PWD"; exit 3; fi
+exec sleep 60
+'''
+workdir = "{work}"
+max_restarts = 3
+[cluster]
+hosts = {json.dumps(hosts)}
+min_hosts = 2
+[ssh]
+config = "{cluster.ssh_config}"
+""")
+    try:
+        r = mh.ml("run", spec, timeout=120)
+    finally:
+        for h in hosts:
+            cluster.run(h, ["rm", "-rf", work])
+    assert r.returncode == 0, r.stderr[-3000:]
+    rec = json.loads((mh.latest_run_dir() / "run.json").read_text())
+    assert [g["hosts"] for g in rec["generations"]] == [hosts, hosts, ["h1", "h2"]], rec["generations"]
+    why = rec["generations"][2]["why"]
+    assert f"chdir to '{work}'" in why and "without h3 (its ranks could not start), on 2 hosts" in why, why
+    assert rec["restarts"] == 2
+    assert "rank 1 of 2 on h2" in r.stdout, r.stdout

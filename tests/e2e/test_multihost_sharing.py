@@ -200,3 +200,42 @@ def test_another_user_sees_the_leases_and_cannot_take_them(mh, cluster, fakes): 
     r = mh.run(theirs, timeout=90)
     assert r.returncode == 0, r.stderr
     assert len(ups(mh, up2)) == 1
+
+
+@pytest.mark.parametrize("queue", [False, True])
+def test_a_spare_another_job_holds_is_left_out_and_the_job_starts(mh, cluster, fakes, queue):  # noqa: F811
+    """A spare is for a later restart: another job holding its GPUs neither fails the job (without
+    --queue) nor makes it wait (with it); the spare is left out, and holds no place in its queue."""
+    holder, up, go = job(mh, fakes, f"holder-{queue}", hosts="h2:4")
+    hp = popen(mh, holder)
+    space = mh.ml.lease_space
+    try:
+        wait_for(lambda: len(ups(mh, up)) == 4, 90, "the holder's ranks")
+        spec = mh.shared / f"spared-{queue}.toml"
+        spec.write_text(f"""
+name = "spared"
+[run]
+argv = ["sh", "-c", 'echo "rank $RANK on $(hostname) GPU $CUDA_VISIBLE_DEVICES"']
+workdir = "/tmp"
+max_restarts = 1
+[run.env]
+MLTRAIN_NVML_LIBRARY = "{fakes / 'libnvidia-ml.so.1'}"
+[cluster]
+hosts = ["h1:2"]
+spares = ["h2"]
+[gpus]
+per_proc = 1
+""")
+        p = popen(mh, spec, *(["--queue"] if queue else []))
+        if queue:  # while it runs, its spare's agent holds no place in h2's queue
+            wait_for(lambda: p.poll() is not None or not leases(cluster, "h2", space, "queue/"), 30, "no queue place")
+        out, err = communicate(p, 90)
+        assert p.returncode == 0, err
+        assert re.search(r"mltrain: spare h2 is left out: GPUs 0-3 held by run \S+-holder-\S+ ", err), err
+        assert "rank 1 on h1 GPU" in out, out
+        rec = json.loads((mh.latest_run_dir() / "run.json").read_text())
+        assert [g["hosts"] for g in rec["generations"]] == [["h1"]]
+    finally:
+        go.touch()
+        communicate(hp, 60)
+    assert hp.returncode == 0

@@ -114,12 +114,14 @@ struct FakeHostBehaviour {
   std::chrono::milliseconds prepare_delay{0};       // answers prepare this much later (a slow probe)
   bool leave_on_spawn = false;    // says LauncherSilent and Bye instead of starting its ranks
   bool leave_on_prepare = false;  // says Bye instead of answering prepare
+  int cannot_spawn_from = -1;     // answers SpawnFailed to the Spawns of this restart on (a vanished workdir)
 };
 
 // What every fake agent saw, for the test to wait on and assert.
 struct Seen {
   std::atomic<int> spawns{0}, prepares{0}, connects{0}, terminates{0}, interrupts{0};
   std::atomic<int> restarts{0};
+  std::atomic<int> spawn_failures{0};
   std::atomic<int> gpu_slots_asked{0};  // the most gpu_slots_needed one prepare asked for
   std::atomic<int> pings_before_spawn{0};
   std::atomic<int> telemetry_starts{0};
@@ -225,6 +227,11 @@ class FakeAgent {
             for (const auto& kv : spawn->env)
               if (kv.compare(0, kCount.size(), kCount) == 0) restart = std::atoi(kv.c_str() + kCount.size());
             if (id == 0) seen_.restarts = restart;
+            if (b_.cannot_spawn_from >= 0 && restart >= b_.cannot_spawn_from) {
+              send(proto::msg::SpawnFailed{"chdir /home/u/job: No such file or directory"}, id);
+              ++seen_.spawn_failures;
+              continue;
+            }
             Running run{script_(int(id), restart), {}, false};
             if (run.s.after) run.due = clock_.now() + *run.s.after;
             send(proto::msg::Started{1000 + int(id)}, id);
@@ -603,6 +610,70 @@ TEST_CASE("supervisor: fewer than min_hosts left: no restart, the lost host is t
   CHECK(t.seen.spawns == 3);
   REQUIRE(run.rec.failure);
   CHECK(run.rec.failure->host == "b");
+}
+
+namespace {
+
+// Hosts a, b, c (or a, b and the spare c): b's rank fails at the start, and at the first restart b's
+// ranks cannot start (its workdir is gone); the third attempt's ranks end at once.
+Script b_fails_then_all_pass(int r, int restart) {
+  if (restart == 0) return r == 1 ? Script{"", exited(1)} : Script{"", 0, kNever};
+  return restart == 1 ? Script{"", 0, kNever} : Script{"", 0};
+}
+FakeHostBehaviour cannot_spawn_from(int restart) {
+  FakeHostBehaviour b;
+  b.cannot_spawn_from = restart;
+  return b;
+}
+const std::map<std::string, FakeHostBehaviour> kBCannotRestart = {
+    {"a", {}}, {"b", cannot_spawn_from(1)}, {"c", {}}};
+
+}  // namespace
+
+TEST_CASE("supervisor: an elastic gang leaves out a host whose ranks could not start at a restart") {
+  FakeTransport t(b_fails_then_all_pass, kBCannotRestart);
+  Run run;
+  supervise::Options o;
+  o.max_restarts = 3;
+  run.go("a:1,b:1,c:1", t, o, [](spec::JobSpec& s) {
+    s.run.max_restarts = 3;
+    s.cluster.min_hosts = 2;
+  });
+  CHECK(run.code == 0);
+  CHECK(t.seen.spawn_failures == 1);  // b was not asked again
+  CHECK(run.rec.restarts == 2);
+  REQUIRE(run.rec.generations.size() == 3);
+  CHECK(run.rec.generations[1].hosts == std::vector<std::string>{"a", "b", "c"});
+  CHECK(run.rec.generations[2].hosts == std::vector<std::string>{"a", "c"});
+  CHECK(run.rec.generations[2].why.find("rank 1 could not start") != std::string::npos);
+  CHECK(run.rec.generations[2].why.find("without b (its ranks could not start), on 2 hosts") !=
+        std::string::npos);
+}
+
+TEST_CASE("supervisor: a spare takes the place of a host whose ranks could not start") {
+  FakeTransport t(b_fails_then_all_pass, kBCannotRestart);
+  Run run;
+  supervise::Options o;
+  o.max_restarts = 3;
+  run.go("a:1,b:1", t, o, [](spec::JobSpec& s) {
+    s.run.max_restarts = 3;
+    s.cluster.spares = {"c"};
+  });
+  CHECK(run.code == 0);
+  REQUIRE(run.rec.generations.size() == 3);
+  CHECK(run.rec.generations[2].hosts == std::vector<std::string>{"a", "c"});
+  CHECK(run.rec.generations[2].why.find("c in place of b (its ranks could not start)") != std::string::npos);
+}
+
+TEST_CASE("supervisor: without min_hosts or spares, a host whose ranks cannot start fails every restart") {
+  FakeTransport t(b_fails_then_all_pass, kBCannotRestart);
+  Run run;
+  supervise::Options o;
+  o.max_restarts = 2;
+  run.go("a:1,b:1,c:1", t, o, [](spec::JobSpec& s) { s.run.max_restarts = 2; });
+  CHECK(run.code == 127);
+  CHECK(run.rec.restarts == 2);
+  CHECK(t.seen.spawn_failures == 2);
 }
 
 TEST_CASE("supervisor: restarts run out") {

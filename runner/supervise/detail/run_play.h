@@ -121,6 +121,7 @@ class RunPlay final : public Play {
   void claim_timers(Clock::time_point now);
   std::string claim_obstacles(size_t i) const;  // "h2: GPUs 0-3 held by run … for 1h02m"
   std::string waiting_status() const;           // "waiting for 2 GPUs on h2; 1 job ahead"
+  void leave_out_spare(size_t i);               // a spare held by another job: the job goes without it
   void settle_rendezvous();
   void fail_host(size_t i, const std::string& problem);  // and move on if that was the last answer
 
@@ -219,8 +220,9 @@ class RunPlay final : public Play {
   // (per local rank, its GPU slots; a spare gets the seats of the host whose place it takes).
   std::vector<int> gang_, next_gang_;
   std::vector<std::vector<std::vector<int>>> seats_;
-  std::string gang_change_;     // how next_gang_ differs from gang_ ("" when it does not)
-  std::set<size_t> ran_ranks_;  // hosts that ran ranks in some generation: [sync] pull asks them
+  std::string gang_change_;        // how next_gang_ differs from gang_ ("" when it does not)
+  std::set<size_t> ran_ranks_;     // hosts that ran ranks in some generation: [sync] pull asks them
+  std::set<size_t> cannot_start_;  // hosts where a rank could not start: an elastic gang drops them
   bool stdin_eof_ = false;
   std::string master_;
   std::string preflight_error_;
