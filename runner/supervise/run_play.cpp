@@ -143,6 +143,7 @@ void RunPlay::restart_gang() {
                  std::to_string(opts_.max_restarts) + change + " <==");
   const std::string why = rec_.failure ? rec_.failure->message : "";
   if (!gang_change_.empty()) regroup_gang();
+  board_ = telemetry::Board{};  // the samples named the ranks as they were numbered before
   rec_.generations.push_back({restart_ + 1,
                               records::now_iso8601(),
                               {},
@@ -470,7 +471,9 @@ void RunPlay::on(size_t i, uint32_t, msg::Telemetry& m) {
   if (out_->terminal()) {
     telemetry::Sample s;
     std::string error;
-    if (telemetry::decode(m.sample, s, error)) board_.add(fleet_[i].name(), std::move(s));
+    // A host an elastic gang left (its ranks could not start) keeps sampling: not the job's now.
+    const bool left = ran_ranks_.count(i) && std::find(gang_.begin(), gang_.end(), int(i)) == gang_.end();
+    if (!left && telemetry::decode(m.sample, s, error)) board_.add(fleet_[i].name(), std::move(s));
   }
 }
 
@@ -666,6 +669,7 @@ void RunPlay::on_lost(size_t i, const std::string& why) {
   if (before_running()) return fleet_.fail_link(i, why);
   if (idle_spare(i)) return spare_lost(i, why);
   fleet_.advance(i, HostState::lost);
+  board_.forget(h.name());  // the status line counts what is left
   ranks_gone(i);
   if (phase_ == Phase::running)
     fail_first(-1, h.name(), exit_code::host_failure, 0, fleet_.describe(i) + ": " + why + ps_note(i),

@@ -120,6 +120,11 @@ void Board::add(const std::string& host, Sample sample) {
   it->second.current = std::move(sample);
 }
 
+void Board::forget(const std::string& host) {
+  latest_.erase(host);
+  order_.erase(std::remove(order_.begin(), order_.end(), host), order_.end());
+}
+
 size_t Board::hosts_with_rates() const {
   size_t n = 0;
   for (const auto& [host, l] : latest_) n += l.previous ? 1 : 0;

@@ -92,6 +92,7 @@ class Board {
   // Hosts in this order (the plan's), whatever order their samples come in; others after them.
   void order(const std::vector<std::string>& hosts);
   void add(const std::string& host, Sample sample);
+  void forget(const std::string& host);  // a host that left the job: its last sample goes with it
   bool empty() const { return latest_.empty(); }
   size_t hosts() const { return latest_.size(); }
   // Hosts that sent at least two samples (so their rates and shares are known).

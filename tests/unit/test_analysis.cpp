@@ -108,6 +108,26 @@ TEST_CASE("analysis: without comm counters the straggler is estimated from CPU t
   CHECK_FALSE(summarize(run).straggler);
 }
 
+TEST_CASE("analysis: a host forgotten leaves the snapshot: its GPUs and ranks, not a stale sample") {
+  Board b;
+  b.add("h1", at(1000, 1 * kSec, {rank(0, 100, 0, 1)}, {gpu(0, 90, {100})}));
+  b.add("h2", at(1000, 1 * kSec, {rank(1, 200, 0, 1)}, {gpu(0, 10, {200})}));
+  REQUIRE(b.snapshot().gpus.size() == 2);
+  b.forget("h2");
+  const Snapshot s = b.snapshot();
+  REQUIRE(s.gpus.size() == 1);
+  CHECK(s.gpus[0].host == "h1");
+  REQUIRE(s.ranks.size() == 1);
+  CHECK(s.ranks[0].sample.rank == 0);
+  CHECK(b.hosts() == 1);
+  b.forget("h9");  // never seen: nothing changes
+  CHECK(b.hosts() == 1);
+  b.add("h2",
+        at(3000, 3 * kSec, {rank(1, 200, 0, 1)}));  // back with a new generation: one sample, no rates yet
+  CHECK(b.hosts() == 2);
+  CHECK(b.hosts_with_rates() == 0);
+}
+
 TEST_CASE("analysis: an open collective counts toward a rank's time inside collectives") {
   RankSample r = rank(0, 10, 2 * kSec, 5, /*entered=*/9 * kSec);
   CHECK(comm_time_ns(r, 10 * kSec) == 3 * kSec);
