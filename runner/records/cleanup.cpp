@@ -1,6 +1,10 @@
 #include "runner/records/cleanup.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -66,6 +70,29 @@ void print_removed(const std::vector<std::pair<std::string, unsigned long long>>
     std::printf("removed the code no run keeps any more, %s freed\n", human_bytes(code_freed).c_str());
 }
 
+// The folders half_made_runs() names: each holds at most the run.json the launcher wrote into it
+// (or its temporary file), and only that is removed (a folder holding anything else stays, unnamed: not ours
+// to judge).
+void remove_half_made(bool dry_run) {
+  const int runs = ::open(runs_dir().c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (runs < 0) return;
+  for (const auto& name : half_made_runs()) {
+    if (!dry_run) {
+      const int dir = ::openat(runs, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (dir < 0) continue;
+      bool removed = true;
+      for (const char* file : {"run.json", ".run.json.tmp"})  // the record, or its write cut short
+        removed = removed && (::unlinkat(dir, file, 0) == 0 || errno == ENOENT);
+      ::close(dir);
+      if (!removed) continue;
+      if (::unlinkat(runs, name.c_str(), AT_REMOVEDIR) != 0) continue;
+    }
+    std::printf("%s %s (a run folder its launcher, killed, left half made)\n",
+                dry_run ? "would remove" : "removed", name.c_str());
+  }
+  ::close(runs);
+}
+
 }  // namespace
 
 std::optional<std::chrono::system_clock::time_point> parse_iso8601(const std::string& s) {
@@ -118,6 +145,7 @@ int gc_runs(const GcOptions& o) {
   std::vector<std::pair<std::string, unsigned long long>> done;
   for (const auto& id : ids) done.emplace_back(id, o.dry_run ? folder_bytes(run_dir(id)) : remove_one(id));
   print_removed(done, o.dry_run, o.dry_run ? 0 : sweep_code_store());
+  remove_half_made(o.dry_run);
   return 0;
 }
 

@@ -518,6 +518,43 @@ std::vector<RunRecord> list() {
   return out;
 }
 
+std::vector<std::string> half_made_runs() {
+  std::vector<std::string> out;
+  const int dir = ::open(runs_dir().c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dir < 0) return out;
+  DIR* d = ::fdopendir(dir);
+  if (!d) {
+    ::close(dir);
+    return out;
+  }
+  static constexpr std::string_view kNew = ".new";
+  while (dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    if (n.size() <= 1 + kNew.size() || n[0] != '.' ||
+        n.compare(n.size() - kNew.size(), kNew.size(), kNew) != 0)
+      continue;
+    struct stat st {};
+    if (::fstatat(dir, n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode) ||
+        st.st_uid != ::getuid())
+      continue;
+    const std::string id = n.substr(1, n.size() - 1 - kNew.size());
+    bool ok = false;
+    const std::string data = read_all(runs_dir() + "/" + n + "/run.json", ok);
+    if (!ok) {  // killed before its record was written, or a launcher writing it this moment
+      if (errno == ENOENT && std::time(nullptr) - st.st_mtime > 60) out.push_back(n);
+      continue;
+    }
+    try {
+      const RunRecord r = from_json(json::parse(data));
+      if (r.id == id && !launcher_alive(r)) out.push_back(n);
+    } catch (const json::exception&) {
+    }
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 std::string resolve(const std::string& query) {
   auto runs = list();
   if (runs.empty()) throw Error("no runs recorded in " + runs_dir(), "start one with 'mltrain run'");

@@ -159,6 +159,10 @@ std::string workdir_of(const RunRecord& r, int host);
 RunRecord load(const std::string& id);
 // Every run, oldest first; unreadable folders are skipped with a warning.
 std::vector<RunRecord> list();
+// Run folders a launcher killed (SIGKILL) between making and naming them left behind: ".ID.new"
+// in runs_dir(), holding the run's first run.json, whose launcher is gone; or without one, and over
+// a minute old (killed before its record was written). Names, sorted.
+std::vector<std::string> half_made_runs();
 // The one rule of `show`, `logs`, `stop` and `rm`: "" or "latest" -> the newest run; an exact id
 // wins; else the one run whose id starts with `query` (or, when none does, contains it). A query
 // that matches several runs throws an Error listing them, newest first.

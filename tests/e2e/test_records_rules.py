@@ -1,6 +1,9 @@
 """Run-id prefixes (one rule), rm/gc of old records, and the JSON schema (issue 9: 13, 15, 19)."""
 import json
+import os
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -70,6 +73,39 @@ def test_gc_keep_older_than_and_dry_run(ml):
     assert r.returncode == 0, r.stderr
     assert sorted(d.name for d in ml.run_dirs()) == sorted(ids[2:])
     assert ml("ls").stdout.splitlines()[1].split()[0] == ids[3]  # ls: newest first
+
+
+def _half_made(ml, source, id, **changes):
+    """A run folder as a launcher killed between making and naming it leaves it: `.ID.new` holding
+    the run's first run.json (here a real run's, with `changes`)."""
+    rec = json.loads((ml.runs_dir / source / "run.json").read_text())
+    rec.update(id=id, status="running", **changes)
+    d = ml.runs_dir / f".{id}.new"
+    d.mkdir(mode=0o700)
+    (d / "run.json").write_text(json.dumps(rec))
+    return d
+
+
+def test_gc_removes_the_folders_killed_launchers_left_half_made_and_only_those(ml):
+    (source,) = _runs(ml, ["src"])
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = _half_made(ml, source, "20261206-000000-dead-0001", launcher_pid=gone.pid)
+    stat = Path("/proc/self/stat").read_text()
+    start = int(stat[stat.rindex(")") + 2:].split()[19])
+    live = _half_made(ml, source, "20261206-000000-live-0002", launcher_pid=os.getpid(), launcher_start=start)
+    other = _half_made(ml, source, "20261206-000000-other-0003", launcher_pid=gone.pid)
+    (other / "notes.txt").write_text("not mltrain's\n")
+    r = ml("gc", "--keep", "10", "--dry-run")
+    assert r.returncode == 0 and f"would remove {dead.name} (a run folder its launcher, killed, left half made)" \
+        in r.stdout, r.stdout
+    assert dead.exists()
+    r = ml("gc", "--keep", "10")
+    assert r.returncode == 0, r.stderr
+    assert f"removed {dead.name}" in r.stdout and not dead.exists()
+    assert live.exists() and live.name not in r.stdout  # its launcher is about to rename it
+    assert (other / "notes.txt").exists() and other.name not in r.stdout  # holds what mltrain did not write
+    assert [d.name for d in ml.run_dirs()] == [source]
 
 
 # --- 15. one JSON schema ---------------------------------------------------------------------------
