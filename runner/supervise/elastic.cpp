@@ -12,6 +12,8 @@
 
 namespace mltrain::supervise::detail {
 
+namespace msg = mltrain::agent::msg;
+
 void RunPlay::begin_gang() {
   seats_.assign(plan_.hosts.size(), {});
   gang_.clear();
@@ -38,7 +40,7 @@ bool RunPlay::may_restart() {
   std::vector<std::string> left, replaced;
   next_gang_.clear();
   for (int h : gang_) {
-    const bool started = !cannot_start_.count(size_t(h));
+    const bool started = !spawn_failed_.count(size_t(h));
     if (fleet_[size_t(h)].open() && started) {
       next_gang_.push_back(h);
       continue;
@@ -47,7 +49,8 @@ bool RunPlay::may_restart() {
         plan_.hosts[size_t(h)].host.name + (started ? "" : " (its ranks could not start)");
     int spare = -1;
     for (size_t s = 0; s < plan_.hosts.size() && spare < 0; ++s)
-      if (plan_.hosts[s].spare && !taken[s] && fleet_[s].open() && fleet_[s].state() == HostState::ready)
+      if (plan_.hosts[s].spare && !taken[s] && !spawn_failed_.count(s) && fleet_[s].open() &&
+          fleet_[s].state() == HostState::ready)
         spare = int(s);
     if (spare < 0) {
       left.push_back(name);
@@ -76,6 +79,12 @@ bool RunPlay::may_restart() {
 }
 
 void RunPlay::regroup_gang() {
+  // A host the gang leaves gives back what it was granted (docs/sharing.md): its GPUs are free
+  // for other jobs. Its link stays, for [sync] pull of what its ranks wrote.
+  for (int h : gang_)
+    if (opts_.claims && fleet_[size_t(h)].open() &&
+        std::find(next_gang_.begin(), next_gang_.end(), h) == next_gang_.end())
+      fleet_.send(size_t(h), msg::Unclaim{});
   std::vector<std::vector<std::vector<int>>> seats;
   for (int h : next_gang_) seats.push_back(seats_[size_t(h)]);
   plan::regroup(plan_, next_gang_, seats);
@@ -86,11 +95,12 @@ void RunPlay::regroup_gang() {
   out_->relabel(rank_infos());
 }
 
-void RunPlay::spare_lost(size_t i, const std::string& why) {
+void RunPlay::idle_lost(size_t i, const std::string& why) {
   fleet_.advance(i, HostState::lost);
   out_->flush();
   out_->before_message();
-  std::fprintf(stderr, "mltrain: spare %s lost (%s); the run goes on without it\n",
+  std::fprintf(stderr, "mltrain: %s %s lost (%s); the run goes on without it\n",
+               plan_.hosts[i].spare && !ran_ranks_.count(i) ? "spare" : "host (out of the gang)",
                fleet_.describe(i).c_str(), why.c_str());
   fleet_[i].link->kill();
 }

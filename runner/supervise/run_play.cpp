@@ -167,7 +167,6 @@ void RunPlay::start_ranks() {
     rec_.generations.push_back({0, records::now_iso8601(), {}, int(plan_.ranks.size()), ""});
     for (int h : gang_) rec_.generations.back().hosts.push_back(plan_.hosts[size_t(h)].host.name);
   }
-  ran_ranks_.insert(gang_.begin(), gang_.end());
   if (!records::save(rec_)) record_unsaved_ = true;
   spawn_all();
   if (opts_.telemetry_interval.count() > 0)  // after the Spawns: an agent samples its ranks
@@ -353,8 +352,10 @@ void RunPlay::on(size_t i, uint32_t id, msg::Output& m) {
   metrics_->output(int(id), m.stream, m.bytes);
 }
 
-void RunPlay::on(size_t, uint32_t id, msg::Started& m) {
-  if (id < ranks_.size()) rec_.ranks[id].pid = m.pid;
+void RunPlay::on(size_t i, uint32_t id, msg::Started& m) {
+  if (id >= ranks_.size()) return;  // the setup's
+  rec_.ranks[id].pid = m.pid;
+  ran_ranks_.insert(i);
 }
 
 void RunPlay::on(size_t i, uint32_t id, msg::SpawnFailed& m) {
@@ -367,7 +368,7 @@ void RunPlay::on(size_t i, uint32_t id, msg::SpawnFailed& m) {
   r.exited = true;
   r.status = 127 << 8;
   rec_.ranks[id].exit_code = 127;
-  cannot_start_.insert(i);
+  spawn_failed_.insert(i);
   if (phase_ == Phase::running)
     fail_first(int(id), fleet_[i].name(), 127, 0,
                fleet_.describe(i) + ": rank " + std::to_string(id) + " could not start: " + m.message,
@@ -438,7 +439,7 @@ void RunPlay::killed_after_failure(size_t i, int rank) {
 }
 
 void RunPlay::on(size_t i, uint32_t, msg::LauncherSilent& m) {
-  if (idle_spare(i)) return;  // it has no ranks to stop: the run goes on
+  if (idle_host(i)) return;  // it has no ranks to stop: the run goes on
   // Its ranks are being stopped now: the host, not their exit statuses, is the first failure.
   const std::string why =
       fleet_.describe(i) + ": heard nothing from mltrain for " +
@@ -471,9 +472,8 @@ void RunPlay::on(size_t i, uint32_t, msg::Telemetry& m) {
   if (out_->terminal()) {
     telemetry::Sample s;
     std::string error;
-    // A host an elastic gang left (its ranks could not start) keeps sampling: not the job's now.
-    const bool left = ran_ranks_.count(i) && std::find(gang_.begin(), gang_.end(), int(i)) == gang_.end();
-    if (!left && telemetry::decode(m.sample, s, error)) board_.add(fleet_[i].name(), std::move(s));
+    // A spare not called in, or a host an elastic gang left, samples no rank of the job's.
+    if (!idle_host(i) && telemetry::decode(m.sample, s, error)) board_.add(fleet_[i].name(), std::move(s));
   }
 }
 
@@ -667,7 +667,7 @@ void RunPlay::on_lost(size_t i, const std::string& why) {
   FleetHost& h = fleet_[i];
   if (!h.open()) return;
   if (before_running()) return fleet_.fail_link(i, why);
-  if (idle_spare(i)) return spare_lost(i, why);
+  if (idle_host(i)) return idle_lost(i, why);
   fleet_.advance(i, HostState::lost);
   board_.forget(h.name());  // the status line counts what is left
   ranks_gone(i);

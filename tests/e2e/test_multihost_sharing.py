@@ -209,13 +209,14 @@ def test_a_spare_another_job_holds_is_left_out_and_the_job_starts(mh, cluster, f
     holder, up, go = job(mh, fakes, f"holder-{queue}", hosts="h2:4")
     hp = popen(mh, holder)
     space = mh.ml.lease_space
+    spared_up, spared_go = mh.shared / f"up-spared-{queue}", mh.shared / f"go-spared-{queue}"
     try:
         wait_for(lambda: len(ups(mh, up)) == 4, 90, "the holder's ranks")
         spec = mh.shared / f"spared-{queue}.toml"
         spec.write_text(f"""
 name = "spared"
 [run]
-argv = ["sh", "-c", 'echo "rank $RANK on $(hostname) GPU $CUDA_VISIBLE_DEVICES"']
+argv = ["sh", "-c", 'echo "$(hostname) $CUDA_VISIBLE_DEVICES" > {spared_up}.$RANK; while [ ! -e {spared_go} ]; do sleep 0.05; done']
 workdir = "/tmp"
 max_restarts = 1
 [run.env]
@@ -227,12 +228,17 @@ spares = ["h2"]
 per_proc = 1
 """)
         p = popen(mh, spec, *(["--queue"] if queue else []))
-        if queue:  # while it runs, its spare's agent holds no place in h2's queue
-            wait_for(lambda: p.poll() is not None or not leases(cluster, "h2", space, "queue/"), 30, "no queue place")
+        try:
+            wait_for(lambda: len(ups(mh, spared_up)) == 2 or p.poll() is not None, 90, "the job's ranks")
+            assert p.poll() is None, communicate(p, 10)
+            # While it runs, its spare's agent holds nothing on h2: no place in its queue.
+            assert not leases(cluster, "h2", space, "queue/")
+            assert {h for h, _ in ups(mh, spared_up).values()} == {"h1"}
+        finally:
+            spared_go.touch()
         out, err = communicate(p, 90)
         assert p.returncode == 0, err
         assert re.search(r"mltrain: spare h2 is left out: GPUs 0-3 held by run \S+-holder-\S+ ", err), err
-        assert "rank 1 on h1 GPU" in out, out
         rec = json.loads((mh.latest_run_dir() / "run.json").read_text())
         assert [g["hosts"] for g in rec["generations"]] == [["h1"]]
     finally:

@@ -230,6 +230,7 @@ class FakeAgent {
             if (b_.cannot_spawn_from >= 0 && restart >= b_.cannot_spawn_from) {
               send(proto::msg::SpawnFailed{"chdir /home/u/job: No such file or directory"}, id);
               ++seen_.spawn_failures;
+              if (b_.go_silent_after_spawn) silent = true;
               continue;
             }
             Running run{script_(int(id), restart), {}, false};
@@ -663,6 +664,69 @@ TEST_CASE("supervisor: a spare takes the place of a host whose ranks could not s
   REQUIRE(run.rec.generations.size() == 3);
   CHECK(run.rec.generations[2].hosts == std::vector<std::string>{"a", "c"});
   CHECK(run.rec.generations[2].why.find("c in place of b (its ranks could not start)") != std::string::npos);
+}
+
+TEST_CASE("supervisor: a host whose ranks cannot start at the first attempt is left out of the next") {
+  FakeTransport t(until_restarted, {{"a", {}}, {"b", cannot_spawn_from(0)}, {"c", {}}});
+  Run run;
+  supervise::Options o;
+  o.max_restarts = 1;
+  run.go("a:1,b:1,c:1", t, o, [](spec::JobSpec& s) {
+    s.run.max_restarts = 1;
+    s.cluster.min_hosts = 2;
+  });
+  CHECK(run.code == 0);
+  REQUIRE(run.rec.generations.size() == 2);
+  CHECK(run.rec.generations[1].hosts == std::vector<std::string>{"a", "c"});
+}
+
+TEST_CASE("supervisor: a host the gang left, lost later, does not stop the gang it is out of") {
+  FakeHostBehaviour b = cannot_spawn_from(0);
+  b.go_silent_after_spawn = true;  // its workdir went, then the host
+  FakeTransport t(
+      [](int, int restart) {
+        return restart == 0 ? Script{"", 0, kNever} : Script{"", 0, std::chrono::milliseconds(20s)};
+      },
+      {{"a", {}}, {"b", b}, {"c", {}}});
+  Run run;
+  supervise::Options o;
+  o.max_restarts = 1;
+  Driver d(run.finished, [&](const std::atomic<bool>& done) {
+    wait_until(done, [&] { return t.seen.spawns == 4; });  // a and c, twice
+    advance_in_steps(t.clock, done, 40s);                  // b's silence outlasts the heartbeat timeout
+  });
+  run.go("a:1,b:1,c:1", t, o, [](spec::JobSpec& s) {
+    s.run.max_restarts = 1;
+    s.cluster.min_hosts = 2;
+  });
+  CHECK(run.code == 0);
+  CHECK(run.rec.restarts == 1);
+  CHECK_FALSE(run.rec.failure);
+}
+
+TEST_CASE("supervisor: a spare whose ranks could not start is not called in again") {
+  // b is lost, the spare c cannot start, the spare d steps in and is lost too: no spare is left
+  // (c again would fail again), so the run ends rather than spend a restart on c.
+  FakeHostBehaviour silent = host_that(&FakeHostBehaviour::go_silent_after_spawn);
+  FakeTransport t(until_restarted, {{"a", {}}, {"b", silent}, {"c", cannot_spawn_from(0)}, {"d", silent}});
+  Run run;
+  supervise::Options o;
+  o.max_restarts = 3;
+  Driver d(run.finished, [&](const std::atomic<bool>& done) {
+    wait_until(done, [&] { return t.seen.spawns == 2; });
+    advance_in_steps(t.clock, done, 60s);
+  });
+  run.go("a:1,b:1", t, o, [](spec::JobSpec& s) {
+    s.run.max_restarts = 3;
+    s.cluster.spares = {"c", "d"};
+  });
+  CHECK(run.code == exit_code::host_failure);
+  CHECK(t.seen.spawn_failures == 1);
+  REQUIRE(run.rec.generations.size() == 3);
+  CHECK(run.rec.generations[1].hosts == std::vector<std::string>{"a", "c"});
+  CHECK(run.rec.generations[2].hosts == std::vector<std::string>{"a", "d"});
+  REQUIRE(run.rec.failure);
+  CHECK(run.rec.failure->host == "d");
 }
 
 TEST_CASE("supervisor: without min_hosts or spares, a host whose ranks cannot start fails every restart") {

@@ -99,8 +99,10 @@ class RunPlay final : public Play {
   // why not when an elastic gang is too small.
   bool may_restart();
   void regroup_gang();  // next_gang_ becomes the gang: ranks numbered anew, the rendezvous moved
-  bool idle_spare(size_t i) const { return plan_.hosts[i].spare && plan_.hosts[i].ranks.empty(); }
-  void spare_lost(size_t i, const std::string& why);
+  // A host that runs nothing now: a spare not yet called in, or a host an elastic gang left. Its
+  // loss, or its agent's silence, does not touch the run.
+  bool idle_host(size_t i) const { return plan_.hosts[i].ranks.empty() && plan_.hosts[i].ps_servers == 0; }
+  void idle_lost(size_t i, const std::string& why);
 
   // Preflight (preflight.cpp).
   void begin_preflight();
@@ -222,7 +224,7 @@ class RunPlay final : public Play {
   std::vector<std::vector<std::vector<int>>> seats_;
   std::string gang_change_;        // how next_gang_ differs from gang_ ("" when it does not)
   std::set<size_t> ran_ranks_;     // hosts that ran ranks in some generation: [sync] pull asks them
-  std::set<size_t> cannot_start_;  // hosts where a rank could not start: an elastic gang drops them
+  std::set<size_t> spawn_failed_;  // hosts where a rank could not start: an elastic gang drops them
   bool stdin_eof_ = false;
   std::string master_;
   std::string preflight_error_;
