@@ -414,6 +414,16 @@ struct Run {
     } done{finished};
     code = supervise::run_job(plan, rec, o, tf);
   }
+  // An elastic run: max_restarts both where the spec and the supervisor's options keep it.
+  void go_elastic(const std::string& hosts, FakeTransport& t, int max_restarts,
+                  const std::function<void(spec::JobSpec&)>& tweak) {
+    supervise::Options o;
+    o.max_restarts = max_restarts;
+    go(hosts, t, o, [&](spec::JobSpec& s) {
+      s.run.max_restarts = max_restarts;
+      tweak(s);
+    });
+  }
   std::string log(int rank) const {
     std::ifstream in(records::run_dir(rec.id) + "/rank-" + std::to_string(rank) + ".log");
     std::stringstream ss;
@@ -543,16 +553,11 @@ Script until_restarted(int, int restart) { return restart == 0 ? Script{"", 0, k
 // started, until the run ends.
 void run_losing_b(Run& run, FakeTransport& t, const std::string& hosts, int spawns, int max_restarts,
                   const std::function<void(spec::JobSpec&)>& tweak) {
-  supervise::Options o;
-  o.max_restarts = max_restarts;
   Driver d(run.finished, [&](const std::atomic<bool>& done) {
     wait_until(done, [&] { return t.seen.spawns == spawns; });
     advance_in_steps(t.clock, done, 30s);
   });
-  run.go(hosts, t, o, [&](spec::JobSpec& s) {
-    s.run.max_restarts = max_restarts;
-    tweak(s);
-  });
+  run.go_elastic(hosts, t, max_restarts, tweak);
 }
 
 const std::map<std::string, FakeHostBehaviour> kSilentB = {
@@ -634,12 +639,7 @@ const std::map<std::string, FakeHostBehaviour> kBCannotRestart = {
 TEST_CASE("supervisor: an elastic gang leaves out a host whose ranks could not start at a restart") {
   FakeTransport t(b_fails_then_all_pass, kBCannotRestart);
   Run run;
-  supervise::Options o;
-  o.max_restarts = 3;
-  run.go("a:1,b:1,c:1", t, o, [](spec::JobSpec& s) {
-    s.run.max_restarts = 3;
-    s.cluster.min_hosts = 2;
-  });
+  run.go_elastic("a:1,b:1,c:1", t, 3, [](spec::JobSpec& s) { s.cluster.min_hosts = 2; });
   CHECK(run.code == 0);
   CHECK(t.seen.spawn_failures == 1);  // b was not asked again
   CHECK(run.rec.restarts == 2);
@@ -654,12 +654,7 @@ TEST_CASE("supervisor: an elastic gang leaves out a host whose ranks could not s
 TEST_CASE("supervisor: a spare takes the place of a host whose ranks could not start") {
   FakeTransport t(b_fails_then_all_pass, kBCannotRestart);
   Run run;
-  supervise::Options o;
-  o.max_restarts = 3;
-  run.go("a:1,b:1", t, o, [](spec::JobSpec& s) {
-    s.run.max_restarts = 3;
-    s.cluster.spares = {"c"};
-  });
+  run.go_elastic("a:1,b:1", t, 3, [](spec::JobSpec& s) { s.cluster.spares = {"c"}; });
   CHECK(run.code == 0);
   REQUIRE(run.rec.generations.size() == 3);
   CHECK(run.rec.generations[2].hosts == std::vector<std::string>{"a", "c"});
@@ -669,12 +664,7 @@ TEST_CASE("supervisor: a spare takes the place of a host whose ranks could not s
 TEST_CASE("supervisor: a host whose ranks cannot start at the first attempt is left out of the next") {
   FakeTransport t(until_restarted, {{"a", {}}, {"b", cannot_spawn_from(0)}, {"c", {}}});
   Run run;
-  supervise::Options o;
-  o.max_restarts = 1;
-  run.go("a:1,b:1,c:1", t, o, [](spec::JobSpec& s) {
-    s.run.max_restarts = 1;
-    s.cluster.min_hosts = 2;
-  });
+  run.go_elastic("a:1,b:1,c:1", t, 1, [](spec::JobSpec& s) { s.cluster.min_hosts = 2; });
   CHECK(run.code == 0);
   REQUIRE(run.rec.generations.size() == 2);
   CHECK(run.rec.generations[1].hosts == std::vector<std::string>{"a", "c"});
@@ -689,16 +679,11 @@ TEST_CASE("supervisor: a host the gang left, lost later, does not stop the gang 
       },
       {{"a", {}}, {"b", b}, {"c", {}}});
   Run run;
-  supervise::Options o;
-  o.max_restarts = 1;
   Driver d(run.finished, [&](const std::atomic<bool>& done) {
     wait_until(done, [&] { return t.seen.spawns == 4; });  // a and c, twice
     advance_in_steps(t.clock, done, 40s);                  // b's silence outlasts the heartbeat timeout
   });
-  run.go("a:1,b:1,c:1", t, o, [](spec::JobSpec& s) {
-    s.run.max_restarts = 1;
-    s.cluster.min_hosts = 2;
-  });
+  run.go_elastic("a:1,b:1,c:1", t, 1, [](spec::JobSpec& s) { s.cluster.min_hosts = 2; });
   CHECK(run.code == 0);
   CHECK(run.rec.restarts == 1);
   CHECK_FALSE(run.rec.failure);
@@ -710,16 +695,11 @@ TEST_CASE("supervisor: a spare whose ranks could not start is not called in agai
   FakeHostBehaviour silent = host_that(&FakeHostBehaviour::go_silent_after_spawn);
   FakeTransport t(until_restarted, {{"a", {}}, {"b", silent}, {"c", cannot_spawn_from(0)}, {"d", silent}});
   Run run;
-  supervise::Options o;
-  o.max_restarts = 3;
   Driver d(run.finished, [&](const std::atomic<bool>& done) {
     wait_until(done, [&] { return t.seen.spawns == 2; });
     advance_in_steps(t.clock, done, 60s);
   });
-  run.go("a:1,b:1", t, o, [](spec::JobSpec& s) {
-    s.run.max_restarts = 3;
-    s.cluster.spares = {"c", "d"};
-  });
+  run.go_elastic("a:1,b:1", t, 3, [](spec::JobSpec& s) { s.cluster.spares = {"c", "d"}; });
   CHECK(run.code == exit_code::host_failure);
   CHECK(t.seen.spawn_failures == 1);
   REQUIRE(run.rec.generations.size() == 3);
