@@ -36,13 +36,19 @@ elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 # Checks the console copy: every rank's lines in order, whole, once. Prints nothing when fine.
+# A line whose rest came over 200 ms after its start, with other ranks' lines printed between (a
+# loaded machine), is shown as its first part, then the rest on a line of its own with the same
+# prefix (runner/supervise/output.h, docs/spec.md "Console output"): the check joins the two.
 check_console() {
   awk -v R="$RANKS" -v N="$LINES" -v W="$WIDTH" '
     { if (substr($0, 1, 1) != "[" || substr($0, 3, 2) != "] ") { bad++; next }
-      r = substr($0, 2, 1) + 0; body = substr($0, 5)
+      r = substr($0, 2, 1) + 0; body = part[r] substr($0, 5); part[r] = ""
+      if (length(body) < W - 1) { part[r] = body; next }  # a first part: the rest comes later
       if (length(body) != W - 1 || body + 0 != r || substr(body, 3, 7) + 0 != next_i[r]) bad++
       next_i[r]++ }
-    END { for (r = 0; r < R; r++) if (next_i[r] != N) { printf "rank %d: %d lines, want %d\n", r, next_i[r], N }
+    END { for (r = 0; r < R; r++) {
+            if (part[r] != "") bad++
+            if (next_i[r] != N) printf "rank %d: %d lines, want %d\n", r, next_i[r], N }
           if (bad) printf "%d torn, duplicated or reordered lines\n", bad }' "$1"
 }
 
