@@ -70,9 +70,8 @@ void print_removed(const std::vector<std::pair<std::string, unsigned long long>>
     std::printf("removed the code no run keeps any more, %s freed\n", human_bytes(code_freed).c_str());
 }
 
-// The folders half_made_runs() names: each holds at most the run.json the launcher wrote into it
-// (or its temporary file), and only that is removed (a folder holding anything else stays, unnamed: not ours
-// to judge).
+// The folders half_made_runs() names: only the run.json the launcher wrote there (or its temporary
+// file) is removed, then the folder; one that holds anything else stays, and is not named.
 void remove_half_made(bool dry_run) {
   const int runs = ::open(runs_dir().c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (runs < 0) return;

@@ -155,9 +155,9 @@ void RunPlay::claims_answered() {
   step(Event::busy);
 }
 
-// A spare the job cannot have now (another job holds what it would need there) is left out, as
-// one that failed preflight: the job starts without it rather than wait for a host it may never
-// use. Its link goes, so its agent leaves the host's queue and holds nothing there.
+// A spare the job cannot have now (another job holds what it would need there, or the claim failed)
+// is left out, as one that failed preflight: the job starts without it rather than wait for a host
+// it may never use. Its link goes, so its agent leaves the host's queue and holds nothing there.
 void RunPlay::leave_out_spare(size_t i) {
   const std::string why = claim_obstacles(i);
   const std::string& n = fleet_[i].name();

@@ -123,7 +123,7 @@ class RunPlay final : public Play {
   void claim_timers(Clock::time_point now);
   std::string claim_obstacles(size_t i) const;  // "h2: GPUs 0-3 held by run … for 1h02m"
   std::string waiting_status() const;           // "waiting for 2 GPUs on h2; 1 job ahead"
-  void leave_out_spare(size_t i);               // a spare held by another job: the job goes without it
+  void leave_out_spare(size_t i);               // a spare not granted: the job goes without it
   void settle_rendezvous();
   void fail_host(size_t i, const std::string& problem);  // and move on if that was the last answer
 
