@@ -59,6 +59,7 @@ struct Trial {
   pid_t pid = -1;
   std::map<int64_t, double> curve;  // the metric by step, for median stopping
   uint64_t offset = 0;              // how much of its metrics.jsonl was read
+  std::string orphan;               // loaded "running": the run its killed sweep left (adopt_orphans)
   bool finished() const { return state == "succeeded" || state == "failed" || state == "early-stopped"; }
 };
 
@@ -76,12 +77,37 @@ std::string number_text(double v, bool integer) {
   return std::string(buf, r.ptr);
 }
 
+constexpr int kMaxTrials = 100'000;  // as [sweep] trials' own bound (docs/sweep.md)
+
+// One value of a [sweep.random] parameter: uniform (or log-uniform) in [min, max]; an integer one
+// is each integer of [ceil(min), floor(max)] alike (a log-uniform one rounded, kept inside).
+std::string draw(const spec::SweepRange& r, std::mt19937_64& rng) {
+  if (r.integer && !r.log)
+    return std::to_string(std::uniform_int_distribution<long long>(std::llround(std::ceil(r.min)),
+                                                                   std::llround(std::floor(r.max)))(rng));
+  std::uniform_real_distribution<double> u(r.log ? std::log(r.min) : r.min, r.log ? std::log(r.max) : r.max);
+  const double x = r.log ? std::exp(u(rng)) : u(rng);
+  if (!r.integer) return number_text(x, false);
+  return std::to_string(
+      std::clamp(std::llround(x), std::llround(std::ceil(r.min)), std::llround(std::floor(r.max))));
+}
+
 // Every trial [sweep] names: its list, else every grid combination (each with `trials` random
 // draws when [sweep.random] is given), else `trials` random draws.
 std::vector<Params> expand(const spec::SweepSection& s) {
   std::vector<Params> out;
+  if (!s.list.empty() && (!s.grid.empty() || !s.random.empty()))
+    throw Error("[[sweep.list]] is given with [sweep.grid] or [sweep.random]: a sweep is one or the other",
+                "list every trial in [[sweep.list]], or drop it for the grid and the draws");
   for (const auto& t : s.list) out.push_back(t);
   if (!s.list.empty()) return out;
+  // Counted before anything is made: a grid of 10^7 points would fill the memory first.
+  double count = std::max(1, s.random.empty() ? 1 : s.trials);
+  for (const auto& [name, values] : s.grid) count *= double(values.size());
+  if (count > double(kMaxTrials))
+    throw Error(
+        "[sweep] makes " + number_text(count, true) + " trials, more than " + std::to_string(kMaxTrials),
+        "narrow [sweep.grid] (or [sweep] trials), or run it as several sweeps");
   std::vector<Params> points{{}};
   for (const auto& [name, values] : s.grid) {
     std::vector<Params> next;
@@ -100,16 +126,16 @@ std::vector<Params> expand(const spec::SweepSection& s) {
   }
   if (s.trials < 1)
     throw Error("[sweep.random] needs [sweep] trials = N, how many draws", "as in trials = 8");
+  for (const auto& r : s.random)
+    if (r.integer && std::ceil(r.min) > std::floor(r.max))
+      throw Error("[sweep.random] " + r.name + ": no integer lies between min = " +
+                      number_text(r.min, false) + " and max = " + number_text(r.max, false),
+                  "widen the range, or drop int = true");
   std::mt19937_64 rng(uint64_t(s.seed));
   for (const auto& p : points)
     for (int i = 0; i < s.trials; ++i) {
       Params q = p;
-      for (const auto& r : s.random) {
-        std::uniform_real_distribution<double> u(r.log ? std::log(r.min) : r.min,
-                                                 r.log ? std::log(r.max) : r.max);
-        const double x = u(rng);
-        q.emplace_back(r.name, number_text(r.log ? std::exp(x) : x, r.integer));
-      }
+      for (const auto& r : s.random) q.emplace_back(r.name, draw(r, rng));
       out.push_back(std::move(q));
     }
   return out;
@@ -126,7 +152,8 @@ std::string substitute(std::string text, const Params& params) {
 
 std::string params_text(const Params& p) {
   std::string out;
-  for (const auto& [k, v] : p) out += (out.empty() ? "" : " ") + k + "=" + v;
+  for (const auto& [k, v] : p)
+    out += (out.empty() ? "" : " ") + k + "=" + text::host_text(v);  // to a terminal
   return out;
 }
 
@@ -208,7 +235,14 @@ Sweep load(const std::string& query) {
     if (t["metric"].is_number()) x.metric = t["metric"].get<double>();
     if (t["step"].is_number_integer()) x.step = t["step"].get<int64_t>();
     if (t["exit_code"].is_number_integer()) x.exit_code = t["exit_code"].get<int>();
-    if (!x.finished()) x.state = "pending", x.run_id.clear(), x.metric.reset(), x.step = -1, x.exit_code = -1;
+    if (x.state == "running" && x.run_id.empty()) {  // the sweep ended before it heard the run's id
+      std::ifstream f(s.dir + "/trial-" + std::to_string(x.n) + ".run");
+      std::getline(f, x.run_id);
+    }
+    if (!x.finished()) {
+      x.orphan = x.state == "running" ? x.run_id : "";
+      x.state = "pending", x.run_id.clear(), x.metric.reset(), x.step = -1, x.exit_code = -1;
+    }
     s.trials.push_back(std::move(x));
   }
   return s;
@@ -250,6 +284,37 @@ void read_progress(const Sweep& s, Trial& t) {
   }
 }
 
+// A sweep killed with SIGKILL leaves its trials "running" in sweep.json while their runs go on
+// without it. At --resume, a run that ended keeps its result (it is not run twice); one that
+// still runs makes the resume wait for it: started again, it would run twice at once.
+void adopt_orphans(Sweep& s) {
+  std::vector<std::string> still;
+  for (auto& t : s.trials) {
+    if (t.orphan.empty()) continue;
+    records::RunRecord r;
+    try {
+      r = records::load(t.orphan);
+    } catch (const Error&) {
+      continue;  // gone: run it again
+    }
+    if (r.status == "running") {
+      still.push_back("trial " + std::to_string(t.n) + " (run " + t.orphan + ")");
+    } else if (r.status == "succeeded" || r.status == "failed") {
+      t.state = r.status;
+      t.exit_code = r.exit_code;
+      t.run_id = t.orphan;
+      read_progress(s, t);
+    }
+  }
+  if (!still.empty())
+    throw Error("sweep " + s.id + ": " + text::join(still, ", ") +
+                    " still running, left by the mltrain sweep "
+                    "that was killed",
+                "wait for " + std::string(still.size() == 1 ? "it" : "them") +
+                    " to end (mltrain ls), or stop " + (still.size() == 1 ? "it" : "them") +
+                    " with mltrain stop RUN; then resume again");
+}
+
 bool better(const Sweep& s, double a, double b) { return s.goal == "max" ? a > b : a < b; }
 
 // The median stopping rule (Golovin et al., Google Vizier; Katib's "medianstop"): a running trial
@@ -277,6 +342,9 @@ bool should_stop(const Sweep& s, const Trial& t) {
 
 pid_t start_trial(const Sweep& s, Trial& t) {
   const std::string log = s.dir + "/trial-" + std::to_string(t.n) + ".log";
+  // An earlier attempt's run id must not be read as this one's before the child writes its own.
+  ::unlink((s.dir + "/trial-" + std::to_string(t.n) + ".run").c_str());
+  t.run_id.clear();
   std::vector<std::string> args = {"mltrain",
                                    "run",
                                    s.spec_file,
@@ -353,10 +421,11 @@ int drive(Sweep& s) {
   const bool tty = ::isatty(1) == 1;
   g_signal = 0;
   struct sigaction sa {
-  }, old_int{}, old_term{};
+  }, old_int{}, old_term{}, old_hup{};
   sa.sa_handler = on_signal;
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
+  sigaction(SIGHUP, &sa, &old_hup);  // the terminal or the SSH session closed: as Ctrl-C
   int drawn = 0;
   auto show = [&](bool force) {
     if (!tty && !force) return;
@@ -390,7 +459,9 @@ int drive(Sweep& s) {
         read_progress(s, t);
         t.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         if (t.state != "early-stopped")
-          t.state = stopping ? "interrupted" : t.exit_code == 0 ? "succeeded" : "failed";
+          t.state = t.exit_code == 0 ? "succeeded"
+                    : stopping       ? "interrupted"
+                                     : "failed";  // it may end as Ctrl-C comes
         const std::string why = t.state == "failed" ? failure_of(s, t) : "";
         say(t, t.state + (t.metric ? ", " + s.metric + " " + metric_text(t) : "") +
                    (t.run_id.empty() ? "" : " (run " + t.run_id + ")") + (why.empty() ? "" : ": " + why));
@@ -421,6 +492,7 @@ int drive(Sweep& s) {
   }
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
+  sigaction(SIGHUP, &old_hup, nullptr);
   if (tty && drawn) std::printf("\033[%dA\033[J", drawn);
   return stopping ? 130 : 0;
 }
@@ -449,6 +521,10 @@ int sweep(const SweepRequest& req) {
   Sweep s;
   if (!req.resume.empty()) {
     s = load(req.resume);
+    // The spec as it is now: broken or gone, every trial would fail on it (and stay failed).
+    JobRequest jr;
+    jr.specs = {s.spec_file};
+    (void)resolve_spec(jr);
   } else {
     JobRequest jr;
     jr.specs = {req.spec};
@@ -482,6 +558,7 @@ int sweep(const SweepRequest& req) {
   if (lock < 0 || ::flock(lock, LOCK_EX | LOCK_NB) != 0)
     throw Error("sweep " + s.id + " is being run by another mltrain sweep",
                 "wait for it to end, or stop it with Ctrl-C");
+  if (!req.resume.empty()) adopt_orphans(s);
   if (req.max_parallel > 0) s.max_parallel = req.max_parallel;
   size_t todo = 0;
   for (const auto& t : s.trials) todo += !t.finished();

@@ -116,6 +116,14 @@ def test_bad_sweeps_are_clear_errors(ml):
         "draws.toml": ('[run]\ncommand = "true"\n[sweep.random]\nlr = { min = 0, max = 1 }\n', "needs [sweep] trials"),
         "median.toml": ('[run]\ncommand = "true"\n[sweep]\nearly_stop = "median"\n[sweep.grid]\nx = [1]\n',
                         "needs a metric"),
+        # Counted before it is made: 10^7 trials would fill the memory (it did).
+        "huge.toml": ('[run]\ncommand = "true"\n[sweep.grid]\n' +
+                      "".join(f"p{k} = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]\n" for k in range(7)),
+                      "[sweep] makes 10000000 trials, more than 100000"),
+        "intless.toml": ('[run]\ncommand = "true"\n[sweep]\ntrials = 2\n[sweep.random]\n'
+                         'n = { min = 0.2, max = 0.7, int = true }\n', "n: no integer lies between min = 0.2"),
+        "both.toml": ('[run]\ncommand = "true"\n[sweep.grid]\nx = [1, 2]\n[[sweep.list]]\nx = 3\n',
+                      "a sweep is one or the other"),
     }
     for name, (text, said) in cases.items():
         (d / name).write_text(text)
@@ -181,3 +189,83 @@ def test_a_sweep_being_run_cannot_be_resumed_twice(ml):
     finally:
         os.killpg(p.pid, signal.SIGINT)
         p.communicate(timeout=60)
+
+
+def test_integer_draws_stay_within_the_range(ml):
+    """An integer parameter is drawn from the integers in [min, max]: 0.01 to 1.99 holds only 1
+    (rounding drew 0 and 2 before, with this seed too)."""
+    spec = ml.dir / "ints.toml"
+    spec.write_text('[run]\ncommand = "echo n={n}"\n[sweep]\ntrials = 8\nmax_parallel = 8\nseed = 1\n'
+                    '[sweep.random]\nn = { min = 0.01, max = 1.99, int = true }\n')
+    r = ml("sweep", spec, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [t["params"]["n"] for t in sweep_doc(ml)["trials"]] == ["1"] * 8
+
+
+def slow_sweep(ml, seconds):
+    """4 trials of `sleep`, 2 at a time."""
+    spec = ml.dir / "slow.toml"
+    spec.write_text(f'name = "slow"\n[run]\ncommand = "sleep {seconds}; echo trial {{k}} done"\n'
+                    '[sweep]\nmax_parallel = 2\n[sweep.grid]\nk = [0, 1, 2, 3]\n')
+    return spec
+
+
+def start_sweep(ml, spec):
+    return subprocess.Popen([ml.bin, "sweep", str(spec)], env=ml._env(), cwd=str(ml.dir), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def wait_two_running(ml):
+    """(the sweep's folder, the 2 trials running) once both runs wrote their ids."""
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            sweep_dir = next((ml.home / "sweeps").iterdir())
+            running = [t["trial"] for t in sweep_doc(ml)["trials"] if t["state"] == "running"]
+        except (ValueError, FileNotFoundError, StopIteration):  # not written yet
+            running = []
+        if len(running) == 2 and all((sweep_dir / f"trial-{n}.run").exists() for n in running):
+            return sweep_dir, running
+        time.sleep(0.05)
+    raise AssertionError("two trials never ran")
+
+
+def test_a_killed_sweep_is_resumed_without_running_a_trial_twice(ml):
+    spec = slow_sweep(ml, 3)
+    p = start_sweep(ml, spec)
+    sweep_dir, running = wait_two_running(ml)
+    orphans = {n: (sweep_dir / f"trial-{n}.run").read_text().strip() for n in running}
+    p.kill()  # SIGKILL: the sweep says nothing; its trials' runs go on
+    p.communicate(timeout=30)
+    r = ml("sweep", "--resume", "latest", timeout=60)
+    assert r.returncode == 2 and "still running, left by the mltrain sweep that was killed" in r.stderr, r.stderr
+    assert all(f"trial {n} (run {orphans[n]})" in r.stderr for n in running), r.stderr
+    deadline = time.time() + 60
+    while {x["status"] for x in records(ml)} != {"succeeded"}:
+        assert time.time() < deadline, records(ml)
+        time.sleep(0.1)
+    # A spec broken meanwhile is refused before any trial, which keeps its state.
+    good = spec.read_text()
+    before = sweep_doc(ml)
+    spec.write_text(good + "garbage = = 1\n")
+    r = ml("sweep", "--resume", "latest", timeout=60)
+    assert r.returncode == 2 and "slow.toml:" in r.stderr, r.stderr
+    assert sweep_doc(ml) == before
+    spec.write_text(good)
+    r = ml("sweep", "--resume", "latest", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    trials = sweep_doc(ml)["trials"]
+    assert [t["state"] for t in trials] == ["succeeded"] * 4, trials
+    assert all(trials[n]["run"] == orphans[n] for n in running), (trials, orphans)  # kept, not run again
+    assert sorted(x["sweep"]["trial"] for x in records(ml)) == [0, 1, 2, 3]
+
+
+def test_a_closed_terminal_stops_the_sweep_as_ctrl_c_does(ml):
+    p = start_sweep(ml, slow_sweep(ml, 30))
+    wait_two_running(ml)
+    p.send_signal(signal.SIGHUP)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, out + err
+    assert "go on with: mltrain sweep --resume" in err
+    states = [t["state"] for t in sweep_doc(ml)["trials"]]
+    assert states.count("interrupted") == 2 and states.count("pending") == 2, states
