@@ -198,7 +198,9 @@ void save(const Sweep& s) {
 Sweep load(const std::string& query) {
   const std::string root = state_home() + "/sweeps";
   std::string id = query;
-  if (!std::filesystem::is_directory(root + "/" + id)) {
+  // An id names a folder of <state home>/sweeps, never a path beside or above it.
+  const bool plain = !id.empty() && id.find('/') == std::string::npos && id != "." && id != "..";
+  if (!plain || !std::filesystem::is_directory(root + "/" + id)) {
     std::vector<std::string> hits;  // a unique part of an id, or "latest"
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(root, ec))

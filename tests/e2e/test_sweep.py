@@ -136,6 +136,15 @@ def test_bad_sweeps_are_clear_errors(ml):
     assert r.returncode == 2 and "has [sweep]" in r.stderr and "mltrain sweep" in r.stderr, r.stderr
     r = ml("sweep", "--resume", "nothing-like-it")
     assert r.returncode == 2 and "no sweep matches 'nothing-like-it'" in r.stderr, r.stderr
+    # A sweep id is a name in the state folder, never a path out of it (its trials' files are written there).
+    outside = ml.dir / "elsewhere"
+    outside.mkdir()
+    (outside / "sweep.json").write_text(json.dumps({"schema": 1, "id": "x", "name": "x", "spec_file": str(d / "ok.toml"),
+                                                    "trials": [{"trial": 0, "params": {"x": "1"}, "state": "pending"}]}))
+    (ml.home / "sweeps").mkdir(parents=True, exist_ok=True)
+    r = ml("sweep", "--resume", os.path.relpath(outside, ml.home / "sweeps"))
+    assert r.returncode == 2 and "no sweep matches" in r.stderr, r.stderr
+    assert sorted(p.name for p in outside.iterdir()) == ["sweep.json"]
 
 
 def test_random_draws_are_seeded_and_in_range_and_a_list_runs_as_written(ml):
