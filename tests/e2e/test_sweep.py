@@ -211,10 +211,12 @@ def test_integer_draws_stay_within_the_range(ml):
     assert [t["params"]["n"] for t in sweep_doc(ml)["trials"]] == ["1"] * 8
 
 
-def slow_sweep(ml, seconds):
-    """4 trials of `sleep`, 2 at a time."""
+def slow_sweep(ml, seconds=None):
+    """4 trials, 2 at a time, of `sleep` or, with no seconds, of waiting for the file `go` in ml.dir
+    (a test that needs trials running until it says so cannot race a busy machine's clock)."""
     spec = ml.dir / "slow.toml"
-    spec.write_text(f'name = "slow"\n[run]\ncommand = "sleep {seconds}; echo trial {{k}} done"\n'
+    wait = f"sleep {seconds}" if seconds else f"until [ -e {ml.dir / 'go'} ]; do sleep 0.1; done"
+    spec.write_text(f'name = "slow"\n[run]\ncommand = "{wait}; echo trial {{k}} done"\n'
                     '[sweep]\nmax_parallel = 2\n[sweep.grid]\nk = [0, 1, 2, 3]\n')
     return spec
 
@@ -240,7 +242,7 @@ def wait_two_running(ml):
 
 
 def test_a_killed_sweep_is_resumed_without_running_a_trial_twice(ml):
-    spec = slow_sweep(ml, 3)
+    spec = slow_sweep(ml)
     p = start_sweep(ml, spec)
     sweep_dir, running = wait_two_running(ml)
     orphans = {n: (sweep_dir / f"trial-{n}.run").read_text().strip() for n in running}
@@ -249,6 +251,7 @@ def test_a_killed_sweep_is_resumed_without_running_a_trial_twice(ml):
     r = ml("sweep", "--resume", "latest", timeout=60)
     assert r.returncode == 2 and "still running, left by the mltrain sweep that was killed" in r.stderr, r.stderr
     assert all(f"trial {n} (run {orphans[n]})" in r.stderr for n in running), r.stderr
+    (ml.dir / "go").touch()
     deadline = time.time() + 60
     while {x["status"] for x in records(ml)} != {"succeeded"}:
         assert time.time() < deadline, records(ml)
