@@ -150,6 +150,28 @@ std::string substitute(std::string text, const Params& params) {
   return text;
 }
 
+// A parameter no `{name}` of [run] uses would run every trial alike: most often a typo, as
+// {learning_rate} for lr. Katib refuses such a trial template too.
+void check_used(const spec::JobSpec& job, const std::vector<Params>& trials, const std::string& file) {
+  std::string text = job.run.command.value_or("");
+  for (const auto& a : job.run.argv) text += "\n" + a;
+  for (const auto& [k, v] : job.run.env) text += "\n" + v;
+  std::vector<std::string> unused;
+  for (const auto& params : trials)
+    for (const auto& [name, value] : params)
+      if (text.find("{" + name + "}") == std::string::npos &&
+          std::find(unused.begin(), unused.end(), name) == unused.end())
+        unused.push_back(name);
+  if (unused.empty()) return;
+  const bool one = unused.size() == 1;
+  throw Error(file + ": [sweep] parameter" + (one ? " " : "s ") + text::join(unused, ", ") +
+                  (one ? " appears" : " appear") + " nowhere in [run]: every trial would run the same job",
+              "write {" + unused[0] +
+                  "} in run.command, run.argv or a [run.env] value (to run one job several times, "
+                  "pass the repeat's number anyway, as [run.env] REPEAT = \"{" +
+                  unused[0] + "}\")");
+}
+
 std::string params_text(const Params& p) {
   std::string out;
   for (const auto& [k, v] : p)
@@ -408,7 +430,8 @@ std::string table(const Sweep& s, const std::vector<const Trial*>& order) {
                 s.metric.empty() ? "METRIC" : upper(text::cut(s.metric, 12)).c_str(), "STEP", "RUN");
   std::string out = line;
   for (const Trial* t : order) {
-    const std::string m = metric_text(*t) + (t->metric && best && *t->metric == *best ? " *" : "");
+    const std::string m =
+        metric_text(*t) + (t->metric && t->state != "failed" && best && *t->metric == *best ? " *" : "");
     std::snprintf(line, sizeof line, "%-5d %-*s %-13s %12s %7s  %s\n", t->n, int(pw),
                   text::cut(params_text(t->params), pw).c_str(), t->state.c_str(), m.c_str(),
                   t->step < 0 ? "-" : std::to_string(t->step).c_str(),
@@ -526,7 +549,9 @@ int sweep(const SweepRequest& req) {
     // The spec as it is now: broken or gone, every trial would fail on it (and stay failed).
     JobRequest jr;
     jr.specs = {s.spec_file};
-    (void)resolve_spec(jr);
+    std::vector<Params> trials;
+    for (const auto& t : s.trials) trials.push_back(t.params);
+    check_used(resolve_spec(jr), trials, s.spec_file);
   } else {
     JobRequest jr;
     jr.specs = {req.spec};
@@ -544,6 +569,7 @@ int sweep(const SweepRequest& req) {
     s.queue = base.gpus.per_proc > 0 || base.gpus.procs_per_gpu > 0;
     if (s.early_stop == "median" && s.metric.empty())
       throw Error("[sweep] early_stop = \"median\" needs a metric", "name it: metric = \"loss\"");
+    check_used(base, combos, req.spec);
     s.id = new_sweep_id(base.name);
     s.dir = state_home() + "/sweeps/" + s.id;
     make_private_dirs(s.dir);
@@ -565,9 +591,10 @@ int sweep(const SweepRequest& req) {
   size_t todo = 0;
   for (const auto& t : s.trials) todo += !t.finished();
   std::fprintf(stderr,
-               "mltrain: sweep %s: %zu trials (%zu to run), at most %d at once; resume with: mltrain sweep "
+               "mltrain: sweep %s: %zu trial%s (%zu to run), at most %d at once; resume with: mltrain sweep "
                "--resume %s\n",
-               s.id.c_str(), s.trials.size(), todo, s.max_parallel, s.id.c_str());
+               s.id.c_str(), s.trials.size(), s.trials.size() == 1 ? "" : "s", todo, s.max_parallel,
+               s.id.c_str());
   const int code = drive(s);
   save(s);
   // The table sorted by the metric (trials without one last), and the best trial's rerun line.

@@ -3,6 +3,7 @@ ordinary run linked to its sweep, at most max_parallel at once, ranked by the me
 log; median stopping; --resume after Ctrl-C runs only the trials that did not finish."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -124,6 +125,12 @@ def test_bad_sweeps_are_clear_errors(ml):
                          'n = { min = 0.2, max = 0.7, int = true }\n', "n: no integer lies between min = 0.2"),
         "both.toml": ('[run]\ncommand = "true"\n[sweep.grid]\nx = [1, 2]\n[[sweep.list]]\nx = 3\n',
                       "a sweep is one or the other"),
+        # A parameter [run] never uses would run every trial alike: {learning_rate} is not lr.
+        "unused.toml": ('[run]\ncommand = "train --lr {learning_rate} --batch {batch}"\n'
+                        '[sweep.grid]\nlr = [0.1, 0.01]\nbatch = [16]\n',
+                        "unused.toml: [sweep] parameter lr appears nowhere in [run]"),
+        "unused_list.toml": ('[run]\nargv = ["train", "{a}"]\n[[sweep.list]]\na = 1\n[[sweep.list]]\na = 2\nb = 3\n',
+                             "[sweep] parameter b appears nowhere in [run]"),
     }
     for name, (text, said) in cases.items():
         (d / name).write_text(text)
@@ -131,6 +138,14 @@ def test_bad_sweeps_are_clear_errors(ml):
         assert r.returncode == 2 and said in r.stderr, (name, r.stderr)
     r = ml("run", d / "grid.toml")
     assert r.returncode == 2, r.stderr
+    # A parameter [run.env] uses is used: one job run twice.
+    (d / "repeat.toml").write_text('[run]\ncommand = "echo r=$REPEAT"\n[run.env]\nREPEAT = "{repeat}"\n'
+                                   '[sweep.grid]\nrepeat = [1, 2]\n')
+    r = ml("sweep", d / "repeat.toml", timeout=120)
+    assert r.returncode == 0 and "2 trials (2 to run)" in r.stderr, r.stdout + r.stderr
+    (sweep,) = (ml.home / "sweeps").iterdir()
+    assert "r=1" in (sweep / "trial-0.log").read_text() and "r=2" in (sweep / "trial-1.log").read_text()
+    shutil.rmtree(sweep)
     (d / "ok.toml").write_text('[run]\ncommand = "echo {x}"\n[sweep.grid]\nx = [1, 2]\n')
     r = ml("run", d / "ok.toml")
     assert r.returncode == 2 and "has [sweep]" in r.stderr and "mltrain sweep" in r.stderr, r.stderr
@@ -263,6 +278,11 @@ def test_a_killed_sweep_is_resumed_without_running_a_trial_twice(ml):
     r = ml("sweep", "--resume", "latest", timeout=60)
     assert r.returncode == 2 and "slow.toml:" in r.stderr, r.stderr
     assert sweep_doc(ml) == before
+    # So is one that no longer uses a parameter: the remaining trials would all run alike.
+    spec.write_text(good.replace("{k}", "k"))
+    r = ml("sweep", "--resume", "latest", timeout=60)
+    assert r.returncode == 2 and "parameter k appears nowhere in [run]" in r.stderr, r.stderr
+    assert sweep_doc(ml) == before
     spec.write_text(good)
     r = ml("sweep", "--resume", "latest", timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -281,3 +301,18 @@ def test_a_closed_terminal_stops_the_sweep_as_ctrl_c_does(ml):
     assert "go on with: mltrain sweep --resume" in err
     states = [t["state"] for t in sweep_doc(ml)["trials"]]
     assert states.count("interrupted") == 2 and states.count("pending") == 2, states
+
+
+def test_a_failed_trial_is_never_marked_best(ml):
+    """Both trials report loss 0.5; the one that failed is not the best (it was marked `*` too)."""
+    spec = ml.dir / "fail.toml"
+    spec.write_text('[run]\ncommand = "echo step 1 loss=0.5; exit {code}"\n'
+                    '[metrics]\npattern = \'step (?P<step>\\d+) loss=(?P<loss>[0-9.]+)\'\n'
+                    '[sweep]\nmetric = "loss"\n[sweep.grid]\ncode = [0, 1]\n')
+    r = ml("sweep", spec, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = {line.split()[0]: line for line in r.stdout.splitlines() if line[:1].isdigit()}
+    assert "0.5 *" in rows["0"] and "succeeded" in rows["0"], r.stdout
+    assert "*" not in rows["1"] and "failed" in rows["1"], r.stdout
+    assert "best: trial 0 (code=0): loss 0.5" in r.stdout, r.stdout
+
