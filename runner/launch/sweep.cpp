@@ -156,12 +156,20 @@ void check_used(const spec::JobSpec& job, const std::vector<Params>& trials, con
   std::string text = job.run.command.value_or("");
   for (const auto& a : job.run.argv) text += "\n" + a;
   for (const auto& [k, v] : job.run.env) text += "\n" + v;
-  std::vector<std::string> unused;
+  std::vector<std::string> names;  // every trial's, in order
   for (const auto& params : trials)
     for (const auto& [name, value] : params)
-      if (text.find("{" + name + "}") == std::string::npos &&
-          std::find(unused.begin(), unused.end(), name) == unused.end())
-        unused.push_back(name);
+      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  // A [[sweep.list]] trial without a parameter another one has would run with `{name}` as it is.
+  for (size_t i = 0; i < trials.size(); ++i)
+    for (const auto& name : names)
+      if (std::none_of(trials[i].begin(), trials[i].end(), [&](const auto& p) { return p.first == name; }))
+        throw Error(file + ": [[sweep.list]] trial " + std::to_string(i) + " has no " + name +
+                        ", which another trial has",
+                    "give every trial of [[sweep.list]] the same parameters");
+  std::vector<std::string> unused;
+  for (const auto& name : names)
+    if (text.find("{" + name + "}") == std::string::npos) unused.push_back(name);
   if (unused.empty()) return;
   const bool one = unused.size() == 1;
   throw Error(file + ": [sweep] parameter" + (one ? " " : "s ") + text::join(unused, ", ") +

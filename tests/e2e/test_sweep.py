@@ -130,7 +130,9 @@ def test_bad_sweeps_are_clear_errors(ml):
                         '[sweep.grid]\nlr = [0.1, 0.01]\nbatch = [16]\n',
                         "unused.toml: [sweep] parameter lr appears nowhere in [run]"),
         "unused_list.toml": ('[run]\nargv = ["train", "{a}"]\n[[sweep.list]]\na = 1\n[[sweep.list]]\na = 2\nb = 3\n',
-                             "[sweep] parameter b appears nowhere in [run]"),
+                             "[[sweep.list]] trial 0 has no b, which another trial has"),
+        "unused_list2.toml": ('[run]\nargv = ["train", "{a}"]\n[[sweep.list]]\na = 1\nb = 2\n[[sweep.list]]\na = 2\nb = 3\n',
+                              "[sweep] parameter b appears nowhere in [run]"),
     }
     for name, (text, said) in cases.items():
         (d / name).write_text(text)
