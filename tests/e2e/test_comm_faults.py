@@ -25,7 +25,7 @@ GRACE_S = 10
 # shared, possibly busy cores (process exit, launcher reaping).
 REPORT_WITHIN_S = COMM_TIMEOUT_S + 1 + 2
 
-# Rank 1 waits until rank 0 printed the benchmark header (init done, every rank joined), then 3 s
+# Rank 1 waits until rank 0 printed the benchmark header (init done, every rank joined), then 5 s
 # more (the bench's 0.5 s warm-up of small allreduces, buffers filled, past the barrier, inside the
 # 64 MiB allreduce loop), writes the time, SIGKILLs its own process (the benchmark, which replaced
 # the shell through exec). Where it cannot read
@@ -34,7 +34,7 @@ WORKER = ('trap "" TERM; '
           'if [ "$RANK" = 1 ]; then ( '
           '  if [ -n "$RUNS" ]; then i=0; '
           '    while [ $i -lt 600 ] && ! grep -q "# iters" "$RUNS/$MLTRAIN_RUN_ID/rank-0.log" 2>/dev/null; '
-          '    do sleep 0.1; i=$((i+1)); done; sleep 3; '
+          '    do sleep 0.1; i=$((i+1)); done; sleep 5; '
           '  else sleep "$DELAY"; fi; '
           '  date +%s.%N > "$D/killed"; kill -9 $$ ) & fi; '
           'exec "$MLTRAIN_RUNTIME/bin/mltrain-comm-bench" -b 64M -e 64M --iters 100000 --warmup 0')
@@ -127,7 +127,7 @@ def test_killed_rank_named_by_all_cluster(mh, cluster, tmp_path):
     t0 = time.monotonic()
     r = mh.run("--hostfile", hostfile, "--workdir", "/tmp", "--grace-period", f"{GRACE_S}s",
                "--env", f"MLTRAIN_COMM_TIMEOUT={COMM_TIMEOUT_S}s",
-               "--env", f"D={mh.shared}", "--env", "RUNS=", "--env", "DELAY=4",
+               "--env", f"D={mh.shared}", "--env", "RUNS=", "--env", "DELAY=10",
                "--", "sh", "-c", WORKER, timeout=120)
     elapsed = time.monotonic() - t0
     rec = mh.show()

@@ -30,7 +30,7 @@ def test_failing_rank_stops_the_gang(ml, grace):
     elapsed = time.monotonic() - t0
     grace_s = 2 if grace else 5
     assert r.returncode == 3, r.stderr
-    assert elapsed < 1 + grace_s + 2, elapsed
+    assert elapsed < 1 + grace_s + 6, elapsed  # the slack: a busy CI machine
     assert "rank 2" in r.stderr
     assert "FileNotFoundError: shard-0002.bin" in r.stderr  # the tail of its log
     assert wait_gone(m, 0.5) == [], "ranks of the job are still running"
@@ -38,8 +38,10 @@ def test_failing_rank_stops_the_gang(ml, grace):
 
 def test_term_ignoring_rank_is_killed_after_grace(ml, tmp_path):
     m = ml.marker()
+    # Rank 1 fails once the others ignore TERM (a rank started late would die by TERM).
     script = ('trap "" TERM; touch "$D/ready.$RANK"; '
-              'if [ "$RANK" = 1 ]; then sleep 1; exit 3; fi; '
+              'if [ "$RANK" = 1 ]; then until [ -e "$D/ready.0" ] && [ -e "$D/ready.2" ]; do sleep 0.05; done; '
+              'sleep 1; exit 3; fi; '
               f'while :; do sleep 0.2; done')
     t0 = time.monotonic()
     r = ml("run", "-n", "3", "--grace-period", "2s", "--env", f"D={tmp_path}", "--",
@@ -47,7 +49,7 @@ def test_term_ignoring_rank_is_killed_after_grace(ml, tmp_path):
     elapsed = time.monotonic() - t0
     assert r.returncode == 3, r.stderr
     # 1 s until the failure, then TERM (ignored), then KILL after the 2 s grace.
-    assert 1 + 2 - 0.3 <= elapsed < 1 + 2 + 2, elapsed
+    assert 1 + 2 - 0.3 <= elapsed < 1 + 2 + 8, elapsed
     assert "rank 1" in r.stderr
     assert wait_gone(m, 0.5) == []
     rec = json.loads(ml("show", "--json").stdout)
@@ -150,7 +152,7 @@ def test_second_sigint_kills(ml, tmp_path):
     t0 = time.monotonic()
     p.send_signal(signal.SIGINT)
     out, err = communicate(p, 10)
-    assert time.monotonic() - t0 < 3
+    assert time.monotonic() - t0 < 8  # not the 30 s grace
     assert p.returncode == 130, err
     assert "got INT" in out
     assert wait_gone(m, 2) == []

@@ -29,11 +29,13 @@ def test_signal_to_launcher_stops_the_job(ml, tmp_path, sig):
     assert rec["status"] == "stopped" and rec["exit_code"] == 128 + sig
 
 
-def test_term_handler_output_is_kept(ml):
+def test_term_handler_output_is_kept(ml, tmp_path):
     # Ranks stopped by the gang get TERM; what their handlers print still reaches console and log.
-    script = ('trap \'echo "cleanup $RANK"; exit 0\' TERM; '
-              'if [ "$RANK" = 0 ]; then sleep 0.5; exit 1; fi; while :; do sleep 0.1; done')
-    r = ml("run", "-n", "3", "--grace-period", "3s", "--", "sh", "-c", script)
+    # Rank 0 fails once the others' handlers are set (a rank started late would die by TERM).
+    script = ('trap \'echo "cleanup $RANK"; exit 0\' TERM; touch "$D/ready.$RANK"; '
+              'if [ "$RANK" = 0 ]; then until [ -e "$D/ready.1" ] && [ -e "$D/ready.2" ]; do sleep 0.05; done; '
+              'sleep 0.5; exit 1; fi; while :; do sleep 0.1; done')
+    r = ml("run", "-n", "3", "--grace-period", "3s", "--env", f"D={tmp_path}", "--", "sh", "-c", script)
     assert r.returncode == 1
     assert "[1] cleanup 1" in r.stdout and "[2] cleanup 2" in r.stdout, r.stdout
     (d,) = ml.run_dirs()
@@ -134,15 +136,16 @@ def test_restart_stops_survivors_before_the_next_attempt(ml, tmp_path):
     # Attempt 0: rank 0 fails, rank 1 ignores TERM and must be killed before attempt 1 starts.
     m = ml.marker()
     log = tmp_path / "events"
+    # Rank 0 fails once rank 1 ignores TERM (started late, it would die by TERM).
     script = (f'echo "start $RANK $TORCHELASTIC_RESTART_COUNT" >> {log}; '
               'if [ "$TORCHELASTIC_RESTART_COUNT" = 1 ]; then exit 0; fi; '
-              'if [ "$RANK" = 0 ]; then sleep 0.5; exit 1; fi; '
-              f'trap "" TERM; while :; do sleep 0.1; done')
+              f'if [ "$RANK" = 0 ]; then until [ -e {tmp_path}/ignoring ]; do sleep 0.05; done; sleep 0.5; exit 1; fi; '
+              f'trap "" TERM; touch {tmp_path}/ignoring; while :; do sleep 0.1; done')
     t0 = time.monotonic()
     r = ml("run", "-n", "2", "--max-restarts", "1", "--grace-period", "1s", "--",
            "sh", "-c", script, m, timeout=30)
     assert r.returncode == 0, r.stderr
-    assert 1.4 < time.monotonic() - t0 < 6
+    assert 1.4 < time.monotonic() - t0 < 15  # 0.5 s, the 1 s grace; the slack: a busy machine
     assert sorted(log.read_text().splitlines()) == ["start 0 0", "start 0 1", "start 1 0", "start 1 1"]
     assert wait_gone(m, 1) == []
 

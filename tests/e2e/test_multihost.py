@@ -189,6 +189,19 @@ def test_cut_host_is_named_and_its_agent_stops_its_ranks(mh, cluster):
 
 # --- 5b. a signal while a host is still connecting --------------------------------------------------
 
+def agent_running_on(host):
+    """Whether an mltrain agent runs on `host` (one test at a time uses the cluster)."""
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                comm = open(f"/proc/{d}/comm").read()
+            except OSError:
+                continue
+            if comm.startswith("mltrain-agent") and host_of_pid(int(d), (host,)) == host:
+                return True
+    return False
+
+
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["INT", "TERM"])
 def test_signal_while_a_host_connects_starts_nothing_anywhere(mh, cluster, sig, code):
     """Ctrl-C or SIGTERM while h2 (cut off) is still connecting: exit at once, nothing starts on h1."""
@@ -196,13 +209,14 @@ def test_signal_while_a_host_connects_starts_nothing_anywhere(mh, cluster, sig, 
     try:
         p = mh.popen("-H", "h1:2,h2:2", "--workdir", "/tmp", "--", "sh", "-c",
                      f'touch {mh.shared}/r$RANK')
+        wait_for(lambda: agent_running_on("h1"), 30, "h1's agent")
         time.sleep(1.0)  # h1 connected and answered; h2's connection hangs on the cut link
         t0 = time.monotonic()
         p.send_signal(sig)
         _, err = communicate(p, 10)
         took = time.monotonic() - t0
         assert p.returncode == code, err
-        assert took < 1.0, f"exit {took:.2f}s after the signal"
+        assert took < 5, f"exit {took:.2f}s after the signal"  # at once: not the 30 s h2 has to answer
         assert "no rank was started" in err, err
         time.sleep(0.5)
         assert mh.touched() == [], f"ranks ran: {mh.touched()}"
@@ -216,6 +230,7 @@ def test_ctrl_c_while_a_detached_run_waits_for_preflight(mh, cluster):
     try:
         p = mh.popen("-d", "-H", "h1:2,h2:2", "--workdir", "/tmp", "--", "sh", "-c",
                      f'touch {mh.shared}/r$RANK')
+        wait_for(lambda: agent_running_on("h1"), 30, "h1's agent")
         time.sleep(1.0)  # h2's connection hangs on the cut link
         p.send_signal(signal.SIGINT)
         _, err = communicate(p, 10)

@@ -19,8 +19,11 @@ def test_exec_runs_once_on_every_host_prefixed_by_host(mh):
 
 
 def test_exec_lets_every_host_finish_and_exits_with_the_first_failure(mh):
-    script = ('case "$(hostname)" in h3) exit 4;; h4) sleep 1; exit 5;; esac; '
-              'sleep 2; echo "finished on $(hostname)"')
+    # h4 fails 2 s after h3 did (not after h3 started: the hosts start at their own pace).
+    failed = mh.shared / "h3-failed"
+    script = (f'case "$(hostname)" in h3) touch {failed}; exit 4;; '
+              f'h4) until [ -e {failed} ]; do sleep 0.05; done; sleep 2; exit 5;; esac; '
+              'sleep 4; echo "finished on $(hostname)"')
     r = mh.ml("exec", *mh.args("-H", HOSTS), "--", "sh", "-c", script, timeout=90)
     assert r.returncode == 4, (r.stdout, r.stderr)
     assert sorted(re.findall(r"finished on (h\d)", r.stdout)) == ["h1", "h2"], r.stdout

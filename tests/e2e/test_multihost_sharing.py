@@ -73,7 +73,8 @@ def leases(cluster, h, space, kind=""):  # noqa: F811
     out = subprocess.run(["ip", "netns", "exec", cluster.ns(h), "cat", "/proc/net/unix"], capture_output=True,
                          text=True, timeout=30, check=True).stdout
     prefix = f"@mltrain-lease-{space}/{kind}"
-    return sorted(line.split()[-1] for line in out.splitlines() if line.split()[-1].startswith(prefix))
+    # Each once: a lease another launcher is connected to, asking whether it is held, is listed twice.
+    return sorted({line.split()[-1] for line in out.splitlines() if line.split()[-1].startswith(prefix)})
 
 
 def popen(mh, spec, *args, env=None):  # noqa: F811
@@ -109,9 +110,10 @@ def test_two_jobs_share_the_gpus_a_third_waits_in_the_queue_and_starts_when_one_
         third = held_gpus(mh, specs[waiting][1])
         still = held_gpus(mh, specs[running[1]][1])
         assert not third & still, (third, still)
-        # It asks every 500 ms: measured 0.5-1 s quiet; loaded machines get 3 times the 2 s wanted.
+        # It asks every 500 ms: measured 0.5-1 s quiet; a loaded CI machine takes several times that
+        # (its ranks start over ssh too), and a retry that never came would wait out the 60 s above.
         print(f"the waiting job started {took:.2f}s after one ended")
-        assert took < 6, f"the waiting job started {took:.1f}s after one ended"
+        assert took < 15, f"the waiting job started {took:.1f}s after one ended"
     finally:
         for _, _, go in specs:
             go.touch()
@@ -231,8 +233,9 @@ per_proc = 1
         try:
             wait_for(lambda: len(ups(mh, spared_up)) == 2 or p.poll() is not None, 90, "the job's ranks")
             assert p.poll() is None, communicate(p, 10)
-            # While it runs, its spare's agent holds nothing on h2: no place in its queue.
-            assert not leases(cluster, "h2", space, "queue/")
+            # While it runs, its spare's agent holds nothing on h2: no place in its queue (its link
+            # cut, the agent there goes, and its place with it; a busy machine takes a moment).
+            wait_for(lambda: not leases(cluster, "h2", space, "queue/"), 30, "the spare's place in h2's queue to go")
             assert {h for h, _ in ups(mh, spared_up).values()} == {"h1"}
         finally:
             spared_go.touch()

@@ -60,10 +60,11 @@ def started(ml, up, ranks=2, timeout=60):
 
 
 def queue_leases(ml, kind):
-    """The names of this test's leases of `kind` ("queue", "gpu", "job") on this machine."""
+    """The names of this test's leases of `kind` ("queue", "gpu", "job") on this machine (each once:
+    a lease another launcher is connected to, asking whether it is held, is listed with it)."""
     prefix = f"@mltrain-lease-{ml.lease_space}/{kind}/"
     with open("/proc/net/unix") as f:
-        return [line.split()[-1] for line in f if line.rstrip().split()[-1].startswith(prefix)]
+        return sorted({line.split()[-1] for line in f if line.rstrip().split()[-1].startswith(prefix)})
 
 
 def test_two_jobs_get_disjoint_gpus_and_a_third_is_refused_naming_the_holder(ml, fakes):
@@ -113,7 +114,8 @@ def test_a_queued_job_waits_then_starts_when_gpus_free(ml, fakes):
     started(ml, up_a, ranks=4)
     pc = start(ml, c, "--queue")
     try:
-        # Not started while the GPUs are held; it says what it waits for.
+        # Not started while the GPUs are held; it takes its place in the queue and waits.
+        wait_for(lambda: len(queue_leases(ml, "queue")) == 1, 30, "the queued job's place")
         time.sleep(2)
         assert pc.poll() is None
         assert not list(ml.dir.glob(up_c.name + ".*"))

@@ -13,8 +13,9 @@ from pathlib import Path
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sweep"
 
 
-def sweep_spec(ml, steps=40, step_seconds=0.05, extra=""):
-    """The example's sweep, its trainer copied beside the spec."""
+def sweep_spec(ml, steps=40, step_seconds=0.1, extra=""):
+    """The example's sweep, its trainer copied beside the spec (4 s a trial: the diverging one must
+    still run when the sweep reads its loss, on a busy machine too)."""
     d = ml.dir / "sw"
     d.mkdir(exist_ok=True)
     (d / "train.py").write_text((EXAMPLE / "train.py").read_text())
@@ -198,21 +199,13 @@ def test_random_draws_are_seeded_and_in_range_and_a_list_runs_as_written(ml):
 
 
 def test_a_sweep_being_run_cannot_be_resumed_twice(ml):
-    spec = sweep_spec(ml, steps=30, step_seconds=0.1)
-    p = subprocess.Popen([ml.bin, "sweep", str(spec)], env=ml._env(), cwd=str(ml.dir), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    p = start_sweep(ml, slow_sweep(ml))
     try:
-        def running():
-            try:
-                return any(t["state"] == "running" for t in sweep_doc(ml)["trials"])
-            except (OSError, ValueError):  # not written yet
-                return False
-        deadline = time.time() + 60
-        while time.time() < deadline and not running():
-            time.sleep(0.1)
+        wait_two_running(ml)
         r = ml("sweep", "--resume", "latest")
         assert r.returncode == 2 and "is being run by another mltrain sweep" in r.stderr, r.stderr
     finally:
+        (ml.dir / "go").touch()
         os.killpg(p.pid, signal.SIGINT)
         p.communicate(timeout=60)
 
@@ -243,6 +236,14 @@ def start_sweep(ml, spec):
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
+def run_id(sweep_dir, n):
+    """Trial n's run id, once its launcher wrote it whole ("" before)."""
+    try:
+        return (sweep_dir / f"trial-{n}.run").read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
 def wait_two_running(ml):
     """(the sweep's folder, the 2 trials running) once both runs wrote their ids."""
     deadline = time.time() + 60
@@ -252,7 +253,7 @@ def wait_two_running(ml):
             running = [t["trial"] for t in sweep_doc(ml)["trials"] if t["state"] == "running"]
         except (ValueError, FileNotFoundError, StopIteration):  # not written yet
             running = []
-        if len(running) == 2 and all((sweep_dir / f"trial-{n}.run").exists() for n in running):
+        if len(running) == 2 and all(run_id(sweep_dir, n) for n in running):
             return sweep_dir, running
         time.sleep(0.05)
     raise AssertionError("two trials never ran")
@@ -262,7 +263,7 @@ def test_a_killed_sweep_is_resumed_without_running_a_trial_twice(ml):
     spec = slow_sweep(ml)
     p = start_sweep(ml, spec)
     sweep_dir, running = wait_two_running(ml)
-    orphans = {n: (sweep_dir / f"trial-{n}.run").read_text().strip() for n in running}
+    orphans = {n: run_id(sweep_dir, n) for n in running}
     p.kill()  # SIGKILL: the sweep says nothing; its trials' runs go on
     p.communicate(timeout=30)
     r = ml("sweep", "--resume", "latest", timeout=60)
