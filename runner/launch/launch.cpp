@@ -294,6 +294,11 @@ Validation validate(const JobRequest& req) {
   v.summary =
       what + ": ok: " + std::to_string(n) + " rank" + (n == 1 ? "" : "s") + " on " + text::join(hosts, ", ");
   if (v.plan.ps_mode) v.summary += "; ps: " + describe_ps(v.plan);
+  if (s.sweep.present) {
+    const size_t trials = detail::check_sweep(s, what);
+    v.summary += "; sweep: " + std::to_string(trials) + (trials == 1 ? " trial" : " trials") + ", at most " +
+                 std::to_string(s.sweep.max_parallel) + " at once (mltrain sweep " + what + ")";
+  }
   if (!lines.empty()) {
     v.summary += "\n" + text::join(lines, "\n");
     v.summary += "\nnot checked: connecting, host keys, login, the agent, GPUs, Python (run `mltrain doctor" +

@@ -93,21 +93,26 @@ std::string draw(const spec::SweepRange& r, std::mt19937_64& rng) {
 }
 
 // Every trial [sweep] names: its list, else every grid combination (each with `trials` random
-// draws when [sweep.random] is given), else `trials` random draws.
-std::vector<Params> expand(const spec::SweepSection& s) {
+// draws when [sweep.random] is given), else `trials` random draws. Errors name the place in `file`
+// (the spec) that the setting came from.
+std::vector<Params> expand(const spec::JobSpec& job, const std::string& file) {
+  const spec::SweepSection& s = job.sweep;
+  auto at = [&](const char* key) { return job.origin(key, file) + ": "; };
   std::vector<Params> out;
   if (!s.list.empty() && (!s.grid.empty() || !s.random.empty()))
-    throw Error("[[sweep.list]] is given with [sweep.grid] or [sweep.random]: a sweep is one or the other",
-                "list every trial in [[sweep.list]], or drop it for the grid and the draws");
+    throw Error(
+        at("sweep.list") +
+            "[[sweep.list]] is given with [sweep.grid] or [sweep.random]: a sweep is one or the other",
+        "list every trial in [[sweep.list]], or drop it for the grid and the draws");
   for (const auto& t : s.list) out.push_back(t);
   if (!s.list.empty()) return out;
   // Counted before anything is made: a grid of 10^7 points would fill the memory first.
   double count = std::max(1, s.random.empty() ? 1 : s.trials);
   for (const auto& [name, values] : s.grid) count *= double(values.size());
   if (count > double(kMaxTrials))
-    throw Error(
-        "[sweep] makes " + number_text(count, true) + " trials, more than " + std::to_string(kMaxTrials),
-        "narrow [sweep.grid] (or [sweep] trials), or run it as several sweeps");
+    throw Error(at(s.grid.empty() ? "sweep.random" : "sweep.grid") + "[sweep] makes " +
+                    number_text(count, true) + " trials, more than " + std::to_string(kMaxTrials),
+                "narrow [sweep.grid] (or [sweep] trials), or run it as several sweeps");
   std::vector<Params> points{{}};
   for (const auto& [name, values] : s.grid) {
     std::vector<Params> next;
@@ -121,14 +126,16 @@ std::vector<Params> expand(const spec::SweepSection& s) {
   }
   if (s.random.empty()) {
     if (s.grid.empty())
-      throw Error("[sweep] names no parameter", "give [sweep.grid], [sweep.random] or [[sweep.list]]");
+      throw Error(at("sweep") + "[sweep] names no parameter",
+                  "give [sweep.grid], [sweep.random] or [[sweep.list]]");
     return points;
   }
   if (s.trials < 1)
-    throw Error("[sweep.random] needs [sweep] trials = N, how many draws", "as in trials = 8");
+    throw Error(at("sweep.random") + "[sweep.random] needs [sweep] trials = N, how many draws",
+                "as in trials = 8");
   for (const auto& r : s.random)
     if (r.integer && std::ceil(r.min) > std::floor(r.max))
-      throw Error("[sweep.random] " + r.name + ": no integer lies between min = " +
+      throw Error(at("sweep.random") + "[sweep.random] " + r.name + ": no integer lies between min = " +
                       number_text(r.min, false) + " and max = " + number_text(r.max, false),
                   "widen the range, or drop int = true");
   std::mt19937_64 rng(uint64_t(s.seed));
@@ -164,20 +171,40 @@ void check_used(const spec::JobSpec& job, const std::vector<Params>& trials, con
   for (size_t i = 0; i < trials.size(); ++i)
     for (const auto& name : names)
       if (std::none_of(trials[i].begin(), trials[i].end(), [&](const auto& p) { return p.first == name; }))
-        throw Error(file + ": [[sweep.list]] trial " + std::to_string(i) + " has no " + name +
-                        ", which another trial has",
+        throw Error(job.origin("sweep.list", file) + ": [[sweep.list]] trial " + std::to_string(i) +
+                        " has no " + name + ", which another trial has",
                     "give every trial of [[sweep.list]] the same parameters");
   std::vector<std::string> unused;
   for (const auto& name : names)
     if (text.find("{" + name + "}") == std::string::npos) unused.push_back(name);
   if (unused.empty()) return;
   const bool one = unused.size() == 1;
-  throw Error(file + ": [sweep] parameter" + (one ? " " : "s ") + text::join(unused, ", ") +
-                  (one ? " appears" : " appear") + " nowhere in [run]: every trial would run the same job",
+  const auto& grid = job.sweep.grid;
+  const auto& random = job.sweep.random;
+  const char* table =
+      std::any_of(grid.begin(), grid.end(), [&](const auto& g) { return g.first == unused[0]; })
+          ? "sweep.grid"
+      : std::any_of(random.begin(), random.end(), [&](const auto& r) { return r.name == unused[0]; })
+          ? "sweep.random"
+      : !job.sweep.list.empty() ? "sweep.list"
+                                : "sweep";
+  throw Error(job.origin(table, file) + ": [sweep] parameter" + (one ? " " : "s ") +
+                  text::join(unused, ", ") + (one ? " appears" : " appear") +
+                  " nowhere in [run]: every trial would run the same job",
               "write {" + unused[0] +
                   "} in run.command, run.argv or a [run.env] value (to run one job several times, "
                   "pass the repeat's number anyway, as [run.env] REPEAT = \"{" +
                   unused[0] + "}\")");
+}
+
+// Every trial of the spec's [sweep], each check made (`mltrain sweep` and `validate` alike).
+std::vector<Params> trials_of(const spec::JobSpec& job, const std::string& file) {
+  std::vector<Params> trials = expand(job, file);
+  if (job.sweep.early_stop == "median" && job.sweep.metric.empty())
+    throw Error(job.origin("sweep.early_stop", file) + ": [sweep] early_stop = \"median\" needs a metric",
+                "name it: metric = \"loss\"");
+  check_used(job, trials, file);
+  return trials;
 }
 
 std::string params_text(const Params& p) {
@@ -534,6 +561,8 @@ int drive(Sweep& s) {
 
 namespace detail {
 
+size_t check_sweep(const spec::JobSpec& s, const std::string& file) { return trials_of(s, file).size(); }
+
 void apply_sweep_trial(spec::JobSpec& s, const std::string& trial) {
   const size_t slash = trial.find('/');
   const std::string id = trial.substr(0, slash);
@@ -567,7 +596,7 @@ int sweep(const SweepRequest& req) {
     if (!base.sweep.present)
       throw Error(req.spec + " has no [sweep]",
                   "add [sweep] with [sweep.grid] (docs/sweep.md), or use mltrain run");
-    const std::vector<Params> combos = expand(base.sweep);
+    const std::vector<Params> combos = trials_of(base, req.spec);
     s.name = base.name;
     s.spec_file = std::filesystem::absolute(req.spec).string();
     s.metric = base.sweep.metric;
@@ -575,9 +604,6 @@ int sweep(const SweepRequest& req) {
     s.early_stop = base.sweep.early_stop;
     s.max_parallel = base.sweep.max_parallel;
     s.queue = base.gpus.per_proc > 0 || base.gpus.procs_per_gpu > 0;
-    if (s.early_stop == "median" && s.metric.empty())
-      throw Error("[sweep] early_stop = \"median\" needs a metric", "name it: metric = \"loss\"");
-    check_used(base, combos, req.spec);
     s.id = new_sweep_id(base.name);
     s.dir = state_home() + "/sweeps/" + s.id;
     make_private_dirs(s.dir);

@@ -112,33 +112,36 @@ def test_ctrl_c_stops_the_sweep_and_resume_runs_only_the_rest(ml):
 def test_bad_sweeps_are_clear_errors(ml):
     d = ml.dir
     cases = {
-        "none.toml": ('[run]\ncommand = "true"\n[sweep]\nmax_parallel = 2\n', "[sweep] names no parameter"),
+        "none.toml": ('[run]\ncommand = "true"\n[sweep]\nmax_parallel = 2\n', "none.toml:3:1: [sweep] names no parameter"),
         "grid.toml": ('[run]\ncommand = "true"\n[sweep.grid]\nlr = 0.1\n', "must be a non-empty array"),
         "random.toml": ('[run]\ncommand = "true"\n[sweep.random]\nlr = { min = 1, max = 0 }\n', "needs min < max"),
-        "draws.toml": ('[run]\ncommand = "true"\n[sweep.random]\nlr = { min = 0, max = 1 }\n', "needs [sweep] trials"),
+        "draws.toml": ('[run]\ncommand = "true"\n[sweep.random]\nlr = { min = 0, max = 1 }\n', "draws.toml:3:1: [sweep.random] needs [sweep] trials"),
         "median.toml": ('[run]\ncommand = "true"\n[sweep]\nearly_stop = "median"\n[sweep.grid]\nx = [1]\n',
-                        "needs a metric"),
+                        "median.toml:4:14: [sweep] early_stop = \"median\" needs a metric"),
         # Counted before it is made: 10^7 trials would fill the memory (it did).
         "huge.toml": ('[run]\ncommand = "true"\n[sweep.grid]\n' +
                       "".join(f"p{k} = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]\n" for k in range(7)),
-                      "[sweep] makes 10000000 trials, more than 100000"),
+                      "huge.toml:3:1: [sweep] makes 10000000 trials, more than 100000"),
         "intless.toml": ('[run]\ncommand = "true"\n[sweep]\ntrials = 2\n[sweep.random]\n'
-                         'n = { min = 0.2, max = 0.7, int = true }\n', "n: no integer lies between min = 0.2"),
+                         'n = { min = 0.2, max = 0.7, int = true }\n', "intless.toml:5:1: [sweep.random] n: no integer lies between min = 0.2"),
         "both.toml": ('[run]\ncommand = "true"\n[sweep.grid]\nx = [1, 2]\n[[sweep.list]]\nx = 3\n',
-                      "a sweep is one or the other"),
+                      "both.toml:5:1: [[sweep.list]] is given with [sweep.grid]"),
         # A parameter [run] never uses would run every trial alike: {learning_rate} is not lr.
         "unused.toml": ('[run]\ncommand = "train --lr {learning_rate} --batch {batch}"\n'
                         '[sweep.grid]\nlr = [0.1, 0.01]\nbatch = [16]\n',
-                        "unused.toml: [sweep] parameter lr appears nowhere in [run]"),
+                        "unused.toml:3:1: [sweep] parameter lr appears nowhere in [run]"),
         "unused_list.toml": ('[run]\nargv = ["train", "{a}"]\n[[sweep.list]]\na = 1\n[[sweep.list]]\na = 2\nb = 3\n',
-                             "[[sweep.list]] trial 0 has no b, which another trial has"),
+                             "unused_list.toml:3:1: [[sweep.list]] trial 0 has no b, which another trial has"),
         "unused_list2.toml": ('[run]\nargv = ["train", "{a}"]\n[[sweep.list]]\na = 1\nb = 2\n[[sweep.list]]\na = 2\nb = 3\n',
-                              "[sweep] parameter b appears nowhere in [run]"),
+                              "unused_list2.toml:3:1: [sweep] parameter b appears nowhere in [run]"),
     }
     for name, (text, said) in cases.items():
         (d / name).write_text(text)
-        r = ml("sweep", d / name)
+        r = ml("sweep", name)  # named as given: the error says where in it
         assert r.returncode == 2 and said in r.stderr, (name, r.stderr)
+        r = ml("validate", name)  # found before any trial runs
+        assert r.returncode == 2 and said in r.stderr, (name, r.stderr)
+    assert not (ml.home / "sweeps").exists() or not list((ml.home / "sweeps").iterdir())
     r = ml("run", d / "grid.toml")
     assert r.returncode == 2, r.stderr
     # A parameter [run.env] uses is used: one job run twice.
@@ -150,6 +153,8 @@ def test_bad_sweeps_are_clear_errors(ml):
     assert "r=1" in (sweep / "trial-0.log").read_text() and "r=2" in (sweep / "trial-1.log").read_text()
     shutil.rmtree(sweep)
     (d / "ok.toml").write_text('[run]\ncommand = "echo {x}"\n[sweep.grid]\nx = [1, 2]\n')
+    r = ml("validate", "ok.toml")
+    assert r.returncode == 0 and "sweep: 2 trials, at most 1 at once (mltrain sweep ok.toml)" in r.stdout, r.stdout
     r = ml("run", d / "ok.toml")
     assert r.returncode == 2 and "has [sweep]" in r.stderr and "mltrain sweep" in r.stderr, r.stderr
     r = ml("sweep", "--resume", "nothing-like-it")

@@ -57,6 +57,9 @@ void adapt_for_rerun(spec::JobSpec& s, const JobRequest::Rerun& r,
 // `mltrain sweep`'s trial "SWEEP/N": its parameters (from the sweep's sweep.json) substituted as
 // {name} into the command, argv and [run.env]; [sweep] dropped. Throws mltrain::Error.
 void apply_sweep_trial(spec::JobSpec& s, const std::string& trial);
+// The number of trials of `s`'s [sweep], every check of `mltrain sweep` made (errors name their
+// place in `file`, the spec). Throws mltrain::Error.
+size_t check_sweep(const spec::JobSpec& s, const std::string& file);
 // The local and the hosts' folder of the spec's [sync], without listing the tree (for --no-sync,
 // whose ranks run in the folder the last sync made).
 SyncPlan sync_folders(const spec::JobSpec& s, const JobRequest& req);
