@@ -99,7 +99,7 @@ def test_a_cut_host_leaves_the_gang_and_training_resumes_on_three(mh, cluster): 
     assert "h3" in gens[1]["why"] and "without h3, on 3 hosts" in gens[1]["why"], gens[1]
     delay = at(gens[1]["started_at"]) - cut_at
     print(f"restarted on 3 hosts {delay:.1f} s after the cut")  # -s shows it (docs/elastic.md)
-    assert delay <= 40, (gens[1]["started_at"], cut_at)  # 10 s to notice, the stop, the regroup: a busy machine
+    assert delay <= 20, (gens[1]["started_at"], cut_at)  # the must-hold: 10 s to notice, then the regroup
     assert "restarting the gang (restart 1 of 2): without h3, on 3 hosts" in out
     assert "rank 2/3 on h4 restart 1" in out  # numbered anew: h4 is node 2 now
     check_resumed(mh.latest_run_dir(), 3)
@@ -115,7 +115,7 @@ def test_a_spare_takes_the_cut_hosts_place(mh, cluster):  # noqa: F811
     assert [g["hosts"] for g in gens] == [["h1", "h2", "h3", "h4"], ["h1", "h2", "h5", "h4"]], gens
     assert [g["world_size"] for g in gens] == [4, 4]
     assert "h5 in place of h3" in gens[1]["why"]
-    assert at(gens[1]["started_at"]) - cut_at <= 40
+    assert at(gens[1]["started_at"]) - cut_at <= 20
     assert "rank 2/4 on h5 restart 1" in out
     check_resumed(mh.latest_run_dir(), 4)
     show = mh.ml("show", rec["id"])
