@@ -640,6 +640,18 @@ int sweep(const SweepRequest& req) {
     return ma && better(s, *a->metric, *b->metric);
   });
   std::fputs(table(s, order).c_str(), stdout);
+  // A metric no trial reported is most often a name the ranks spell otherwise: say so, not just `-`.
+  const bool ended =
+      std::any_of(s.trials.begin(), s.trials.end(), [](const Trial& t) { return t.finished(); });
+  const bool reported =
+      std::any_of(s.trials.begin(), s.trials.end(), [](const Trial& t) { return t.metric; });
+  if (!s.metric.empty() && ended && !reported)
+    std::fprintf(
+        stderr,
+        "mltrain: no trial reported %s (rank 0's), so the trials are not ranked by it; a rank reports "
+        "it with mltrain.log(%s=...) or a [metrics] pattern (docs/metrics.md), and mltrain show RUN "
+        "lists what a trial reported\n",
+        text::host_text(s.metric).c_str(), text::host_text(s.metric).c_str());
   const Trial* best = nullptr;
   for (const Trial* t : order)
     if (t->state == "succeeded" &&

@@ -324,3 +324,19 @@ def test_a_failed_trial_is_never_marked_best(ml):
     assert "*" not in rows["1"] and "failed" in rows["1"], r.stdout
     assert "best: trial 0 (code=0): loss 0.5" in r.stdout, r.stdout
 
+
+def test_a_metric_no_trial_reports_is_said(ml):
+    """The ranks report `los`, the sweep ranks by `loss`: said at the end, not only a column of `-`."""
+    spec = ml.dir / "typo.toml"
+    spec.write_text('[run]\ncommand = "echo step 1 los=0.5 {x}"\n'
+                    '[metrics]\npattern = \'step (?P<step>\\d+) los=(?P<los>[0-9.]+)\'\n'
+                    '[sweep]\nmetric = "loss"\n[sweep.grid]\nx = [1, 2]\n')
+    r = ml("sweep", spec, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "no trial reported loss (rank 0's), so the trials are not ranked by it" in r.stderr, r.stderr
+    # Reported by one trial, it is not said.
+    spec.write_text(spec.read_text().replace("los=0.5 {x}", "loss=0.5 {x}").replace("los=(?P<los>", "loss=(?P<loss>"))
+    r = ml("sweep", spec, timeout=120)
+    assert r.returncode == 0 and "no trial reported" not in r.stderr, r.stdout + r.stderr
+    assert "best: trial 0 (x=1): loss 0.5" in r.stdout, r.stdout
+
