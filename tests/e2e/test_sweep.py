@@ -311,14 +311,21 @@ def test_a_closed_terminal_stops_the_sweep_as_ctrl_c_does(ml):
     assert states.count("interrupted") == 2 and states.count("pending") == 2, states
 
 
-def test_a_failed_trial_is_never_marked_best(ml):
-    """Both trials report loss 0.5; the one that failed is not the best (it was marked `*` too)."""
-    spec = ml.dir / "fail.toml"
-    spec.write_text('[run]\ncommand = "echo step 1 loss=0.5; exit {code}"\n'
-                    '[metrics]\npattern = \'step (?P<step>\\d+) loss=(?P<loss>[0-9.]+)\'\n'
-                    '[sweep]\nmetric = "loss"\n[sweep.grid]\ncode = [0, 1]\n')
+def loss_sweep(ml, command, grid, reported="loss"):
+    """A sweep ranked by `loss` whose trials run `command`; a [metrics] pattern reads what they
+    print as `step N <reported>=V`."""
+    spec = ml.dir / "loss.toml"
+    spec.write_text(f'[run]\ncommand = "{command}"\n'
+                    f'[metrics]\npattern = \'step (?P<step>\\d+) {reported}=(?P<{reported}>[0-9.]+)\'\n'
+                    f'[sweep]\nmetric = "loss"\n[sweep.grid]\n{grid}\n')
     r = ml("sweep", spec, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+def test_a_failed_trial_is_never_marked_best(ml):
+    """Both trials report loss 0.5; the one that failed is not the best (it was marked `*` too)."""
+    r = loss_sweep(ml, "echo step 1 loss=0.5; exit {code}", "code = [0, 1]")
     rows = {line.split()[0]: line for line in r.stdout.splitlines() if line[:1].isdigit()}
     assert "0.5 *" in rows["0"] and "succeeded" in rows["0"], r.stdout
     assert "*" not in rows["1"] and "failed" in rows["1"], r.stdout
@@ -327,16 +334,9 @@ def test_a_failed_trial_is_never_marked_best(ml):
 
 def test_a_metric_no_trial_reports_is_said(ml):
     """The ranks report `los`, the sweep ranks by `loss`: said at the end, not only a column of `-`."""
-    spec = ml.dir / "typo.toml"
-    spec.write_text('[run]\ncommand = "echo step 1 los=0.5 {x}"\n'
-                    '[metrics]\npattern = \'step (?P<step>\\d+) los=(?P<los>[0-9.]+)\'\n'
-                    '[sweep]\nmetric = "loss"\n[sweep.grid]\nx = [1, 2]\n')
-    r = ml("sweep", spec, timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr
+    r = loss_sweep(ml, "echo step 1 los=0.5 {x}", "x = [1, 2]", reported="los")
     assert "no trial reported loss (rank 0's), so the trials are not ranked by it" in r.stderr, r.stderr
-    # Reported by one trial, it is not said.
-    spec.write_text(spec.read_text().replace("los=0.5 {x}", "loss=0.5 {x}").replace("los=(?P<los>", "loss=(?P<loss>"))
-    r = ml("sweep", spec, timeout=120)
-    assert r.returncode == 0 and "no trial reported" not in r.stderr, r.stdout + r.stderr
+    # Reported, it is not said.
+    r = loss_sweep(ml, "echo step 1 loss=0.5 {x}", "x = [1, 2]")
+    assert "no trial reported" not in r.stderr, r.stdout + r.stderr
     assert "best: trial 0 (x=1): loss 0.5" in r.stdout, r.stdout
-
