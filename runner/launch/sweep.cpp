@@ -67,6 +67,7 @@ struct Sweep {
   std::string id, dir, spec_file, name, metric, goal = "min", early_stop = "none";
   int max_parallel = 1;
   bool queue = false;  // the trials wait for GPUs other jobs hold (--queue)
+  sync::Fd fd;         // `dir`, walked without following a link (open_sweep_dir)
   std::vector<Trial> trials;
 };
 
@@ -399,10 +400,23 @@ bool should_stop(const Sweep& s, const Trial& t) {
   return better(s, median, best);
 }
 
+// The sweep's folder, walked from the state home without following a link: a trial's files are
+// made, truncated and removed in it alone (docs/security.md).
+sync::Fd open_sweep_dir(const std::string& id) {
+  sync::Fd home(::open(state_home().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  std::string leaf;
+  sync::Fd dir(home ? sync::open_parent(home.get(), "sweeps/" + id + "/sweep.json", leaf) : -1);
+  if (!dir)
+    throw Error(
+        "cannot open the sweep's folder " + state_home() + "/sweeps/" + id + ": " + std::strerror(errno),
+        "it must be a folder of mltrain's, not a link");
+  return dir;
+}
+
 pid_t start_trial(const Sweep& s, Trial& t) {
-  const std::string log = s.dir + "/trial-" + std::to_string(t.n) + ".log";
+  const std::string log = "trial-" + std::to_string(t.n) + ".log";
   // An earlier attempt's run id must not be read as this one's before the child writes its own.
-  ::unlink((s.dir + "/trial-" + std::to_string(t.n) + ".run").c_str());
+  ::unlinkat(s.fd.get(), ("trial-" + std::to_string(t.n) + ".run").c_str(), 0);
   t.run_id.clear();
   std::vector<std::string> args = {"mltrain",
                                    "run",
@@ -415,11 +429,16 @@ pid_t start_trial(const Sweep& s, Trial& t) {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  const sync::Fd out(
+      ::openat(s.fd.get(), log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!out)
+    throw Error("cannot write " + s.dir + "/" + log + ": " + std::strerror(errno),
+                "see the state folder's space");
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  posix_spawn_file_actions_adddup2(&fa, out.get(), 1);
+  posix_spawn_file_actions_adddup2(&fa, out.get(), 2);
   pid_t pid = -1;
   const int rc = posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
@@ -616,7 +635,8 @@ int sweep(const SweepRequest& req) {
     save(s);
   }
   // One driver a sweep: a second --resume while it runs would start its trials twice.
-  const int lock = ::open((s.dir + "/lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  s.fd = open_sweep_dir(s.id);
+  const int lock = ::openat(s.fd.get(), "lock", O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (lock < 0 || ::flock(lock, LOCK_EX | LOCK_NB) != 0)
     throw Error("sweep " + s.id + " is being run by another mltrain sweep",
                 "wait for it to end, or stop it with Ctrl-C");

@@ -3,7 +3,6 @@ ordinary run linked to its sweep, at most max_parallel at once, ranked by the me
 log; median stopping; --resume after Ctrl-C runs only the trials that did not finish."""
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -151,7 +150,18 @@ def test_bad_sweeps_are_clear_errors(ml):
     assert r.returncode == 0 and "2 trials (2 to run)" in r.stderr, r.stdout + r.stderr
     (sweep,) = (ml.home / "sweeps").iterdir()
     assert "r=1" in (sweep / "trial-0.log").read_text() and "r=2" in (sweep / "trial-1.log").read_text()
-    shutil.rmtree(sweep)
+    # A sweep's folder that is a link is refused: a resume writes and removes trial files there.
+    moved = d / "moved-sweep"
+    sweep.rename(moved)
+    sweep.symlink_to(moved)
+    doc = json.loads((moved / "sweep.json").read_text())
+    doc["trials"][0]["state"] = "pending"  # would be run again, its trial-0.run removed
+    (moved / "sweep.json").write_text(json.dumps(doc))
+    before = sorted(p.name for p in moved.iterdir())
+    r = ml("sweep", "--resume", sweep.name)
+    assert r.returncode == 2 and "not a link" in r.stderr, r.stderr
+    assert sorted(p.name for p in moved.iterdir()) == before
+    sweep.unlink()
     (d / "ok.toml").write_text('[run]\ncommand = "echo {x}"\n[sweep.grid]\nx = [1, 2]\n')
     r = ml("validate", "ok.toml")
     assert r.returncode == 0 and "sweep: 2 trials, at most 1 at once (mltrain sweep ok.toml)" in r.stdout, r.stdout
