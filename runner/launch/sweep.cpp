@@ -253,6 +253,18 @@ void save(const Sweep& s) {
   write_atomic(s.dir + "/sweep.json", doc.dump(2) + "\n");
 }
 
+// A trial's files in the sweep's folder: its output ("log") and its run's id ("run", written by
+// the trial's launcher: note_sweep_trial).
+std::string trial_file(int n, const char* what) { return "trial-" + std::to_string(n) + "." + what; }
+
+// Trial n's run id, once its launcher wrote it ("" before).
+std::string run_id_of(const Sweep& s, int n) {
+  std::ifstream f(s.dir + "/" + trial_file(n, "run"));
+  std::string id;
+  std::getline(f, id);
+  return id;
+}
+
 Sweep load(const std::string& query) {
   const std::string root = state_home() + "/sweeps";
   std::string id = query;
@@ -295,10 +307,8 @@ Sweep load(const std::string& query) {
     if (t["metric"].is_number()) x.metric = t["metric"].get<double>();
     if (t["step"].is_number_integer()) x.step = t["step"].get<int64_t>();
     if (t["exit_code"].is_number_integer()) x.exit_code = t["exit_code"].get<int>();
-    if (x.state == "running" && x.run_id.empty()) {  // the sweep ended before it heard the run's id
-      std::ifstream f(s.dir + "/trial-" + std::to_string(x.n) + ".run");
-      std::getline(f, x.run_id);
-    }
+    if (x.state == "running" && x.run_id.empty())  // the sweep ended before it heard the run's id
+      x.run_id = run_id_of(s, x.n);
     if (!x.finished()) {
       x.orphan = x.state == "running" ? x.run_id : "";
       x.state = "pending", x.run_id.clear(), x.metric.reset(), x.step = -1, x.exit_code = -1;
@@ -322,11 +332,8 @@ std::string new_sweep_id(const std::string& name) {
 
 // Reads what the trial's run added to its metrics.jsonl: rank 0's values of the metric.
 void read_progress(const Sweep& s, Trial& t) {
-  if (t.run_id.empty()) {
-    std::ifstream f(s.dir + "/trial-" + std::to_string(t.n) + ".run");
-    std::getline(f, t.run_id);
-    if (t.run_id.empty()) return;
-  }
+  if (t.run_id.empty()) t.run_id = run_id_of(s, t.n);
+  if (t.run_id.empty()) return;
   std::ifstream in(records::run_dir(t.run_id) + "/" + records::kMetricsFile);
   if (!in) return;
   in.seekg(std::streamoff(t.offset));
@@ -414,9 +421,9 @@ sync::Fd open_sweep_dir(const std::string& id) {
 }
 
 pid_t start_trial(const Sweep& s, Trial& t) {
-  const std::string log = "trial-" + std::to_string(t.n) + ".log";
+  const std::string log = trial_file(t.n, "log");
   // An earlier attempt's run id must not be read as this one's before the child writes its own.
-  ::unlinkat(s.fd.get(), ("trial-" + std::to_string(t.n) + ".run").c_str(), 0);
+  ::unlinkat(s.fd.get(), trial_file(t.n, "run").c_str(), 0);
   t.run_id.clear();
   std::vector<std::string> args = {"mltrain",
                                    "run",
@@ -453,7 +460,7 @@ pid_t start_trial(const Sweep& s, Trial& t) {
 
 // Why a trial failed, as its launcher said it (the last "mltrain: error:" line of its log).
 std::string failure_of(const Sweep& s, const Trial& t) {
-  std::ifstream in(s.dir + "/trial-" + std::to_string(t.n) + ".log");
+  std::ifstream in(s.dir + "/" + trial_file(t.n, "log"));
   std::string line, last;
   while (std::getline(in, line))
     if (line.rfind("mltrain: error: ", 0) == 0) last = line.substr(16);
