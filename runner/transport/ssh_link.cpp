@@ -21,6 +21,7 @@
 
 #include "runner/common/error.h"
 #include "runner/common/log.h"
+#include "runner/common/text.h"
 
 namespace mltrain::transport::detail {
 namespace {
@@ -130,9 +131,42 @@ class SshLink : public AgentLink {
     return true;
   }
 
+  // What the agent writes on its SSH stderr (a shell's or ~/.ssh/rc's complaint, or anything a
+  // process on the host writes to the agent's fd 2): escaped line by line, and bounded, since a
+  // compromised host may write without end. The rest is counted and said once at the end.
+  void show_stderr(const char* p, size_t n) {
+    stderr_partial_.append(p, n);
+    size_t start = 0, nl;
+    while ((nl = stderr_partial_.find('\n', start)) != std::string::npos ||
+           stderr_partial_.size() - start >= kStderrLine) {
+      size_t end = nl == std::string::npos ? start + kStderrLine : nl;
+      say_stderr(std::string_view(stderr_partial_).substr(start, end - start));
+      start = nl == std::string::npos ? end : nl + 1;
+    }
+    stderr_partial_.erase(0, start);
+  }
+  void say_stderr(std::string_view line) {
+    if (stderr_shown_ >= kStderrShown) {
+      stderr_dropped_ += line.size() + 1;
+      return;
+    }
+    stderr_shown_ += line.size() + 1;
+    std::fprintf(stderr, "mltrain: %s: %s\n", text::host_text(name_).c_str(), text::host_text(line).c_str());
+  }
+  void end_stderr() {
+    if (!stderr_partial_.empty()) say_stderr(stderr_partial_), stderr_partial_.clear();
+    if (stderr_dropped_)
+      std::fprintf(stderr, "mltrain: %s: %llu more bytes of the agent's stderr were not shown\n",
+                   text::host_text(name_).c_str(), (unsigned long long)stderr_dropped_);
+  }
+
   // Moves bytes both ways. Agent -> supervisor bytes wait in `in` while the supervisor does not
-  // take them (its console is slow) and the channel is not read meanwhile, so SSH's flow control
-  // holds the agent back; supervisor -> agent bytes (heartbeats among them) keep flowing.
+  // take them (its console is slow) and the channel is not read at all meanwhile: libssh opens the
+  // channel's window again on every read, of either stream (ssh_channel_read_timeout grows it when
+  // `count` exceeds what is buffered plus the window, and again when the window is under half), so
+  // one empty stderr read let the agent send on while its stdout piled up in libssh's buffer until
+  // the launcher died. Not reading keeps the window shut: SSH's flow control holds the agent, whose
+  // bounded outbox holds the ranks. Supervisor -> agent bytes (heartbeats among them) keep flowing.
   void pump(const std::string& leftover) {
     ssh_session s = session_.get();
     std::string in = leftover;
@@ -140,7 +174,10 @@ class SshLink : public AgentLink {
     std::vector<char> buf(256 * 1024);
     while (!stop_) {
       const bool holding = in_pos < in.size();
-      pollfd fds[2] = {{theirs_, short(POLLIN | (holding ? POLLOUT : 0)), 0}, {ssh_get_fd(s), POLLIN, 0}};
+      // While holding, the SSH socket is not waited on: nothing of it is read until the supervisor
+      // takes what is held (its unread bytes would wake the poll at once, again and again).
+      pollfd fds[2] = {{theirs_, short(POLLIN | (holding ? POLLOUT : 0)), 0},
+                       {ssh_get_fd(s), short(holding ? 0 : POLLIN), 0}};
       ::poll(fds, 2, 50);
       if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
         ssize_t n = ::read(theirs_, buf.data(), buf.size());
@@ -161,31 +198,25 @@ class SshLink : public AgentLink {
         }
       }
       bool progress = true;
-      while (progress && !stop_) {
+      while (progress && !stop_ && in_pos == in.size()) {
         progress = false;
-        if (in_pos == in.size()) {
-          int n = ssh_channel_read_nonblocking(channel_, buf.data(), uint32_t(buf.size()), 0);
-          if (n > 0) {
-            progress = true;
-            in.assign(buf.data(), size_t(n));
-            in_pos = 0;
-            ssize_t w = ::send(theirs_, in.data(), in.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-            if (w > 0) in_pos = size_t(w);
-            if (in_pos == in.size())
-              in.clear(), in_pos = 0;
-            else
-              progress = false;  // the supervisor is behind: hold the rest
-            if (w < 0 && errno != EAGAIN && errno != EINTR) stop_ = true;
-          } else if (n == SSH_ERROR) {
-            stop_ = true;
-          }
+        int n = ssh_channel_read_nonblocking(channel_, buf.data(), uint32_t(buf.size()), 0);
+        if (n > 0) {
+          progress = true;
+          in.assign(buf.data(), size_t(n));
+          in_pos = 0;
+          ssize_t w = ::send(theirs_, in.data(), in.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+          if (w > 0) in_pos = size_t(w);
+          if (in_pos == in.size()) in.clear(), in_pos = 0;
+          if (w < 0 && errno != EAGAIN && errno != EINTR) stop_ = true;
+        } else if (n == SSH_ERROR) {
+          stop_ = true;
         }
+        if (in_pos < in.size()) break;  // the supervisor is behind: hold the rest, read nothing more
         int e = ssh_channel_read_nonblocking(channel_, buf.data(), uint32_t(buf.size()), 1);
         if (e > 0) {
           progress = true;
-          std::string text(buf.data(), size_t(e));
-          while (!text.empty() && text.back() == '\n') text.pop_back();
-          std::fprintf(stderr, "mltrain: %s: %s\n", name_.c_str(), text.c_str());
+          show_stderr(buf.data(), size_t(e));
         }
       }
       // At the end of the channel, what is held still goes to the supervisor.
@@ -198,12 +229,19 @@ class SshLink : public AgentLink {
         break;
       }
     }
+    end_stderr();
     ::shutdown(theirs_, SHUT_RDWR);
     ::close(theirs_);
   }
 
+  static constexpr size_t kStderrLine = 4096;        // a longer line is shown in parts
+  static constexpr size_t kStderrShown = 64 * 1024;  // shown per connection; the rest counted
+
   Session session_;
   ssh_channel channel_;
+  std::string stderr_partial_;
+  size_t stderr_shown_ = 0;
+  unsigned long long stderr_dropped_ = 0;
   std::string name_, peer_, local_;
   int ours_ = -1, theirs_ = -1;
   std::atomic<bool> stop_{false};

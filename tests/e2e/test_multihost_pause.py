@@ -108,3 +108,41 @@ def test_launcher_stopped_too_long_is_named_not_a_rank(mh):
     rec = mh.show()
     assert rec["failure"]["reason"] == "launcher_silent", rec["failure"]
     assert rec["failure"]["rank"] in (-1, None), rec["failure"]
+
+
+# Ranks that write metric lines to descriptor 3 as fast as they can: the supervisor parses them
+# slower than a rank writes, so the SSH link must hold the agent back (flow control), never keep
+# taking bytes the launcher cannot use (it grew past 280 MB and crashed in libssh after ~9 s).
+METRIC_FLOOD = r'''
+import os, sys, time
+f = os.fdopen(3, "w", buffering=1 << 16)
+t0 = time.monotonic(); i = 0
+pad = ", ".join('"k%d": %d.5' % (k, k) for k in range(40))
+while time.monotonic() - t0 < float(sys.argv[1]):
+    f.write('{"step": %d, "loss": 0.5, %s}\n' % (i, pad)); i += 1
+f.close()
+print("wrote", i, "lines")
+'''
+
+
+@pytest.mark.slow
+def test_a_rank_flooding_metrics_slows_the_rank_not_the_launcher(mh):
+    p = mh.popen("-H", "h1:2", "--workdir", "/tmp", "--", "/usr/bin/python3", "-c", METRIC_FLOOD, "15")
+    peak_kib = 0
+    while p.poll() is None:
+        try:
+            for line in open(f"/proc/{p.pid}/status"):
+                if line.startswith("VmHWM:"):
+                    peak_kib = max(peak_kib, int(line.split()[1]))
+        except OSError:
+            break
+        time.sleep(0.1)
+    out, err = communicate(p, 120)
+    assert p.returncode == 0, err[-3000:]
+    assert peak_kib < 256 * 1024, f"the launcher's peak RSS was {peak_kib // 1024} MiB"
+    run = mh.show()
+    wrote = sum(int(l.split()[-2]) for l in out.splitlines() if " wrote " in l)
+    metrics = run["metrics"]
+    assert "dropped" in metrics
+    # Every line a rank wrote is either in the record or counted as dropped.
+    assert metrics["records"] + metrics["dropped"] == wrote, (metrics, wrote)
