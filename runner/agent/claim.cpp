@@ -9,7 +9,7 @@
 
 #include "runner/agent/detail/agent_impl.h"
 #include "runner/agent/gpu_inventory.h"
-#include "runner/gpu/nvml.h"
+#include "runner/telemetry/sampler.h"
 
 namespace mltrain::agent::detail {
 namespace {
@@ -17,18 +17,31 @@ namespace {
 // How long a holder that is asked who it is may take to answer (a stopped one never does).
 constexpr std::chrono::milliseconds kAskHolder{200};
 
+// What the holder said of itself, then what the kernel says of it (uid, its account here, pid).
+lease::Info holder_info(const lease::Seen& seen) {
+  lease::Info info = seen.info;
+  if (seen.uid != uid_t(-1)) {
+    info["uid"] = std::to_string(seen.uid);
+    if (const passwd* pw = ::getpwuid(seen.uid)) info["account"] = pw->pw_name;
+  }
+  if (seen.pid > 0) info["pid"] = std::to_string(seen.pid);
+  return info;
+}
+
 // One obstacle as the launcher reads it: lease::encode's "key=value" lines.
 std::string in_the_way_text(const lease::InTheWay& w) {
-  lease::Info info;
-  if (w.holder) {
-    info = w.holder->info;
-    if (w.holder->uid != uid_t(-1)) {
-      info["uid"] = std::to_string(w.holder->uid);
-      if (const passwd* pw = ::getpwuid(w.holder->uid)) info["account"] = pw->pw_name;
-    }
-    if (w.holder->pid > 0) info["pid"] = std::to_string(w.holder->pid);
-  }
+  lease::Info info = w.holder ? holder_info(*w.holder) : lease::Info{};
   info["what"] = w.what;
+  return lease::encode(info);
+}
+
+// A squatter as the launcher names it: the kernel's word on who, and why it is not believed.
+std::string squatter_text(const lease::Seen& seen) {
+  lease::Info info;
+  for (auto& [k, v] : holder_info(seen))
+    if (k == "uid" || k == "account" || k == "pid") info[k] = v;
+  info["name"] = seen.name;
+  info["doubt"] = seen.doubt;
   return lease::encode(info);
 }
 
@@ -59,6 +72,7 @@ void Agent::on(uint32_t id, const msg::Claim& m) {
     out.ahead = uint32_t(claim_->ahead());
     for (const auto& w : claim_->in_the_way()) out.in_the_way.push_back(in_the_way_text(w));
   }
+  for (const auto& s : claim_->squatters()) out.squatters.push_back(squatter_text(s));
   send(out, id);
 }
 
@@ -73,6 +87,7 @@ void Agent::on(uint32_t id, const msg::LeaseQuery& m) {
       if (auto it = seen.info.find(k); it != seen.info.end()) info[k] = it->second;
     info["name"] = seen.name;
     info["answered"] = seen.answered ? "1" : "0";
+    if (!seen.doubt.empty()) info["doubt"] = seen.doubt;
     if (seen.uid != uid_t(-1)) {
       info["uid"] = std::to_string(seen.uid);
       if (const passwd* pw = ::getpwuid(seen.uid)) info["account"] = pw->pw_name;
@@ -83,17 +98,22 @@ void Agent::on(uint32_t id, const msg::LeaseQuery& m) {
   GpuInventory inv = probe_gpus(nvml_library_for(m.nvml_library), ranks_path(""));
   out.gpus = std::move(inv.gpus);
   out.gpu_note = inv.note;
-  gpu::Nvml::Failure failure;
-  auto nvml = inv.source == "nvml" ? gpu::Nvml::open(nvml_library_for(m.nvml_library), failure) : nullptr;
-  std::vector<gpu::Nvml::Process> procs;
+  // How busy each is, read as `top` reads it: NVML, else nvidia-smi (the UTIL column stayed '-'
+  // when only nvidia-smi answered).
+  std::vector<telemetry::GpuSample> samples;
+  if (!out.gpus.empty()) {
+    telemetry::GpuSamplerOptions o;
+    o.nvml_library = nvml_library_for(m.nvml_library);
+    o.path = ranks_path("");
+    telemetry::GpuSampler(o).sample(samples);
+  }
   for (const auto& g : out.gpus) {
-    unsigned pct = 0;
-    gpu::Nvml::Device dev{};
-    const bool found = nvml && nvml->device(unsigned(g.index), dev) == gpu::Nvml::kSuccess;
-    out.util_percent.push_back(found && nvml->utilization(dev, pct) == gpu::Nvml::kSuccess ? int32_t(pct)
-                                                                                           : -1);
-    out.busy.push_back(
-        found && nvml->compute_processes(dev, procs) == gpu::Nvml::kSuccess && !procs.empty() ? 1 : 0);
+    auto s = std::find_if(samples.begin(), samples.end(), [&](const telemetry::GpuSample& x) {
+      return g.uuid.empty() ? x.index == g.index : x.uuid == g.uuid;
+    });
+    const bool found = s != samples.end();
+    out.util_percent.push_back(found && s->util_percent ? int32_t(*s->util_percent) : -1);
+    out.busy.push_back(found && !s->processes.empty() ? 1 : 0);
   }
   send(out, id);
 }

@@ -102,6 +102,10 @@ void apply_overrides(spec::JobSpec& s, const Overrides& f,
   }
   if (f.max_restarts >= 0) s.run.max_restarts = f.max_restarts;
   if (!f.timeout.empty()) s.run.timeout = parse_flag_duration("--timeout", f.timeout);
+  if (!f.queue_timeout.empty()) {
+    s.cluster.queue_timeout = parse_flag_duration("--queue-timeout", f.queue_timeout);
+    s.origins["cluster.queue_timeout"] = "--queue-timeout";
+  }
   if (!f.grace.empty()) s.run.grace_period = parse_flag_duration("--grace-period", f.grace);
   if (!f.name.empty()) s.name = f.name;
   if (!f.workdir.empty()) s.run.workdir = std::filesystem::absolute(f.workdir).lexically_normal().string();

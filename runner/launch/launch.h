@@ -33,6 +33,7 @@ struct Overrides {
   int master_port = 0;               // 0: the spec's
   int max_restarts = -1;
   std::string timeout, grace;  // durations as written ("90s", "1h30m")
+  std::string queue_timeout;   // --queue-timeout, as written
   std::string profile;         // ad-hoc runs only
   std::string name, workdir, ranks, ssh_config;
   bool no_prefix = false, timestamps = false;

@@ -83,6 +83,7 @@ supervise::Options supervise_options(const spec::JobSpec& s, const JobRequest& r
 supervise::ClaimJob claims_for(const spec::JobSpec& s, const plan::Plan& p, const std::string& run_key) {
   supervise::ClaimJob c;
   c.queue = s.cluster.queue;
+  c.queue_timeout = s.cluster.queue_timeout;
   c.exclusive = s.cluster.exclusive;
   try {
     c.space = knobs::mltrain_lease_space.get();

@@ -60,6 +60,8 @@ class Claim {
   const std::vector<InTheWay>& in_the_way() const { return in_the_way_; }
   int ahead() const { return ahead_; }
   const std::string& error() const { return error_; }  // could not ask at all (no sockets, a bad name)
+  // Holders seen in this attempt that proved nothing (lease::Seen::doubt): ignored, to be named.
+  const std::vector<Seen>& squatters() const { return squatters_; }
 
   // Every lease the claim holds, so the agent's loop can answer their readers.
   std::vector<Lease*> leases();
@@ -73,12 +75,19 @@ class Claim {
   void note_gpu_holders(const Ask& ask, const std::vector<Gpu>& inventory, std::chrono::milliseconds t);
   bool ahead_in_queue(const Ask& ask, std::chrono::milliseconds t);
   bool exclusive_ok(const Ask& ask, std::chrono::milliseconds t);
+  bool squatter(const Seen& s);
+  std::vector<Seen> others_holding(const Ask& ask, const std::string& base, std::chrono::milliseconds t,
+                                   const std::string& also_mine = "");
+  std::vector<std::string> held_names();
+  std::optional<Lease> take_lease(const Ask& ask, const std::string& base, Info info,
+                                  std::chrono::milliseconds t);
 
   std::optional<Lease> presence_, ticket_, exclusive_;
   std::vector<Lease> gpu_leases_;
   std::vector<int> gpus_;
   std::vector<std::string> uuids_;
   std::vector<InTheWay> in_the_way_;
+  std::vector<Seen> squatters_;
   int ahead_ = 0;
   bool granted_ = false;
   std::string error_;

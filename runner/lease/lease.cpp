@@ -3,12 +3,16 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 
 namespace mltrain::lease {
 namespace {
@@ -242,12 +246,16 @@ std::vector<std::string> names_in_proc_net_unix(std::string_view text, const Spa
 }  // namespace detail
 
 std::vector<Seen> list(const Space& space, std::string_view prefix, std::chrono::milliseconds timeout,
-                       size_t max) {
+                       size_t max, const std::vector<std::string>& skip) {
   if (!valid_space(space.name)) return {};
   std::vector<std::string> names =
       detail::names_in_proc_net_unix(read_proc_net_unix(64u << 20), space, prefix, max);
   std::sort(names.begin(), names.end());
   names.erase(std::unique(names.begin(), names.end()), names.end());
+  names.erase(
+      std::remove_if(names.begin(), names.end(),
+                     [&](const std::string& n) { return std::count(skip.begin(), skip.end(), n) > 0; }),
+      names.end());
   return holders(space, names, timeout);
 }
 
@@ -264,9 +272,94 @@ std::vector<Seen> holders(const Space& space, const std::vector<std::string>& na
   std::vector<Seen> out;
   for (auto& a : asks) {
     a.seen.info = decode(a.got);
+    a.seen.doubt = doubt_of(a.seen, proc_facts(a.seen.pid));
     out.push_back(std::move(a.seen));
   }
   return out;
+}
+
+namespace {
+
+std::string read_small(const std::string& path, size_t max) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string text(max, '\0');
+  ssize_t r = ::read(fd, text.data(), max);
+  ::close(fd);
+  text.resize(r > 0 ? size_t(r) : 0);
+  return text;
+}
+
+// The host's boot time (seconds since the epoch), from /proc/stat's btime.
+int64_t boot_time_s() {
+  static const int64_t boot = [] {
+    std::string stat = read_small("/proc/stat", 64 * 1024);
+    size_t at = stat.find("\nbtime ");
+    return at == std::string::npos ? int64_t(0) : int64_t(std::strtoll(stat.c_str() + at + 7, nullptr, 10));
+  }();
+  return boot;
+}
+
+// The time part of a queue place's name, in seconds.
+std::optional<int64_t> key_time_s(std::string_view queue_key) {
+  // "queue/<19 digits of ns>-<run id>" (claim.h's order_key)
+  if (queue_key.size() < 6 + 19 || queue_key.substr(0, 6) != "queue/") return std::nullopt;
+  int64_t ns = 0;
+  for (char c : queue_key.substr(6, 19)) {
+    if (c < '0' || c > '9') return std::nullopt;
+    ns = ns * 10 + (c - '0');
+  }
+  return ns / 1000000000;
+}
+
+}  // namespace
+
+ProcFacts proc_facts(pid_t pid) {
+  ProcFacts f;
+  if (pid <= 0) return f;
+  const std::string dir = "/proc/" + std::to_string(pid);
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return f;
+  std::string stat = read_small(dir + "/stat", 4096);
+  size_t open = stat.find('('), close = stat.rfind(')');
+  if (open == std::string::npos || close == std::string::npos || close < open) return f;
+  f.comm = stat.substr(open + 1, close - open - 1);
+  // After the name: state (field 3) ... starttime (field 22), in clock ticks after boot.
+  std::string_view rest = std::string_view(stat).substr(close + 2);
+  int field = 3;
+  while (field < 22 && !rest.empty()) {
+    size_t sp = rest.find(' ');
+    rest = sp == std::string_view::npos ? std::string_view() : rest.substr(sp + 1);
+    ++field;
+  }
+  if (rest.empty() || rest[0] == 'Z') return f;
+  const long hz = ::sysconf(_SC_CLK_TCK);
+  const int64_t ticks = std::strtoll(std::string(rest.substr(0, rest.find(' '))).c_str(), nullptr, 10);
+  if (hz > 0 && boot_time_s() > 0) f.started_s = boot_time_s() + ticks / hz;
+  f.alive = stat[close + 2] != 'Z';
+  f.uid = st.st_uid;
+  return f;
+}
+
+std::string doubt_of(const Seen& seen, const ProcFacts& facts) {
+  if (seen.pid <= 0 || seen.uid == uid_t(-1))
+    return "";  // the kernel did not say: nothing to hold against it
+  if (!facts.alive) return "its process (" + std::to_string(seen.pid) + ") is gone; another holds the name";
+  if (facts.uid != seen.uid)
+    return "its process " + std::to_string(seen.pid) + " belongs to another user now";
+  if (facts.comm.rfind("mltrain-agent", 0) != 0)
+    return "it is not an mltrain agent (its process is '" + facts.comm + "')";
+  if (facts.started_s > 0) {
+    if (auto it = seen.info.find("since"); it != seen.info.end()) {
+      const long long since = std::strtoll(it->second.c_str(), nullptr, 10);
+      if (since < facts.started_s - kClockSkewS)
+        return "it says it has held it since before its process started";
+    }
+    if (auto t = key_time_s(seen.name); t && *t < facts.started_s - kClockSkewS)
+      return "its queue place is dated before its process started";
+  }
+  if (seen.answered && !seen.info.count("run")) return "it did not say which run it is";
+  return "";
 }
 
 std::optional<Seen> holder(const Space& space, std::string_view name, std::chrono::milliseconds timeout) {

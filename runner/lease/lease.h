@@ -81,13 +81,36 @@ struct Seen {
   pid_t pid = 0;
   Info info;  // what the holder answered; empty when it did not answer in time
   bool answered = false;
+  // Why the holder is no mltrain agent of a live run, as far as this host can tell (empty: it may
+  // be one). Any local user can bind any name, so a holder proves what the kernel can vouch for:
+  // its process lives, is the uid's, is named as the agent is, and did not claim the lease (or a
+  // queue place) since before it started. A doubted holder is a squatter: named, never obeyed.
+  std::string doubt;
 };
+
+// What /proc says of a lease holder's process (read by holders(); a seam for the unit tests).
+struct ProcFacts {
+  bool alive = false;
+  uid_t uid = uid_t(-1);
+  std::string comm;       // its name as the kernel keeps it (15 bytes at most)
+  int64_t started_s = 0;  // its start, in seconds since the epoch (0: unknown)
+};
+ProcFacts proc_facts(pid_t pid);
+
+// The doubt of a holder seen as `seen` whose process is `facts` (Seen::doubt).
+std::string doubt_of(const Seen& seen, const ProcFacts& facts);
+
+// How far a holder's "since" (the launcher's clock) may lie before its process's start (the host's
+// clock) and still be believed: the laptop's clock may run behind, and a queued job's ticket is
+// dated when its launcher started, before the agent that holds it.
+inline constexpr int64_t kClockSkewS = 3600;
 
 // Every lease on this host whose name starts with `prefix` ("" for all; "gpu/" for the GPUs),
 // sorted by name, each with its holder asked within `timeout` (all asked at once).
-// At most `max` leases are looked at (a host may hold any number of names).
+// At most `max` leases are looked at (a host may hold any number of names). Names in `skip` (the
+// caller's own: asking itself would cost the whole timeout) are left out.
 std::vector<Seen> list(const Space& space, std::string_view prefix, std::chrono::milliseconds timeout,
-                       size_t max = 4096);
+                       size_t max = 4096, const std::vector<std::string>& skip = {});
 
 // The holders of these leases, asked all at once within `timeout`; a name nobody holds is left out.
 std::vector<Seen> holders(const Space& space, const std::vector<std::string>& names,

@@ -667,9 +667,15 @@ struct Claimed {
   uint32_t ahead = 0;
   std::vector<std::string> in_the_way;
   std::string error;
-  void put(Writer& w) const { w.u32(state).ints(gpus).u32(ahead).strings(in_the_way).str(error); }
+  // Holders of the names asked about that proved nothing (lease::Seen::doubt) and were ignored:
+  // "key=value" lines as in_the_way's, with `doubt` and `name`.
+  std::vector<std::string> squatters;
+  void put(Writer& w) const {
+    w.u32(state).ints(gpus).u32(ahead).strings(in_the_way).str(error).strings(squatters);
+  }
   void get(Reader& r) {
     state = r.u32(), gpus = r.ints(), ahead = r.u32(), in_the_way = r.strings(), error = r.str();
+    if (r.left() > 0) squatters = r.strings();  // from an agent that names none
   }
 };
 

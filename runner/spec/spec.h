@@ -45,6 +45,8 @@ struct ClusterSection {
   // while it runs), and waiting in the hosts' queue for free GPUs (or hosts) instead of failing.
   bool exclusive = false;
   bool queue = false;
+  // How long a job may wait in the queue before it gives up its place (0: as long as it takes).
+  std::chrono::milliseconds queue_timeout{0};
   // Elastic restarts (docs/elastic.md): a restart goes on without a lost host while at least
   // min_hosts remain (0: every host is needed), and a spare takes a lost host's place.
   int min_hosts = 0;

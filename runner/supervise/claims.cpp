@@ -73,8 +73,28 @@ void RunPlay::send_claims() {
   }
 }
 
+// "h1: ignoring the lease exclusive, held by uid 1001 (bob) as pid 4242: it is not an mltrain agent
+// (its process is 'python3')": once per host and name for the run, however often it claims.
+void RunPlay::name_squatters(size_t i, const std::vector<std::string>& squatters) {
+  auto& named = hosts_[i].squatters_named;
+  for (size_t k = 0; k < squatters.size() && k < 16 && named.size() < 64; ++k) {
+    lease::Info info = lease::decode(squatters[k]);
+    const std::string name = said(info, "name", lease::kMaxName);
+    if (name.empty() || std::count(named.begin(), named.end(), name)) continue;
+    named.push_back(name);
+    const std::string uid = said(info, "uid", 12), account = said(info, "account", 40);
+    out_->before_message();
+    std::fprintf(stderr, "mltrain: %s: ignoring the lease %s, held by uid %s%s, pid %s: %s\n",
+                 fleet_[i].name().c_str(), name.c_str(), uid.empty() ? "?" : uid.c_str(),
+                 account.empty() ? "" : (" (" + account + ")").c_str(), said(info, "pid", 12).c_str(),
+                 said(info, "doubt", 200).c_str());
+  }
+}
+
 void RunPlay::on(size_t i, uint32_t, msg::Claimed& m) {
   if (phase_ != Phase::claiming || hosts_[i].claimed) return;
+  name_squatters(i, m.squatters);
+  m.squatters.clear();
   if (m.in_the_way.size() > 64) m.in_the_way.resize(64);  // a host's word: bounded
   hosts_[i].claimed = std::move(m);
   on_progress();  // every host answered: claims_answered()
@@ -187,6 +207,19 @@ std::string RunPlay::waiting_status() const {
 
 void RunPlay::claim_timers(Clock::time_point now) {
   fleet_.heartbeats(now);
+  if (phase_ == Phase::queued && queue_deadline_ && now >= *queue_deadline_) {
+    // Nothing is held while waiting but the place, which goes with the agents: nothing to give back.
+    std::vector<std::string> lines;
+    for (size_t i = 0; i < fleet_.size(); ++i)
+      if (hosts_[i].claimed && hosts_[i].claimed->state == uint32_t(msg::ClaimState::busy))
+        lines.push_back("  " + claim_obstacles(i));
+    out_->set_status("");
+    preflight_error_ =
+        "the job waited in the queue for " + text::format_duration(opts_.claims->queue_timeout) +
+        " ([cluster] queue_timeout) and left it; no rank was started:\n" + text::join(lines, "\n");
+    ending_ = Ending::busy;
+    return step(Event::refused);
+  }
   if (phase_ == Phase::queued && retry_at_ && now >= *retry_at_) {
     retry_at_.reset();
     step(Event::retry);
@@ -196,7 +229,11 @@ void RunPlay::claim_timers(Clock::time_point now) {
 void RunPlay::finish_busy() {
   record_unstarted("busy", exit_code::busy, "busy");
   throw Error(preflight_error_,
-              "wait for them with --queue ([cluster] queue = true); `mltrain queue` shows who holds what",
+              queue_deadline_
+                  ? "wait longer with a larger --queue-timeout (or none); `mltrain queue` shows "
+                    "who holds what and who waits ahead"
+                  : "wait for them with --queue ([cluster] queue = true); `mltrain queue` shows who "
+                    "holds what",
               exit_code::busy);
 }
 

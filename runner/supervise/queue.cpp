@@ -62,6 +62,7 @@ struct Held {
   std::string name, run, user, launcher, account;
   int64_t since = 0, uid = -1, pid = 0, gpus = 0;
   std::string hosts;
+  std::string doubt;  // why the agent holds it for no mltrain agent (lease::Seen::doubt)
   bool answered = false;
 };
 
@@ -80,13 +81,23 @@ Held parse(const std::string& entry) {
   h.uid = info.count("uid") ? num("uid") : -1;
   h.hosts = get("hosts", 120);
   h.answered = get("answered", 2) == "1";
+  h.doubt = get("doubt", 120);
   return h;
 }
 
+// Who holds it: what it says (user@launcher), and the account the kernel says it runs as when that
+// is another name ("alice@laptop as mlstr12"): a holder's own word is never the only one shown.
 std::string who(const Held& h) {
-  if (h.run.empty()) return h.account.empty() ? "uid " + std::to_string(h.uid) : h.account;
-  std::string u = h.user.empty() ? h.account : h.user;
-  return u + (h.launcher.empty() ? "" : "@" + h.launcher);
+  const std::string account = h.account.empty() && h.uid >= 0 ? "uid " + std::to_string(h.uid) : h.account;
+  if (h.run.empty() || h.user.empty()) return account;
+  std::string u = h.user + (h.launcher.empty() ? "" : "@" + h.launcher);
+  return account.empty() || account == h.user ? u : u + " as " + account;
+}
+
+// The RUN column: the run it names, or why it is no run at all.
+std::string run_cell(const Held& h, const std::string& fallback = "?") {
+  if (!h.doubt.empty()) return "(ignored: " + h.doubt + ")";
+  return h.run.empty() ? fallback : h.run;
 }
 
 std::string age(int64_t since, int64_t now) {
@@ -102,7 +113,8 @@ json held_json(const Held& h) {
               {"uid", h.uid >= 0 ? json(h.uid) : json(nullptr)},
               {"account", h.account.empty() ? json(nullptr) : json(h.account)},
               {"pid", h.pid > 0 ? json(h.pid) : json(nullptr)},
-              {"answered", h.answered}};
+              {"answered", h.answered},
+              {"ignored", h.doubt.empty() ? json(nullptr) : json(h.doubt)}};
 }
 
 // One host's leases, by kind.
@@ -110,21 +122,41 @@ struct HostView {
   std::map<std::string, Held> gpu_by_uuid, jobs;  // jobs by run id (from job/<run>)
   std::optional<Held> exclusive;
   std::vector<Held> queue;
+  std::vector<Held> ignored;  // squatters on names other than the GPUs' and the exclusive one
 };
+
+// A believed holder wins over a squatter on the same thing (a job then holds "gpu/<uuid>/<run>");
+// the squatter still gets a row of its own.
+void keep(std::optional<Held>& slot, const Held& held, std::vector<Held>& ignored) {
+  if (!slot || (!slot->doubt.empty() && held.doubt.empty())) {
+    if (slot) ignored.push_back(*slot);
+    slot = held;
+  } else if (!held.doubt.empty()) {
+    ignored.push_back(held);
+  }
+}
 
 HostView view_of(const HostLeases& h) {
   HostView v;
   for (const auto& e : h.list.leases) {
     Held held = parse(e);
     const std::string& n = held.name;
-    if (n.rfind("gpu/", 0) == 0)
-      v.gpu_by_uuid[n.substr(4)] = held;
-    else if (n.rfind("job/", 0) == 0)
+    if (n.rfind("gpu/", 0) == 0) {
+      const std::string uuid =
+          n.substr(4, n.find('/', 4) == std::string::npos ? std::string::npos : n.find('/', 4) - 4);
+      std::optional<Held> slot;
+      if (auto it = v.gpu_by_uuid.find(uuid); it != v.gpu_by_uuid.end()) slot = it->second;
+      keep(slot, held, v.ignored);
+      v.gpu_by_uuid[uuid] = *slot;
+    } else if (n == "exclusive" || n.rfind("exclusive/", 0) == 0) {
+      keep(v.exclusive, held, v.ignored);
+    } else if (!held.doubt.empty()) {
+      v.ignored.push_back(held);
+    } else if (n.rfind("job/", 0) == 0) {
       v.jobs[n.substr(4)] = held;
-    else if (n == "exclusive")
-      v.exclusive = held;
-    else if (n.rfind("queue/", 0) == 0)
+    } else if (n.rfind("queue/", 0) == 0) {
       v.queue.push_back(held);
+    }
   }
   return v;
 }
@@ -188,8 +220,8 @@ void gpu_rows(const HostLeases& h, const HostView& v, int64_t now,
     }
     auto it = v.gpu_by_uuid.find(gpus[k].uuid);
     if (it != v.gpu_by_uuid.end())
-      rows.push_back({h.host, text::int_ranges(idx), it->second.run.empty() ? "?" : it->second.run,
-                      who(it->second), age(it->second.since, now), text::join(utils, ",")});
+      rows.push_back({h.host, text::int_ranges(idx), run_cell(it->second), who(it->second),
+                      age(it->second.since, now), text::join(utils, ",")});
     else
       rows.push_back({h.host, text::int_ranges(idx), busy_k ? "(a process not mltrain's)" : "(free)", "", "",
                       text::join(utils, ",")});
@@ -234,7 +266,17 @@ std::string format_queue(const std::vector<HostLeases>& hosts, bool json_out, in
       if (!shown.count(j.run))
         rows.push_back({h.host, "-", j.run.empty() ? run : j.run, who(j), age(j.since, now),
                         v.exclusive && v.exclusive->run == j.run ? "(the host alone)" : ""});
-    if (h.list.gpus.empty() && v.jobs.empty()) rows.push_back({h.host, "-", "(no job)", "", "", ""});
+    // The host's exclusive holder, unless its job row above says so (one with GPUs has GPU rows).
+    const bool said_alone = v.exclusive && v.exclusive->doubt.empty() && !shown.count(v.exclusive->run) &&
+                            std::any_of(v.jobs.begin(), v.jobs.end(),
+                                        [&](const auto& j) { return j.second.run == v.exclusive->run; });
+    if (v.exclusive && !said_alone)
+      rows.push_back({h.host, "-", run_cell(*v.exclusive), who(*v.exclusive), age(v.exclusive->since, now),
+                      "(the host alone)"});
+    for (const auto& x : v.ignored)
+      rows.push_back({h.host, "-", run_cell(x), who(x), "", "(" + x.name + ")"});
+    if (h.list.gpus.empty() && v.jobs.empty() && !v.exclusive && v.ignored.empty())
+      rows.push_back({h.host, "-", "(no job)", "", "", ""});
     for (const auto& q : v.queue) {
       auto& w = waiting[q.name];
       w.first = q;

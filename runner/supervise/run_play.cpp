@@ -36,6 +36,7 @@ Phase next(Phase p, Event e) {
       {Phase::claiming, Event::signalled, Phase::done},
       {Phase::queued, Event::retry, Phase::claiming},
       {Phase::queued, Event::signalled, Phase::done},
+      {Phase::queued, Event::refused, Phase::done},
       {Phase::running, Event::stop, Phase::stopping},
       {Phase::running, Event::restart, Phase::restarting},
       {Phase::stopping, Event::restart, Phase::restarting},
@@ -69,7 +70,6 @@ RunPlay::~RunPlay() {
 
 int RunPlay::run() {
   job_start_ = clock_.now();
-  if (opts_.timeout.count() > 0) job_deadline_ = job_start_ + opts_.timeout;
   rec_.log_prefix = records::prefix_template(opts_.console.prefix, plan_.multi_host);
   out_ = std::make_unique<Output>(rank_infos(), plan_.multi_host, records::run_dir(rec_.id), opts_.console,
                                   opts_.console_fd, 2);
@@ -101,6 +101,8 @@ void RunPlay::begin(Phase p) {
       break;
     case Phase::queued:
       retry_at_ = clock_.now() + (opts_.claims ? opts_.claims->retry : milliseconds(500));
+      if (!queue_deadline_ && opts_.claims && opts_.claims->queue_timeout.count() > 0)
+        queue_deadline_ = clock_.now() + opts_.claims->queue_timeout;
       break;
     case Phase::restarting:
       restart_gang();
@@ -162,6 +164,8 @@ void RunPlay::restart_gang() {
 }
 
 void RunPlay::start_ranks() {
+  // The timeout counts from the ranks' first start: a wait in the queue is not the job's time.
+  if (opts_.timeout.count() > 0 && !job_deadline_) job_deadline_ = clock_.now() + opts_.timeout;
   rec_.restarts = restart_;
   if (rec_.generations.empty()) {
     rec_.generations.push_back({0, records::now_iso8601(), {}, int(plan_.ranks.size()), ""});

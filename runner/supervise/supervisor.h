@@ -63,7 +63,8 @@ struct ClaimJob {
   std::string space;              // MLTRAIN_LEASE_SPACE ("" the hosts' own)
   std::string order_key;          // the job's place in the queue (lease::order_key)
   std::vector<std::string> info;  // "key=value" what the job says of itself: run, user, launcher, since
-  std::chrono::milliseconds retry{500};  // how often a waiting job asks again
+  std::chrono::milliseconds retry{500};        // how often a waiting job asks again
+  std::chrono::milliseconds queue_timeout{0};  // a job waiting longer leaves the queue (0: never)
 };
 
 struct Options {

@@ -27,15 +27,15 @@ def build_dir() -> Path:
 
 
 def install(dest: Path, conf: str) -> Path:
-    """Copies libnvidia-ml.so.1 and nvidia-smi into `dest` beside a fake-gpus.conf holding `conf`
+    """Copies libnvidia-ml.so.1, nvidia-smi and nvidia-smi-query into `dest` beside a fake-gpus.conf holding `conf`
     (lines "HOST KEY VALUE", HOST a host name or '*'); returns `dest`. Skips the test when the
     fakes were not built."""
     src = build_dir()
-    lib, smi = src / "libnvidia-ml.so.1", src / "nvidia-smi"
-    if not lib.exists() or not smi.exists():
+    lib, smi, query = src / "libnvidia-ml.so.1", src / "nvidia-smi", src / "nvidia-smi-query"
+    if not lib.exists() or not smi.exists() or not query.exists():
         pytest.skip(f"the fake GPU libraries are not built in {src} (build the fake_nvml target)")
     dest.mkdir(parents=True, exist_ok=True)
-    for f in (lib, smi):
+    for f in (lib, smi, query):
         shutil.copy2(f, dest / f.name)
         (dest / f.name).chmod(0o755)
     (dest / "fake-gpus.conf").write_text(conf)

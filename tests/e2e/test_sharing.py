@@ -5,8 +5,12 @@ computes on is never picked; whatever ends a job (Ctrl-C while it waits, SIGKILL
 frees what it held. Every test has a lease space of its own (conftest), so tests running at once
 never contend."""
 import json
+import os
 import re
 import signal
+import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -132,6 +136,45 @@ def test_a_queued_job_waits_then_starts_when_gpus_free(ml, fakes):
     assert pc.returncode == 0, err
     assert "mltrain: waiting for 2 GPUs on localhost" in err, err
     assert sorted(sum(gpus_of(out).values(), [])) == [0, 1]
+
+
+def test_the_timeout_counts_from_the_ranks_start_not_from_the_wait_in_the_queue(ml, fakes):
+    a, go_a, up_a = job(ml, fakes, "hold", ranks=4)
+    c, go_c, up_c = job(ml, fakes, "waits", hold=False)
+    pa = start(ml, a)
+    started(ml, up_a, ranks=4)
+    pc = start(ml, c, "--queue", "--timeout", "3s")
+    try:
+        wait_for(lambda: len(queue_leases(ml, "queue")) == 1, 30, "the queued job's place")
+        time.sleep(4)  # the wait outlasts the timeout (the job was started and killed at once: exit 124)
+        go_a.touch()
+        communicate(pa, 60)
+    finally:
+        go_a.touch()
+    out, err = communicate(pc, 60)
+    assert pc.returncode == 0, err
+    assert sorted(sum(gpus_of(out).values(), [])) == [0, 1], out
+
+
+def test_a_job_leaves_the_queue_after_its_queue_timeout_claiming_nothing(ml, fakes):
+    a, go_a, up_a = job(ml, fakes, "hold", ranks=4)
+    c, _, _ = job(ml, fakes, "gives-up", hold=False)
+    pa = start(ml, a)
+    started(ml, up_a, ranks=4)
+    try:
+        r = ml("run", c, "--queue", "--queue-timeout", "1s", timeout=60, unset=CLEAN)
+        assert r.returncode == 75, r.stderr
+        assert "the job waited in the queue for 1.0s ([cluster] queue_timeout) and left it; no rank was started" \
+            in r.stderr, r.stderr
+        assert re.search(r"localhost: GPUs 0-3 held by run \S+-hold-", r.stderr), r.stderr
+        assert "--queue-timeout" in r.stderr and "GPUS" not in r.stdout
+        assert queue_leases(ml, "queue") == []
+        rec = json.loads(ml("show", "--json", "latest").stdout)
+        assert rec["status"] == "busy" and rec["exit_code"] == 75, rec
+    finally:
+        go_a.touch()
+    communicate(pa, 60)
+    assert pa.returncode == 0
 
 
 def test_ctrl_c_while_waiting_leaves_no_place_in_the_queue(ml, fakes):
@@ -298,3 +341,82 @@ servers_per_host = 1
     firsts = [next(iter(v)) for v in per_job.values()]
     for i in range(4):  # master, store, PS root port and the PS servers: no two jobs share one
         assert len({f[i] for f in firsts}) == 4, firsts
+
+
+# A stranger on the host (nobody) binds lease names with made-up answers: the host alone, a queue
+# place dated 1970, a GPU, a job. Any local user can bind any abstract socket name, so a holder is
+# believed only when the kernel vouches for it (a live mltrain agent that did not claim to hold it
+# from before it started); a squatter is named once and otherwise ignored.
+SQUATTER = r'''
+import select, socket, sys
+socks = []
+for name in sys.argv[1:]:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind("\0" + name)
+    s.listen(64)
+    socks.append(s)
+print("bound", flush=True)
+while True:
+    for s in select.select(socks, [], [])[0]:
+        c, _ = s.accept()
+        c.sendall(b"run=20261201-000000-bert\nuser=alice\nlauncher=laptop\nsince=1\n")
+        c.close()
+'''
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plays another local user (nobody): needs root")
+def test_a_stranger_squatting_every_lease_name_blocks_no_job(ml, fakes):
+    def as_nobody():
+        os.setgroups([])
+        os.setgid(65534)
+        os.setuid(65534)
+    prefix = f"mltrain-lease-{ml.lease_space}/"
+    names = [prefix + n for n in ("exclusive", "queue/0000000000000000000-zzz", "job/fake",
+                                  "gpu/" + gpu_fakes.uuid(socket.gethostname(), 0))]
+    squat = subprocess.Popen([sys.executable, "-c", SQUATTER, *names], stdout=subprocess.PIPE, text=True,
+                             preexec_fn=as_nobody)
+    try:
+        assert squat.stdout.readline().strip() == "bound"
+        # A job without GPUs (the exclusive squatter failed every job with exit 75).
+        cpu = ml.write("cpu.toml", '[run]\ncommand = "echo ran"\n')
+        r = ml("run", cpu, timeout=60, unset=CLEAN)
+        assert r.returncode == 0, r.stderr
+        assert re.search(r"localhost: ignoring the lease exclusive, held by uid 65534 \(nobody\), pid \d+: "
+                         r"it is not an mltrain agent", r.stderr), r.stderr
+        # A queued job of every GPU: no job ahead of it (the 1970 place made it wait forever), GPU 0 too.
+        spec, _, _ = job(ml, fakes, "all4", ranks=4, hold=False)
+        r = ml("run", spec, "--queue", timeout=60, unset=CLEAN)
+        assert r.returncode == 0, r.stderr
+        assert sorted(sum(gpus_of(r.stdout).values(), [])) == [0, 1, 2, 3], r.stdout
+        for name in ("exclusive", "queue/0000000000000000000-zzz", "gpu/"):
+            assert len(re.findall(r"ignoring the lease " + re.escape(name), r.stderr)) == 1, r.stderr
+        # The host alone, while the stranger holds the name.
+        a, go_a, up_a = job(ml, fakes, "alone", ranks=1, extra="exclusive = true")
+        pa = start(ml, a)
+        started(ml, up_a, ranks=1)
+        try:
+            # ... which excludes a genuine job all the same, and `mltrain queue` shows both holders
+            # with the account behind the stranger's made-up name.
+            r = ml("run", cpu, timeout=60, unset=CLEAN)
+            assert r.returncode == 75 and re.search(r"held alone by run \S+-alone-", r.stderr), r.stderr
+            env = {"MLTRAIN_NVML_LIBRARY": str(fakes / "libnvidia-ml.so.1")}
+            q = ml("queue", timeout=60, env=env, unset=CLEAN)
+            assert q.returncode == 0, q.stderr
+            assert re.search(r"\S+-alone-\S+\s+\S+\s+\S+\s+\(the host alone\)", q.stdout), q.stdout
+            assert re.search(r"\(ignored: it is not an mltrain agent.*alice@laptop as nobody", q.stdout), q.stdout
+        finally:
+            go_a.touch()
+        communicate(pa, 60)
+        assert pa.returncode == 0
+    finally:
+        squat.kill()
+        squat.wait()
+
+
+def test_queue_reads_utilization_from_nvidia_smi_when_nvml_does_not_load(ml, fakes, tmp_path):
+    (fakes / "fake-gpus.conf").write_text("* gpus 2\n* util 87\n")
+    env = {"MLTRAIN_NVML_LIBRARY": str(tmp_path / "none" / "libnvidia-ml.so.1"), "PATH": f"{fakes}:/usr/bin:/bin"}
+    r = ml("queue", timeout=60, env=env, unset=CLEAN)
+    assert r.returncode == 0, r.stderr
+    # As `top` reads it from the same nvidia-smi (the column said '-,-').
+    assert re.search(r"localhost\s+0,1\s+\(free\)\s+87%,87%", r.stdout), r.stdout

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
@@ -567,6 +568,14 @@ TEST_CASE("agent_core: the ranks' environment: the agent's own, the job's over i
 // A claim through the protocol: Claim takes the host's leases, Claimed says granted or who is in
 // the way, and Unclaim gives a grant back.
 TEST_CASE("agent_core: Claim takes the host for the job; another job finds it in the way until Unclaim") {
+  // This process plays both jobs' agents: it carries an agent's name, as lease holders are believed by.
+  char old_name[17] = {};
+  ::prctl(PR_GET_NAME, old_name);
+  ::prctl(PR_SET_NAME, "mltrain-agent-u");
+  struct Restore {
+    const char* name;
+    ~Restore() { ::prctl(PR_SET_NAME, name); }
+  } restore{old_name};
   const std::string space = "agent-core-" + std::to_string(::getpid());
   auto claim = [&](const std::string& run, bool exclusive) {
     msg::Claim c;

@@ -1,9 +1,14 @@
 // A job's claim on a host: free GPUs only, all or nothing, never a GPU a foreign process computes
 // on, the host alone when exclusive, and first come first served for whoever waits.
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <string>
+#include <vector>
 
 #include "doctest/doctest.h"
 #include "runner/lease/claim.h"
@@ -24,6 +29,25 @@ std::vector<lease::Gpu> four_gpus() {
   return g;
 }
 
+// Holders are believed only when they look like an mltrain agent (lease::Seen::doubt): the test
+// process plays the agents of every job, so it carries an agent's name while it does.
+struct AsAgent {
+  char old[17] = {};
+  AsAgent() {
+    ::prctl(PR_GET_NAME, old);
+    ::prctl(PR_SET_NAME, "mltrain-agent-u");
+  }
+  ~AsAgent() { ::prctl(PR_SET_NAME, old); }
+};
+
+// A queue key as a launcher makes one now (a place dated before its holder started is not believed).
+std::string key_at(int64_t offset_ns, const std::string& run) {
+  static const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count();
+  return lease::order_key(now + offset_ns, run);
+}
+
 lease::Ask ask(const std::string& run, int gpus, std::string key = "") {
   lease::Ask a;
   a.space = space();
@@ -37,6 +61,7 @@ lease::Ask ask(const std::string& run, int gpus, std::string key = "") {
 }  // namespace
 
 TEST_CASE("claim: jobs get GPUs no one holds, and a job that finds too few gets none") {
+  AsAgent agent;
   auto gpus = four_gpus();
   lease::Claim a, b, c;
   a.attempt(ask("run-a", 2), gpus, 20ms);
@@ -61,6 +86,7 @@ TEST_CASE("claim: jobs get GPUs no one holds, and a job that finds too few gets 
 }
 
 TEST_CASE("claim: all or nothing: a job asking for more than is free holds nothing") {
+  AsAgent agent;
   auto gpus = four_gpus();
   lease::Claim a, big;
   a.attempt(ask("run-a", 2), gpus, 20ms);
@@ -74,6 +100,7 @@ TEST_CASE("claim: all or nothing: a job asking for more than is free holds nothi
 }
 
 TEST_CASE("claim: a GPU that a foreign process computes on is never picked") {
+  AsAgent agent;
   auto gpus = four_gpus();
   gpus[0].foreign = true;
   gpus[2].foreign = true;
@@ -90,6 +117,7 @@ TEST_CASE("claim: a GPU that a foreign process computes on is never picked") {
 }
 
 TEST_CASE("claim: pinned GPUs are those or none") {
+  AsAgent agent;
   auto gpus = four_gpus();
   lease::Claim a;
   auto pin = ask("run-a", 0);
@@ -113,17 +141,18 @@ TEST_CASE("claim: pinned GPUs are those or none") {
 }
 
 TEST_CASE("claim: queued jobs go in the order of their keys, and jobs that do not queue wait behind them") {
+  AsAgent agent;
   auto gpus = four_gpus();
   lease::Claim running;
   running.attempt(ask("run-0", 3), gpus, 20ms);
   REQUIRE(running.granted());
   // The first in the queue wants 2: only 1 is free, so it waits, holding its place.
   lease::Claim first, second, plain;
-  first.attempt(ask("run-1", 2, lease::order_key(100, "run-1")), gpus, 20ms);
+  first.attempt(ask("run-1", 2, key_at(100, "run-1")), gpus, 20ms);
   CHECK_FALSE(first.granted());
   CHECK(first.ahead() == 0);
   // A later job wanting the 1 free GPU does not pass it (no starvation of big jobs)...
-  second.attempt(ask("run-2", 1, lease::order_key(200, "run-2")), gpus, 20ms);
+  second.attempt(ask("run-2", 1, key_at(200, "run-2")), gpus, 20ms);
   CHECK_FALSE(second.granted());
   CHECK(second.ahead() == 1);
   REQUIRE(!second.in_the_way().empty());
@@ -133,21 +162,22 @@ TEST_CASE("claim: queued jobs go in the order of their keys, and jobs that do no
   CHECK(plain.ahead() == 2);
   // The running job ends: the first goes, then the second, in turn.
   running = lease::Claim();
-  second.attempt(ask("run-2", 1, lease::order_key(200, "run-2")), gpus, 20ms);
+  second.attempt(ask("run-2", 1, key_at(200, "run-2")), gpus, 20ms);
   CHECK_FALSE(second.granted());
-  first.attempt(ask("run-1", 2, lease::order_key(100, "run-1")), gpus, 20ms);
+  first.attempt(ask("run-1", 2, key_at(100, "run-1")), gpus, 20ms);
   REQUIRE(first.granted());
   first.leave_queue();
-  second.attempt(ask("run-2", 1, lease::order_key(200, "run-2")), gpus, 20ms);
+  second.attempt(ask("run-2", 1, key_at(200, "run-2")), gpus, 20ms);
   CHECK(second.granted());
 }
 
 TEST_CASE("claim: a job that asks for no GPU goes by the queue, but not by a job that has the host alone") {
+  AsAgent agent;
   auto gpus = four_gpus();
   lease::Claim running, waiting, cpu;
   running.attempt(ask("run-0", 4), gpus, 20ms);
   REQUIRE(running.granted());
-  waiting.attempt(ask("run-1", 1, lease::order_key(100, "run-1")), gpus, 20ms);
+  waiting.attempt(ask("run-1", 1, key_at(100, "run-1")), gpus, 20ms);
   CHECK_FALSE(waiting.granted());
   cpu.attempt(ask("run-cpu", 0), gpus, 20ms);
   CHECK(cpu.granted());
@@ -161,19 +191,21 @@ TEST_CASE("claim: a job that asks for no GPU goes by the queue, but not by a job
 }
 
 TEST_CASE("claim: a grant given back keeps the job's place in the queue") {
+  AsAgent agent;
   auto gpus = four_gpus();
   lease::Claim first, second;
-  first.attempt(ask("run-1", 4, lease::order_key(100, "run-1")), gpus, 20ms);
+  first.attempt(ask("run-1", 4, key_at(100, "run-1")), gpus, 20ms);
   REQUIRE(first.granted());
   first.release_grant();  // another of its hosts said no
-  second.attempt(ask("run-2", 1, lease::order_key(200, "run-2")), gpus, 20ms);
+  second.attempt(ask("run-2", 1, key_at(200, "run-2")), gpus, 20ms);
   CHECK_FALSE(second.granted());
   CHECK(second.ahead() == 1);
-  first.attempt(ask("run-1", 4, lease::order_key(100, "run-1")), gpus, 20ms);
+  first.attempt(ask("run-1", 4, key_at(100, "run-1")), gpus, 20ms);
   CHECK(first.granted());
 }
 
 TEST_CASE("claim: an exclusive job has the host alone") {
+  AsAgent agent;
   auto gpus = four_gpus();
   lease::Claim shared;
   shared.attempt(ask("run-shared", 1), gpus, 20ms);
@@ -193,6 +225,106 @@ TEST_CASE("claim: an exclusive job has the host alone") {
   CHECK_FALSE(late.granted());
   REQUIRE(late.in_the_way().size() == 1);
   CHECK(late.in_the_way()[0].what == "exclusive");
+}
+
+// A stranger's process (here a child that calls itself python3) holding `name` with a made-up answer.
+struct Squatter {
+  pid_t pid = -1;
+  explicit Squatter(const std::vector<std::string>& names) {
+    int ready[2];
+    REQUIRE(::pipe(ready) == 0);
+    pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::prctl(PR_SET_NAME, "python3");
+      std::vector<lease::Lease> held;
+      for (const auto& n : names)
+        if (auto l = lease::take(
+                space(), n, {{"run", "20261201-000000-bert"}, {"user", "alice"}, {"since", "1"}}, nullptr))
+          held.push_back(std::move(*l));
+      (void)!::write(ready[1], "x", 1);
+      for (;;) {
+        for (auto& l : held) l.answer();
+        ::usleep(1000);
+      }
+    }
+    char c;
+    ::close(ready[1]);
+    REQUIRE(::read(ready[0], &c, 1) == 1);
+    ::close(ready[0]);
+  }
+  ~Squatter() {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+};
+
+TEST_CASE("claim: a squatter on the host's names is named and ignored; the leases still exclude") {
+  AsAgent agent;
+  auto gpus = four_gpus();
+  Squatter squat({"exclusive", "queue/0000000000000000000-zzz", "job/fake", "gpu/GPU-test-0"});
+  // Neither the host alone, nor a queue place from 1970, nor a GPU's name, keeps a job out.
+  lease::Claim all;
+  all.attempt(ask("run-all", 4, key_at(0, "run-all")), gpus, 200ms);
+  REQUIRE(all.granted());
+  CHECK(all.gpus() == std::vector<int>{0, 1, 2, 3});
+  std::vector<std::string> named;
+  for (const auto& s : all.squatters()) {
+    named.push_back(s.name);
+    CHECK(s.pid == squat.pid);
+    CHECK(s.doubt == "it is not an mltrain agent (its process is 'python3')");
+  }
+  std::sort(named.begin(), named.end());
+  CHECK(named == std::vector<std::string>{"exclusive", "gpu/GPU-test-0", "queue/0000000000000000000-zzz"});
+  // GPU 0 is this job's through its second name: a job after it finds it held all the same.
+  lease::Claim late;
+  late.attempt(ask("run-late", 1), gpus, 200ms);
+  CHECK_FALSE(late.granted());
+  all = lease::Claim();
+  late = lease::Claim();
+  // The host alone, under the second name: it excludes as the first does, both ways.
+  auto ex = ask("run-ex", 0);
+  ex.exclusive = true;
+  lease::Claim exclusive;
+  exclusive.attempt(ex, gpus, 200ms);
+  REQUIRE(exclusive.granted());  // the job/fake squatter is no job on the host either
+  lease::Claim shared;
+  shared.attempt(ask("run-shared", 1), gpus, 200ms);
+  CHECK_FALSE(shared.granted());
+  REQUIRE(shared.in_the_way().size() == 1);
+  CHECK(shared.in_the_way()[0].what == "exclusive");
+  CHECK(shared.in_the_way()[0].lease.rfind("exclusive/", 0) == 0);
+}
+
+TEST_CASE("lease: a holder is doubted unless the kernel's word fits an mltrain agent of a live run") {
+  lease::Seen seen;
+  seen.name = "exclusive";
+  seen.uid = 1000;
+  seen.pid = 4242;
+  seen.answered = true;
+  seen.info = {{"run", "r1"}, {"since", "1700000000"}};
+  lease::ProcFacts agent{true, 1000, "mltrain-agent-1", 1700000100};
+  CHECK(lease::doubt_of(seen, agent) == "");
+  CHECK(lease::doubt_of(seen, lease::ProcFacts{}) == "its process (4242) is gone; another holds the name");
+  auto other = agent;
+  other.uid = 1001;
+  CHECK(lease::doubt_of(seen, other) == "its process 4242 belongs to another user now");
+  auto named = agent;
+  named.comm = "python3";
+  CHECK(lease::doubt_of(seen, named) == "it is not an mltrain agent (its process is 'python3')");
+  auto late = agent;
+  late.started_s = 1700000000 + lease::kClockSkewS + 10;  // held "since" an hour and more before it started
+  CHECK(lease::doubt_of(seen, late) == "it says it has held it since before its process started");
+  seen.info.erase("since");
+  seen.name = "queue/" + lease::order_key(0, "zzz");
+  CHECK(lease::doubt_of(seen, agent) == "its queue place is dated before its process started");
+  seen.name = "job/r1";
+  seen.info.erase("run");
+  CHECK(lease::doubt_of(seen, agent) == "it did not say which run it is");
+  seen.answered = false;  // a stopped agent answers nothing: not held against it
+  CHECK(lease::doubt_of(seen, agent) == "");
+  seen.pid = 0;  // another PID namespace: the kernel names no process
+  CHECK(lease::doubt_of(seen, named) == "");
 }
 
 TEST_CASE("claim: queue keys sort by time, then run id, and fit a lease name") {

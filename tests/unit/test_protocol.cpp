@@ -210,7 +210,13 @@ std::vector<std::string> one_of_each() {
                  {"user=alice", "launcher=laptop"}},
       0);
   add(msg::Unclaim{}, 0);
-  add(msg::Claimed{2, {}, 1, {"what=gpu 0\nrun=r1\nuid=1000\n"}, ""}, 0);
+  add(msg::Claimed{2,
+                   {},
+                   1,
+                   {"what=gpu 0\nrun=r1\nuid=1000\n"},
+                   "",
+                   {"name=exclusive\nuid=65534\ndoubt=it is not an mltrain agent\n"}},
+      0);
   add(msg::LeaseQuery{"t-1", "/opt/libnvidia-ml.so.1"}, 0);
   add(msg::LeaseList{{"name=gpu/GPU-1\nuid=1000\nrun=r1\n"}, {kH100}, {87}, {1}, ""}, 0);
   add(msg::GcWork{86400, 1}, 0);

@@ -44,6 +44,7 @@ struct RunHost {
   HostSetup setup;
   int ps_log_fd = -1;                          // the run's ps-<host>.log, once a server said something
   std::optional<agent::msg::Claimed> claimed;  // this round's answer to the claim
+  std::vector<std::string> squatters_named;    // lease names whose squatter was said (once each)
 };
 
 struct RankState {
@@ -122,8 +123,9 @@ class RunPlay final : public Play {
   void claims_answered();
   void claim_timers(Clock::time_point now);
   std::string claim_obstacles(size_t i) const;  // "h2: GPUs 0-3 held by run … for 1h02m"
-  std::string waiting_status() const;           // "waiting for 2 GPUs on h2; 1 job ahead"
-  void leave_out_spare(size_t i);               // a spare not granted: the job goes without it
+  void name_squatters(size_t i, const std::vector<std::string>& squatters);  // once per host and name
+  std::string waiting_status() const;  // "waiting for 2 GPUs on h2; 1 job ahead"
+  void leave_out_spare(size_t i);      // a spare not granted: the job goes without it
   void settle_rendezvous();
   void fail_host(size_t i, const std::string& problem);  // and move on if that was the last answer
 
@@ -231,17 +233,18 @@ class RunPlay final : public Play {
   bool record_unsaved_ = false;  // a records::save failed (a full disk): run.json is behind
   Clock::time_point job_start_{};
   std::optional<Clock::time_point> job_deadline_;
-  std::optional<Clock::time_point> escalate_at_;    // after an interrupt: TERM at this time
-  std::optional<Clock::time_point> stop_deadline_;  // stopping: unreported ranks count as lost
-  agent::msg::Prepare prepare_;                     // what every host is asked (per host: ports, GPUs)
-  std::unique_ptr<Syncs> syncs_;                    // [sync], from preflight on
-  std::optional<PullJob> pull_job_;                 // [sync] pull as each host has its folder
-  std::optional<PullJob> checkpoint_job_;           // ... then MLTRAIN_CHECKPOINT_DIR of rank 0's host
-  std::unique_ptr<Pulls> pulls_;                    // [sync] pull, once the ranks ended
-  bool pulled_ = false;                             // ... and it is over
-  std::vector<std::vector<int32_t>> ps_numbers_;    // per host: the PS servers its agent runs
-  std::optional<Clock::time_point> retry_at_;       // queued: ask the hosts again then
-  std::string waiting_said_;                        // queued: the status last printed (not a terminal)
+  std::optional<Clock::time_point> escalate_at_;     // after an interrupt: TERM at this time
+  std::optional<Clock::time_point> stop_deadline_;   // stopping: unreported ranks count as lost
+  agent::msg::Prepare prepare_;                      // what every host is asked (per host: ports, GPUs)
+  std::unique_ptr<Syncs> syncs_;                     // [sync], from preflight on
+  std::optional<PullJob> pull_job_;                  // [sync] pull as each host has its folder
+  std::optional<PullJob> checkpoint_job_;            // ... then MLTRAIN_CHECKPOINT_DIR of rank 0's host
+  std::unique_ptr<Pulls> pulls_;                     // [sync] pull, once the ranks ended
+  bool pulled_ = false;                              // ... and it is over
+  std::vector<std::vector<int32_t>> ps_numbers_;     // per host: the PS servers its agent runs
+  std::optional<Clock::time_point> retry_at_;        // queued: ask the hosts again then
+  std::optional<Clock::time_point> queue_deadline_;  // queued: leave the queue then (queue_timeout)
+  std::string waiting_said_;                         // queued: the status last printed (not a terminal)
 };
 
 }  // namespace mltrain::supervise::detail
