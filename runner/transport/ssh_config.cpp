@@ -175,7 +175,7 @@ std::vector<SshConfig::Line> SshConfig::parse_lines(std::string_view text, const
 // As ssh reads it: each included file starts active and the block state returns after it; an
 // Include in a block that does not apply is skipped whole.
 bool SshConfig::lookup(const std::vector<Line>& lines, const std::string& host, const std::string& keyword,
-                       std::string& out) {
+                       std::string& out, std::vector<std::string>* all) {
   bool active = true;
   for (const auto& line : lines) {
     if (line.keyword == "host") {
@@ -186,8 +186,12 @@ bool SshConfig::lookup(const std::vector<Line>& lines, const std::string& host, 
       continue;
     } else if (line.keyword == "include") {
       for (const auto& file : line.included)
-        if (lookup(file, host, keyword, out)) return true;
+        if (lookup(file, host, keyword, out, all)) return true;
     } else if (line.keyword == keyword) {
+      if (all) {
+        all->push_back(line.value);
+        continue;
+      }
       out = line.value;
       return true;
     }
@@ -199,6 +203,13 @@ std::string SshConfig::value(const std::string& host, std::string_view keyword) 
   std::string out;
   lookup(lines_, host, lower(std::string(keyword)), out);
   return out;
+}
+
+std::vector<std::string> SshConfig::values(const std::string& host, std::string_view keyword) const {
+  std::string unused;
+  std::vector<std::string> all;
+  lookup(lines_, host, lower(std::string(keyword)), unused, &all);
+  return all;
 }
 
 }  // namespace mltrain::transport

@@ -26,6 +26,8 @@ class SshConfig {
 
   // The first value `keyword` (any case) has for `host`, unquoted, or "" when none applies.
   std::string value(const std::string& host, std::string_view keyword) const;
+  // Every value `keyword` has for `host`, in order (IdentityFile, which adds up rather than wins).
+  std::vector<std::string> values(const std::string& host, std::string_view keyword) const;
 
  private:
   struct Line {
@@ -35,8 +37,9 @@ class SshConfig {
     std::vector<std::vector<Line>> included;  // an Include's files, each its lines
   };
   static std::vector<Line> parse_lines(std::string_view text, const std::string& home, int depth);
+  // The first value into `out`; with `all`, every value into it (and false: go on).
   static bool lookup(const std::vector<Line>& lines, const std::string& host, const std::string& keyword,
-                     std::string& out);
+                     std::string& out, std::vector<std::string>* all = nullptr);
   std::vector<Line> lines_;
 };
 

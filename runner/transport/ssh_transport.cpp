@@ -134,7 +134,7 @@ class SshTransport : public Transport {
                   exit_code::host_failure);
     }
     verify_host_key(ss, name, strict);
-    authenticate(ss, name);
+    authenticate(ss, name, identity_files(parsed, h.name, home));
     return s;
   }
 
@@ -217,19 +217,79 @@ class SshTransport : public Transport {
     }
   }
 
-  void authenticate(ssh_session ss, const std::string& name) {
+  // The identity files to offer, as ssh does: [ssh] identity_file, then the config's IdentityFile
+  // lines (they add up), else ssh's default names; only those that exist.
+  std::vector<std::string> identity_files(const SshConfig& parsed, const std::string& host,
+                                          const std::string& home) const {
+    std::vector<std::string> named;
+    if (!o_.identity_file.empty()) named.push_back(o_.identity_file);
+    for (auto& v : parsed.values(host, "identityfile")) named.push_back(v);
+    if (named.empty())
+      for (const char* k : {"id_rsa", "id_ecdsa", "id_ecdsa_sk", "id_ed25519", "id_ed25519_sk", "id_dsa"})
+        named.push_back(std::string("~/.ssh/") + k);
+    std::vector<std::string> out;
+    for (auto& n : named) {
+      std::string p = expand_home(n, home);
+      for (size_t at; (at = p.find("%d")) != std::string::npos;) p.replace(at, 2, home);
+      if (file_exists(p) && std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+    }
+    return out;
+  }
+
+  // ssh-agent's keys, then each identity file. Not ssh_userauth_publickey_auto: it writes KEY.pub
+  // beside a private key that has none (into the user's key folder, which mltrain never writes),
+  // and a stale one left there breaks a later login. A key whose .pub is missing is read whole.
+  void authenticate(ssh_session ss, const std::string& name, const std::vector<std::string>& identities) {
     int rc = ssh_userauth_none(ss, nullptr);
     if (rc == SSH_AUTH_SUCCESS) return;
-    rc = ssh_userauth_publickey_auto(ss, nullptr, nullptr);
+    std::vector<std::string> tried;
+    rc = ssh_userauth_agent(ss, nullptr);  // denied at once when no agent runs (SSH_AUTH_SOCK unset)
     if (rc == SSH_AUTH_SUCCESS) return;
+    tried.push_back("ssh-agent's keys, if one runs");
+    for (const auto& path : identities) {
+      std::string why = try_identity(ss, path, rc);
+      if (rc == SSH_AUTH_SUCCESS) return;
+      tried.push_back(path + " (" + why + ")");
+    }
     char* user = nullptr;
     ssh_options_get(ss, SSH_OPTIONS_USER, &user);
     std::string who = std::string(user ? user : "?") + "@" + name;
     if (user) ssh_string_free_char(user);
-    throw Error(name + ": authentication failed for " + who + " (tried ssh-agent and the identity files)" +
-                    (rc == SSH_AUTH_ERROR ? std::string(": ") + ssh_get_error(ss) : std::string()),
-                "check that your public key is in the host's authorized_keys, or set [ssh] identity_file",
+    throw Error(name + ": authentication failed for " + who + "; offered: " + text::join(tried, ", ") +
+                    (identities.empty() ? " (no identity file found)" : ""),
+                "check that one of these public keys is in the host's authorized_keys, or set [ssh] "
+                "identity_file (a key with a passphrase: add it to ssh-agent)",
                 exit_code::host_failure);
+  }
+
+  // One identity file: its public key offered first (from KEY.pub, or from the private key when
+  // there is none), then the private key used when the host accepts it. Says why not.
+  static std::string try_identity(ssh_session ss, const std::string& path, int& rc) {
+    rc = SSH_AUTH_DENIED;
+    ssh_key pub = nullptr, priv = nullptr;
+    auto done = [&](std::string why) {
+      if (pub) ssh_key_free(pub);
+      if (priv) ssh_key_free(priv);
+      return why;
+    };
+    const std::string pub_path = path + ".pub";
+    if (!file_exists(pub_path) || ssh_pki_import_pubkey_file(pub_path.c_str(), &pub) != SSH_OK) {
+      pub = nullptr;
+      if (ssh_pki_import_privkey_file(path.c_str(), nullptr, nullptr, nullptr, &priv) != SSH_OK) {
+        priv = nullptr;
+        return done("cannot be read without a passphrase");
+      }
+      if (ssh_pki_export_privkey_to_pubkey(priv, &pub) != SSH_OK) return done("not a key libssh reads");
+    }
+    rc = ssh_userauth_try_publickey(ss, nullptr, pub);
+    if (rc != SSH_AUTH_SUCCESS) return done(rc == SSH_AUTH_ERROR ? ssh_get_error(ss) : "refused");
+    if (!priv && ssh_pki_import_privkey_file(path.c_str(), nullptr, nullptr, nullptr, &priv) != SSH_OK) {
+      priv = nullptr;
+      rc = SSH_AUTH_DENIED;
+      return done("accepted, but cannot be read without a passphrase");
+    }
+    rc = ssh_userauth_publickey(ss, nullptr, priv);
+    return done(rc == SSH_AUTH_SUCCESS ? "" : rc == SSH_AUTH_ERROR ? ssh_get_error(ss) : "refused");
   }
 
   // Runs the agent over one exec channel, through the bootstrap command (ssh_bootstrap.h), which

@@ -519,6 +519,29 @@ def test_ssh_config_accept_new_is_honoured(mh, cluster):
         cluster.trust("h4")
 
 
+def test_a_key_without_its_pub_file_logs_in_and_nothing_is_written_beside_it(mh, cluster):
+    keys = mh.ml.dir / "keys"
+    keys.mkdir(mode=0o700)
+    key = keys / "id_cluster"
+    shutil.copyfile(cluster.identity, key)
+    key.chmod(0o600)
+    cfg = mh.ml.write("ssh_config_nopub", cluster.ssh_config.read_text().replace(str(cluster.identity), str(key)))
+    p = mh.ml("run", "--ssh-config", cfg, "-H", "h1:1", "--workdir", "/tmp", "--", "echo", "in", timeout=60)
+    assert p.returncode == 0 and "in" in p.stdout, p.stderr
+    # libssh's automatic login wrote id_cluster.pub here (and a stale one broke a later login).
+    assert sorted(x.name for x in keys.iterdir()) == ["id_cluster"]
+    # A key the host does not take: the failure names every key offered, and why each did not do.
+    other = keys / "id_other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True, timeout=30)
+    other.with_suffix(".pub").unlink()
+    cfg = mh.ml.write("ssh_config_other", cluster.ssh_config.read_text().replace(str(cluster.identity), str(other)))
+    p = mh.ml("run", "--ssh-config", cfg, "-H", "h1:1", "--workdir", "/tmp", "--", "echo", "in", timeout=60,
+              unset=("SSH_AUTH_SOCK",))
+    assert p.returncode != 0
+    assert f"h1: authentication failed for mltest@h1; offered: ssh-agent's keys, if one runs, {other} (refused)" in p.stderr, p.stderr
+    assert sorted(x.name for x in keys.iterdir()) == ["id_cluster", "id_other"]
+
+
 def test_damaged_cached_agent_is_replaced(mh):
     path = cached_agent_path(mh)
     st = os.stat(path)

@@ -67,6 +67,17 @@ TEST_CASE("ssh config: the first value wins, lines before any Host apply to all"
   CHECK(c.value("h2", "user") == "third");
 }
 
+TEST_CASE("ssh config: IdentityFile adds up: every value that applies, in order") {
+  auto c = parse(
+      "IdentityFile ~/.ssh/all\n"
+      "Host h1\n  IdentityFile ~/.ssh/one\n  IdentityFile \"~/.ssh/two keys\"\n"
+      "Host *\n  IdentityFile ~/.ssh/star\n");
+  CHECK(c.values("h1", "IdentityFile") ==
+        std::vector<std::string>{"~/.ssh/all", "~/.ssh/one", "~/.ssh/two keys", "~/.ssh/star"});
+  CHECK(c.values("h2", "identityfile") == std::vector<std::string>{"~/.ssh/all", "~/.ssh/star"});
+  CHECK(c.values("h2", "user").empty());
+}
+
 TEST_CASE("ssh config: keywords in any case, '=' separators, comments, quoted values") {
   auto c = parse(
       "# a comment\n"
