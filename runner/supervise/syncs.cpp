@@ -209,8 +209,9 @@ void Syncs::summary(double secs) {
               " removed" + (each ? dmin == dmax ? " on each" : " per host" : "");
   }
   out_.before_message();
-  std::fprintf(stderr, "mltrain: synced %s (%s, %s) to %s on %s: %s in %.2fs\n", job_.shown.c_str(),
-               plural(t.files, "file", "files").c_str(), bytes_text(t.bytes).c_str(), job_.dir.c_str(),
+  std::fprintf(stderr, "mltrain: synced %s (%s, %s) to %s on %s: %s in %.2fs\n",
+               text::host_text(job_.shown, 512).c_str(), plural(t.files, "file", "files").c_str(),
+               bytes_text(t.bytes).c_str(), text::host_text(job_.dir, 512).c_str(),
                plural(done, "host", "hosts").c_str(), sent.c_str(), secs);
   // What travelled, by name: the largest few, or (-v) every one.
   std::set<size_t> travelled;
@@ -225,7 +226,9 @@ void Syncs::summary(double secs) {
   const bool all = log::enabled(log::Level::info);
   std::vector<std::string> names;
   for (size_t k = 0; k < order.size() && (all || k < kSyncNamedLargest); ++k)
-    names.push_back(t.entries[order[k]].path + " (" + bytes_text(t.entries[order[k]].size) + ")");
+    // The laptop's own file names, yet any bytes a name may hold (ESC too): escaped for the terminal.
+    names.push_back(text::host_text(t.entries[order[k]].path, 512) + " (" +
+                    bytes_text(t.entries[order[k]].size) + ")");
   if (all) {
     for (const auto& n : names) std::fprintf(stderr, "mltrain: sync: sent %s\n", n.c_str());
   } else {

@@ -95,3 +95,14 @@ def test_a_file_that_cannot_be_listed_is_named_before_anything_starts(ml):
     if os.geteuid() != 0:  # root reads anything
         r = ml("run", p / "job.toml", timeout=60)
         assert r.returncode != 0 and "v.txt" in r.stderr and "exclude" in r.stderr, r.stderr
+
+
+def test_the_sync_summary_shows_file_names_escaped(ml):
+    # The laptop's own names, yet a name may hold any byte: one with "\x1b[2J" cleared the screen.
+    p, remote = project(ml)
+    (p / "src" / "evil\x1b[2J\x07.txt").write_text("x" * 4096)
+    r = ml("run", "-v", p / "job.toml", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stderr and "\x07" not in r.stderr
+    assert "sync: sent src/evil\\x1b[2J\\x07.txt (4096 B)" in r.stderr, r.stderr
+    assert (remote / "src" / "evil\x1b[2J\x07.txt").read_text() == "x" * 4096
