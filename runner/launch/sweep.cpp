@@ -149,11 +149,17 @@ std::vector<Params> expand(const spec::JobSpec& job, const std::string& file) {
   return out;
 }
 
-std::string substitute(std::string text, const Params& params) {
+// Each `{name}` becomes the value: in a shell command as one word (quoted when it needs to be:
+// a value "0.1; touch X" ran the touch), elsewhere (an argv element, an env value) as it is;
+// `{name!raw}` splices it into a command unquoted, for the rare user who means that.
+std::string substitute(std::string text, const Params& params, bool shell) {
   for (const auto& [name, value] : params) {
+    const std::string raw = "{" + name + "!raw}", word = shell ? text::shell_quote(value) : value;
+    for (size_t at = 0; (at = text.find(raw, at)) != std::string::npos; at += value.size())
+      text.replace(at, raw.size(), value);
     const std::string key = "{" + name + "}";
-    for (size_t at = 0; (at = text.find(key, at)) != std::string::npos; at += value.size())
-      text.replace(at, key.size(), value);
+    for (size_t at = 0; (at = text.find(key, at)) != std::string::npos; at += word.size())
+      text.replace(at, key.size(), word);
   }
   return text;
 }
@@ -177,7 +183,8 @@ void check_used(const spec::JobSpec& job, const std::vector<Params>& trials, con
                     "give every trial of [[sweep.list]] the same parameters");
   std::vector<std::string> unused;
   for (const auto& name : names)
-    if (text.find("{" + name + "}") == std::string::npos) unused.push_back(name);
+    if (text.find("{" + name + "}") == std::string::npos && text.find("{" + name + "!raw}") == std::string::npos)
+      unused.push_back(name);
   if (unused.empty()) return;
   const bool one = unused.size() == 1;
   const auto& grid = job.sweep.grid;
@@ -597,9 +604,9 @@ void apply_sweep_trial(spec::JobSpec& s, const std::string& trial) {
   auto it = std::find_if(sw.trials.begin(), sw.trials.end(), [&](const Trial& t) { return t.n == n; });
   if (it == sw.trials.end())
     throw Error("sweep " + id + " has no trial " + std::to_string(n), "see its sweep.json");
-  if (s.run.command) *s.run.command = substitute(*s.run.command, it->params);
-  for (auto& a : s.run.argv) a = substitute(a, it->params);
-  for (auto& [k, v] : s.run.env) v = substitute(v, it->params);
+  if (s.run.command) *s.run.command = substitute(*s.run.command, it->params, true);
+  for (auto& a : s.run.argv) a = substitute(a, it->params, false);
+  for (auto& [k, v] : s.run.env) v = substitute(v, it->params, false);
   s.sweep = {};
 }
 

@@ -350,3 +350,20 @@ def test_a_metric_no_trial_reports_is_said(ml):
     r = loss_sweep(ml, "echo step 1 loss=0.5 {x}", "x = [1, 2]")
     assert "no trial reported" not in r.stderr, r.stdout + r.stderr
     assert "best: trial 0 (x=1): loss 0.5" in r.stdout, r.stdout
+
+
+def test_a_value_is_one_shell_word_in_the_command_and_raw_only_when_asked(ml):
+    d = ml.dir
+    hit = d / "touched"
+    (d / "quote.toml").write_text(
+        f'[run]\ncommand = "printf \'<%s>\\\\n\' {{v}}; echo raw={{n!raw}}"\n'
+        f'[run.env]\nV = "{{v}}"\n'
+        f'[[sweep.list]]\nv = "0.1; touch {hit}"\nn = "$((2+3))"\n'
+        f'[[sweep.list]]\nv = "a b \'c\'"\nn = "7"\n')
+    r = ml("sweep", d / "quote.toml", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not hit.exists()  # the value ran as a command before
+    latest = max((ml.home / "sweeps").iterdir(), key=lambda p: p.stat().st_mtime)
+    t0, t1 = ((latest / f"trial-{t}.log").read_text() for t in (0, 1))
+    assert f"<0.1; touch {hit}>" in t0 and "raw=5" in t0, t0
+    assert "<a b 'c'>" in t1 and "raw=7" in t1, t1
