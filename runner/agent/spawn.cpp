@@ -323,6 +323,31 @@ void Agent::start_warden_once(const std::map<std::string, std::string>& merged) 
   }
 }
 
+namespace {
+
+// A `command = "…"` rank runs as /bin/sh -c COMMAND. When COMMAND is one plain command (no
+// operator, redirection, substitution or compound word, not a builtin or an assignment first),
+// the shell is told to exec it: the rank's process is then the program itself, so its CPU and
+// memory (telemetry, top, show) and its signals are the program's, not an idle shell's.
+bool plain_shell_command(std::string_view cmd) {
+  if (cmd.empty() || cmd.find_first_of(";&|<>()`\n\\") != std::string_view::npos) return false;
+  size_t b = cmd.find_first_not_of(" \t");
+  if (b == std::string_view::npos) return false;
+  std::string_view first = cmd.substr(b, cmd.find_first_of(" \t", b) - b);
+  if (first.find_first_of("=$'\"{}*?[~") != std::string_view::npos) return false;
+  static constexpr std::string_view kNotPrograms[] = {
+      "!",     "{",      "}",     "if",     "then",    "else",  "elif",     "fi",    "do",     "done",
+      "case",  "esac",   "while", "until",  "for",     "in",    "function", "select", "time", "cd",
+      ".",     "source", "exit",  "export", "set",     "unset", "alias",    "return", "eval", "exec",
+      "trap",  "wait",   "read",  "shift",  "ulimit",  "umask", "type",     "command", "hash", "jobs",
+      "fg",    "bg",     "getopts", "local", "readonly", "break", "continue", ":"};
+  for (auto w : kNotPrograms)
+    if (first == w) return false;
+  return true;
+}
+
+}  // namespace
+
 void Agent::on(uint32_t id, msg::Spawn& m) {
   if (claim_) claim_->leave_queue();  // the job runs: its leases hold what it has, not its place
   // A restart: the stop before it is over once every rank it stopped was reaped. What is left
@@ -343,6 +368,9 @@ void Agent::on(uint32_t id, msg::Spawn& m) {
   const std::map<std::string, std::string> merged = rank_env(id, m, stats_name);
   ProcessSpec spec;
   spec.argv = std::move(m.argv);
+  if (spec.argv.size() == 3 && spec.argv[0] == "/bin/sh" && spec.argv[1] == "-c" &&
+      plain_shell_command(spec.argv[2]))
+    spec.argv[2] = "exec " + spec.argv[2];
   for (const auto& [k, kv] : merged) spec.env.push_back(kv);
   spec.cwd = expand_home(m.cwd);
   spec.one_stream = m.one_stream != 0;

@@ -69,6 +69,47 @@ HostSampler::HostSampler(HostSamplerOptions options) : opt_(std::move(options)) 
   path_.reserve(opt_.proc_root.size() + 32);
 }
 
+// A rank's process and every process below it (a shell's program, a DataLoader's workers, at most
+// kMaxTree): CPU time and resident memory summed, state and start of the rank's own. The CPU time
+// counts each process's waited-for children too, so a child that ends and is reaped moves its
+// time to its parent and the sum never drops for it. Only the main thread's children are followed.
+bool HostSampler::read_tree(int32_t root, PidStat& sum) {
+  constexpr size_t kMaxTree = 256;
+  sum = PidStat{};
+  tree_.assign(1, root);
+  for (size_t i = 0; i < tree_.size(); ++i) {
+    char num[16];
+    auto end = std::to_chars(num, num + sizeof num, tree_[i]).ptr;
+    path_.assign(opt_.proc_root);
+    path_ += '/';
+    path_.append(num, end);
+    const size_t dir = path_.size();
+    path_ += "/stat";
+    PidStat st;
+    if (!opt_.read_file(path_.c_str(), buf_) || !parse_pid_stat(buf_, st)) {
+      if (i == 0) return false;
+      continue;  // ended meanwhile
+    }
+    if (i == 0) sum.state = st.state, sum.start_ticks = st.start_ticks;
+    sum.cpu_ticks += st.cpu_ticks + st.child_ticks;
+    sum.rss_pages += st.rss_pages;
+    path_.resize(dir);
+    path_ += "/task/";
+    path_.append(num, end);
+    path_ += "/children";
+    if (!opt_.read_file(path_.c_str(), buf_)) continue;
+    for (std::string_view rest = buf_; !rest.empty() && tree_.size() < kMaxTree;) {
+      size_t sp = rest.find(' ');
+      std::string_view word = rest.substr(0, sp);
+      rest = sp == std::string_view::npos ? std::string_view() : rest.substr(sp + 1);
+      int32_t child = 0;
+      if (std::from_chars(word.data(), word.data() + word.size(), child).ec == std::errc() && child > 0)
+        tree_.push_back(child);
+    }
+  }
+  return true;
+}
+
 void HostSampler::sample(const std::vector<RankPid>& pids, HostSample& host, std::vector<RankSample>& ranks) {
   const int64_t now = opt_.monotonic_us();
   auto read = [&](const char* name) {
@@ -123,14 +164,8 @@ void HostSampler::sample(const std::vector<RankPid>& pids, HostSample& host, std
     r.rank = pids[i].rank;
     r.pid = pids[i].pid;
     if (r.pid <= 0) continue;
-    char num[16];
-    auto end = std::to_chars(num, num + sizeof num, r.pid).ptr;
-    path_.assign(opt_.proc_root);
-    path_ += '/';
-    path_.append(num, end);
-    path_ += "/stat";
     PidStat st;
-    if (!opt_.read_file(path_.c_str(), buf_) || !parse_pid_stat(buf_, st)) continue;
+    if (!read_tree(r.pid, st)) continue;
     r.state = st.state;
     r.rss_bytes = st.rss_pages * uint64_t(opt_.page_size);
     for (const auto& prev : pids_) {

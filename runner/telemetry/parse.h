@@ -54,6 +54,7 @@ NetTotals net_totals(const std::vector<NetInterface>& interfaces);
 struct PidStat {
   char state = 0;
   uint64_t cpu_ticks = 0;    // utime + stime, in clock ticks
+  uint64_t child_ticks = 0;  // cutime + cstime: of its children it waited for
   uint64_t start_ticks = 0;  // starttime: tells a reused pid from the process sampled before
   uint64_t rss_pages = 0;
 };

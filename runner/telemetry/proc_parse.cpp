@@ -115,21 +115,28 @@ bool parse_pid_stat(std::string_view text, PidStat& out) {
   size_t close = text.rfind(')');
   if (close == std::string_view::npos) return false;
   std::string_view rest = text.substr(close + 1);
-  // Fields from 3 (state) on: utime is field 14, stime 15, starttime 22, rss 24.
+  // Fields from 3 (state) on: utime is field 14, stime 15, cutime 16, cstime 17, starttime 22,
+  // rss 24.
   std::string_view state = next_token(rest);
   if (state.size() != 1) return false;
-  uint64_t utime = 0, stime = 0, start = 0, rss = 0;
+  uint64_t utime = 0, stime = 0, cutime = 0, cstime = 0, start = 0, rss = 0;
   for (int field = 4; field <= 24; ++field) {
     std::string_view token = next_token(rest);
     if (token.empty()) return false;
-    if (field != 14 && field != 15 && field != 22 && field != 24) continue;
-    // rss is signed in the kernel's format string; a negative one is not a size.
+    if ((field < 14 || field > 17) && field != 22 && field != 24) continue;
+    // rss (and cutime, cstime) are signed in the kernel's format string; a negative one is no count.
     auto value = parse_u64(token);
     if (!value) return false;
-    (field == 14 ? utime : field == 15 ? stime : field == 22 ? start : rss) = *value;
+    (field == 14   ? utime
+     : field == 15 ? stime
+     : field == 16 ? cutime
+     : field == 17 ? cstime
+     : field == 22 ? start
+                   : rss) = *value;
   }
   out.state = state[0];
   out.cpu_ticks = utime + stime;
+  out.child_ticks = cutime + cstime;
   out.start_ticks = start;
   out.rss_pages = rss;
   return true;

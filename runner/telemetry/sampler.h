@@ -47,9 +47,12 @@ class HostSampler {
     uint64_t cpu_ticks = 0;
     int64_t time_us = 0;
   };
+  bool read_tree(int32_t root, PidStat& sum);
+
   HostSamplerOptions opt_;
   std::string buf_;
   std::string path_;
+  std::vector<int32_t> tree_;  // read_tree's pids, kept between samples
   std::vector<NetInterface> net_;
   bool have_cpu_ = false;
   CpuTimes cpu_;

@@ -109,3 +109,22 @@ def test_a_bad_interval_is_a_usage_error_before_anything_starts(ml):
     assert r.returncode == 2, r.stderr
     assert "MLTRAIN_TELEMETRY_INTERVAL='often' is not a duration" in r.stderr
     assert ml.run_dirs() == []
+
+
+# A busy program under `command = "..."` (the README's form): the rank's CPU and memory are the
+# program's, whether its shell execs it (one plain command) or waits for it (a pipeline). Both read
+# "0% 1.4M" (the idle shell) before.
+BUSY = "import time\nx = bytearray(64 << 20)\nt = time.time()\nwhile time.time() - t < 2.5: pass\nprint('busy done')"
+
+
+def test_a_command_ranks_cpu_and_memory_are_its_programs(ml):
+    busy = ml.write("busy.py", BUSY)
+    for i, command in enumerate((f"{PY} {busy}", f"{PY} {busy} | cat")):
+        spec = ml.write(f"busy{i}.toml", f'[run]\ncommand = "{command}"\n')
+        r = ml("run", spec, timeout=120, env={"MLTRAIN_TELEMETRY_INTERVAL": "200ms"})
+        assert r.returncode == 0 and "busy done" in r.stdout, r.stderr
+        (run,) = [d for d in ml.run_dirs() if f"-busy{i}-" in d.name]
+        rows = [json.loads(line) for line in (run / "telemetry.jsonl").read_text().splitlines()]
+        ranks = [k for row in rows for k in row["ranks"]]
+        assert max(k["cpu_percent"] or 0 for k in ranks) > 50, (command, ranks)
+        assert max(k["rss_bytes"] or 0 for k in ranks) > 64 << 20, (command, ranks)

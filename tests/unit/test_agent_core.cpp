@@ -542,6 +542,39 @@ TEST_CASE(
   CHECK((fs::status(tmp.path / "work" / "model.bin").permissions() & fs::perms::all) == fs::perms(0644));
 }
 
+TEST_CASE("agent_core: a plain command is exec'd by its shell, so the rank's process is the program") {
+  Launcher l;
+  l.hello(5000, 0);
+  const std::pair<const char*, const char*> cases[] = {
+      {"python3 train.py --lr 0.1", "exec python3 train.py --lr 0.1"},
+      {"  /usr/bin/python3 -u t.py \"$X\"", "exec   /usr/bin/python3 -u t.py \"$X\""},
+      {"cd src && python3 t.py", "cd src && python3 t.py"},
+      {"python3 t.py > out.log", "python3 t.py > out.log"},
+      {"A=1 python3 t.py", "A=1 python3 t.py"},
+      {"export A=1", "export A=1"},
+      {"for i in 1 2; do echo $i; done", "for i in 1 2; do echo $i; done"},
+      {"echo $(hostname)", "echo $(hostname)"},
+      {"python3 t.py\necho done", "python3 t.py\necho done"},
+      {"$PY t.py", "$PY t.py"},
+  };
+  uint32_t id = 0;
+  for (auto [command, ran] : cases) {
+    msg::Spawn s;
+    s.argv = {"/bin/sh", "-c", command};
+    l.send(s, id++);
+    CHECK_FALSE(l.turns());
+    REQUIRE(all_of<msg::Started>(l.said()).size() == 1);
+    const agent::ProcessSpec& spec = l.procs.ranks.rbegin()->second.spec;
+    CHECK(spec.argv == std::vector<std::string>{"/bin/sh", "-c", ran});
+  }
+  msg::Spawn argv;  // argv is run as it is
+  argv.argv = {"python3", "t.py"};
+  l.send(argv, id);
+  CHECK_FALSE(l.turns());
+  REQUIRE(all_of<msg::Started>(l.said()).size() == 1);
+  CHECK(l.procs.ranks.rbegin()->second.spec.argv == std::vector<std::string>{"python3", "t.py"});
+}
+
 TEST_CASE("agent_core: the ranks' environment: the agent's own, the job's over it") {
   Launcher l;
   l.env.vars["SHARED"] = "agent";

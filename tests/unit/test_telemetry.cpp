@@ -100,14 +100,14 @@ struct FakeProc {
 };
 
 std::string pid_stat(int pid, const char* comm, char state, uint64_t utime, uint64_t stime, uint64_t start,
-                     uint64_t rss) {
+                     uint64_t rss, uint64_t cutime = 0) {
   char buf[512];
   std::snprintf(buf, sizeof buf,
-                "%d (%s) %c 1 %d %d 0 -1 4194304 100 0 0 0 %llu %llu 0 0 20 0 4 0 %llu 123456789 %llu "
+                "%d (%s) %c 1 %d %d 0 -1 4194304 100 0 0 0 %llu %llu %llu 0 20 0 4 0 %llu 123456789 %llu "
                 "18446744073709551615 1 1 0\n",
                 pid, comm, state, pid, pid, static_cast<unsigned long long>(utime),
-                static_cast<unsigned long long>(stime), static_cast<unsigned long long>(start),
-                static_cast<unsigned long long>(rss));
+                static_cast<unsigned long long>(stime), static_cast<unsigned long long>(cutime),
+                static_cast<unsigned long long>(start), static_cast<unsigned long long>(rss));
   return buf;
 }
 
@@ -379,6 +379,41 @@ TEST_CASE("telemetry: rates from two snapshots, exactly") {
   CHECK_FALSE(host.cpu_percent_x100.has_value());
   CHECK_FALSE(host.cpus.has_value());
   CHECK_FALSE(host.load1_x100.has_value());
+}
+
+// `command = "python3 train.py | tee log"`: the rank's process is a shell that uses nothing; its
+// program and the program's DataLoader worker are what a user means by the rank.
+TEST_CASE("telemetry: a rank is its process and every process below it") {
+  FakeProc proc;
+  proc.files["/proc/42/stat"] = pid_stat(42, "sh", 'S', 1, 1, 777, 100);
+  proc.files["/proc/42/task/42/children"] = "50 51 ";
+  proc.files["/proc/50/stat"] = pid_stat(50, "python3", 'R', 100, 0, 780, 10000);
+  proc.files["/proc/50/task/50/children"] = "60";
+  proc.files["/proc/51/stat"] = pid_stat(51, "tee", 'S', 2, 0, 780, 200);
+  proc.files["/proc/60/stat"] = pid_stat(60, "pt_data_worker", 'R', 50, 0, 790, 5000);
+  HostSampler sampler(proc.options());
+  std::vector<RankPid> pids = {{0, 42}};
+  HostSample host;
+  std::vector<RankSample> ranks;
+  sampler.sample(pids, host, ranks);
+  REQUIRE(ranks.size() == 1);
+  CHECK(ranks[0].state == 'S');  // the rank's own
+  CHECK(ranks[0].rss_bytes == (100u + 10000 + 200 + 5000) * 4096);
+
+  proc.now_us += 1000000;
+  proc.files["/proc/50/stat"] = pid_stat(50, "python3", 'R', 180, 0, 780, 10000);
+  proc.files["/proc/60/stat"] = pid_stat(60, "pt_data_worker", 'R', 100, 0, 790, 5000);
+  sampler.sample(pids, host, ranks);
+  CHECK(ranks[0].cpu_percent_x100 == 13000u);  // 80 + 50 ticks at 100 Hz in 1 s
+
+  // The worker ends and python waits for it: its time moves into python's cutime, nothing lost.
+  proc.now_us += 1000000;
+  proc.files.erase("/proc/60/stat");
+  proc.files["/proc/50/task/50/children"] = "";
+  proc.files["/proc/50/stat"] = pid_stat(50, "python3", 'R', 280, 0, 780, 10000, 120);
+  sampler.sample(pids, host, ranks);
+  CHECK(ranks[0].cpu_percent_x100 == 12000u);  // 100 ticks of python's, 20 more of the worker's
+  CHECK(ranks[0].rss_bytes == (100u + 10000 + 200) * 4096);
 }
 
 TEST_CASE("telemetry: the real /proc of this machine and this process") {
