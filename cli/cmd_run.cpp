@@ -51,10 +51,17 @@ int run_request(const launch::JobRequest& req, const RunFlags& f) {
       std::printf("{\"run_id\": \"%s\", \"launcher_pid\": %d}\n", id, r.launcher_pid);
     else
       std::printf("%s\n", id);
-    std::fprintf(stderr,
-                 "mltrain: run %s started in the background; follow it with 'mltrain logs -f %s', end it "
-                 "with 'mltrain stop %s'\n",
-                 id, id, id);
+    if (!r.queued.empty())
+      std::fprintf(stderr,
+                   "mltrain: run %s waits in the hosts' queue (%s); it starts by itself in the background. "
+                   "'mltrain queue' shows its place, 'mltrain logs -f %s' follows it, 'mltrain stop %s' "
+                   "takes it out\n",
+                   id, r.queued.c_str(), id, id);
+    else
+      std::fprintf(stderr,
+                   "mltrain: run %s started in the background; follow it with 'mltrain logs -f %s', end it "
+                   "with 'mltrain stop %s'\n",
+                   id, id, id);
   }
   return r.exit_code;
 }

@@ -121,13 +121,15 @@ struct RunResult {
   records::RunRecord record;  // as last saved (detached: what the background launcher starts from)
   bool detached = false;
   int launcher_pid = 0;  // the detached launcher's pid, else this process's
+  std::string queued;    // detached: the job waits in the hosts' queue, and this is what it waits for
 };
 
 // Creates the run record, connects to every host and supervises the job to its end. With
 // req.detach the launcher forks: the child (its own session, its console in the run's
 // console.log) connects, runs preflight on every host and runs the job, then _exits with its
 // code, never returning to the caller; the parent waits until preflight passed and the ranks were
-// started, then returns with the run id and the child's pid. When the run fails before that
+// started (or the job took its place in the hosts' queue: `queued` says what it waits for), then
+// returns with the run id and the child's pid. When the run fails before that
 // (host unreachable, program missing), the parent throws the child's error with its exit code
 // (with req.json, after printing the run's record). mltrain's own error for a recorded run is
 // kept in its folder (records::launcher_error), detached or not.

@@ -116,7 +116,8 @@ std::string error_text(const Error& e) {
 }
 
 // The detached launcher tells the command that forked it how the start went, over a pipe:
-// "R" once every host passed preflight and the ranks were sent to start, or "E" with the exit
+// "R" once every host passed preflight and the ranks were sent to start, "Q" and the waiting line
+// once the job waits in the hosts' queue (it starts by itself later), or "E" with the exit
 // code, the error and its hint (NUL-separated) when the run failed before that. EOF without
 // either: the launcher died or the run ended (a signal) before it started.
 void write_all(int fd, const std::string& bytes) {
@@ -188,12 +189,14 @@ void await_background_start(int report_fd, pid_t child, const JobRequest& req, R
     if (got == "R") break;
   }
   ::close(report_fd);
+  const bool started = got == "R" || (!got.empty() && got[0] == 'Q');
   int status = 0;
-  if (got != "R")
+  if (!started)
     while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
     }
   for (int i = 0; i < 3; ++i) ::sigaction(sigs[i], &old[i], nullptr);
-  if (got == "R") return;
+  if (!got.empty() && got[0] == 'Q') result.queued = text::host_text(got.substr(1), 400);
+  if (started) return;
   int code = exit_code_of(status);
   std::string message, hint;
   if (!got.empty() && got[0] == 'E') {
@@ -579,9 +582,15 @@ RunResult run_detached(const spec::JobSpec& s, plan::Plan& p, const JobRequest& 
   o.console.color = false;
   o.json_summary = false;
   o.on_running = [&report_fd] {
+    if (report_fd < 0) return;  // it returned when the job took its place in the queue
     write_all(report_fd, "R");
     ::close(report_fd);
     report_fd = -1;  // the command has returned: later errors go to console.log and the record
+  };
+  o.on_queued = [&report_fd](const std::string& status) {
+    write_all(report_fd, "Q" + status);
+    ::close(report_fd);
+    report_fd = -1;
   };
   rec.launcher_pid = ::getpid();
   rec.launcher_start = records::process_start_time(rec.launcher_pid);

@@ -371,7 +371,7 @@ void adopt_orphans(Sweep& s) {
     } catch (const Error&) {
       continue;  // gone: run it again
     }
-    if (r.status == "running") {
+    if (records::live_status(r.status)) {
       still.push_back("trial " + std::to_string(t.n) + " (run " + t.orphan + ")");
     } else if (r.status == "succeeded" || r.status == "failed") {
       t.state = r.status;

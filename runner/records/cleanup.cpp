@@ -20,7 +20,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool is_running(const RunRecord& r) { return r.status == "running" && launcher_alive(r); }
+bool is_running(const RunRecord& r) { return live_status(r.status) && launcher_alive(r); }
 
 // Bytes a folder's files use on disk.
 unsigned long long folder_bytes(const std::string& dir) {

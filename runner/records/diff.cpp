@@ -182,7 +182,7 @@ std::vector<std::pair<std::string, std::pair<std::string, std::string>>> rows(co
                : std::string("-");
   };
   auto dur = [](const RunRecord& r) {
-    return r.status == "running"
+    return live_status(r.status)
                ? std::string("-")
                : text::format_duration(std::chrono::milliseconds((long long)(r.duration_s * 1000)));
   };

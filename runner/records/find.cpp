@@ -94,7 +94,7 @@ std::optional<FieldValue> RunFields::get(const std::string& f) {
   if (f == "started") return text(r.started_at);
   if (f == "ended") return text(r.ended_at);
   if (f == "duration")
-    return r.status == "running" ? std::nullopt
+    return live_status(r.status) ? std::nullopt
                                  : std::optional<FieldValue>(double(std::lround(r.duration_s * 1000)) / 1000);
   if (f == "restarts") return FieldValue(double(r.restarts));
   if (f == "git") return text(r.git_commit);

@@ -40,7 +40,7 @@ void end_with_launcher_error(const std::string& id, int exit_code, const std::st
   save_launcher_error(id, text);
   try {
     RunRecord r = load(id);
-    if (r.status != "running") return;
+    if (!live_status(r.status)) return;
     r.status = "failed";
     r.exit_code = exit_code;
     r.ended_at = now_iso8601();

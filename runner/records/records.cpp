@@ -69,6 +69,7 @@ RunRecord from_json(const json& j) {
   r.started_at = get<std::string>(j, "started_at", "");
   r.ended_at = get<std::string>(j, "ended_at", "");
   r.duration_s = get(j, "duration_s", 0.0);
+  r.queued_s = get(j, "queued_s", 0.0);
   r.spec_file = get<std::string>(j, "spec_file", "");
   r.spec_toml = get<std::string>(j, "spec", "");
   r.workdir = get<std::string>(j, "workdir", "");
@@ -212,7 +213,7 @@ json to_json_value(const RunRecord& r) {
                   {"requests", s.requests},
                   {"keys", s.keys},
                   {"max_queue_depth", s.max_queue_depth}});
-  const bool ended = r.status != "running" && r.status != "lost";
+  const bool ended = !live_status(r.status) && r.status != "lost";
   json j{
       {"schema", kJsonSchema},
       {"id", r.id},
@@ -234,6 +235,7 @@ json to_json_value(const RunRecord& r) {
       {"max_restarts", r.max_restarts},
       {"generations", generations},
       {"detached", r.detached},
+      {"queued_s", r.queued_s > 0 ? json(r.queued_s) : json(nullptr)},
       {"slurm_job_id", or_null(r.slurm_job_id)},
       {"kind", r.kind},
       {"ssh_config", or_null(r.ssh_config)},
@@ -487,7 +489,7 @@ RunRecord load(const std::string& id) {
                 "remove the folder, or restore run.json");
   // A launcher that died without writing the end leaves "running" behind: say what it is, and
   // how long it ran as far as its folder knows (the last file written there).
-  if (r.status == "running" && !launcher_alive(r)) {
+  if (live_status(r.status) && !launcher_alive(r)) {
     r.status = "lost";
     r.duration_s = last_sign_of_life(r);
   }

@@ -83,9 +83,10 @@ struct Generation {
 
 struct RunRecord {
   std::string id, name;
-  std::string status = "running";  // running | lost (launcher died) | succeeded | failed | interrupted |
-                                   // stopped | timeout | host-failure
+  std::string status = "running";  // queued | running | lost (launcher died) | succeeded | failed |
+                                   // interrupted | stopped | timeout | host-failure | busy
   int exit_code = -1;
+  double queued_s = 0;  // how long it waited in the hosts' queue before its ranks started
   int launcher_pid = 0;
   unsigned long long launcher_start = 0;  // /proc start time, to tell a reused pid apart
   std::string started_at, ended_at;       // ISO 8601, UTC
@@ -180,6 +181,8 @@ std::string plan_to_json(const plan::Plan& p);
 
 // Whether the launcher that owns a "running" record is still alive (pid and start time match).
 bool launcher_alive(const RunRecord& r);
+// Not ended yet, by its record: running, or waiting in the hosts' queue.
+inline bool live_status(const std::string& status) { return status == "running" || status == "queued"; }
 // This process's start time as /proc/self/stat reports it.
 unsigned long long process_start_time(int pid);
 

@@ -212,7 +212,7 @@ std::string age(const std::string& iso) {
 }
 
 std::string duration_of(const RunRecord& r) {
-  if (r.status == "running" || (r.status == "lost" && r.duration_s <= 0)) return "-";
+  if (live_status(r.status) || (r.status == "lost" && r.duration_s <= 0)) return "-";
   return text::format_duration(std::chrono::milliseconds(static_cast<long long>(r.duration_s * 1000)));
 }
 
@@ -265,7 +265,7 @@ int print_logs(const LogsOptions& o) {
   // Merged in the order the output arrived (as the live console showed it), unless asked for
   // rank by rank or the run predates output.order.
   const std::string order_path = order_path_in(run_dir(id));
-  const bool merged = !o.by_rank && (::access(order_path.c_str(), F_OK) == 0 || rec.status == "running");
+  const bool merged = !o.by_rank && (::access(order_path.c_str(), F_OK) == 0 || live_status(rec.status));
   OrderReader order;
   auto pump_all = [&](bool final) {
     bool any = merged && pump_ordered(fs, by_rank, order.next(order_path), lf);
@@ -293,7 +293,7 @@ int print_logs(const LogsOptions& o) {
   while (true) {
     if (pump_all(false)) continue;
     RunRecord now = load(id);
-    if (now.status != "running") {
+    if (!live_status(now.status)) {
       pump_all(true);
       print_launcher_error();
       if (now.status == "lost")
@@ -433,6 +433,10 @@ void print_show(const std::string& query, bool json, bool color) {
   std::printf("status     %s", t(status));
   if (r.exit_code >= 0) std::printf(" (exit code %d)", r.exit_code);
   std::printf("\nstarted    %s\n", t(age(r.started_at)));
+  if (r.status == "queued") std::printf("queued     waiting in the hosts' queue (mltrain queue shows its place)\n");
+  if (r.queued_s > 0)
+    std::printf("queued     waited %s in the hosts' queue before its ranks started\n",
+                t(text::format_duration(std::chrono::milliseconds(static_cast<long long>(r.queued_s * 1000)))));
   if (!r.ended_at.empty()) std::printf("ended      %s (%s)\n", t(age(r.ended_at)), duration_of(r).c_str());
   if (r.status == "lost" && r.duration_s > 0)
     std::printf("ran        at least %s (its last output; the end was never recorded)\n",
@@ -488,7 +492,7 @@ void print_show(const std::string& query, bool json, bool color) {
   row("RANK", "HOST", "LOCAL", "PID", "RESULT", gpus ? "GPUS" : "");
   for (const auto& k : r.ranks) {
     std::string host = size_t(k.host) < r.hosts.size() ? r.hosts[size_t(k.host)].name : "?";
-    std::string result = k.exit_code < 0 ? (status == "running" ? "running" : "-")
+    std::string result = k.exit_code < 0 ? (live_status(status) ? status : "-")
                          : k.signal      ? describe_status(k.signal)
                                          : "exit " + std::to_string(k.exit_code);
     std::vector<std::string> held;  // "0 (GPU-4049c22c-…)": the physical GPUs, leased for it
@@ -525,7 +529,7 @@ void print_show(const std::string& query, bool json, bool color) {
 int stop_run(const std::string& query) {
   std::string id = resolve(query);
   RunRecord r = load(id);
-  if (r.status != "running" && r.status != "lost") {
+  if (!live_status(r.status) && r.status != "lost") {
     std::printf("run %s already ended (%s)\n", id.c_str(), r.status.c_str());
     return 0;
   }
@@ -547,7 +551,7 @@ int stop_run(const std::string& query) {
   for (int i = 0; i < 600; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     RunRecord now = load(id);
-    if (now.status != "running") {
+    if (!live_status(now.status)) {
       std::printf("run %s %s\n", id.c_str(), now.status.c_str());
       return 0;
     }

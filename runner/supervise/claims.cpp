@@ -188,7 +188,7 @@ void RunPlay::leave_out_spare(size_t i) {
 }
 
 // "waiting for 2 GPUs on h2; 1 job ahead": what the first busy host lacks, and the longest line.
-std::string RunPlay::waiting_status() const {
+std::string RunPlay::waiting_status(bool interactive) const {
   std::vector<std::string> hosts;
   uint32_t ahead = 0, gpus = 0;
   for (size_t i = 0; i < fleet_.size(); ++i) {
@@ -202,7 +202,7 @@ std::string RunPlay::waiting_status() const {
                               : std::string(opts_.claims && opts_.claims->exclusive ? "the whole host " : "");
   std::string s = "waiting for " + what + text::compact_names(hosts);
   if (ahead > 0) s += "; " + std::to_string(ahead) + (ahead == 1 ? " job" : " jobs") + " ahead";
-  return s + " (Ctrl-C leaves the queue)";
+  return interactive ? s + " (Ctrl-C leaves the queue)" : s;
 }
 
 void RunPlay::claim_timers(Clock::time_point now) {

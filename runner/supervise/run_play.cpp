@@ -101,8 +101,14 @@ void RunPlay::begin(Phase p) {
       break;
     case Phase::queued:
       retry_at_ = clock_.now() + (opts_.claims ? opts_.claims->retry : milliseconds(500));
-      if (!queue_deadline_ && opts_.claims && opts_.claims->queue_timeout.count() > 0)
-        queue_deadline_ = clock_.now() + opts_.claims->queue_timeout;
+      if (!queued_since_) {  // the first wait: the record says so, and a detached command returns
+        queued_since_ = clock_.now();
+        if (opts_.claims && opts_.claims->queue_timeout.count() > 0)
+          queue_deadline_ = *queued_since_ + opts_.claims->queue_timeout;
+        rec_.status = "queued";
+        if (!records::save(rec_)) record_unsaved_ = true;
+        if (opts_.on_queued) opts_.on_queued(waiting_status(false));
+      }
       break;
     case Phase::restarting:
       restart_gang();
@@ -166,6 +172,10 @@ void RunPlay::restart_gang() {
 void RunPlay::start_ranks() {
   // The timeout counts from the ranks' first start: a wait in the queue is not the job's time.
   if (opts_.timeout.count() > 0 && !job_deadline_) job_deadline_ = clock_.now() + opts_.timeout;
+  if (rec_.status == "queued") {
+    rec_.status = "running";
+    rec_.queued_s = std::chrono::duration<double>(clock_.now() - *queued_since_).count();
+  }
   rec_.restarts = restart_;
   if (rec_.generations.empty()) {
     rec_.generations.push_back({0, records::now_iso8601(), {}, int(plan_.ranks.size()), ""});

@@ -91,6 +91,9 @@ struct Options {
   // Called once, when every host passed preflight and the ranks were sent to start (a detached
   // launcher tells the command waiting for it that the run started).
   std::function<void()> on_running;
+  // Called once, when the job first waits in the hosts' queue, with the waiting line ("waiting for
+  // 2 GPUs on h1; 1 job ahead"): a detached run's command returns then.
+  std::function<void(const std::string& status)> on_queued;
   std::optional<SyncJob> sync;
   std::optional<SetupJob> setup;
   std::optional<PullJob> pull;

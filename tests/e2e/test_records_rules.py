@@ -112,7 +112,7 @@ def test_gc_removes_the_folders_killed_launchers_left_half_made_and_only_those(m
 
 RUN_FIELDS = {"schema", "id", "name", "status", "exit_code", "launcher_pid", "launcher_start", "started_at",
               "ended_at", "duration_s", "spec_file", "workdir", "git_commit", "argv", "master_addr",
-              "master_port", "restarts", "max_restarts", "generations", "detached", "slurm_job_id", "ps_servers", "log_prefix",
+              "master_port", "restarts", "max_restarts", "generations", "detached", "queued_s", "slurm_job_id", "ps_servers", "log_prefix",
               "kind", "ssh_config", "rerun_of", "sweep",
               "hosts", "ranks", "failure", "pull", "code", "metrics", "spec"}
 RANK_FIELDS = {"rank", "host", "node_rank", "local_rank", "pid", "exit_code", "signal", "host_lost", "env", "gpus"}

@@ -420,3 +420,27 @@ def test_queue_reads_utilization_from_nvidia_smi_when_nvml_does_not_load(ml, fak
     assert r.returncode == 0, r.stderr
     # As `top` reads it from the same nvidia-smi (the column said '-,-').
     assert re.search(r"localhost\s+0,1\s+\(free\)\s+87%,87%", r.stdout), r.stdout
+
+
+def test_a_detached_queued_job_returns_at_once_and_is_recorded_queued_then_running(ml, fakes):
+    a, go_a, up_a = job(ml, fakes, "hold", ranks=4)
+    c, _, _ = job(ml, fakes, "later", hold=False)
+    pa = start(ml, a)
+    started(ml, up_a, ranks=4)
+    try:
+        # It waited silently until the job left the queue (7.6 s with no line).
+        r = ml("run", "-d", c, "--queue", timeout=30, unset=CLEAN)
+        assert r.returncode == 0, r.stderr
+        run_id = r.stdout.strip()
+        assert f"mltrain: run {run_id} waits in the hosts' queue (waiting for 2 GPUs on localhost)" in r.stderr, r.stderr
+        rec = json.loads(ml("show", "--json", run_id).stdout)
+        assert rec["status"] == "queued" and rec["exit_code"] is None, rec
+        assert re.search(rf"{re.escape(run_id)}\s.*\bqueued\b", ml("ls").stdout), ml("ls").stdout
+    finally:
+        go_a.touch()
+    communicate(pa, 60)
+    wait_for(lambda: json.loads(ml("show", "--json", run_id).stdout)["status"] == "succeeded", 60,
+             "the queued job to run and end")
+    rec = json.loads(ml("show", "--json", run_id).stdout)
+    assert rec["queued_s"] > 0 and sorted(sum(gpus_of(ml("logs", run_id).stdout).values(), [])) == [0, 1], rec
+    assert "waited " in ml("show", run_id).stdout

@@ -124,7 +124,7 @@ class RunPlay final : public Play {
   void claim_timers(Clock::time_point now);
   std::string claim_obstacles(size_t i) const;  // "h2: GPUs 0-3 held by run … for 1h02m"
   void name_squatters(size_t i, const std::vector<std::string>& squatters);  // once per host and name
-  std::string waiting_status() const;  // "waiting for 2 GPUs on h2; 1 job ahead"
+  std::string waiting_status(bool interactive = true) const;  // "waiting for 2 GPUs on h2; 1 job ahead"
   void leave_out_spare(size_t i);      // a spare not granted: the job goes without it
   void settle_rendezvous();
   void fail_host(size_t i, const std::string& problem);  // and move on if that was the last answer
@@ -244,6 +244,7 @@ class RunPlay final : public Play {
   std::vector<std::vector<int32_t>> ps_numbers_;     // per host: the PS servers its agent runs
   std::optional<Clock::time_point> retry_at_;        // queued: ask the hosts again then
   std::optional<Clock::time_point> queue_deadline_;  // queued: leave the queue then (queue_timeout)
+  std::optional<Clock::time_point> queued_since_;    // when the job first waited in the queue
   std::string waiting_said_;                         // queued: the status last printed (not a terminal)
 };
 
