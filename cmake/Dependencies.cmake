@@ -7,6 +7,8 @@ find_package(fmt CONFIG REQUIRED)
 find_package(spdlog CONFIG REQUIRED)
 find_package(libssh CONFIG REQUIRED)
 find_package(Boost 1.74 REQUIRED COMPONENTS filesystem)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(RE2 REQUIRED IMPORTED_TARGET re2)
 # Sync: zstd compresses what travels (the agent links the static library: glibc is its only
 # shared library); XXH3 hashes file contents (xxhash.h inline, no library).
 find_path(XXHASH_INCLUDE_DIR xxhash.h REQUIRED)

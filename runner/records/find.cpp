@@ -4,10 +4,11 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
-#include <regex>
 
 #include "runner/common/error.h"
+#include "runner/common/regex.h"
 #include "runner/common/text.h"
 
 namespace mltrain::records {
@@ -60,6 +61,28 @@ std::vector<std::string> split_word(const std::string& expr, const std::string& 
   }
   parts.push_back(cur);
   return parts;
+}
+
+// "FIELD OP VALUE": a field name ([A-Za-z_][A-Za-z0-9_./-]*), an operator, a value (trimmed, not
+// empty). By hand, not a std::regex: a value may be 100,000 characters long.
+bool split_condition(const std::string& part, std::string& field, std::string& op, std::string& value) {
+  size_t i = part.find_first_not_of(" \t");
+  if (i == std::string::npos || !(std::isalpha(static_cast<unsigned char>(part[i])) || part[i] == '_')) return false;
+  size_t f = i;
+  while (i < part.size() && (std::isalnum(static_cast<unsigned char>(part[i])) ||
+                             std::string_view("_./-").find(part[i]) != std::string_view::npos))
+    ++i;
+  field = part.substr(f, i - f);
+  i = part.find_first_not_of(" \t", i);
+  if (i == std::string::npos) return false;
+  for (const char* o : {"<=", ">=", "==", "!=", "=", "<", ">", "~"})
+    if (part.compare(i, std::strlen(o), o) == 0) {
+      op = o;
+      break;
+    }
+  if (op.empty()) return false;
+  value = trim(part.substr(i + op.size()));
+  return !value.empty();
 }
 
 }  // namespace
@@ -128,31 +151,28 @@ std::optional<FieldValue> RunFields::get(const std::string& f) {
 }
 
 Filter::Filter(const std::string& expr) {
-  static const std::regex kCondition(
-      R"(^\s*([A-Za-z_][A-Za-z0-9_./-]*)\s*(<=|>=|==|!=|=|<|>|~)\s*(.*?)\s*$)");
   if (trim(expr).empty()) return;
   for (const auto& alternative : split_word(expr, "or")) {
     std::vector<Condition> all;
     for (const auto& part : split_word(alternative, "and")) {
-      std::smatch m;
-      if (!std::regex_match(part, m, kCondition) || m[3].str().empty())
+      std::string field, op, value;
+      if (!split_condition(part, field, op, value))
         throw Error(
-            "--where: '" + trim(part) + "' is not a condition FIELD OP VALUE",
+            "--where: '" + text::excerpt(trim(part), 80) + "' is not a condition FIELD OP VALUE",
             "as in --where 'metric.loss < 0.3 and status = succeeded'; OP: < <= > >= = != ~ (regex); " +
                 std::string(kFieldHint));
-      Condition c{m[1], m[2], m[3], std::nullopt};
+      Condition c{field, op, value, std::nullopt, nullptr};
       if (std::string why; !known_field(c.field, why)) throw Error("--where: " + why, kFieldHint);
       if (c.value.size() >= 2 && (c.value[0] == '\'' || c.value[0] == '"') && c.value.back() == c.value[0])
         c.value = c.value.substr(1, c.value.size() - 2);
       else
         c.number = number_of(c.value);
       if (c.op == "~") {
-        try {
-          std::regex check(c.value, std::regex::ECMAScript);
-        } catch (const std::regex_error& e) {
-          throw Error("--where: '" + c.value + "' is not a regular expression: " + e.what(),
-                      "escape special characters");
-        }
+        std::string error;
+        c.re = text::Regex::compile(c.value, error);
+        if (!c.re)
+          throw Error("--where: '" + text::excerpt(c.value, 80) + "' is not a regular expression: " + error,
+                      "escape special characters (RE2's syntax: no back-references or look-around)");
       }
       all.push_back(std::move(c));
     }
@@ -173,7 +193,7 @@ bool Filter::matches(RunFields& run) const {
       int cmp = 0;
       const double* num = std::get_if<double>(&*v);
       if (c.op == "~") {
-        ok = std::regex_search(cell_text(v), std::regex(c.value, std::regex::ECMAScript));
+        ok = c.re->search(cell_text(v));
       } else {
         if (num && c.number)
           cmp = *num < *c.number ? -1 : *num > *c.number ? 1 : 0;

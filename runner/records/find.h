@@ -3,6 +3,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <variant>
@@ -10,6 +11,10 @@
 
 #include "runner/records/metrics.h"
 #include "runner/records/records.h"
+
+namespace mltrain::text {
+class Regex;
+}
 
 namespace mltrain::records {
 
@@ -49,6 +54,7 @@ class Filter {
   struct Condition {
     std::string field, op, value;
     std::optional<double> number;
+    std::shared_ptr<const text::Regex> re;  // op "~": `value` compiled once
   };
   std::vector<std::vector<Condition>> any_of_;  // or over and
 };

@@ -1,5 +1,8 @@
 #include "runner/records/metrics.h"
 
+#include "runner/common/regex.h"
+#include "runner/common/text.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -13,7 +16,6 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <regex>
 
 #include "runner/spec/spec.h"
 
@@ -58,18 +60,28 @@ bool write_all(int fd, std::string_view data) {
 }  // namespace
 
 struct MetricsLog::Pattern {
-  std::regex re;
+  std::unique_ptr<text::Regex> re;
   std::vector<std::string> groups;  // of each capturing group: its name, "" unnamed
+  std::string text;                 // as the spec wrote it, for the message that switches it off
+  bool off = false;                 // it took longer than kMatchBudget on one line
 };
+
+namespace {
+// RE2 matches in time linear in the line (4 KiB at most); a pattern that still takes this long on
+// one line would slow the console of every rank: it is switched off for the run, said once.
+constexpr std::chrono::milliseconds kMatchBudget{50};
+}  // namespace
 
 MetricsLog::MetricsLog(std::string run_dir, const std::vector<std::string>& patterns)
     : path_(std::move(run_dir) + "/" + kMetricsFile), start_(std::chrono::steady_clock::now()) {
   for (const auto& p : patterns) {
     auto compiled = std::make_unique<Pattern>();
     std::string error;
-    const std::string ecma = spec::metric_regex(p, compiled->groups, error);
-    if (ecma.empty()) continue;  // the spec's loader refused it already
-    compiled->re = std::regex(ecma, std::regex::ECMAScript | std::regex::optimize);
+    const std::string re2 = spec::metric_regex(p, compiled->groups, error);
+    if (re2.empty()) continue;  // the spec's loader refused it already
+    compiled->re = text::Regex::compile(re2, error);
+    if (!compiled->re) continue;
+    compiled->text = p;
     patterns_.push_back(std::move(compiled));
   }
 }
@@ -144,13 +156,23 @@ void MetricsLog::match(std::string_view line) {
   if (size_t cr = line.rfind('\r'); cr != std::string_view::npos) line.remove_prefix(cr + 1);
   std::optional<int64_t> step;
   std::vector<std::pair<std::string, double>> values;
+  std::vector<std::string_view> found;
   for (const auto& p : patterns_) {
-    std::cmatch m;
-    if (!std::regex_search(line.data(), line.data() + line.size(), m, p->re)) continue;
-    for (size_t g = 0; g < p->groups.size(); ++g) {
+    if (p->off) continue;
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool hit = p->re->search(line, found);
+    if (const auto took = std::chrono::steady_clock::now() - t0; took > kMatchBudget) {
+      p->off = true;
+      std::fprintf(stderr,
+                   "mltrain: [metrics] pattern '%s' took %lld ms on one line; it is switched off for this run\n",
+                   text::host_text(p->text, 80).c_str(),
+                   (long long)std::chrono::duration_cast<std::chrono::milliseconds>(took).count());
+    }
+    if (!hit) continue;
+    for (size_t g = 0; g < p->groups.size() && g < found.size(); ++g) {
       const std::string& name = p->groups[g];
-      if (name.empty() || !m[g + 1].matched) continue;
-      const std::string text = m[g + 1].str();
+      if (name.empty() || !found[g].data()) continue;
+      const std::string text(found[g]);
       if (name == "step") {
         int64_t s = 0;
         auto r = std::from_chars(text.data(), text.data() + text.size(), s);

@@ -9,13 +9,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
-#include <regex>
 #include <thread>
 
 #include "runner/common/color.h"
 #include "runner/common/error.h"
 #include "runner/common/status.h"
 #include "runner/common/sys_check.h"
+#include "runner/common/regex.h"
 #include "runner/common/text.h"
 #include "runner/records/find.h"
 #include "runner/records/metrics.h"
@@ -37,7 +37,7 @@ struct Follower {
 };
 
 struct LineFilter {
-  std::optional<std::regex> re;
+  std::unique_ptr<text::Regex> re;
   bool terminal = false;  // stdout is a terminal: show what one shows of \r progress, escape the rest
 };
 
@@ -55,7 +55,7 @@ void take(Follower& f, std::string_view bytes, const LineFilter& lf, bool final,
   f.partial.append(bytes);
   size_t start = 0, nl;
   auto line = [&](std::string_view l) {
-    if (lf.re && !std::regex_search(l.begin(), l.end(), *lf.re)) return;
+    if (lf.re && !lf.re->search(l)) return;
     out += f.prefix;
     out += shown(l, lf);
     out += '\n';
@@ -135,7 +135,7 @@ bool pump_ordered(std::vector<Follower>& fs, const std::vector<int>& by_rank,
 }
 
 // Where to start so that only the last `n` lines matching `re` are printed.
-off_t grep_tail_offset(const std::string& path, int n, const std::regex& re) {
+off_t grep_tail_offset(const std::string& path, int n, const text::Regex& re) {
   std::deque<off_t> starts;
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return 0;
@@ -144,7 +144,7 @@ off_t grep_tail_offset(const std::string& path, int n, const std::regex& re) {
   char buf[65536];
   ssize_t got;
   auto line = [&](std::string_view l, off_t at) {
-    if (!std::regex_search(l.begin(), l.end(), re)) return;
+    if (!re.search(l)) return;
     starts.push_back(at);
     if (starts.size() > size_t(n)) starts.pop_front();
   };
@@ -224,12 +224,11 @@ int print_logs(const LogsOptions& o) {
   LineFilter lf;
   lf.terminal = o.terminal;
   if (!o.grep.empty()) {
-    try {
-      lf.re.emplace(o.grep, std::regex::ECMAScript);
-    } catch (const std::regex_error& e) {
-      throw Error("--grep '" + o.grep + "' is not a valid regular expression: " + e.what(),
-                  "escape special characters");
-    }
+    std::string error;
+    lf.re = text::Regex::compile(o.grep, error);
+    if (!lf.re)
+      throw Error("--grep '" + text::excerpt(o.grep, 80) + "' is not a valid regular expression: " + error,
+                  "escape special characters (RE2's syntax: no back-references or look-around)");
   }
   if (o.ranks)
     for (int r : *o.ranks)

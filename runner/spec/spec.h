@@ -125,10 +125,10 @@ struct MetricsSection {
   std::vector<std::string> patterns;
 };
 
-// A [metrics] pattern in std::regex's ECMAScript grammar: each named group, Python's
-// `(?P<name>...)` or `(?<name>...)`, made a plain group. `groups` gets the name of every capturing
-// group in order ("" for an unnamed one). "" with `error` set when the pattern does not compile,
-// names no metric, or uses what ECMAScript lacks (a named back-reference).
+// A [metrics] pattern in RE2's grammar (runner/common/regex.h): each named group, Python's
+// `(?P<name>...)` or `(?<name>...)`, is a metric. `groups` gets the name of every capturing group
+// in order ("" for an unnamed one). "" with `error` set when the pattern does not compile (RE2
+// has no back-reference or look-around), is over regex.h's bounds, or names no metric.
 std::string metric_regex(const std::string& pattern, std::vector<std::string>& groups, std::string& error);
 
 // [sweep]: a job run once per trial, each with its parameters substituted as {name} into

@@ -113,3 +113,18 @@ def test_diff_compares_the_environment_and_utilization(ml):
     assert d["fields"]["kernel"] == {"a": os.uname().release, "b": os.uname().release, "same": True}
     assert d["fields"]["python"]["same"] and "cpu use" in d["fields"] and "gpu use" in d["fields"]
     assert d["fields"]["gpu use"]["a"] == "-"  # no GPU here
+
+
+def test_a_huge_or_deep_pattern_is_a_clear_error_not_a_crash(ml):
+    # std::regex overflowed its stack on these (SIGSEGV); RE2 with bounds says what is wrong.
+    assert ml("run", "--", "true").returncode == 0
+    huge = "a" * 100_000
+    r = ml("ls", "--where", f"name ~ {huge}")
+    assert r.returncode == 2 and "at most 4096 are taken" in r.stderr, r.stderr[-500:]
+    deep = "(" * 200 + "a" + ")" * 200
+    r = ml("logs", "--grep", deep, "latest")
+    assert r.returncode == 2 and "nests groups more than 64 deep" in r.stderr, r.stderr[-500:]
+    spec = ml.write("m.toml", f"[run]\ncommand = \"true\"\n[metrics]\npattern = '(?P<loss>{huge})'\n")
+    for args in (["validate", spec], ["run", "--dry-run", spec]):
+        r = ml(*args)
+        assert r.returncode == 2 and "m.toml:4:" in r.stderr and "at most 4096 are taken" in r.stderr, r.stderr[-500:]

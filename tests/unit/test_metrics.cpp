@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -32,22 +33,44 @@ std::string untimed(const std::string& line) {
 
 }  // namespace
 
-TEST_CASE("metrics: a pattern's Python named groups become plain groups, and bad ones are refused") {
+TEST_CASE("metrics: a pattern's Python named groups are its metrics, and bad ones are refused") {
   std::vector<std::string> groups;
   std::string error;
   CHECK(spec::metric_regex(R"(step (?P<step>\d+) loss=(?P<loss>[-0-9.e+]+) \((x)\))", groups, error) ==
-        R"(step (\d+) loss=([-0-9.e+]+) \((x)\))");
+        R"(step (?P<step>\d+) loss=(?P<loss>[-0-9.e+]+) \((x)\))");
   CHECK(groups == std::vector<std::string>{"step", "loss", ""});
-  CHECK(spec::metric_regex(R"((?:acc|accuracy)=(?<acc>[0-9.]+)[(?P<x>])", groups, error) ==
-        R"((?:acc|accuracy)=([0-9.]+)[(?P<x>])");  // inside a class, nothing is a group
+  CHECK(spec::metric_regex(R"((?:acc|accuracy)=(?<acc>[0-9.]+)[(?<x>])", groups, error) ==
+        R"((?:acc|accuracy)=(?P<acc>[0-9.]+)[(?<x>])");  // inside a class, nothing is a group
   CHECK(groups == std::vector<std::string>{"acc"});
-  for (const char* bad :
-       {"loss=([0-9.]+)", "(?P<step>\\d+)", "(?P<1x>.)", "(?P<a>.)(?P<a>.)", "(?P<a>[)", "(?P<a>.)(?P=a)"}) {
-    CAPTURE(bad);
+  // Over the bounds: a pattern of 100,000 characters (std::regex overflowed its stack on it), and
+  // groups nested past 64; what RE2 lacks (back-references, look-around).
+  const std::string huge = "(?P<loss>" + std::string(100000, 'a') + ")";
+  const std::string deep = std::string(70, '(') + "(?P<loss>.)" + std::string(70, ')');
+  for (const std::string& bad : {std::string("loss=([0-9.]+)"), std::string("(?P<step>\\d+)"), std::string("(?P<1x>.)"),
+                                 std::string("(?P<a>.)(?P<a>.)"), std::string("(?P<a>[)"), std::string("(?P<a>.)(?P=a)"),
+                                 std::string("(?P<a>.)\\1"), std::string("(?=x)(?P<a>.)"), huge, deep}) {
+    CAPTURE(bad.substr(0, 40));
     error.clear();
     CHECK(spec::metric_regex(bad, groups, error).empty());
     CHECK_FALSE(error.empty());
   }
+  error.clear();
+  spec::metric_regex(huge, groups, error);
+  CHECK(error == "not a regular expression (RE2's syntax): the pattern is 100010 characters long; at most 4096 "
+                 "are taken");
+}
+
+// A line built to make a backtracking engine take exponential time (std::regex took 76 s on long
+// lines): RE2 matches it in time linear in the line.
+TEST_CASE("metrics: a pattern that backtracks catastrophically elsewhere matches a long line at once") {
+  testing::TempDir dir("metrics-slow");
+  records::MetricsLog log(dir.path.string(), {R"((a+)+b loss=(?P<loss>[0-9.]+))"});
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 100; ++i) log.output(0, 1, std::string(4000, 'a') + "c\n");
+  log.output(0, 1, "aaab loss=0.5\n");
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  log.flush();
+  CHECK(log.summary().records == 1);
 }
 
 TEST_CASE(
