@@ -336,11 +336,11 @@ bool plain_shell_command(std::string_view cmd) {
   std::string_view first = cmd.substr(b, cmd.find_first_of(" \t", b) - b);
   if (first.find_first_of("=$'\"{}*?[~") != std::string_view::npos) return false;
   static constexpr std::string_view kNotPrograms[] = {
-      "!",     "{",      "}",     "if",     "then",    "else",  "elif",     "fi",    "do",     "done",
-      "case",  "esac",   "while", "until",  "for",     "in",    "function", "select", "time", "cd",
-      ".",     "source", "exit",  "export", "set",     "unset", "alias",    "return", "eval", "exec",
-      "trap",  "wait",   "read",  "shift",  "ulimit",  "umask", "type",     "command", "hash", "jobs",
-      "fg",    "bg",     "getopts", "local", "readonly", "break", "continue", ":"};
+      "!",    "{",      "}",       "if",     "then",     "else",  "elif",     "fi",      "do",   "done",
+      "case", "esac",   "while",   "until",  "for",      "in",    "function", "select",  "time", "cd",
+      ".",    "source", "exit",    "export", "set",      "unset", "alias",    "return",  "eval", "exec",
+      "trap", "wait",   "read",    "shift",  "ulimit",   "umask", "type",     "command", "hash", "jobs",
+      "fg",   "bg",     "getopts", "local",  "readonly", "break", "continue", ":"};
   for (auto w : kNotPrograms)
     if (first == w) return false;
   return true;

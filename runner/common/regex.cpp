@@ -70,8 +70,8 @@ bool Regex::search(std::string_view text) const {
 bool Regex::search(std::string_view text, std::vector<std::string_view>& groups) const {
   const size_t n = names_.size();
   std::vector<re2::StringPiece> found(n + 1);
-  if (!impl_->re.Match(re2::StringPiece(text.data(), text.size()), 0, text.size(), RE2::UNANCHORED, found.data(),
-                       int(n + 1)))
+  if (!impl_->re.Match(re2::StringPiece(text.data(), text.size()), 0, text.size(), RE2::UNANCHORED,
+                       found.data(), int(n + 1)))
     return false;
   groups.assign(n, std::string_view());
   for (size_t g = 0; g < n; ++g)

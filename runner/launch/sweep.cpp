@@ -183,7 +183,8 @@ void check_used(const spec::JobSpec& job, const std::vector<Params>& trials, con
                     "give every trial of [[sweep.list]] the same parameters");
   std::vector<std::string> unused;
   for (const auto& name : names)
-    if (text.find("{" + name + "}") == std::string::npos && text.find("{" + name + "!raw}") == std::string::npos)
+    if (text.find("{" + name + "}") == std::string::npos &&
+        text.find("{" + name + "!raw}") == std::string::npos)
       unused.push_back(name);
   if (unused.empty()) return;
   const bool one = unused.size() == 1;

@@ -67,7 +67,8 @@ std::vector<std::string> split_word(const std::string& expr, const std::string& 
 // empty). By hand, not a std::regex: a value may be 100,000 characters long.
 bool split_condition(const std::string& part, std::string& field, std::string& op, std::string& value) {
   size_t i = part.find_first_not_of(" \t");
-  if (i == std::string::npos || !(std::isalpha(static_cast<unsigned char>(part[i])) || part[i] == '_')) return false;
+  if (i == std::string::npos || !(std::isalpha(static_cast<unsigned char>(part[i])) || part[i] == '_'))
+    return false;
   size_t f = i;
   while (i < part.size() && (std::isalnum(static_cast<unsigned char>(part[i])) ||
                              std::string_view("_./-").find(part[i]) != std::string_view::npos))

@@ -1,8 +1,5 @@
 #include "runner/records/metrics.h"
 
-#include "runner/common/regex.h"
-#include "runner/common/text.h"
-
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -17,6 +14,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "runner/common/regex.h"
+#include "runner/common/text.h"
 #include "runner/spec/spec.h"
 
 namespace mltrain::records {
@@ -163,10 +162,11 @@ void MetricsLog::match(std::string_view line) {
     const bool hit = p->re->search(line, found);
     if (const auto took = std::chrono::steady_clock::now() - t0; took > kMatchBudget) {
       p->off = true;
-      std::fprintf(stderr,
-                   "mltrain: [metrics] pattern '%s' took %lld ms on one line; it is switched off for this run\n",
-                   text::host_text(p->text, 80).c_str(),
-                   (long long)std::chrono::duration_cast<std::chrono::milliseconds>(took).count());
+      std::fprintf(
+          stderr,
+          "mltrain: [metrics] pattern '%s' took %lld ms on one line; it is switched off for this run\n",
+          text::host_text(p->text, 80).c_str(),
+          (long long)std::chrono::duration_cast<std::chrono::milliseconds>(took).count());
     }
     if (!hit) continue;
     for (size_t g = 0; g < p->groups.size() && g < found.size(); ++g) {

@@ -13,9 +13,9 @@
 
 #include "runner/common/color.h"
 #include "runner/common/error.h"
+#include "runner/common/regex.h"
 #include "runner/common/status.h"
 #include "runner/common/sys_check.h"
-#include "runner/common/regex.h"
 #include "runner/common/text.h"
 #include "runner/records/find.h"
 #include "runner/records/metrics.h"
@@ -432,10 +432,12 @@ void print_show(const std::string& query, bool json, bool color) {
   std::printf("status     %s", t(status));
   if (r.exit_code >= 0) std::printf(" (exit code %d)", r.exit_code);
   std::printf("\nstarted    %s\n", t(age(r.started_at)));
-  if (r.status == "queued") std::printf("queued     waiting in the hosts' queue (mltrain queue shows its place)\n");
+  if (r.status == "queued")
+    std::printf("queued     waiting in the hosts' queue (mltrain queue shows its place)\n");
   if (r.queued_s > 0)
-    std::printf("queued     waited %s in the hosts' queue before its ranks started\n",
-                t(text::format_duration(std::chrono::milliseconds(static_cast<long long>(r.queued_s * 1000)))));
+    std::printf(
+        "queued     waited %s in the hosts' queue before its ranks started\n",
+        t(text::format_duration(std::chrono::milliseconds(static_cast<long long>(r.queued_s * 1000)))));
   if (!r.ended_at.empty()) std::printf("ended      %s (%s)\n", t(age(r.ended_at)), duration_of(r).c_str());
   if (r.status == "lost" && r.duration_s > 0)
     std::printf("ran        at least %s (its last output; the end was never recorded)\n",

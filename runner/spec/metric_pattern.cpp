@@ -67,7 +67,8 @@ std::string metric_regex(const std::string& pattern, std::vector<std::string>& g
   for (const auto& g : groups) {
     if (g.empty()) continue;
     if (!metric_name(g)) {
-      error = "the group name '" + g + "' is not a name: letters, digits and '_', not starting with a digit, at most 64";
+      error = "the group name '" + g +
+              "' is not a name: letters, digits and '_', not starting with a digit, at most 64";
       return {};
     }
     if (!seen.insert(g).second) {

@@ -2,10 +2,10 @@
 // of which may be hostile), read back, and the chart (runner/records/metrics.h).
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <chrono>
 #include <string>
 #include <vector>
 
@@ -46,9 +46,10 @@ TEST_CASE("metrics: a pattern's Python named groups are its metrics, and bad one
   // groups nested past 64; what RE2 lacks (back-references, look-around).
   const std::string huge = "(?P<loss>" + std::string(100000, 'a') + ")";
   const std::string deep = std::string(70, '(') + "(?P<loss>.)" + std::string(70, ')');
-  for (const std::string& bad : {std::string("loss=([0-9.]+)"), std::string("(?P<step>\\d+)"), std::string("(?P<1x>.)"),
-                                 std::string("(?P<a>.)(?P<a>.)"), std::string("(?P<a>[)"), std::string("(?P<a>.)(?P=a)"),
-                                 std::string("(?P<a>.)\\1"), std::string("(?=x)(?P<a>.)"), huge, deep}) {
+  for (const std::string& bad :
+       {std::string("loss=([0-9.]+)"), std::string("(?P<step>\\d+)"), std::string("(?P<1x>.)"),
+        std::string("(?P<a>.)(?P<a>.)"), std::string("(?P<a>[)"), std::string("(?P<a>.)(?P=a)"),
+        std::string("(?P<a>.)\\1"), std::string("(?=x)(?P<a>.)"), huge, deep}) {
     CAPTURE(bad.substr(0, 40));
     error.clear();
     CHECK(spec::metric_regex(bad, groups, error).empty());
@@ -56,8 +57,9 @@ TEST_CASE("metrics: a pattern's Python named groups are its metrics, and bad one
   }
   error.clear();
   spec::metric_regex(huge, groups, error);
-  CHECK(error == "not a regular expression (RE2's syntax): the pattern is 100010 characters long; at most 4096 "
-                 "are taken");
+  CHECK(error ==
+        "not a regular expression (RE2's syntax): the pattern is 100010 characters long; at most 4096 "
+        "are taken");
 }
 
 // A line built to make a backtracking engine take exponential time (std::regex took 76 s on long

@@ -125,7 +125,7 @@ class RunPlay final : public Play {
   std::string claim_obstacles(size_t i) const;  // "h2: GPUs 0-3 held by run … for 1h02m"
   void name_squatters(size_t i, const std::vector<std::string>& squatters);  // once per host and name
   std::string waiting_status(bool interactive = true) const;  // "waiting for 2 GPUs on h2; 1 job ahead"
-  void leave_out_spare(size_t i);      // a spare not granted: the job goes without it
+  void leave_out_spare(size_t i);                             // a spare not granted: the job goes without it
   void settle_rendezvous();
   void fail_host(size_t i, const std::string& problem);  // and move on if that was the last answer
 
