@@ -520,10 +520,32 @@ void Agent::on(uint32_t, const msg::SyncEnd&) {
 
 // ---- setup ----
 
+namespace {
+
+// Which machine this is, for the setup's stamp: a home shared by several hosts (NFS) holds one
+// stamp per host, or a setup that installs into the host (apt, /scratch, a local venv) ran on one
+// host only and was "skipped, nothing changed" on the others. The machine id and the host name
+// (clones share a machine id; the test cluster's hosts share /etc).
+std::string machine_identity() {
+  std::string id;
+  if (FILE* f = std::fopen("/etc/machine-id", "r")) {
+    char buf[128];
+    size_t n = std::fread(buf, 1, sizeof buf, f);
+    id.assign(buf, n);
+    std::fclose(f);
+  }
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) == 0) id += '\n' + std::string(host);
+  return id;
+}
+
+}  // namespace
+
 void Agent::on(uint32_t, msg::Setup& m) {
   std::string cwd = expand_home(m.cwd);
   std::string dir = expand_home("~/.cache/mltrain/setup");
-  setup_stamp_ = dir + "/" + hex(canonical(XXH3_128bits(cwd.data(), cwd.size())));
+  const std::string where = cwd + '\0' + machine_identity();
+  setup_stamp_ = dir + "/" + hex(canonical(XXH3_128bits(where.data(), where.size())));
   setup_key_ = m.key;
   if (!m.force) {
     FILE* f = std::fopen(setup_stamp_.c_str(), "r");
