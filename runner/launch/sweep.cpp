@@ -66,8 +66,9 @@ struct Trial {
 struct Sweep {
   std::string id, dir, spec_file, name, metric, goal = "min", early_stop = "none";
   int max_parallel = 1;
-  bool queue = false;  // the trials wait for GPUs other jobs hold (--queue)
-  sync::Fd fd;         // `dir`, walked without following a link (open_sweep_dir)
+  int min_steps = -1, min_trials = 2;  // the stopping rule's warm-up (spec::SweepSection)
+  bool queue = false;                  // the trials wait for GPUs other jobs hold (--queue)
+  sync::Fd fd;                         // `dir`, walked without following a link (open_sweep_dir)
   std::vector<Trial> trials;
 };
 
@@ -255,6 +256,8 @@ void save(const Sweep& s) {
            {"metric", s.metric},
            {"goal", s.goal},
            {"early_stop", s.early_stop},
+           {"min_steps", s.min_steps},
+           {"min_trials", s.min_trials},
            {"max_parallel", s.max_parallel},
            {"queue", s.queue},
            {"trials", trials}};
@@ -304,6 +307,8 @@ Sweep load(const std::string& query) {
   s.metric = doc.value("metric", "");
   s.goal = doc.value("goal", "min");
   s.early_stop = doc.value("early_stop", "none");
+  s.min_steps = doc.value("min_steps", -1);
+  s.min_trials = doc.value("min_trials", 2);
   s.max_parallel = doc.value("max_parallel", 1);
   s.queue = doc.value("queue", false);
   for (const auto& t : doc["trials"]) {
@@ -394,18 +399,24 @@ bool better(const Sweep& s, double a, double b) { return s.goal == "max" ? a > b
 
 // The median stopping rule (Golovin et al., Google Vizier; Katib's "medianstop"): a running trial
 // whose best value up to its step s is worse than the median of the finished trials' running
-// averages up to s (each the mean of its values at steps <= s), once two trials have one.
+// averages up to s (each the mean of its values at steps <= s), once min_trials trials have one,
+// and never before the warm-up step (min_steps; by default a tenth of the longest finished
+// trial's steps: it stopped trials at step 2 of 40).
 bool should_stop(const Sweep& s, const Trial& t) {
   if (s.early_stop != "median" || !t.metric || s.metric.empty() || t.curve.empty()) return false;
   std::vector<double> others;
+  int64_t longest = 0;
   for (const auto& o : s.trials) {
     if (o.state != "succeeded") continue;
+    if (!o.curve.empty()) longest = std::max(longest, o.curve.rbegin()->first);
     double sum = 0;
     size_t n = 0;
     for (auto it = o.curve.begin(); it != o.curve.end() && it->first <= t.step; ++it) sum += it->second, ++n;
     if (n) others.push_back(sum / double(n));
   }
-  if (others.size() < 2) return false;
+  if (others.size() < size_t(std::max(s.min_trials, 1))) return false;
+  const int64_t warm_up = s.min_steps >= 0 ? s.min_steps : (longest + 9) / 10;
+  if (t.step < warm_up) return false;
   std::sort(others.begin(), others.end());
   const size_t m = others.size();
   const double median = m % 2 ? others[m / 2] : (others[m / 2 - 1] + others[m / 2]) / 2;
@@ -636,6 +647,8 @@ int sweep(const SweepRequest& req) {
     s.metric = base.sweep.metric;
     s.goal = base.sweep.goal;
     s.early_stop = base.sweep.early_stop;
+    s.min_steps = base.sweep.min_steps;
+    s.min_trials = base.sweep.min_trials;
     s.max_parallel = base.sweep.max_parallel;
     s.queue = base.gpus.per_proc > 0 || base.gpus.procs_per_gpu > 0;
     s.id = new_sweep_id(base.name);

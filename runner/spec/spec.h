@@ -146,7 +146,11 @@ struct SweepSection {
   std::string metric;               // what ranks report (docs/metrics.md): the trials' table sorts by it
   std::string goal = "min";         // min | max
   std::string early_stop = "none";  // none | median
-  int trials = 0;                   // with [sweep.random]: how many draws (with a grid: per grid point)
+  // The rule's warm-up (Optuna's n_warmup_steps, n_startup_trials): no trial is stopped before
+  // this step (-1: a tenth of the longest finished trial's steps) or before this many finished.
+  int min_steps = -1;
+  int min_trials = 2;
+  int trials = 0;  // with [sweep.random]: how many draws (with a grid: per grid point)
   int seed = 0;
   std::vector<std::pair<std::string, std::vector<std::string>>> grid;  // each value as TOML wrote it
   std::vector<SweepRange> random;

@@ -367,3 +367,29 @@ def test_a_value_is_one_shell_word_in_the_command_and_raw_only_when_asked(ml):
     t0, t1 = ((latest / f"trial-{t}.log").read_text() for t in (0, 1))
     assert f"<0.1; touch {hit}>" in t0 and "raw=5" in t0, t0
     assert "<a b 'c'>" in t1 and "raw=7" in t1, t1
+
+
+WARM_UP_TRIAL = r'''
+import os, sys, time
+f = os.fdopen(3, "w", buffering=1)
+bad = sys.argv[1] == "bad"
+for step in range(40):
+    f.write('{"step": %d, "loss": %s}\n' % (step, 100 if bad else 1.0))
+    time.sleep(0.3 if bad else 0.01)
+'''
+
+
+def test_median_stopping_waits_for_a_tenth_of_the_longest_trial_by_default(ml):
+    # It stopped trials at step 2 of 40: Optuna's n_warmup_steps is the default here, a tenth of
+    # the longest finished trial's steps (39: step 4).
+    d = ml.dir
+    (d / "trial.py").write_text(WARM_UP_TRIAL)
+    (d / "warm.toml").write_text(
+        f'[run]\ncommand = "/usr/bin/python3 {d / "trial.py"} {{kind}}"\n'
+        '[sweep]\nmetric = "loss"\nearly_stop = "median"\nmax_parallel = 1\n'
+        '[[sweep.list]]\nkind = "good"\n[[sweep.list]]\nkind = "good"\n[[sweep.list]]\nkind = "bad"\n')
+    r = ml("sweep", d / "warm.toml", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    trials = sweep_doc(ml)["trials"]
+    assert [t["state"] for t in trials] == ["succeeded", "succeeded", "early-stopped"], trials
+    assert 4 <= trials[2]["step"] < 39, trials[2]
