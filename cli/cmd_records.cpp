@@ -83,6 +83,10 @@ void register_ls(CLI::App& app, Global&, std::function<int()>& handler) {
   c->add_option("--where", o.where,
                 "Only the runs where FIELD OP VALUE holds; 'and', 'or'; OP: < <= > >= = != ~ (regex)");
   c->add_option("--columns", o.columns, "The table's (or --jsonl's) fields, comma-separated");
+  c->add_option_function<std::string>(
+       "-n,--newest", [](const std::string& v) { o.newest = int(text::parse_int_arg(v, "-n", 1, 1 << 30)); },
+       "Only the newest N runs (of those --where keeps)")
+      ->type_name("N");
   c->footer(
       "Fields: id name status kind exit ranks hosts started ended duration restarts git rerun_of spec,\n"
       "metric.NAME (its last value), metric.NAME.first|min|max|last|count, env.KEY (os kernel python torch "

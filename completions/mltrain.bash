@@ -64,11 +64,11 @@ _mltrain() {
 
     local cmds="run validate logs ls show stop rm gc completions knobs doctor bench top exec ssh cp export sbatch queue rerun diff sweep"
     local global_opts="-v --verbose --color"
-    local job_opts="-n --nprocs --procs-per-host --oversubscribe --queue --hostfile -H --hosts --include --exclude -e --env -x
+    local job_opts="-n --nprocs --procs-per-host --oversubscribe --queue --queue-timeout --hostfile -H --hosts --include --exclude -e --env -x
         --master-port --max-restarts --timeout --grace-period --profile --name --workdir"
     # Options that take a value (the value is the next word, or follows '=').
     local with_value=" --color -n --nprocs --procs-per-host --hostfile -H --hosts --include --exclude -e --env -x
-        --master-port --max-restarts --timeout --grace-period --profile --name --workdir --ranks -r --rank -g --grep -t --tail --stdin-rank --where --columns --resume --max-parallel "
+        --master-port --max-restarts --timeout --queue-timeout --grace-period --profile --name --workdir --newest --ranks -r --rank -g --grep -t --tail --stdin-rank --where --columns --resume --max-parallel "
     with_value=${with_value//$'\n'/ }
 
     # Find the subcommand, count the positionals after it, and notice a '--'.
@@ -169,7 +169,7 @@ _mltrain() {
             validate) flags="$job_opts --json -h --help $global_opts" ;;
             logs) flags="-f --follow -r --rank -g --grep -t --tail --no-prefix --by-rank -h --help $global_opts" ;;
             sweep) flags="--resume --max-parallel -h --help $global_opts" ;;
-            ls) flags="--json --jsonl --where --columns -h --help $global_opts" ;;
+            ls) flags="--json --jsonl --where --columns -n --newest -h --help $global_opts" ;;
             show | knobs | diff) flags="--json -h --help $global_opts" ;;
             stop | completions) flags="-h --help $global_opts" ;;
             *) flags="-h --help" ;;

@@ -134,6 +134,7 @@ complete -c mltrain -n "__mltrain_using $job" -s n -l nprocs -x -d 'Number of ra
 complete -c mltrain -n "__mltrain_using $job" -l procs-per-host -x -d 'Ranks on each host'
 complete -c mltrain -n "__mltrain_using $job" -l oversubscribe -d 'Allow more ranks than the hosts have slots'
 complete -c mltrain -n "__mltrain_using $job" -l queue -d 'Wait in the queue for GPUs held by other jobs'
+complete -c mltrain -n "__mltrain_using $job" -l queue-timeout -x -d 'Leave the queue after waiting this long'
 complete -c mltrain -n "__mltrain_using $job" -s x -x -a '(set -xn)' -d 'Forward a variable of this shell (K), or set it (K=V)'
 complete -c mltrain -n "__mltrain_using $job" -l master-port -x -d 'MASTER_PORT of the job'
 complete -c mltrain -n "__mltrain_using $job" -l hostfile -r -F -d 'Hostfile (DeepSpeed, Open MPI or Horovod format)'
@@ -169,6 +170,7 @@ complete -c mltrain -n '__mltrain_using ls show knobs diff' -l json -d 'Print as
 complete -c mltrain -n '__mltrain_using ls' -l jsonl -d 'One JSON object per run and line'
 complete -c mltrain -n '__mltrain_using ls' -l where -x -d 'Only the runs where FIELD OP VALUE holds'
 complete -c mltrain -n '__mltrain_using ls' -l columns -x -d 'The fields to show, comma-separated'
+complete -c mltrain -n '__mltrain_using ls' -s n -l newest -x -d 'Only the newest N runs'
 
 # completions.
 complete -c mltrain -n '__mltrain_using completions; and __mltrain_no_positional' -a 'bash zsh fish' -d 'Shell'

@@ -1,5 +1,6 @@
 #include "runner/records/find.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -179,6 +180,14 @@ Filter::Filter(const std::string& expr) {
     }
     any_of_.push_back(std::move(all));
   }
+}
+
+std::vector<std::string> Filter::fields() const {
+  std::vector<std::string> out;
+  for (const auto& all : any_of_)
+    for (const auto& c : all)
+      if (std::find(out.begin(), out.end(), c.field) == out.end()) out.push_back(c.field);
+  return out;
 }
 
 bool Filter::matches(RunFields& run) const {

@@ -57,6 +57,10 @@ class Filter {
     std::shared_ptr<const text::Regex> re;  // op "~": `value` compiled once
   };
   std::vector<std::vector<Condition>> any_of_;  // or over and
+
+ public:
+  // The fields the conditions name, each once.
+  std::vector<std::string> fields() const;
 };
 
 // "name,metric.loss,duration" -> its fields, each checked (throws mltrain::Error, exit 2).

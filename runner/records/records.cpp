@@ -580,9 +580,9 @@ std::string resolve(const std::string& query) {
     throw Error("'" + query + "' matches " + std::to_string(matches.size()) + " runs (newest first):" + list,
                 "give more of the id, or 'latest' for the newest run");
   }
-  std::vector<std::string> ids;
+  std::vector<std::string> ids = {"latest"};
   for (const auto& r : runs) ids.push_back(r.id);
-  throw Error("no run matches '" + query + "'" + text::did_you_mean(query, ids),
+  throw Error("no run matches '" + text::host_text(query, 80) + "'" + text::did_you_mean(query, ids),
               "list runs with 'mltrain ls'");
 }
 

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <thread>
 
@@ -352,6 +353,7 @@ void print_list(const ListOptions& o) {
   std::vector<RunRecord> runs;  // oldest first, as list() gives them
   for (const auto& r : all)
     if (RunFields f(r); filter.matches(f)) runs.push_back(r);
+  if (o.newest > 0 && runs.size() > size_t(o.newest)) runs.erase(runs.begin(), runs.end() - o.newest);
   if (o.json) {
     std::reverse(runs.begin(), runs.end());  // newest first, as the table
     std::printf("%s\n", list_to_json(runs).c_str());
@@ -369,7 +371,27 @@ void print_list(const ListOptions& o) {
     return;
   }
   if (runs.empty()) {
-    std::printf("no run of the %zu recorded matches --where '%s'\n", all.size(), o.where.c_str());
+    // A metric no run has is most often a misspelt one: say that, not only that nothing matched.
+    std::vector<std::string> names;
+    for (const auto& r : all)
+      for (const auto& n : r.metrics.names)
+        if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+    for (const auto& field : filter.fields()) {
+      if (field.rfind("metric.", 0) != 0) continue;
+      std::string name = field.substr(7);
+      for (const char* stat : {".first", ".min", ".max", ".last", ".count"})
+        if (name.size() > std::strlen(stat) &&
+            name.compare(name.size() - std::strlen(stat), std::string::npos, stat) == 0 &&
+            std::find(names.begin(), names.end(), name) == names.end())
+          name.resize(name.size() - std::strlen(stat));
+      if (std::find(names.begin(), names.end(), name) == names.end())
+        throw Error("--where: no run has a metric '" + text::host_text(name, 64) + "'" +
+                        text::did_you_mean(name, names),
+                    names.empty() ? "no run recorded a metric yet (docs/metrics.md)"
+                                  : "the runs' metrics: " + text::host_text(text::join(names, ", "), 400));
+    }
+    std::printf("no run of the %zu recorded matches --where '%s'\n", all.size(),
+                text::host_text(o.where, 200).c_str());
     return;
   }
   if (!columns.empty()) return print_columns(runs, columns);

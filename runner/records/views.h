@@ -28,6 +28,7 @@ struct ListOptions {
   bool jsonl = false;   // one JSON object per line
   std::string where;    // a filter (records/find.h)
   std::string columns;  // "" = the default table
+  int newest = 0;       // -n: only the newest N that pass `where` (0: all)
 };
 // `mltrain ls`: the runs, newest first, that pass `where`.
 void print_list(const ListOptions& o);

@@ -169,7 +169,7 @@ def test_bash_completes(scripts, env):
     assert got["mltrain run --profile "] == ["cpu-cluster", "local", "mine", "nccl-ethernet"]
     assert got["mltrain run --profile m"] == ["mine"]
     assert {"--help", "--version", "--verbose", "--color"} <= set(got["mltrain -"])
-    assert set(got["mltrain ls -"]) == {"-h", "--help", "--json", "--jsonl", "--where", "--columns", "-v", "--verbose",
+    assert set(got["mltrain ls -"]) == {"-h", "--help", "--json", "--jsonl", "--where", "--columns", "-n", "--newest", "-v", "--verbose",
                                         "--color"}
 
 

@@ -128,3 +128,18 @@ def test_a_huge_or_deep_pattern_is_a_clear_error_not_a_crash(ml):
     for args in (["validate", spec], ["run", "--dry-run", spec]):
         r = ml(*args)
         assert r.returncode == 2 and "m.toml:4:" in r.stderr and "at most 4096 are taken" in r.stderr, r.stderr[-500:]
+
+
+def test_a_misspelt_metric_or_run_says_what_is_there_and_ls_n_keeps_the_newest(ml):
+    logger = ml.write("log.py", "import mltrain\nmltrain.log(step=0, loss=0.5)\n")
+    for _ in range(3):
+        assert ml("run", "--", "/usr/bin/python3", logger).returncode == 0
+    # "no run matches" was all it said of a metric no run has.
+    r = ml("ls", "--where", "metric.los < 1")
+    assert r.returncode == 2 and "no run has a metric 'los' (did you mean 'loss'?)" in r.stderr, r.stderr
+    assert ml("ls", "--where", "metric.loss.min < 1", "--columns", "id").stdout.count("\n") == 4
+    r = ml("show", "lastest")
+    assert r.returncode != 0 and "(did you mean 'latest'?)" in r.stderr, r.stderr
+    every = ml("ls", "--columns", "id").stdout.split()[1:]
+    r = ml("ls", "-n", "2", "--columns", "id")
+    assert r.returncode == 0 and len(every) == 3 and r.stdout.split()[1:] == every[:2], r.stdout
