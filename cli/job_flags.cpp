@@ -32,8 +32,7 @@ void add_host_flags(CLI::App* c, launch::Overrides& f) {
               "When the GPUs (or hosts) are held by other jobs, wait for them in the hosts' queue instead of "
               "failing ([cluster] queue)");
   c->add_option("--queue-timeout", f.queue_timeout,
-                "Give up the place in the queue after waiting this long, e.g. 30m ([cluster] queue_timeout); "
-                "--timeout counts from when the ranks start");
+                "Give up the place in the queue after waiting this long, e.g. 30m ([cluster] queue_timeout)");
   c->add_option("--hostfile", f.hostfile, "Hostfile (DeepSpeed, Open MPI or Horovod format)");
   c->add_option_function<std::string>(
       "-H,--hosts", [&f](const std::string& v) { f.hosts = v; },

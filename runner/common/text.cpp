@@ -143,6 +143,18 @@ std::optional<std::vector<int>> parse_int_list(std::string_view s) {
   return out;
 }
 
+std::string named(std::string_view name, std::string_view line) {
+  if (line.size() > name.size() + 1 && line.substr(0, name.size()) == name &&
+      line.substr(name.size(), 2) == ": ")
+    return std::string(line);
+  return std::string(name) + ": " + std::string(line);
+}
+
+std::string unnamed(std::string_view name, std::string_view line) {
+  const std::string n = named(name, line);
+  return n.substr(name.size() + 2);
+}
+
 std::string shell_quote(std::string_view s) {
   bool plain = !s.empty();
   for (char c : s) {

@@ -52,6 +52,12 @@ std::string compact_names(const std::vector<std::string>& names);
 // `s` in at most `columns` terminal columns (a UTF-8 character is one), "…" last when cut.
 std::string cut(std::string_view s, size_t columns);
 
+// `line` said of host `name`: "name: line", unless it begins so already (a transport's errors
+// name their host: "h3: h3: cannot connect" was printed).
+std::string named(std::string_view name, std::string_view line);
+// `line` without a leading "name: ", for a place that shows the name apart (a table's column).
+std::string unnamed(std::string_view name, std::string_view line);
+
 // Quotes `s` for a POSIX shell, only when needed (for display in --dry-run output).
 std::string shell_quote(std::string_view s);
 

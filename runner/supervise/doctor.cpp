@@ -282,7 +282,8 @@ class DoctorPlay final : public Play {
     HostReport r;
     r.host = fleet_[i].name();
     if (!h.probed) {
-      r.problem = fleet_[i].problem.empty() ? "not checked (interrupted)" : fleet_[i].problem;
+      r.problem = fleet_[i].problem.empty() ? "not checked (interrupted)"
+                                            : text::unnamed(fleet_[i].name(), fleet_[i].problem);
       r.stage = stage_of(r.problem);
       return r;
     }

@@ -37,7 +37,7 @@ std::string format_gc_hosts(const std::vector<HostGc>& hosts, bool dry_run) {
   size_t folders = 0;
   for (const auto& h : hosts) {
     if (!h.ok) {
-      out += "mltrain: " + h.host + ": " + h.problem + "\n";
+      out += "mltrain: " + text::named(h.host, h.problem) + "\n";
       continue;
     }
     for (const auto& entry : h.done.folders) {  // a host's words: escaped and cut

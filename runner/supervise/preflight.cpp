@@ -35,8 +35,7 @@ std::vector<std::string> RunPlay::failed_hosts() const {
   for (const auto& h : fleet_.hosts())
     if (h.state() == HostState::failed && !h.plan->spare) {
       const std::string& n = h.name();
-      bool named = h.problem.compare(0, n.size() + 2, n + ": ") == 0;
-      lines.push_back("  " + (named ? h.problem : n + ": " + h.problem));
+      lines.push_back("  " + text::named(n, h.problem));
     }
   return lines;
 }

