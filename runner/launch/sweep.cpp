@@ -89,7 +89,18 @@ std::string draw(const spec::SweepRange& r, std::mt19937_64& rng) {
                                                                    std::llround(std::floor(r.max)))(rng));
   std::uniform_real_distribution<double> u(r.log ? std::log(r.min) : r.min, r.log ? std::log(r.max) : r.max);
   const double x = r.log ? std::exp(u(rng)) : u(rng);
-  if (!r.integer) return number_text(x, false);
+  if (!r.integer) {
+    // Four significant digits (0.003275, not 0.0032745629120937): a learning rate needs no more,
+    // and the table and the trial's command read as a person would write them. More only where
+    // rounding would leave [min, max].
+    for (int digits = 4; digits < 17; ++digits) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.*g", digits, x);
+      const double y = std::strtod(buf, nullptr);
+      if (y >= r.min && y <= r.max) return number_text(y, false);
+    }
+    return number_text(x, false);
+  }
   return std::to_string(
       std::clamp(std::llround(x), std::llround(std::ceil(r.min)), std::llround(std::floor(r.max))));
 }

@@ -393,3 +393,18 @@ def test_median_stopping_waits_for_a_tenth_of_the_longest_trial_by_default(ml):
     trials = sweep_doc(ml)["trials"]
     assert [t["state"] for t in trials] == ["succeeded", "succeeded", "early-stopped"], trials
     assert 4 <= trials[2]["step"] < 39, trials[2]
+
+
+def test_random_values_are_drawn_to_four_significant_digits(ml):
+    d = ml.dir
+    (d / "digits.toml").write_text(
+        '[run]\ncommand = "echo lr={lr}"\n[sweep]\nmax_parallel = 4\ntrials = 6\nseed = 3\n'
+        '[sweep.random]\nlr = { min = 1e-4, max = 1e-1, log = true }\nm = { min = 0.9, max = 0.99 }\n'
+        '[run.env]\nM = "{m}"\n')
+    r = ml("sweep", d / "digits.toml", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for t in sweep_doc(ml)["trials"]:
+        for v in t["params"].values():  # 0.0032745629120937 was printed and run
+            digits = v.lstrip("0.").replace(".", "").split("e")[0]
+            assert len(digits) <= 4, t["params"]
+        assert 1e-4 <= float(t["params"]["lr"]) <= 1e-1 and 0.9 <= float(t["params"]["m"]) <= 0.99
