@@ -129,10 +129,16 @@ void MetricsLog::take_channel_line(int rank, std::string_view line) {
   for (auto it = j.begin(); it != j.end(); ++it) {
     const Json& v = it.value();
     if (it.key() == "step") {
-      if ((v.is_number_unsigned() && v.get<uint64_t>() <= uint64_t(std::numeric_limits<int64_t>::max())) ||
-          (v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() >= 0))
+      // A whole number from 0 to 2^53 (JSON's exact integers); any other step drops the line, counted
+      // (-1, 1e30 and 2^63 were renumbered as the next step without a word).
+      if ((v.is_number_unsigned() && v.get<uint64_t>() <= kMaxStep) ||
+          (v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() >= 0 &&
+           uint64_t(v.get<int64_t>()) <= kMaxStep)) {
         step = v.get<int64_t>();
-      continue;
+        continue;
+      }
+      bad_step(rank, v.dump());
+      return;
     }
     if (!metric_name(it.key()) || !(v.is_number() || v.is_null())) {
       ++summary_.dropped;
@@ -141,6 +147,18 @@ void MetricsLog::take_channel_line(int rank, std::string_view line) {
     values.emplace_back(it.key(), v.is_null() ? std::numeric_limits<double>::quiet_NaN() : v.get<double>());
   }
   if (!values.empty()) put(rank, step, values);
+}
+
+// Said once a run, counted always.
+void MetricsLog::bad_step(int rank, std::string_view step) {
+  ++summary_.dropped;
+  if (said_bad_step_) return;
+  said_bad_step_ = true;
+  std::fprintf(
+      stderr,
+      "mltrain: rank %d reported a metric at step %s, not a whole number from 0 to 2^53: that record "
+      "is dropped (and any later such, counted in mltrain show)\n",
+      rank, text::host_text(step, 40).c_str());
 }
 
 void MetricsLog::output(int rank, int stream, std::string_view bytes) {
@@ -176,7 +194,9 @@ void MetricsLog::match(std::string_view line) {
       if (name == "step") {
         int64_t s = 0;
         auto r = std::from_chars(text.data(), text.data() + text.size(), s);
-        if (r.ec == std::errc() && r.ptr == text.data() + text.size() && s >= 0) step = s;
+        if (r.ec != std::errc() || r.ptr != text.data() + text.size() || s < 0 || uint64_t(s) > kMaxStep)
+          return bad_step(0, text);
+        step = s;
         continue;
       }
       char* end = nullptr;

@@ -21,6 +21,7 @@ inline constexpr const char* kMetricsFile = "metrics.jsonl";
 inline constexpr size_t kMaxMetricLine = 4096;            // a longer line from a rank is dropped
 inline constexpr uint64_t kMaxMetricsBytes = 256u << 20;  // metrics.jsonl stops growing here
 inline constexpr size_t kMaxMetricNames = 256;            // further names in a run are dropped
+inline constexpr uint64_t kMaxStep = uint64_t(1) << 53;   // a larger step (or a negative one) is refused
 
 // What run.json says of a run's metrics.
 struct MetricsSummary {
@@ -65,6 +66,7 @@ class MetricsLog {
   };
   void take_channel_line(int rank, std::string_view line);
   void match(std::string_view line);
+  void bad_step(int rank, std::string_view step);
   // Writes one record of `values` (name, value; NaN when not finite).
   void put(int rank, std::optional<int64_t> step, const std::vector<std::pair<std::string, double>>& values);
   bool known_name(const std::string& name);
@@ -84,6 +86,7 @@ class MetricsLog {
   uint64_t written_ = 0;
   int fd_ = -1;
   bool failed_ = false;
+  bool said_bad_step_ = false;
   MetricsSummary summary_;
 };
 

@@ -84,16 +84,15 @@ std::string format_metrics_diff(const std::vector<MetricSeries>& a, const std::v
     std::vector<const MetricSeries*> both;
     if (x) both.push_back(x);
     if (y) both.push_back(y);
-    // Which dots are whose: colour tells them apart on a terminal, the glyph without UTF-8.
-    const char* legend = !(x && y) ? (x ? "A only" : "B only")
-                         : color   ? "A cyan, B magenta"
-                         : utf8    ? "A and B"
-                                   : "A *, B o";
+    // Which dots are whose: colour tells them apart on a terminal; without colour, two curves are
+    // drawn in glyphs ('*' A, 'o' B) even where braille could be had (two braille curves read alike).
+    const bool glyphs = !color && x && y;
+    const char* legend = !(x && y) ? (x ? "A only" : "B only") : color ? "A cyan, B magenta" : "A *, B o";
     out += "\n" + text::host_text(n) + ": " + legend + "\n";
     std::vector<std::string> colors;
     if (color && x) colors.push_back(kColorA);
     if (color && y) colors.push_back(kColorB);
-    add_chart(out, both, utf8, colors);
+    add_chart(out, both, utf8 && !glyphs, colors);
   }
   return out;
 }

@@ -62,6 +62,31 @@ TEST_CASE("metrics: a pattern's Python named groups are its metrics, and bad one
         "are taken");
 }
 
+TEST_CASE("metrics: a step that is no whole number from 0 to 2^53 drops its record, counted") {
+  testing::TempDir dir("metrics-steps");
+  records::MetricsLog log(dir.path.string(), {R"(it (?P<step>-?\d+) loss=(?P<loss>[0-9.]+))"});
+  // They were renumbered as the next step, without a word.
+  log.channel(
+      0, "{\"step\":-1,\"loss\":1}\n{\"step\":1e30,\"loss\":1}\n{\"step\":9223372036854775808,\"loss\":1}\n");
+  log.channel(0, "{\"step\":9007199254740993,\"loss\":1}\n{\"step\":7,\"loss\":0.5}\n");
+  log.output(0, 1, "it -3 loss=0.25\nit 8 loss=0.25\n");
+  log.flush();
+  CHECK(log.summary().records == 2);
+  CHECK(log.summary().dropped == 5);
+}
+
+// `diff` without colour (a pipe, NO_COLOR) on a UTF-8 terminal: two braille curves read alike.
+TEST_CASE("metrics: diff's chart without colour draws A as '*' and B as 'o' and says so") {
+  records::MetricSeries a{"loss", 0, {0, 1, 2, 3}, {4, 3, 2, 1}}, b{"loss", 0, {0, 1, 2, 3}, {1, 2, 3, 4}};
+  const std::string plain = records::format_metrics_diff({a}, {b}, /*utf8=*/true, /*color=*/false);
+  CHECK(plain.find("loss: A *, B o\n") != std::string::npos);
+  CHECK(plain.find('*', plain.find("A *, B o") + 8) != std::string::npos);
+  CHECK(plain.find('o', plain.find("A *, B o") + 8) != std::string::npos);
+  CHECK(plain.find("\xe2\xa0") == std::string::npos);  // no braille (U+28xx)
+  const std::string colored = records::format_metrics_diff({a}, {b}, true, true);
+  CHECK(colored.find("loss: A cyan, B magenta\n") != std::string::npos);
+}
+
 // A line built to make a backtracking engine take exponential time (std::regex took 76 s on long
 // lines): RE2 matches it in time linear in the line.
 TEST_CASE("metrics: a pattern that backtracks catastrophically elsewhere matches a long line at once") {
