@@ -434,6 +434,10 @@ records::RunRecord first_record(const spec::JobSpec& s, const plan::Plan& p, con
   }
   rec.kind = req.exec ? "exec" : "run";
   rec.code = std::move(code);
+  // Whose it is, from the first save on: a record without its launcher reads as lost (a sweep
+  // resumed at that moment ran the trial again beside itself).
+  rec.launcher_pid = ::getpid();
+  rec.launcher_start = records::process_start_time(rec.launcher_pid);
   // `ssh` and `cp` reach the hosts again the way this run did, however it was given its config.
   if (!s.ssh.config.empty()) {
     const std::string home = knobs::home.get();
