@@ -87,7 +87,23 @@ void RunPlay::regroup_gang() {
       fleet_.send(size_t(h), msg::Unclaim{});
   std::vector<std::vector<std::vector<int>>> seats;
   for (int h : next_gang_) seats.push_back(seats_[size_t(h)]);
+  const int rank0_was = plan_.ranks.empty() ? -1 : plan_.ranks[0].host;
   plan::regroup(plan_, next_gang_, seats);
+  const int rank0_is = plan_.ranks.empty() ? -1 : plan_.ranks[0].host;
+  if (rank0_was >= 0 && rank0_is >= 0 && rank0_was != rank0_is) {
+    // MLTRAIN_CHECKPOINT_DIR is on rank 0's host: a new rank 0 elsewhere finds it only where the
+    // hosts share a home (NFS); otherwise the gang starts over, and it should not do so unsaid.
+    const std::string& from = plan_.hosts[size_t(rank0_was)].host.name;
+    const std::string& to = plan_.hosts[size_t(rank0_is)].host.name;
+    out_->before_message();
+    std::fprintf(
+        stderr,
+        "mltrain: rank 0 moves from %s to %s: the checkpoint folder (MLTRAIN_CHECKPOINT_DIR) is on %s; "
+        "unless the hosts share a home folder, the new gang starts without it (docs/elastic.md)\n",
+        from.c_str(), to.c_str(), from.c_str());
+    gang_change_ += (gang_change_.empty() ? "" : "; ") + std::string("rank 0 moved from ") + from + " to " +
+                    to + " (its checkpoint folder stays on " + from + " unless homes are shared)";
+  }
   gang_ = next_gang_;
   ranks_.assign(plan_.ranks.size(), RankState{});
   settle_gpus();        // the same GPUs of each host, to its ranks as numbered now

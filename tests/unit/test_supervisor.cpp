@@ -592,6 +592,18 @@ TEST_CASE("supervisor: an elastic gang restarts without a lost host, its ranks n
   CHECK(run.log(2).find("==> mltrain: restart 1 of 1: without b, on 2 hosts <==") != std::string::npos);
 }
 
+TEST_CASE("supervisor: a restart that moves rank 0 to another host says where its checkpoint folder is") {
+  FakeTransport t(until_restarted, kSilentB);
+  Run run;
+  run_losing_b(run, t, "b:2,a:2,c:2", 5, 1, [](spec::JobSpec& s) { s.cluster.min_hosts = 2; });
+  CHECK(run.code == 0);
+  REQUIRE(run.rec.generations.size() == 2);
+  CHECK(run.rec.generations[1].hosts == std::vector<std::string>{"a", "c"});
+  // It started from step 0 without a word (private homes): the record and the console say it.
+  CHECK(run.rec.generations[1].why.find("rank 0 moved from b to a (its checkpoint folder stays on b unless "
+                                        "homes are shared)") != std::string::npos);
+}
+
 TEST_CASE("supervisor: a spare takes a lost host's place; it ran nothing before") {
   FakeTransport t(until_restarted, kSilentB);
   Run run;
