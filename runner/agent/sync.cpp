@@ -302,10 +302,15 @@ void Agent::place_entry(size_t i, msg::SyncWant& out) {
   const bool ours = it != sync_.index.end() && exists && is_kind(it->second.kind, st);
   if (e.kind == SyncEntry::dir) {
     if (exists && !S_ISDIR(st.st_mode)) {
-      if (!ours) {  // a file the job wrote where your folder has a folder: it stays
-        sync_.problems.push_back(e.path +
-                                 " is a folder in your folder, but here it is a file the job wrote; "
-                                 "it was kept: move it away on the host, or rename the folder");
+      if (!ours) {  // a file (or link) someone made where your folder has a folder: it stays
+        sync_.problems.push_back(
+            S_ISLNK(st.st_mode)
+                ? e.path +
+                      " is a folder in your folder, but here it is a link (not followed: mltrain made no "
+                      "link there); it was kept: remove it on the host, or rename the folder"
+                : e.path +
+                      " is a folder in your folder, but here it is a file the job wrote; "
+                      "it was kept: move it away on the host, or rename the folder");
         return;
       }
       ::unlinkat(p, leaf.c_str(), 0), exists = false;

@@ -106,3 +106,17 @@ def test_the_sync_summary_shows_file_names_escaped(ml):
     assert "\x1b" not in r.stderr and "\x07" not in r.stderr
     assert "sync: sent src/evil\\x1b[2J\\x07.txt (4096 B)" in r.stderr, r.stderr
     assert (remote / "src" / "evil\x1b[2J\x07.txt").read_text() == "x" * 4096
+
+
+def test_a_synced_folder_replaced_by_a_link_is_called_a_link_and_kept(ml):
+    p, remote = project(ml)
+    assert ml("run", p / "job.toml", timeout=60).returncode == 0
+    elsewhere = ml.dir / "elsewhere"
+    elsewhere.mkdir()
+    shutil.rmtree(remote / "src")
+    (remote / "src").symlink_to(elsewhere)
+    r = ml("run", p / "job.toml", timeout=60)
+    assert r.returncode != 0
+    # It was called "a file the job wrote".
+    assert "src is a folder in your folder, but here it is a link (not followed" in r.stderr, r.stderr
+    assert (remote / "src").is_symlink() and list(elsewhere.iterdir()) == []
