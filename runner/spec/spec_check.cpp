@@ -161,7 +161,7 @@ const std::vector<std::string>& prefix_placeholders() {
 
 void check_env_name(const std::string& k, const std::string& origin) {
   if (!valid_env_name(k))
-    throw Error(origin + ": '" + k + "' is not a valid environment variable name",
+    throw Error(origin + ": '" + text::excerpt(k, 80) + "' is not a valid environment variable name",
                 "use letters, digits and '_', not starting with a digit");
   for (const auto& r : kReservedEnv)
     if (r == k)
@@ -191,9 +191,9 @@ void check(const JobSpec& s) {
                 "give a shell command, or remove [setup]");
   for (const auto& n : s.name)
     if (!(std::isalnum(static_cast<unsigned char>(n)) || n == '-' || n == '_' || n == '.'))
-      throw Error(
-          s.origin("name", file) + ": name '" + s.name + "' may hold only letters, digits, '-', '_' and '.'",
-          "rename the job");
+      throw Error(s.origin("name", file) + ": name '" + text::excerpt(s.name, 80) +
+                      "' may hold only letters, digits, '-', '_' and '.'",
+                  "rename the job");
 }
 
 std::string keys_markdown() {

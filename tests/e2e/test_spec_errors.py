@@ -289,3 +289,13 @@ def test_cli_parse_error_format(ml, args, hint):
     r = ml(*args, timeout=10)
     assert r.stderr.startswith("mltrain: error:"), r.stderr
     assert hint in r.stderr
+
+
+def test_a_bad_env_or_job_name_is_quoted_on_one_line(ml):
+    # A name holding a newline (or ESC) was printed raw, breaking the message over lines.
+    for args, says in ((["run", "-e", "A\nB=1", "--", "true"], "'A\\x0aB' is not a valid environment variable name"),
+                       (["run", "--name", "x\x1b[2Jy", "--", "true"], "name 'x\\x1b[2Jy' may hold only")):
+        r = ml(*args)
+        assert r.returncode == 2 and says in r.stderr, r.stderr
+        assert "\x1b" not in r.stderr and r.stderr.splitlines()[0].startswith("mltrain: error:"), r.stderr
+        assert len(r.stderr.splitlines()) == 2, r.stderr
