@@ -101,9 +101,11 @@ ProcFacts proc_facts(pid_t pid);
 std::string doubt_of(const Seen& seen, const ProcFacts& facts);
 
 // How far a holder's "since" (the launcher's clock) may lie before its process's start (the host's
-// clock) and still be believed: the laptop's clock may run behind, and a queued job's ticket is
-// dated when its launcher started, before the agent that holds it.
-inline constexpr int64_t kClockSkewS = 3600;
+// clock) and still be believed: a laptop's clock may be wrong by hours, a queued job's ticket is
+// dated when its launcher started (before the agent that holds it), and wrongly doubting a real
+// holder would let two jobs share a GPU. A day: a place dated 1970, or a lease held "for 499073h",
+// is no job's.
+inline constexpr int64_t kClockSkewS = 86400;
 
 // Every lease on this host whose name starts with `prefix` ("" for all; "gpu/" for the GPUs),
 // sorted by name, each with its holder asked within `timeout` (all asked at once).

@@ -313,7 +313,7 @@ TEST_CASE("lease: a holder is doubted unless the kernel's word fits an mltrain a
   named.comm = "python3";
   CHECK(lease::doubt_of(seen, named) == "it is not an mltrain agent (its process is 'python3')");
   auto late = agent;
-  late.started_s = 1700000000 + lease::kClockSkewS + 10;  // held "since" an hour and more before it started
+  late.started_s = 1700000000 + lease::kClockSkewS + 10;  // held "since" a day and more before it started
   CHECK(lease::doubt_of(seen, late) == "it says it has held it since before its process started");
   seen.info.erase("since");
   seen.name = "queue/" + lease::order_key(0, "zzz");
