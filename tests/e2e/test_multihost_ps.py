@@ -411,4 +411,4 @@ def test_bench_mode_ps_on_2_worker_hosts_and_2_server_hosts(mh):
         assert x[-1] == "0", f"wrong results: {x}\n{b.stdout}"
         ps_us, per_worker, total, ar_us = float(x[2]), float(x[3]), float(x[4]), float(x[5])
         assert ps_us > 0 and per_worker > 0 and ar_us > 0, x
-        assert total == pytest.approx(4 * per_worker, rel=0.01, abs=0.002), x
+        assert total == pytest.approx(4 * per_worker, rel=0.01, abs=0.003), x
