@@ -319,7 +319,12 @@ ProcFacts proc_facts(pid_t pid) {
   if (pid <= 0) return f;
   const std::string dir = "/proc/" + std::to_string(pid);
   struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) return f;
+  if (::stat(dir.c_str(), &st) != 0) {
+    // Gone, or hidden: with /proc mounted hidepid=2 another user's processes (init's too) cannot
+    // be seen, and a real holder must not be doubted for it (two jobs would share a GPU).
+    f.hidden = ::access("/proc/1/stat", F_OK) != 0;
+    return f;
+  }
   std::string stat = read_small(dir + "/stat", 4096);
   size_t open = stat.find('('), close = stat.rfind(')');
   if (open == std::string::npos || close == std::string::npos || close < open) return f;
@@ -342,8 +347,8 @@ ProcFacts proc_facts(pid_t pid) {
 }
 
 std::string doubt_of(const Seen& seen, const ProcFacts& facts) {
-  if (seen.pid <= 0 || seen.uid == uid_t(-1))
-    return "";  // the kernel did not say: nothing to hold against it
+  if (seen.pid <= 0 || seen.uid == uid_t(-1) || facts.hidden)
+    return "";  // the kernel did not say, or /proc hides it: nothing to hold against it
   if (!facts.alive) return "its process (" + std::to_string(seen.pid) + ") is gone; another holds the name";
   if (facts.uid != seen.uid)
     return "its process " + std::to_string(seen.pid) + " belongs to another user now";

@@ -94,6 +94,7 @@ struct ProcFacts {
   uid_t uid = uid_t(-1);
   std::string comm;       // its name as the kernel keeps it (15 bytes at most)
   int64_t started_s = 0;  // its start, in seconds since the epoch (0: unknown)
+  bool hidden = false;    // /proc hides other users' processes (hidepid): nothing can be told
 };
 ProcFacts proc_facts(pid_t pid);
 

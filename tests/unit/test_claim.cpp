@@ -325,6 +325,10 @@ TEST_CASE("lease: a holder is doubted unless the kernel's word fits an mltrain a
   CHECK(lease::doubt_of(seen, agent) == "");
   seen.pid = 0;  // another PID namespace: the kernel names no process
   CHECK(lease::doubt_of(seen, named) == "");
+  seen.pid = 4242;
+  lease::ProcFacts hidden;  // /proc mounted hidepid=2: another user's process cannot be seen
+  hidden.hidden = true;
+  CHECK(lease::doubt_of(seen, hidden) == "");
 }
 
 TEST_CASE("claim: queue keys sort by time, then run id, and fit a lease name") {
