@@ -98,8 +98,8 @@ bool known_field(const std::string& field, std::string& why) {
   return false;
 }
 
-const std::vector<MetricSeries>& RunFields::metrics() {
-  if (!metrics_) metrics_ = read_metrics(run_dir(r_.id));
+const std::vector<NamedStats>& RunFields::metrics() {
+  if (!metrics_) metrics_ = read_metric_stats(run_dir(r_.id));
   return *metrics_;
 }
 
@@ -142,7 +142,7 @@ std::optional<FieldValue> RunFields::get(const std::string& f) {
         if (rest.substr(dot + 1) == st) name = rest.substr(0, dot), stat = st;
   for (const auto& s : metrics()) {
     if (s.name != name) continue;
-    const MetricStats st = stats_of(s);
+    const MetricStats& st = s.stats;
     if (stat == "first") return st.first;
     if (stat == "min") return st.min;
     if (stat == "max") return st.max;
@@ -245,7 +245,7 @@ std::string jsonl_row(RunFields& run, const std::vector<std::string>& columns) {
   }
   nlohmann::ordered_json doc = nlohmann::ordered_json::parse(to_json(run.record(), false));
   nlohmann::ordered_json last = nlohmann::ordered_json::object();
-  for (const auto& s : run.metrics()) last[s.name] = stats_of(s).last;
+  for (const auto& s : run.metrics()) last[s.name] = s.stats.last;
   doc["metrics_last"] = last;
   return doc.dump();
 }

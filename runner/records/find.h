@@ -30,11 +30,11 @@ class RunFields {
   // env.KEY (os, kernel, python, torch, ...; environment_rows). nullopt: the run has none.
   std::optional<FieldValue> get(const std::string& field);
   const RunRecord& record() const { return r_; }
-  const std::vector<MetricSeries>& metrics();
+  const std::vector<NamedStats>& metrics();
 
  private:
   const RunRecord& r_;
-  std::optional<std::vector<MetricSeries>> metrics_;
+  std::optional<std::vector<NamedStats>> metrics_;
 };
 
 // Whether `field` names a field (what get() may answer); the message says what is known when not.

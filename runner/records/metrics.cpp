@@ -1,6 +1,7 @@
 #include "runner/records/metrics.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,8 +15,10 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "runner/common/file.h"
 #include "runner/common/regex.h"
 #include "runner/common/text.h"
+#include "runner/records/detail/metric_digest.h"
 #include "runner/spec/spec.h"
 
 namespace mltrain::records {
@@ -72,7 +75,9 @@ constexpr std::chrono::milliseconds kMatchBudget{50};
 }  // namespace
 
 MetricsLog::MetricsLog(std::string run_dir, const std::vector<std::string>& patterns)
-    : path_(std::move(run_dir) + "/" + kMetricsFile), start_(std::chrono::steady_clock::now()) {
+    : path_(std::move(run_dir) + "/" + kMetricsFile),
+      start_(std::chrono::steady_clock::now()),
+      digest_(std::make_unique<detail::MetricDigest>()) {
   for (const auto& p : patterns) {
     auto compiled = std::make_unique<Pattern>();
     std::string error;
@@ -87,6 +92,7 @@ MetricsLog::MetricsLog(std::string run_dir, const std::vector<std::string>& patt
 
 MetricsLog::~MetricsLog() {
   flush();
+  save_digest();
   if (fd_ >= 0) ::close(fd_);
 }
 
@@ -231,29 +237,31 @@ void MetricsLog::put(int rank, std::optional<int64_t> step,
   std::snprintf(head, sizeof head, "{\"t\":%.3f,\"rank\":%d,\"restart\":%d,\"step\":%lld", t, rank, restart_,
                 (long long)s);
   std::string line = head;
-  size_t kept = 0;
-  for (const auto& [name, v] : values) {
+  std::vector<size_t> kept;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const auto& [name, v] = values[i];
     if (!known_name(name)) {
       ++summary_.dropped;
       continue;
     }
     line += ",\"" + name + "\":";
     append_number(line, v);
-    ++kept;
+    kept.push_back(i);
   }
-  if (kept == 0) return;
+  if (kept.empty()) return;
   line += "}\n";
   if (failed_ || written_ + buf_.size() + line.size() > kMaxMetricsBytes) {
-    if (!failed_ && written_ + buf_.size() <= kMaxMetricsBytes)
+    if (!failed_ && !said_full_)
       std::fprintf(stderr, "mltrain: %s reached %llu MiB; later metrics are dropped\n", path_.c_str(),
                    (unsigned long long)(kMaxMetricsBytes >> 20));
-    written_ = kMaxMetricsBytes + 1;  // said once
+    said_full_ = true;
     ++summary_.dropped;
     return;
   }
   if (buf_.empty()) buffered_since_ = std::chrono::steady_clock::now();
   buf_ += line;
   ++summary_.records;
+  for (size_t i : kept) digest_->add(values[i].first, rank, s, values[i].second);
   if (buf_.size() >= kWriteChunk) flush();
 }
 
@@ -282,63 +290,296 @@ void MetricsLog::flush() {
     std::fprintf(stderr, "mltrain: cannot write %s (%s); metrics are not recorded for this run\n",
                  path_.c_str(), std::strerror(errno));
     failed_ = true;
+    return;
   }
   written_ += buf_.size();
   buf_.clear();
+  // The digest follows the file: often enough that a reader has few lines to read after it (a
+  // live run, a launcher killed), rarely enough that a large one costs the loop little.
+  const auto now = std::chrono::steady_clock::now();
+  const uint64_t fresh = written_ - digest_bytes_;
+  if (now - digest_saved_ >= std::chrono::seconds(5) ||
+      (fresh >= kDigestEvery && now - digest_saved_ >= std::chrono::seconds(1)))
+    save_digest();
+}
+
+void MetricsLog::save_digest() {
+  if (failed_ || written_ == digest_bytes_ || digest_->empty()) return;
+  digest_saved_ = std::chrono::steady_clock::now();
+  digest_bytes_ = written_;
+  const std::string dir = path_.substr(0, path_.rfind('/') + 1);
+  std::string error;
+  // The series first: a reader of the summary that finds it current finds the series current too.
+  if (!replace_file(dir + detail::kSeriesFile, digest_->series_json(written_), false, error) ||
+      !replace_file(dir + detail::kSummaryFile, digest_->summary_json(written_), false, error)) {
+    if (!said_digest_)
+      std::fprintf(stderr, "mltrain: %s; show, ls and diff read all of %s instead\n", error.c_str(),
+                   path_.c_str());
+    said_digest_ = true;
+  }
 }
 
 // ---- reading back ----
 
-std::vector<MetricSeries> read_metrics(const std::string& run_dir, size_t* skipped) {
-  struct Acc {
-    int rank = std::numeric_limits<int>::max();
-    std::map<int64_t, double> points;
+namespace detail {
+
+void MetricDigest::cut(Series& s, int64_t step) {
+  while (!s.buckets.empty() && s.buckets.back().first.step >= step) s.buckets.pop_back();
+  if (s.buckets.empty() || s.buckets.back().last.step < step) return;
+  // The cut falls inside a thinned bucket: keep the points it knows from before the cut.
+  Bucket& b = s.buckets.back();
+  std::vector<Point> known;
+  for (const Point& p : {b.first, b.min, b.max, b.last})
+    if (p.step < step &&
+        std::none_of(known.begin(), known.end(), [&](const Point& k) { return k.step == p.step; }))
+      known.push_back(p);
+  std::sort(known.begin(), known.end(), [](const Point& x, const Point& y) { return x.step < y.step; });
+  Bucket n{known.front(), known.front(), known.front(), known.back(), 0};
+  for (const Point& p : known) {
+    if (p.value < n.min.value) n.min = p;
+    if (p.value > n.max.value) n.max = p;
+  }
+  const double kept_share = double(step - b.first.step) / double(b.last.step - b.first.step + 1);
+  n.count = std::clamp<uint64_t>(uint64_t(std::llround(double(b.count) * kept_share)), known.size(),
+                                 std::max<uint64_t>(known.size(), b.count - 1));
+  b = n;
+}
+
+void MetricDigest::add(const std::string& name, int rank, int64_t step, double value) {
+  auto [it, fresh] = index_.try_emplace(name, series_.size());
+  if (fresh) series_.push_back(Series{name, std::numeric_limits<int>::max(), 1, {}});
+  Series& s = series_[it->second];
+  if (rank > s.rank) return;
+  if (rank < s.rank) s = Series{name, rank, 1, {}};
+  if (!s.buckets.empty() && step <= s.buckets.back().last.step) cut(s, step);
+  if (!std::isfinite(value)) return;
+  const Point p{step, value};
+  if (s.buckets.empty() || s.buckets.back().count >= s.width) {
+    s.buckets.push_back(Bucket{p, p, p, p, 1});
+  } else {
+    Bucket& b = s.buckets.back();
+    if (value < b.min.value) b.min = p;  // ties keep the earliest, as min_element does
+    if (value > b.max.value) b.max = p;
+    b.last = p;
+    ++b.count;
+  }
+  if (s.buckets.size() <= kMaxBuckets) return;
+  std::vector<Bucket> merged;
+  merged.reserve(s.buckets.size() / 2 + 1);
+  for (size_t i = 0; i < s.buckets.size(); i += 2) {
+    if (i + 1 == s.buckets.size()) {
+      merged.push_back(s.buckets[i]);
+      break;
+    }
+    const Bucket &a = s.buckets[i], &b = s.buckets[i + 1];
+    merged.push_back(Bucket{a.first, b.min.value < a.min.value ? b.min : a.min,
+                            b.max.value > a.max.value ? b.max : a.max, b.last, a.count + b.count});
+  }
+  s.buckets = std::move(merged);
+  s.width *= 2;
+}
+
+bool MetricDigest::add_line(std::string_view line) {
+  Json j = Json::parse(line, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer() ||
+      !j.contains("rank") || !j["rank"].is_number_integer())
+    return false;
+  const int64_t step = j["step"].get<int64_t>();
+  const int rank = j["rank"].get<int>();
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (!metric_name(it.key())) continue;
+    add(it.key(), rank, step,
+        it.value().is_number() ? it.value().get<double>() : std::numeric_limits<double>::quiet_NaN());
+  }
+  return true;
+}
+
+std::vector<MetricSeries> MetricDigest::series() const {
+  std::vector<MetricSeries> out;
+  for (const Series& s : series_) {
+    if (s.buckets.empty()) continue;
+    MetricSeries m;
+    m.name = s.name;
+    m.rank = s.rank;
+    for (const Bucket& b : s.buckets) {
+      Point pts[4] = {b.first, b.min, b.max, b.last};
+      std::sort(std::begin(pts), std::end(pts),
+                [](const Point& x, const Point& y) { return x.step < y.step; });
+      for (const Point& p : pts)
+        if (m.steps.empty() || m.steps.back() != p.step)
+          m.steps.push_back(p.step), m.values.push_back(p.value);
+      m.count += b.count;
+    }
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+namespace {
+
+void put_number(std::string& out, double v) {
+  char buf[32];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, r.ptr);
+}
+void put_number(std::string& out, int64_t v) { out += std::to_string(v); }
+void put_number(std::string& out, uint64_t v) { out += std::to_string(v); }
+
+}  // namespace
+
+// Names are metric_name()s (letters, digits, "_./-"): written as they are, no escaping needed.
+std::string MetricDigest::summary_json(uint64_t bytes) const {
+  std::string out = "{\"version\":1,\"bytes\":" + std::to_string(bytes) + ",\"metrics\":[";
+  bool first = true;
+  for (const MetricSeries& m : series()) {
+    const MetricStats st = stats_of(m);
+    out += first ? "\n" : ",\n";
+    first = false;
+    out += "{\"name\":\"" + m.name + "\",\"rank\":" + std::to_string(m.rank) + ",\"count\":";
+    put_number(out, uint64_t(st.count));
+    for (auto [key, v] : {std::pair{",\"first\":", st.first},
+                          {",\"min\":", st.min},
+                          {",\"max\":", st.max},
+                          {",\"last\":", st.last}})
+      out += key, put_number(out, v);
+    out += ",\"min_step\":", put_number(out, st.min_step);
+    out += ",\"last_step\":", put_number(out, st.last_step);
+    out += "}";
+  }
+  return out + "]}\n";
+}
+
+std::string MetricDigest::series_json(uint64_t bytes) const {
+  std::string out = "{\"version\":1,\"bytes\":" + std::to_string(bytes) + ",\"metrics\":[";
+  bool first = true;
+  for (const Series& s : series_) {
+    out += first ? "\n" : ",\n";
+    first = false;
+    out += "{\"name\":\"" + s.name + "\",\"rank\":" + std::to_string(s.rank) +
+           ",\"width\":" + std::to_string(s.width) + ",\"buckets\":[";
+    for (size_t i = 0; i < s.buckets.size(); ++i) {
+      const Bucket& b = s.buckets[i];
+      out += i ? ",[" : "[";
+      put_number(out, b.count);
+      for (const Point& p : {b.first, b.min, b.max, b.last}) {
+        out += ',', put_number(out, p.step);
+        out += ',', put_number(out, p.value);
+      }
+      out += ']';
+    }
+    out += "]}";
+  }
+  return out + "]}\n";
+}
+
+bool MetricDigest::load_series(std::string_view text, uint64_t& bytes) {
+  *this = MetricDigest{};
+  const Json doc = Json::parse(text, nullptr, false);
+  auto fail = [&] {
+    *this = MetricDigest{};
+    return false;
   };
-  std::vector<std::string> order;
-  std::map<std::string, Acc> acc;
+  if (!doc.is_object() || doc.value("version", 0) != 1 || !doc.contains("bytes") ||
+      !doc["bytes"].is_number_unsigned() || !doc.contains("metrics") || !doc["metrics"].is_array())
+    return fail();
+  bytes = doc["bytes"].get<uint64_t>();
+  for (const auto& m : doc["metrics"]) {
+    if (!m.is_object() || !m.contains("name") || !m["name"].is_string() || !m.contains("buckets") ||
+        !m["buckets"].is_array() || !m.contains("rank") || !m["rank"].is_number_integer() ||
+        !m.contains("width") || !m["width"].is_number_unsigned())
+      return fail();
+    Series s{m["name"].get<std::string>(),
+             m["rank"].get<int>(),
+             std::max<uint64_t>(1, m["width"].get<uint64_t>()),
+             {}};
+    if (!metric_name(s.name) || index_.count(s.name) || m["buckets"].size() > kMaxBuckets) return fail();
+    for (const auto& b : m["buckets"]) {
+      if (!b.is_array() || b.size() != 9 || !b[0].is_number_unsigned()) return fail();
+      for (size_t i = 1; i < 9; i += 2)
+        if (!b[i].is_number_integer() || !b[i + 1].is_number()) return fail();
+      auto pt = [&](size_t i) { return Point{b[i].get<int64_t>(), b[i + 1].get<double>()}; };
+      s.buckets.push_back(Bucket{pt(1), pt(3), pt(5), pt(7), b[0].get<uint64_t>()});
+    }
+    index_.emplace(s.name, series_.size());
+    series_.push_back(std::move(s));
+  }
+  return true;
+}
+
+}  // namespace detail
+
+namespace {
+
+// What `name` in the run folder holds (bounded: a summary is small), "" when there is none.
+std::string small_file(const std::string& path) {
+  constexpr size_t kMaxSummaryBytes = 64u << 20;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return {};
+  std::string out;
+  char buf[1 << 16];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof buf)) > 0 && out.size() < kMaxSummaryBytes) out.append(buf, size_t(n));
+  ::close(fd);
+  return n < 0 || out.size() >= kMaxSummaryBytes ? std::string() : out;
+}
+
+uint64_t metrics_bytes(const std::string& run_dir) {
+  struct stat st {};
+  return ::stat((run_dir + "/" + kMetricsFile).c_str(), &st) == 0 ? uint64_t(st.st_size) : 0;
+}
+
+}  // namespace
+
+std::vector<MetricSeries> read_metrics(const std::string& run_dir, size_t* skipped) {
+  detail::MetricDigest digest;
+  uint64_t from = 0;
+  if (!digest.load_series(small_file(run_dir + "/" + detail::kSeriesFile), from) ||
+      from > metrics_bytes(run_dir))
+    digest = detail::MetricDigest{}, from = 0;  // none, or it belongs to another file: all of it
+  // The lines after what the digest holds: a live run's newest, or all of a run without one.
   std::ifstream in(run_dir + "/" + kMetricsFile);
+  if (from) in.seekg(std::streamoff(from));
   std::string line;
   size_t bad = 0;
-  while (std::getline(in, line)) {
-    Json j = Json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer() ||
-        !j.contains("rank") || !j["rank"].is_number_integer()) {
-      ++bad;
-      continue;
-    }
-    const int64_t step = j["step"].get<int64_t>();
-    const int rank = j["rank"].get<int>();
-    for (auto it = j.begin(); it != j.end(); ++it) {
-      if (!metric_name(it.key())) continue;
-      auto [a, fresh] = acc.try_emplace(it.key());
-      if (fresh) order.push_back(it.key());
-      if (rank > a->second.rank) continue;
-      if (rank < a->second.rank) a->second = Acc{rank, {}};
-      if (it.value().is_number()) {
-        const double v = it.value().get<double>();
-        if (std::isfinite(v)) a->second.points[step] = v;  // a step again (a restart): the later value
-      } else {
-        a->second.points.erase(step);
-      }
-    }
-  }
+  while (std::getline(in, line))
+    if (!digest.add_line(line)) ++bad;
   if (skipped) *skipped = bad;
-  std::vector<MetricSeries> out;
-  for (const auto& name : order) {
-    const Acc& a = acc[name];
-    if (a.points.empty()) continue;
-    MetricSeries s;
-    s.name = name;
-    s.rank = a.rank;
-    for (const auto& [step, v] : a.points) s.steps.push_back(step), s.values.push_back(v);
+  return digest.series();
+}
+
+std::vector<NamedStats> read_metric_stats(const std::string& run_dir) {
+  std::vector<NamedStats> out;
+  const Json doc = Json::parse(small_file(run_dir + "/" + detail::kSummaryFile), nullptr, false);
+  bool whole = doc.is_object() && doc.value("version", 0) == 1 && doc.contains("bytes") &&
+               doc["bytes"].is_number_unsigned() && doc["bytes"].get<uint64_t>() == metrics_bytes(run_dir) &&
+               doc.contains("metrics") && doc["metrics"].is_array();
+  for (const auto& m : whole ? doc["metrics"] : Json::array()) {
+    auto num = [&](const char* k) { return m.contains(k) && m[k].is_number(); };
+    if (!m.is_object() || !m.contains("name") || !m["name"].is_string() || !num("rank") || !num("count") ||
+        !num("first") || !num("min") || !num("max") || !num("last") || !num("min_step") ||
+        !num("last_step")) {
+      whole = false;
+      break;
+    }
+    NamedStats s{m["name"].get<std::string>(), m["rank"].get<int>(), {}};
+    s.stats.count = m["count"].get<size_t>();
+    s.stats.first = m["first"].get<double>();
+    s.stats.min = m["min"].get<double>();
+    s.stats.max = m["max"].get<double>();
+    s.stats.last = m["last"].get<double>();
+    s.stats.min_step = m["min_step"].get<int64_t>();
+    s.stats.last_step = m["last_step"].get<int64_t>();
     out.push_back(std::move(s));
   }
+  if (whole) return out;
+  out.clear();  // a live run, one without a summary, or a summary that does not read
+  for (const MetricSeries& m : read_metrics(run_dir)) out.push_back({m.name, m.rank, stats_of(m)});
   return out;
 }
 
 MetricStats stats_of(const MetricSeries& s) {
   MetricStats st;
-  st.count = s.values.size();
+  st.count = std::max<size_t>(s.count, s.values.size());
   if (s.values.empty()) return st;
   st.first = s.values.front();
   st.last = s.values.back();

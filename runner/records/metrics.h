@@ -17,6 +17,10 @@
 
 namespace mltrain::records {
 
+namespace detail {
+class MetricDigest;
+}
+
 inline constexpr const char* kMetricsFile = "metrics.jsonl";
 inline constexpr size_t kMaxMetricLine = 4096;            // a longer line from a rank is dropped
 inline constexpr uint64_t kMaxMetricsBytes = 256u << 20;  // metrics.jsonl stops growing here
@@ -67,6 +71,8 @@ class MetricsLog {
   void take_channel_line(int rank, std::string_view line);
   void match(std::string_view line);
   void bad_step(int rank, std::string_view step);
+  // Writes the digest of what metrics.jsonl holds beside it (detail/metric_digest.h).
+  void save_digest();
   // Writes one record of `values` (name, value; NaN when not finite).
   void put(int rank, std::optional<int64_t> step, const std::vector<std::pair<std::string, double>>& values);
   bool known_name(const std::string& name);
@@ -83,9 +89,15 @@ class MetricsLog {
   std::chrono::steady_clock::time_point start_;
   std::string buf_;
   std::chrono::steady_clock::time_point buffered_since_{};
-  uint64_t written_ = 0;
+  uint64_t written_ = 0;  // bytes in metrics.jsonl
   int fd_ = -1;
   bool failed_ = false;
+  bool said_full_ = false;
+  std::unique_ptr<detail::MetricDigest> digest_;
+  uint64_t digest_bytes_ = 0;  // of metrics.jsonl, when the digest was last saved
+  std::chrono::steady_clock::time_point digest_saved_ = std::chrono::steady_clock::now();
+  bool said_digest_ = false;
+  static constexpr uint64_t kDigestEvery = 8u << 20;
   bool said_bad_step_ = false;
   MetricsSummary summary_;
 };
@@ -96,6 +108,7 @@ struct MetricSeries {
   int rank = 0;
   std::vector<int64_t> steps;  // ascending; a step reported again (after a restart) keeps its last value
   std::vector<double> values;  // finite ones only
+  size_t count = 0;            // steps reported; more than steps.size() where a long series was thinned
 };
 struct MetricStats {
   double first = 0, min = 0, max = 0, last = 0;
@@ -104,9 +117,21 @@ struct MetricStats {
 };
 
 // Each metric of the run's metrics.jsonl from the lowest rank reporting it, in the order the
-// names first came. Lines that do not read are counted in `skipped`. Empty when there is none.
+// names first came, thinned to at most a few hundred points each where it is long (its first,
+// min, max and last kept; `count` says how many steps it had). Read from the digest the launcher
+// keeps beside metrics.jsonl and the lines written after it, so a large file is never read
+// whole. Lines that do not read are counted in `skipped`. Empty when there is none.
 std::vector<MetricSeries> read_metrics(const std::string& run_dir, size_t* skipped = nullptr);
 MetricStats stats_of(const MetricSeries& s);
+
+// Each metric's statistics without its points (what `ls` needs): from the run's metrics summary
+// when that covers all of metrics.jsonl, else as read_metrics would give them.
+struct NamedStats {
+  std::string name;
+  int rank = 0;
+  MetricStats stats;
+};
+std::vector<NamedStats> read_metric_stats(const std::string& run_dir);
 
 // A line chart of one or two series over their steps: `height` rows of plot `width` columns
 // wide, a value axis on the left and the step axis below. With `utf8`, braille dots (2 by 4 a

@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "runner/common/error.h"
+#include "runner/common/file.h"
 #include "runner/common/log.h"
 #include "runner/common/secret.h"
 #include "runner/common/state_home.h"
@@ -401,46 +402,14 @@ bool save(const RunRecord& r) { return save_in(run_dir(r.id), r); }
 namespace {
 
 bool save_in(const std::string& dir, const RunRecord& r) {
-  std::string tmp = dir + "/.run.json.tmp";
   // Env values are bytes; a record shows invalid UTF-8 as U+FFFD rather than failing the run.
   std::string data = to_json_value(r).dump(2, ' ', false, json::error_handler_t::replace) + "\n";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    log::warn("records",
-              "cannot write " + tmp + ": " + std::strerror(errno) + "; run.json keeps its last state");
-    return false;
-  }
-  ::fchmod(fd, 0600);
   // A record that cannot be written whole is a warning, never the end of the run: only a record
   // fully written and on disk (fsync) replaces the last good one.
-  auto failed = [&](const char* call) {
-    log::warn("records", sys_error_text(call, tmp) + "; run.json keeps its last state");
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return false;
-  };
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      if (n == 0) errno = ENOSPC;
-      return failed("write");
-    }
-    off += size_t(n);
-  }
-  if (::fsync(fd) != 0) return failed("fsync");
-  if (::close(fd) != 0) {
-    log::warn("records", sys_error_text("close", tmp) + "; run.json keeps its last state");
-    ::unlink(tmp.c_str());
-    return false;
-  }
-  if (::rename(tmp.c_str(), (dir + "/run.json").c_str()) != 0) {
-    log::warn("records", sys_error_text("rename", tmp + " to run.json"));
-    ::unlink(tmp.c_str());
-    return false;
-  }
-  return true;
+  std::string error;
+  if (replace_file(dir + "/run.json", data, true, error)) return true;
+  log::warn("records", error + "; run.json keeps its last state");
+  return false;
 }
 
 }  // namespace

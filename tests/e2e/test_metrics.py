@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import SANITIZED
+
 TRAIN = """
 import os, sys, mltrain
 rank = int(os.environ["RANK"])
@@ -110,3 +112,54 @@ def test_log_outside_mltrain_run_does_nothing_and_a_step_must_be_a_count(ml):
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert r.stdout == "mltrain.log: step must be >= 0, not -1\n"
+
+
+FLOOD = """
+import math, os, sys
+n = int(sys.argv[1])
+with os.fdopen(3, "w", buffering=1 << 16) as f:
+    for i in range(n):
+        f.write('{"step": %d, "loss": %.10g, "acc": %.6f, "lr": 0.001}\\n'
+                % (i, 2.0 / (1 + i) + (5.0 if i == 7777 else 0.0), i / n))
+"""
+
+
+PEAK = """
+import resource, subprocess, sys
+rc = subprocess.run(sys.argv[1:]).returncode
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr)
+sys.exit(rc)
+"""
+
+
+def peak_mib(ml, *args):
+    """Runs `mltrain ARGS` and returns (its output, its peak resident memory in MiB)."""
+    r = subprocess.run([sys.executable, "-c", PEAK, ml.bin, *map(str, args)], env=ml._env(),
+                       cwd=str(ml.dir), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout, int(r.stderr.split()[-1]) / 1024
+
+
+def test_show_ls_and_diff_of_large_metrics_read_the_summary_not_the_file(ml):
+    """Issue 47 item 6: a 60 MB metrics.jsonl made show take 3 s and 170 MB (1.2 GB at 124 MB)."""
+    (ml.dir / "flood.py").write_text(FLOOD)
+    n = 700_000
+    for name in ("big-a", "big-b"):
+        r = ml("run", "--name", name, "--workdir", ml.dir, "--", sys.executable, "flood.py", n, timeout=120)
+        assert r.returncode == 0, r.stderr
+    a, b = ml.run_dirs()
+    assert (a / "metrics.jsonl").stat().st_size > 50 << 20
+    for args in (("show", a.name), ("show", "--json", a.name), ("diff", a.name, b.name),
+                 ("ls", "--where", "metric.loss < 1", "--columns", "name,metric.loss.min,metric.loss.count")):
+        out, peak = peak_mib(ml, *args)
+        if not SANITIZED:
+            assert peak < 100, f"mltrain {' '.join(args)} peaked at {peak:.0f} MiB"
+        if args[0] == "show" and len(args) == 2:
+            assert f"loss: first 2, min 2.85714e-06 at step {n - 1}, last 2.85714e-06 at step {n - 1} ({n} steps)" \
+                in out, out
+        if args[0] == "ls":
+            assert out.count(f" {n}") == 2, out
+    doc = json.loads(ml("show", "--json", a.name).stdout)
+    loss = doc["metric_series"]["loss"]
+    assert loss["count"] == n and abs(loss["max"] - (5 + 2 / 7778)) < 1e-9 and len(loss["steps"]) <= 1000
+    assert 7777 in loss["steps"]  # the spike survives the thinning

@@ -140,7 +140,7 @@ def test_a_rank_flooding_metrics_slows_the_rank_not_the_launcher(mh):
     out, err = communicate(p, 120)
     assert p.returncode == 0, err[-3000:]
     assert peak_kib < 256 * 1024, f"the launcher's peak RSS was {peak_kib // 1024} MiB"
-    # run.json itself: `show` parses all of metrics.jsonl, up to 256 MiB here (issue 47 item 6).
+    # What the record says (run.json) of the lines the ranks wrote.
     run = json.loads((mh.latest_run_dir() / "run.json").read_text())
     wrote = sum(int(l.split()[-2]) for l in out.splitlines() if " wrote " in l)
     metrics = run["metrics"]

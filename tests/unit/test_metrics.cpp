@@ -2,7 +2,9 @@
 // of which may be hostile), read back, and the chart (runner/records/metrics.h).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -207,4 +209,118 @@ TEST_CASE("metrics: the chart puts the first step bottom-left or top-left by val
   const auto dot = records::line_chart({&one}, 2, 2, true);
   REQUIRE(dot.size() == 4);
   CHECK(dot[2].find("└──") != std::string::npos);
+}
+
+namespace {
+
+// A run whose rank 0 reports `loss` at steps 0..n-1 through the launcher's MetricsLog: a V with its
+// trough at `low` and one spike at `high`.
+double vee(int64_t step, int64_t low, int64_t high) {
+  return step == high ? 1e6 : 1.0 + double(step > low ? step - low : low - step) / 100.0;
+}
+
+void write_run(const fs::path& dir, int64_t n, int64_t low, int64_t high) {
+  records::MetricsLog log(dir.string(), {});
+  std::string lines;
+  for (int64_t s = 0; s < n; ++s) {
+    char line[96];
+    std::snprintf(line, sizeof line, "{\"step\":%lld,\"loss\":%.6f}\n", (long long)s, vee(s, low, high));
+    lines += line;
+    if (lines.size() > 60000) log.channel(0, lines), lines.clear();
+  }
+  log.channel(0, lines);
+}
+
+}  // namespace
+
+TEST_CASE("metrics: a long series is read back thinned, its first, min, max, last and count exact") {
+  testing::TempDir dir("metrics-long");
+  write_run(dir.path, 200000, 123457, 77777);
+  const auto series = records::read_metrics(dir.path.string());
+  REQUIRE(series.size() == 1);
+  const auto& s = series[0];
+  CHECK(s.steps.size() <= 4 * 256);
+  CHECK(s.steps.size() >= 256);
+  CHECK(std::is_sorted(s.steps.begin(), s.steps.end()));
+  const records::MetricStats st = records::stats_of(s);
+  CHECK(st.count == 200000);
+  CHECK(st.first == doctest::Approx(vee(0, 123457, 77777)));
+  CHECK(st.min == doctest::Approx(1.0));
+  CHECK(st.min_step == 123457);
+  CHECK(st.max == 1e6);
+  CHECK(st.last_step == 199999);
+  CHECK(st.last == doctest::Approx(vee(199999, 123457, 77777)));
+  // `ls` reads the same statistics from the summary alone.
+  const auto stats = records::read_metric_stats(dir.path.string());
+  REQUIRE(stats.size() == 1);
+  CHECK(stats[0].name == "loss");
+  CHECK(stats[0].stats.count == 200000);
+  CHECK(stats[0].stats.min_step == 123457);
+  CHECK(stats[0].stats.max == 1e6);
+}
+
+TEST_CASE("metrics: readers read the digest and only the lines written after it, never the whole file") {
+  testing::TempDir dir("metrics-digest");
+  write_run(dir.path, 50000, 40000, 10);
+  const fs::path file = dir.path / records::kMetricsFile;
+  const auto size = fs::file_size(file);
+  // Garble what the digest covers (same length): a reader that parsed the file would see no metric.
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(0);
+    f << std::string(size_t(size) - 1, 'x') << "\n";
+  }
+  size_t skipped = 0;
+  auto series = records::read_metrics(dir.path.string(), &skipped);
+  REQUIRE(series.size() == 1);
+  CHECK(skipped == 0);
+  CHECK(records::stats_of(series[0]).count == 50000);
+  CHECK(records::stats_of(series[0]).min_step == 40000);
+  // Lines after the digest (a live run; a launcher killed before it saved again) are read.
+  std::ofstream(file, std::ios::app) << R"({"t":0,"rank":0,"restart":0,"step":50000,"loss":0.5})"
+                                        "\n"
+                                     << "not json\n";
+  series = records::read_metrics(dir.path.string(), &skipped);
+  CHECK(skipped == 1);
+  const records::MetricStats st = records::stats_of(series[0]);
+  CHECK(st.count == 50001);
+  CHECK(st.min == 0.5);
+  CHECK(st.last_step == 50000);
+  // The summary no longer covers the file: `ls` reads as `show` does.
+  const auto stats = records::read_metric_stats(dir.path.string());
+  REQUIRE(stats.size() == 1);
+  CHECK(stats[0].stats.last == 0.5);
+  // A digest that does not read is not trusted: the file is read whole.
+  std::ofstream(dir.path / "metrics-series.json") << "{\"version\":1,\"bytes\":3,\"metrics\":[{\"name\":1}]}";
+  series = records::read_metrics(dir.path.string(), &skipped);
+  REQUIRE(series.size() == 1);  // the garbled line is not read; the one record after it is
+  CHECK(records::stats_of(series[0]).count == 1);
+  CHECK(skipped == 2);
+}
+
+TEST_CASE("metrics: after a restart the resumed steps replace the lost ones, in a thinned series too") {
+  testing::TempDir dir("metrics-restart");
+  {
+    records::MetricsLog log(dir.path.string(), {});
+    std::string lines;
+    for (int s = 0; s < 10000; ++s)
+      lines += "{\"step\":" + std::to_string(s) + ",\"loss\":" + std::to_string(10000 - s) + "}\n";
+    log.channel(0, lines);
+    log.restarted(1);  // resumed from the checkpoint of step 6000; the new attempt ends higher
+    lines.clear();
+    for (int s = 6000; s < 7000; ++s)
+      lines += "{\"step\":" + std::to_string(s) + ",\"loss\":" + std::to_string(50000 + s) + "}\n";
+    log.channel(0, lines);
+  }
+  const auto series = records::read_metrics(dir.path.string());
+  REQUIRE(series.size() == 1);
+  const records::MetricStats st = records::stats_of(series[0]);
+  CHECK(st.last_step == 6999);
+  CHECK(st.last == 56999);
+  CHECK(st.max == 56999);
+  // Steps 7000..9999 of the lost attempt are gone: the lowest value left is from before step 6000.
+  CHECK(st.min > 4000);
+  CHECK(st.min <= 4001 + 64);
+  CHECK(st.count >= 7000 - 64);
+  CHECK(st.count <= 7000);
 }
