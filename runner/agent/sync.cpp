@@ -428,7 +428,17 @@ void Agent::finish_file(uint32_t index, SyncOpen& f) {
   }
 }
 
+// Every chunk counts as handled, written or refused: the launcher sends more as these come back.
 void Agent::on(uint32_t id, msg::SyncData& m) {
+  write_sync_data(id, m);
+  sync_.handled += m.raw_size;
+  if (sync_.handled - sync_.said >= msg::kSyncWrittenEvery) {
+    sync_.said = sync_.handled;
+    send(msg::SyncWritten{sync_.handled});
+  }
+}
+
+void Agent::write_sync_data(uint32_t id, msg::SyncData& m) {
   if (sync_.failed || id >= sync_.entries.size() || !sync_.work) return;
   const SyncEntry& e = sync_.entries[id];
   auto it = sync_.open.find(id);

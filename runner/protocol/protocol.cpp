@@ -191,6 +191,8 @@ const char* type_name(Type t) {
       return "sync_want";
     case Type::sync_done:
       return "sync_done";
+    case Type::sync_written:
+      return "sync_written";
     case Type::setup_done:
       return "setup_done";
     case Type::pull_file:

@@ -77,6 +77,7 @@ enum class Type : uint16_t {
   claimed = 121,
   lease_list = 122,
   gc_done = 123,
+  sync_written = 124,
 };
 
 struct Frame {
@@ -387,9 +388,14 @@ struct TelemetryStart {  // sample every interval_ms (0: stop) while this host's
 // folder holds, removes what an earlier sync put there and the manifest no longer has, makes the
 // directories and symlinks, fixes modes and times, and answers SyncWant with the files whose
 // content it lacks. Their bytes follow as SyncData (id = the entry's index), each file written to a
-// temporary name and renamed when whole; SyncEnd asks for SyncDone.
+// temporary name and renamed when whole; SyncEnd asks for SyncDone. The agent says how many raw
+// bytes of SyncData it has handled (SyncWritten) every kSyncWrittenEvery, and the launcher keeps at
+// most kSyncAhead raw bytes beyond that on their way: a compressible file (zeros compress 10,000
+// to 1) must not queue gigabytes of decompressing and writing ahead of a heartbeat's answer.
 inline constexpr size_t kSyncEntriesPerFrame = 4096;
 inline constexpr size_t kSyncChunk = 256u << 10;  // raw bytes per SyncData frame, at most
+inline constexpr uint64_t kSyncWrittenEvery = 4u << 20;
+inline constexpr uint64_t kSyncAhead = 32u << 20;
 struct SyncManifest {
   static constexpr Type kType = Type::sync_manifest;
   bool operator==(const SyncManifest&) const = default;
@@ -540,6 +546,13 @@ struct SyncDone {
   std::vector<std::string> problems;
   void put(Writer& w) const { w.u32(files).u64(bytes).strings(problems); }
   void get(Reader& r) { files = r.u32(), bytes = r.u64(), problems = r.strings(); }
+};
+struct SyncWritten {
+  static constexpr Type kType = Type::sync_written;
+  bool operator==(const SyncWritten&) const = default;
+  uint64_t bytes = 0;  // raw bytes of SyncData handled (written, or refused) since the manifest
+  void put(Writer& w) const { w.u64(bytes); }
+  void get(Reader& r) { bytes = r.u64(); }
 };
 struct SetupDone {
   static constexpr Type kType = Type::setup_done;
@@ -824,7 +837,7 @@ using Message =
                  msg::SyncData, msg::SyncEnd, msg::Setup, msg::Pull, msg::SyncWant, msg::SyncDone,
                  msg::SetupDone, msg::PullFile, msg::PullData, msg::PullDone, msg::PsLog, msg::PsStats,
                  msg::Claim, msg::Unclaim, msg::Claimed, msg::LeaseQuery, msg::LeaseList, msg::GcWork,
-                 msg::GcDone>;
+                 msg::GcDone, msg::SyncWritten>;
 
 // Appends message `m` as one frame with `id` (a rank, kAllRanks, or 0).
 template <class M>

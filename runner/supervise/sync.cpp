@@ -36,6 +36,12 @@ void RunPlay::on(size_t i, uint32_t, msg::SyncWant& m) {
   pump_sync(i);
 }
 
+void RunPlay::on(size_t i, uint32_t, msg::SyncWritten& m) {
+  if (fleet_[i].state() != HostState::syncing) return;
+  syncs_->written(i, m);
+  pump_sync(i);
+}
+
 // Bytes went out to host i: while it syncs, its outbox takes more of the files it wants.
 void RunPlay::on_sent(size_t i) {
   if (fleet_[i].state() == HostState::syncing) pump_sync(i);

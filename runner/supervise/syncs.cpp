@@ -102,7 +102,9 @@ void Syncs::pump(size_t i) {
   HostSync& h = hosts_[i];
   if (fleet_[i].state() != HostState::syncing || h.data_sent || !fleet_[i].open() || h.dir.empty()) return;
   const sync::Tree& t = *job_.tree;
-  while (fleet_[i].outbox.size() < kSyncOutbox) {
+  // Paced by the host's work, not by bytes on the wire: 1 MiB of zeros on the wire is gigabytes
+  // to decompress and write, and a heartbeat sent after it would wait for all of that.
+  while (fleet_[i].outbox.size() < kSyncOutbox && h.raw_bytes - h.written < msg::kSyncAhead) {
     if (h.next >= h.want.size()) {
       fleet_.send(i, msg::SyncEnd{});
       h.data_sent = true;
@@ -120,6 +122,11 @@ void Syncs::pump(size_t i) {
     h.offset += chunk->raw_size;
     if (h.offset >= t.entries[index].size) ++h.next, h.offset = 0;
   }
+}
+
+void Syncs::written(size_t i, const msg::SyncWritten& m) {
+  HostSync& h = hosts_[i];
+  h.written = std::max(h.written, std::min(m.bytes, h.raw_bytes));  // a host's word: never beyond what went
 }
 
 std::string Syncs::done(size_t i, msg::SyncDone& m) {

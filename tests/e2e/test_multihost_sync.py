@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import stat
+import subprocess
 import time
 from pathlib import Path
 
@@ -241,3 +242,24 @@ def test_rerun_runs_its_run_s_code_on_every_host_after_the_project_changed_and_i
     rerun_prints_version_1()
     shutil.rmtree(p)
     rerun_prints_version_1()
+
+
+def test_gigabytes_of_zeros_sync_while_the_host_answers_heartbeats(mh, cluster):  # noqa: F811
+    """Issue 47 item 4: zeros compress about 10,000 to 1, so a launcher that paced a sync by its
+    bytes on the wire queued gigabytes of decompressing and writing ahead of a heartbeat's
+    answer: a 3 GiB file failed with "stopped answering heartbeats while syncing". Paced by what
+    the host says it wrote, its answers stay prompt (a 2 s heartbeat timeout here, 10 s by default)."""
+    p = mh.shared / "zeros"
+    p.mkdir()
+    (p / "job.toml").write_text('name = "zeros"\n[run]\ncommand = "stat -c \'size %s\' data.bin"\n[sync]\n')
+    with open(p / "data.bin", "wb") as f:
+        f.truncate(2 << 30)  # sparse here; written whole on the host
+    try:
+        r = mh.run(p / "job.toml", "-H", "h1", timeout=240,
+                   env={"MLTRAIN_HEARTBEAT_TIMEOUT": "2s", "MLTRAIN_HEARTBEAT_INTERVAL": "500ms"})
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert f"[h1:0] size {2 << 30}" in r.stdout, r.stdout
+        assert "2 files sent (2048.0 MiB" in summary(r.stderr), r.stderr
+    finally:
+        for d in synced(cluster, "h1", "zeros").parent.glob("zeros-*"):
+            subprocess.run(["rm", "-rf", str(d)], check=False)

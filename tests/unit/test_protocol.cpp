@@ -220,6 +220,7 @@ std::vector<std::string> one_of_each() {
   add(msg::LeaseQuery{"t-1", "/opt/libnvidia-ml.so.1"}, 0);
   add(msg::LeaseList{{"name=gpu/GPU-1\nuid=1000\nrun=r1\n"}, {kH100}, {87}, {1}, ""}, 0);
   add(msg::GcWork{86400, 1}, 0);
+  add(msg::SyncWritten{uint64_t(5) << 32}, 0);
   add(msg::GcDone{{"name=proj-1a2b3c4d@2\nstate=removed\nbytes=100\n"}, {"cannot remove x: busy"}}, 0);
   add(kPrepare, 0);
   add(kProbe, 0);

@@ -103,6 +103,7 @@ struct SyncState {
   std::set<uint32_t> broken;  // files that could not be written (said once)
   uint32_t pending = 0, files = 0;
   uint64_t bytes = 0;
+  uint64_t handled = 0, said = 0;  // raw bytes of SyncData taken in; how many of them SyncWritten told
   std::vector<std::string> problems;
 };
 struct PullState {
@@ -188,6 +189,7 @@ class Agent {
   void remove_gone_entries(msg::SyncWant& out);
   void place_entry(size_t i, msg::SyncWant& out);
   void on(uint32_t id, msg::SyncData& m);
+  void write_sync_data(uint32_t id, msg::SyncData& m);
   void on(uint32_t id, const msg::SyncEnd& m);
   void on(uint32_t id, msg::Setup& m);
   void on(uint32_t id, const msg::Pull& m);

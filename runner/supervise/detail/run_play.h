@@ -141,6 +141,7 @@ class RunPlay final : public Play {
   void on(size_t i, uint32_t id, agent::msg::Telemetry& m);
   void on(size_t i, uint32_t id, agent::msg::SyncWant& m);
   void on(size_t i, uint32_t id, agent::msg::SyncDone& m);
+  void on(size_t i, uint32_t id, agent::msg::SyncWritten& m);
   void on(size_t i, uint32_t id, agent::msg::SetupDone& m);
   void on(size_t i, uint32_t id, agent::msg::PullFile& m);
   void on(size_t i, uint32_t id, agent::msg::PullData& m);

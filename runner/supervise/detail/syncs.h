@@ -18,6 +18,7 @@ struct HostSync {
   size_t next = 0;      // into want
   uint64_t offset = 0;  // within want[next]
   uint64_t raw_bytes = 0, wire_bytes = 0;
+  uint64_t written = 0;     // raw bytes it says it handled: at most kSyncAhead more are on their way
   uint64_t want_bytes = 0;  // of the files it wants
   uint32_t deleted = 0;
   bool data_sent = false;  // SyncEnd is on its way
@@ -35,8 +36,11 @@ class Syncs {
   void start(size_t i);  // host i syncs: its manifest goes out
   // What host i wants: "" or the problem that fails it.
   std::string want(size_t i, agent::msg::SyncWant& m);
-  // More of its files while its outbox has room; throws Error when a file cannot be read.
+  // More of its files while its outbox has room and it is not kSyncAhead raw bytes behind in
+  // writing them; throws Error when a file cannot be read.
   void pump(size_t i);
+  // Host i handled this many raw bytes (SyncWritten).
+  void written(size_t i, const agent::msg::SyncWritten& m);
   // Host i's end: "" (synced) or the problem that fails it.
   std::string done(size_t i, agent::msg::SyncDone& m);
   bool synced(size_t i) const { return hosts_[i].done; }
