@@ -375,6 +375,21 @@ void read_progress(const Sweep& s, Trial& t) {
   }
 }
 
+// The trial's run ended "stopped" by the sweep's SIGTERM: its record says why, so `ls`, `show` and
+// `--where status=...` tell a pruned trial from one a person stopped.
+void mark_early_stopped(const Trial& t) {
+  if (t.run_id.empty()) return;
+  try {
+    records::RunRecord r = records::load(t.run_id);
+    if (r.status != "stopped") return;  // it ended otherwise first (succeeded, failed)
+    r.status = "early-stopped";
+    if (!records::save(r))
+      std::fprintf(stderr, "mltrain: sweep: run %s stays 'stopped' in its record (it could not be written)\n",
+                   t.run_id.c_str());
+  } catch (const Error&) {
+  }
+}
+
 // A sweep killed with SIGKILL leaves its trials "running" in sweep.json while their runs go on
 // without it. At --resume, a run that ended keeps its result (it is not run twice); one that
 // still runs makes the resume wait for it: started again, it would run twice at once.
@@ -390,7 +405,7 @@ void adopt_orphans(Sweep& s) {
     }
     if (records::live_status(r.status)) {
       still.push_back("trial " + std::to_string(t.n) + " (run " + t.orphan + ")");
-    } else if (r.status == "succeeded" || r.status == "failed") {
+    } else if (r.status == "succeeded" || r.status == "failed" || r.status == "early-stopped") {
       t.state = r.status;
       t.exit_code = r.exit_code;
       t.run_id = t.orphan;
@@ -578,6 +593,8 @@ int drive(Sweep& s) {
           t.state = t.exit_code == 0 ? "succeeded"
                     : stopping       ? "interrupted"
                                      : "failed";  // it may end as Ctrl-C comes
+        else
+          mark_early_stopped(t);
         const std::string why = t.state == "failed" ? failure_of(s, t) : "";
         say(t, t.state + (t.metric ? ", " + s.metric + " " + metric_text(t) : "") +
                    (t.run_id.empty() ? "" : " (run " + t.run_id + ")") + (why.empty() ? "" : ": " + why));

@@ -53,7 +53,7 @@ def test_a_grid_sweep_runs_every_trial_two_at_a_time_stops_the_bad_one_and_ranks
     recs = {r["sweep"]["trial"]: r for r in records(ml)}
     assert sorted(recs) == list(range(6)) and all(r["sweep"]["id"] == doc["id"] for r in recs.values())
     assert all(trials[n]["run"] == recs[n]["id"] for n in recs)
-    assert "--lr 0.1 --batch 32" in " ".join(recs[5]["argv"]) or "--lr 0.1 --batch 32" in recs[5]["spec"]
+    assert "--lr 0.1 --batch 32" in " ".join(recs[5]["argv"]) or "--lr 0.1 --batch 32" in recs[5]["spec_text"]
     # Never more than two at once.
     spans = [(at(r["started_at"]), at(r["ended_at"])) for r in recs.values()]
     most = max(sum(1 for a, b in spans if a <= t < b) for t, _ in spans)
@@ -61,7 +61,11 @@ def test_a_grid_sweep_runs_every_trial_two_at_a_time_stops_the_bad_one_and_ranks
     # The diverging trial (lr 0.1, batch 32) was stopped early, and its record says so; a trial
     # stopped is one whose loss was above the median of the finished ones at its step.
     states = {t["trial"]: t["state"] for t in trials}
-    assert states[5] == "early-stopped" and trials[5]["step"] < 39 and recs[5]["status"] == "stopped", trials[5]
+    assert states[5] == "early-stopped" and trials[5]["step"] < 39, trials[5]
+    # ... in `ls` too, not "stopped" as if a person had stopped it (issue 47 item 16).
+    assert recs[5]["status"] == "early-stopped", recs[5]["status"]
+    listed = ml("ls", "--where", "status = early-stopped", "--columns", "id,status").stdout
+    assert recs[5]["id"] in listed and "early-stopped" in listed, listed
     assert set(states.values()) <= {"succeeded", "early-stopped"} and states[0] == states[1] == "succeeded", states
     for n, s in states.items():
         assert (trials[n]["step"] == 39) == (s == "succeeded"), trials[n]
