@@ -16,8 +16,9 @@ namespace mltrain::records {
 
 namespace {
 
-const char* const kPlainFields[] = {"id",      "name",  "status",   "kind",     "exit", "ranks",    "hosts",
-                                    "started", "ended", "duration", "restarts", "git",  "rerun_of", "spec"};
+const char* const kPlainFields[] = {"id",       "name",  "status",   "kind",  "exit",
+                                    "ranks",    "hosts", "started",  "ended", "duration",
+                                    "restarts", "git",   "rerun_of", "spec",  "spec_text"};
 const char* const kStats[] = {"first", "min", "max", "last", "count"};
 constexpr const char* kFieldHint =
     "fields: id name status kind exit ranks hosts started ended duration restarts git rerun_of spec, "
@@ -125,6 +126,7 @@ std::optional<FieldValue> RunFields::get(const std::string& f) {
   if (f == "git") return text(r.git_commit);
   if (f == "rerun_of") return text(r.rerun_of);
   if (f == "spec") return text(r.spec_file);
+  if (f == "spec_text") return text(r.spec_toml);
   if (f.rfind("env.", 0) == 0) {
     for (const auto& [k, v] : environment_rows(r))
       if (k == f.substr(4)) return FieldValue(v);

@@ -26,8 +26,9 @@ class RunFields {
  public:
   explicit RunFields(const RunRecord& r) : r_(r) {}
   // id, name, status, kind, exit, ranks, hosts, started, ended, duration (seconds), restarts,
-  // git, rerun_of, spec, metric.NAME (its last value), metric.NAME.first|min|max|last|count,
-  // env.KEY (os, kernel, python, torch, ...; environment_rows). nullopt: the run has none.
+  // git, rerun_of, spec (its file), spec_text (its TOML), metric.NAME (its last value),
+  // metric.NAME.first|min|max|last|count, env.KEY (os, kernel, python, torch, ...; environment_rows).
+  // nullopt: the run has none.
   std::optional<FieldValue> get(const std::string& field);
   const RunRecord& record() const { return r_; }
   const std::vector<NamedStats>& metrics();

@@ -72,7 +72,8 @@ RunRecord from_json(const json& j) {
   r.duration_s = get(j, "duration_s", 0.0);
   r.queued_s = get(j, "queued_s", 0.0);
   r.spec_file = get<std::string>(j, "spec_file", "");
-  r.spec_toml = get<std::string>(j, "spec", "");
+  // "spec" in records written before it was called spec_text (issue 47: one name, one meaning).
+  r.spec_toml = get<std::string>(j, "spec_text", get<std::string>(j, "spec", ""));
   r.workdir = get<std::string>(j, "workdir", "");
   r.git_commit = get<std::string>(j, "git_commit", "");
   r.master_addr = get<std::string>(j, "master_addr", "");
@@ -264,7 +265,7 @@ json to_json_value(const RunRecord& r) {
        r.metrics.records || r.metrics.dropped
            ? json{{"names", r.metrics.names}, {"records", r.metrics.records}, {"dropped", r.metrics.dropped}}
            : json(nullptr)},
-      {"spec", r.spec_toml}};
+      {"spec_text", r.spec_toml}};
   return j;
 }
 
@@ -564,7 +565,7 @@ std::string list_to_json(const std::vector<RunRecord>& runs) {
   for (const auto& r : runs) {
     json j = to_json_value(r);
     j.erase("schema");
-    j.erase("spec");
+    j.erase("spec_text");
     for (auto& k : j["ranks"]) k.erase("env");
     a.push_back(j);
   }

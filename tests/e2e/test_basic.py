@@ -265,7 +265,7 @@ def test_env_values_arrive_byte_exact(ml, tmp_path, via):
 # --- 13. profiles -----------------------------------------------------------------------------
 
 def _spec_of_latest(ml):
-    return json.loads(ml("show", "--json").stdout)["spec"]
+    return json.loads(ml("show", "--json").stdout)["spec_text"]
 
 
 def test_builtin_profile_merges_under_spec(ml):

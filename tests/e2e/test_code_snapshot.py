@@ -141,7 +141,7 @@ def test_record_code_false_keeps_nothing_and_code_max_keeps_the_manifest_only(ml
     r, one = run(ml, p / "job.toml", timeout=60)
     assert r.returncode == 0, r.stderr
     assert not (one / "code.json").exists() and record(one)["code"] is None
-    assert "code = false" in record(one)["spec"]
+    assert "code = false" in record(one)["spec_text"]
     assert "\ncode " not in ml("show", one.name).stdout
     (p / "job.toml").write_text((p / "job.toml").read_text().replace("code = false", 'code_max = "10"'))
     r, one = run(ml, p / "job.toml", timeout=60)

@@ -49,6 +49,11 @@ def test_where_columns_and_jsonl_find_and_export_runs_by_their_metrics(ml):
     assert flat == [{"name": "bad", "metric.loss": 2.0, "git": None}, {"name": "good", "metric.loss": 0.05, "git": None}]
     doc = json.loads(ml("ls", "--json", "--where", "name = good").stdout)
     assert [run["id"] for run in doc["runs"]] == [good]
+    # `spec` is the spec file (none for a command line), `spec_text` the TOML the run resolved: one
+    # name, one meaning, in --where, --columns and --jsonl alike (issue 47 item 16).
+    r = ml("ls", "--where", "spec_text ~ 40\\.0", "--columns", "name,spec")
+    assert [l.split() for l in r.stdout.splitlines()[1:]] == [["bad", "-"]], r.stdout
+    assert all("40.0" in row["spec_text"] or row["id"] != bad for row in rows) and "spec" not in rows[0]
 
     r = ml("ls", "--where", "metric.loss < 0")
     assert r.returncode == 0 and "no run of the 3 recorded matches --where 'metric.loss < 0'" in r.stdout

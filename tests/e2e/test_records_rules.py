@@ -114,7 +114,7 @@ RUN_FIELDS = {"schema", "id", "name", "status", "exit_code", "launcher_pid", "la
               "ended_at", "duration_s", "spec_file", "workdir", "git_commit", "argv", "master_addr",
               "master_port", "restarts", "max_restarts", "generations", "detached", "queued_s", "slurm_job_id", "ps_servers", "log_prefix",
               "kind", "ssh_config", "rerun_of", "sweep",
-              "hosts", "ranks", "failure", "pull", "code", "metrics", "spec"}
+              "hosts", "ranks", "failure", "pull", "code", "metrics", "spec_text"}
 RANK_FIELDS = {"rank", "host", "node_rank", "local_rank", "pid", "exit_code", "signal", "host_lost", "env", "gpus"}
 
 
@@ -159,7 +159,7 @@ def test_every_json_output_follows_the_documented_schema(ml):
     ls = json.loads(ml("ls", "--json").stdout)
     assert set(ls) == {"schema", "runs"} and ls["schema"] == 1
     for x in ls["runs"]:
-        assert set(x) == RUN_FIELDS - {"schema", "spec"}
+        assert set(x) == RUN_FIELDS - {"schema", "spec_text"}
     for args in (["run", "--dry-run", "--json", "-n", "2", "--", "true"], ["validate", "--json", "-n", "2", "--", "true"]):
         p = json.loads(ml(*args).stdout)
         assert p["schema"] == 1 and "id" in p and "run_id" not in p, args

@@ -79,7 +79,7 @@ PLAIN_VALUE = "visible-{uuid.uuid4().hex}"
         assert r.returncode == 0, (cmd, r.stderr)
     rec = json.loads(ml("show", "--json", ok_id := ml.run_dirs()[0].name).stdout)
     assert rec["ranks"][0]["env"]["DB_PASSWORD"] == "<secret>", ok_id
-    assert "<secret>" in rec["spec"]
+    assert "<secret>" in rec["spec_text"]
 
     for args, text in outputs:
         for name, value in secrets.items():
