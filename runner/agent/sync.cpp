@@ -14,7 +14,9 @@
 // write or remove anything outside it.
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <time.h>
 #include <unistd.h>
 #include <zstd.h>
@@ -608,10 +610,40 @@ namespace {
 constexpr size_t kMaxPullFiles = 1'000'000;
 constexpr int64_t kMaxListMs = 5000;
 
+// A file system of the kernel's own, not of files: /proc, /sys, cgroups, tracing, ... (`cp
+// RUN:/` walked /proc for minutes, where reading a file may block or never end).
+bool pseudo_file_system(const std::string& path) {
+  struct statfs fs {};
+  if (::statfs(path.c_str(), &fs) != 0) return false;
+  switch (static_cast<unsigned long>(fs.f_type)) {
+    case PROC_SUPER_MAGIC:
+    case SYSFS_MAGIC:
+    case DEBUGFS_MAGIC:
+    case TRACEFS_MAGIC:
+    case CGROUP_SUPER_MAGIC:
+    case CGROUP2_SUPER_MAGIC:
+    case SECURITYFS_MAGIC:
+    case BPF_FS_MAGIC:
+    case PSTOREFS_MAGIC:
+    case EFIVARFS_MAGIC:
+    case DEVPTS_SUPER_MAGIC:
+    case 0x65735543:  // fusectl
+    case BINFMTFS_MAGIC:
+    case 0x62656570:  // configfs
+    case 0x19800202:  // mqueue
+    case 0x0187:      // autofs: looking in may mount
+      return true;
+    default:
+      return false;
+  }
+}
+
 // What `root` holds below `rel_dir` that the rules ask for (every file when `all`), until
-// `clock` passes `deadline_ms` or kMaxPullFiles are listed (`cut` then).
+// `clock` passes `deadline_ms` or kMaxPullFiles are listed (`cut` then). Folders on a pseudo file
+// system are left out, named in `pseudo`.
 void collect(const std::string& root, const std::string& rel_dir, const sync::Rules& rules, bool all,
-             std::vector<std::string>& out, const Clock& clock, int64_t deadline_ms, bool& cut) {
+             std::vector<std::string>& out, const Clock& clock, int64_t deadline_ms, bool& cut,
+             std::vector<std::string>& pseudo) {
   if (cut || out.size() >= kMaxPullFiles || clock.now_ms() >= deadline_ms) {
     cut = true;
     return;
@@ -641,8 +673,10 @@ void collect(const std::string& root, const std::string& rel_dir, const sync::Ru
       continue;
     }
     bool hit = all || rules.check(rel, S_ISDIR(st.st_mode)) == sync::Rules::excluded;
-    if (S_ISDIR(st.st_mode))
-      collect(root, rel, rules, hit, out, clock, deadline_ms, cut);
+    if (S_ISDIR(st.st_mode) && pseudo_file_system(root + "/" + rel))
+      pseudo.push_back(rel);
+    else if (S_ISDIR(st.st_mode))
+      collect(root, rel, rules, hit, out, clock, deadline_ms, cut, pseudo);
     else if (S_ISREG(st.st_mode) && hit)
       out.push_back(rel);
   }
@@ -665,7 +699,20 @@ void Agent::on(uint32_t, const msg::Pull& m) {
     pull_.single_file = true;
   } else {
     bool cut = false;
-    collect(pull_.dir, "", rules, m.patterns.empty(), pull_.files, clock_, clock_.now_ms() + kMaxListMs, cut);
+    std::vector<std::string> pseudo;
+    if (pseudo_file_system(pull_.dir))
+      pull_.problems.push_back(pull_.dir +
+                               " is a pseudo file system (the kernel's, not files); nothing sent");
+    else
+      collect(pull_.dir, "", rules, m.patterns.empty(), pull_.files, clock_, clock_.now_ms() + kMaxListMs,
+              cut, pseudo);
+    if (!pseudo.empty()) {
+      std::string names;
+      const std::string dir = pull_.dir.back() == '/' ? pull_.dir : pull_.dir + "/";
+      for (size_t k = 0; k < pseudo.size() && k < 5; ++k) names += (k ? ", " : "") + dir + pseudo[k];
+      if (pseudo.size() > 5) names += " and " + std::to_string(pseudo.size() - 5) + " more";
+      pull_.problems.push_back("left out " + names + ": pseudo file systems (the kernel's, not files)");
+    }
     if (cut)
       pull_.problems.push_back("listed " + std::to_string(pull_.files.size()) + " files in " + pull_.dir +
                                " and stopped there (at most " + std::to_string(kMaxPullFiles) + " files, " +

@@ -223,8 +223,14 @@ uint64_t copy(const CopyRequest& req) {
   detail::pull_limits(job);
   o.pull = job;
   bool single_file = false;
-  const uint64_t files =
-      supervise::pull_files(rh.plan, o, detail::lasting_transports(rh.spec).for_host(), &single_file);
+  uint64_t files = 0;
+  try {
+    files = supervise::pull_files(rh.plan, o, detail::lasting_transports(rh.spec).for_host(), &single_file);
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + "\n  nothing was copied to " + final_path.string() +
+                    ": a copy cut short leaves nothing under its name",
+                e.hint().empty() ? "run it again" : e.hint(), e.code());
+  }
   // A file arrives as <work>/<its name>; a folder's files as <work>/<their paths>.
   work.place(single_file ? base : std::string(), final_path.string(), exists);
   std::fprintf(stderr, "mltrain: copied %llu file%s from %s:%s to %s\n", (unsigned long long)files,

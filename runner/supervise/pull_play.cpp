@@ -85,7 +85,8 @@ class PullPlay final : public Play {
                    signal_name(sig).c_str());
       step(Event::signalled);
     } else if (phase_ == Phase::pulling) {  // stop pulling, say goodbye
-      std::fprintf(stderr, "\nmltrain: %s while pulling; what came so far is kept\n",
+      std::fprintf(stderr,
+                   "\nmltrain: %s while copying; the copy is dropped (one cut short leaves nothing)\n",
                    signal_name(sig).c_str());
       if (!stop_signal_) stop_signal_ = sig;
       pull_finished();

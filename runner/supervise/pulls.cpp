@@ -251,7 +251,9 @@ void Pulls::stalls(Clock::time_point now) {
     HostPull& p = hosts_[i];
     if (p.active && fleet_[i].open() && now >= p.last_progress + job_.stall_timeout)
       stop(i, "sent nothing for " + text::format_duration(job_.stall_timeout) +
-                  " (MLTRAIN_PULL_STALL_TIMEOUT); what came is kept");
+                  " (MLTRAIN_PULL_STALL_TIMEOUT), after " + std::to_string(p.files) + " whole file" +
+                  (p.files == 1 ? "" : "s") +
+                  (p.fd >= 0 ? " and part of " + text::host_text(p.rel, 200) : ""));
   }
 }
 

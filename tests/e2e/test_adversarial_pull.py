@@ -187,10 +187,34 @@ def test_a_pull_that_stalls_ends_at_its_stall_timeout_with_the_host_named(ml):
            timeout=60)
     took = time.monotonic() - t0
     assert r.returncode == 1, r.stderr
-    assert "localhost: sent nothing for 2.0s (MLTRAIN_PULL_STALL_TIMEOUT)" in r.stderr, r.stderr
+    # It says what came and what became of it, not "what came is kept" when nothing is (issue 47
+    # item 16): a cp cut short places nothing.
+    assert "localhost: sent nothing for 2.0s (MLTRAIN_PULL_STALL_TIMEOUT), after 0 whole files and part of " \
+        "slow.bin" in r.stderr, r.stderr
+    assert "what came is kept" not in r.stderr
+    assert f"nothing was copied to {ml.dir / 'got'}: a copy cut short leaves nothing under its name" in r.stderr
     assert took < 30, took
     assert not (ml.dir / "got").exists()
     assert not [n for n in os.listdir(ml.dir) if n.startswith(".mltrain-cp")]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a /proc in a mount namespace of its own")
+def test_cp_leaves_out_pseudo_file_systems_and_says_so(ml):
+    """Issue 47 item 16: `cp latest:/ dest` walked /proc for 4 minutes (reading some of its files
+    blocks). A folder on a pseudo file system is left out and named; one asked for is refused."""
+    a_run(ml)
+    tree = ml.dir / "tree"
+    (tree / "p").mkdir(parents=True)
+    (tree / "a.txt").write_text("a\n")
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                        'mount -t proc proc "$1/p" && exec "$2" cp "latest:$1" "$3"', "_",
+                        str(tree), ml.bin, str(ml.dir / "got")],
+                       env=ml._env(), cwd=str(ml.dir), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert f"left out {tree}/p: pseudo file systems (the kernel's, not files)" in r.stderr, r.stderr
+    r = ml("cp", "latest:/proc", ml.dir / "got", timeout=60)
+    assert r.returncode == 1 and "/proc is a pseudo file system (the kernel's, not files); nothing sent" \
+        in r.stderr, r.stderr
 
 
 def test_a_run_whose_pull_stalls_records_that_it_is_incomplete(ml):
