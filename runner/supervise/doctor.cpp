@@ -1,5 +1,6 @@
 #include "runner/supervise/doctor.h"
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
@@ -386,43 +387,58 @@ std::string format_doctor(const std::vector<HostReport>& reports, bool json) {
                   r.problem.empty() ? "" : (r.stage + ": " + r.problem).c_str());
     out += line;
   }
+  // The lines below the table, each said once for all the hosts it holds for ("all 20 hosts:
+  // no GPU (none found)"), in the order they first came.
+  std::vector<std::pair<std::string, std::vector<std::string>>> notes;
+  auto note = [&](const std::string& host, std::string what) {
+    auto it = std::find_if(notes.begin(), notes.end(), [&](const auto& n) { return n.first == what; });
+    if (it == notes.end()) it = notes.insert(notes.end(), {std::move(what), {}});
+    it->second.push_back(host);
+  };
   for (const auto& r : reports)
     if (r.facts.count("python") && !r.facts.count("python_missing"))  // missing: the problem says it
-      out += r.host + ": python and torch checked with " + r.facts.at("python") +
-             (r.facts.count("python_from") ? " (" + r.facts.at("python_from") + ")" : std::string()) + "\n";
+      note(r.host,
+           "python and torch checked with " + r.facts.at("python") +
+               (r.facts.count("python_from") ? " (" + r.facts.at("python_from") + ")" : std::string()));
   // Which file each GPU library is, and which step of the search found it (knobs/gpu_library.h).
   for (const auto& r : reports)
     for (const auto& [key, label] : {std::pair<const char*, const char*>{"nccl_library", "NCCL"},
                                      {"cudart_library", "CUDA runtime"},
                                      {"nvml_library", "NVML"}})
-      if (r.facts.count(key)) out += r.host + ": " + label + " " + r.facts.at(key) + "\n";
+      if (r.facts.count(key)) note(r.host, std::string(label) + " " + r.facts.at(key));
   // Each host's GPUs, one line each, or why it has none.
   for (const auto& r : reports) {
     if (!r.facts.count("gpus")) continue;
-    std::string note = fact(r, "gpu_note");
+    std::string gpu_note = fact(r, "gpu_note");
     if (r.gpus.empty()) {
-      out += r.host + ": no GPU (" + (note == "-" ? std::string("none found") : note) + ")\n";
+      note(r.host, "no GPU (" + (gpu_note == "-" ? std::string("none found") : gpu_note) + ")");
       continue;
     }
     for (const auto& g : r.gpus) {
-      std::snprintf(line, sizeof line, "%s: GPU %d: %s, %s, MIG %s, %s\n", r.host.c_str(), g.index,
+      std::snprintf(line, sizeof line, "GPU %d: %s, %s, MIG %s, %s", g.index,
                     g.name.empty() ? "unnamed" : g.name.c_str(),
                     g.memory_mib ? (std::to_string(g.memory_mib) + " MiB").c_str() : "memory unknown",
                     g.mig == 1   ? "on"
                     : g.mig == 0 ? "off"
                                  : "unknown",
                     g.uuid.empty() ? "-" : g.uuid.c_str());
-      out += line;
+      note(r.host, line);
     }
     std::string source = fact(r, "gpu_source");
     if (source == "nvidia-smi")
-      out += r.host + ": GPUs listed by nvidia-smi -L" + (note == "-" ? std::string() : " (" + note + ")") +
-             "\n";
-    else if (note != "-")
-      out += r.host + ": NVML: " + note + "\n";
+      note(r.host,
+           "GPUs listed by nvidia-smi -L" + (gpu_note == "-" ? std::string() : " (" + gpu_note + ")"));
+    else if (gpu_note != "-")
+      note(r.host, "NVML: " + gpu_note);
     if (r.facts.count("cuda_visible_devices"))
-      out += r.host + ": CUDA_VISIBLE_DEVICES=" + text::shell_quote(r.facts.at("cuda_visible_devices")) +
-             " leaves " + fact(r, "gpus_usable") + " usable\n";
+      note(r.host, "CUDA_VISIBLE_DEVICES=" + text::shell_quote(r.facts.at("cuda_visible_devices")) +
+                       " leaves " + fact(r, "gpus_usable") + " usable");
+  }
+  for (const auto& [what, hosts] : notes) {
+    const std::string who = hosts.size() == reports.size() && hosts.size() > 3
+                                ? "all " + std::to_string(hosts.size()) + " hosts"
+                                : text::join(hosts, ", ");
+    out += who + ": " + what + "\n";
   }
   return out;
 }
