@@ -1,4 +1,4 @@
-// Open MPI MPI_Allreduce (f32 sum), for bench/compare.sh (run with --mca btl tcp,self).
+// Open MPI MPI_Allreduce (f32 sum), for bench/compare.sh (run over --mca btl vader,self and tcp,self).
 // Prints "mpi <ranks> <bytes> <median us>" lines on rank 0.
 #include <mpi.h>
 
