@@ -1,5 +1,10 @@
 // PS mode in process: real servers (comm/src/ps/server.h) on loopback, workers as threads with a
 // client each, as the ranks of a job would be (gloo's style: real transport, threads for ranks).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdint>
 #include <numeric>
@@ -355,4 +360,34 @@ TEST_CASE("a server gone while another streams replies: every wait ends, with th
     }
     c.reset();  // joins its threads: no hang
   }
+}
+
+TEST_CASE("strangers that never say hello before the server stops are counted in its log, not lost") {
+  // The hello timeout is 10 s: before, a stranger connecting in a run's last 10 s was never said.
+  Servers s(1, 1, true);
+  std::vector<int> fds;
+  for (int i = 0; i < 7; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(std::uint16_t(s.list[0]->port()));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    fds.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // accepted, and silent
+  s.list[0]->stop();
+  for (int fd : fds) ::close(fd);
+  std::lock_guard<std::mutex> lock(s.m);
+  size_t full = 0, summarised = 0;
+  for (const auto& l : s.log) {
+    if (l.find("no hello before the server stopped") != std::string::npos &&
+        l.find("more refused") == std::string::npos)
+      ++full;
+    if (const size_t at = l.find(" more refused connections"); at != std::string::npos)
+      summarised += std::stoul(l.substr(0, at));
+  }
+  CHECK_MESSAGE(full == 5, doctest::toString(s.log.size()));
+  CHECK(summarised == 2);
 }

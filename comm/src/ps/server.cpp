@@ -737,6 +737,12 @@ void PsServer::serve() {
       s.recycle();
       s.refusals.tick();
     }
+    // A stranger still inside its hello time is refused now, and counted: else one that came in the
+    // run's last hello_timeout would never be said.
+    for (const auto& [serial, c] : s.conns)
+      if (!c.hello && !c.closing)
+        s.refusals.refused("closing " + c.peer +
+                           ": no hello before the server stopped (not an mltrain worker?)");
     s.refusals.summarise();
   } catch (const std::exception& e) {
     {
