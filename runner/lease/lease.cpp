@@ -312,6 +312,22 @@ std::optional<int64_t> key_time_s(std::string_view queue_key) {
   return ns / 1000000000;
 }
 
+// An agent runs as ~/.cache/mltrain/mltrain-agent-<16 hex of its hash> (the launcher's state
+// folder for local hosts), so the kernel names it "mltrain-agent-<the first hex>". A local user
+// can mimic both (any name, any argv[0]); this keeps out what does not take that trouble (a
+// process merely named mltrain-agent-x, a script). docs/sharing.md says what it cannot keep out.
+bool agent_process(const ProcFacts& f) {
+  auto hex = [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); };
+  constexpr std::string_view kName = "mltrain-agent-";
+  if (f.comm.size() != kName.size() + 1 || f.comm.compare(0, kName.size(), kName) != 0 || !hex(f.comm.back()))
+    return false;
+  const std::string_view base = std::string_view(f.argv0).substr(f.argv0.rfind('/') + 1);
+  if (base.size() != kName.size() + 16 || base.substr(0, kName.size()) != kName) return false;
+  for (char c : base.substr(kName.size()))
+    if (!hex(c)) return false;
+  return base[kName.size()] == f.comm.back();
+}
+
 }  // namespace
 
 ProcFacts proc_facts(pid_t pid) {
@@ -343,6 +359,8 @@ ProcFacts proc_facts(pid_t pid) {
   if (hz > 0 && boot_time_s() > 0) f.started_s = boot_time_s() + ticks / hz;
   f.alive = stat[close + 2] != 'Z';
   f.uid = st.st_uid;
+  const std::string cmdline = read_small(dir + "/cmdline", 4096);
+  f.argv0 = cmdline.substr(0, cmdline.find('\0'));
   return f;
 }
 
@@ -352,8 +370,12 @@ std::string doubt_of(const Seen& seen, const ProcFacts& facts) {
   if (!facts.alive) return "its process (" + std::to_string(seen.pid) + ") is gone; another holds the name";
   if (facts.uid != seen.uid)
     return "its process " + std::to_string(seen.pid) + " belongs to another user now";
-  if (facts.comm.rfind("mltrain-agent", 0) != 0)
-    return "it is not an mltrain agent (its process is '" + facts.comm + "')";
+  if (!agent_process(facts))
+    return "it is not an mltrain agent (its process is '" + facts.comm + "'" +
+           (facts.argv0.empty() || facts.argv0 == facts.comm
+                ? ""
+                : ", run as '" + facts.argv0.substr(0, 200) + "'") +
+           ")";
   if (facts.started_s > 0) {
     if (auto it = seen.info.find("since"); it != seen.info.end()) {
       const long long since = std::strtoll(it->second.c_str(), nullptr, 10);

@@ -95,6 +95,7 @@ struct ProcFacts {
   std::string comm;       // its name as the kernel keeps it (15 bytes at most)
   int64_t started_s = 0;  // its start, in seconds since the epoch (0: unknown)
   bool hidden = false;    // /proc hides other users' processes (hidepid): nothing can be told
+  std::string argv0;      // the first word of its command line
 };
 ProcFacts proc_facts(pid_t pid);
 

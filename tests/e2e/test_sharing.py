@@ -348,7 +348,10 @@ servers_per_host = 1
 # believed only when the kernel vouches for it (a live mltrain agent that did not claim to hold it
 # from before it started); a squatter is named once and otherwise ignored.
 SQUATTER = r'''
-import select, socket, sys
+import os, select, socket, sys, time
+if os.environ.get("SQUAT_AS"):  # a determined one: named like an agent, its answer plausible
+    with open("/proc/self/comm", "w") as f:
+        f.write(os.environ["SQUAT_AS"])
 socks = []
 for name in sys.argv[1:]:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -359,7 +362,8 @@ print("bound", flush=True)
 while True:
     for s in select.select(socks, [], [])[0]:
         c, _ = s.accept()
-        c.sendall(b"run=20261201-000000-bert\nuser=alice\nlauncher=laptop\nsince=1\n")
+        since = int(time.time()) if os.environ.get("SQUAT_AS") else 1
+        c.sendall(b"run=20261201-000000-bert\nuser=alice\nlauncher=laptop\nsince=%d\n" % since)
         c.close()
 '''
 
@@ -408,6 +412,29 @@ def test_a_stranger_squatting_every_lease_name_blocks_no_job(ml, fakes):
             go_a.touch()
         communicate(pa, 60)
         assert pa.returncode == 0
+    finally:
+        squat.kill()
+        squat.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plays another local user (nobody): needs root")
+def test_a_squatter_named_like_an_agent_with_a_plausible_answer_blocks_no_job(ml, fakes):
+    """Issue 47 item 2: a process named mltrain-agent-x whose answer is dated now passed every check."""
+    def as_nobody():
+        os.setgroups([])
+        os.setgid(65534)
+        os.setuid(65534)
+    names = [f"mltrain-lease-{ml.lease_space}/exclusive"]
+    squat = subprocess.Popen([sys.executable, "-c", SQUATTER, *names], stdout=subprocess.PIPE, text=True,
+                             preexec_fn=as_nobody, env=dict(os.environ, SQUAT_AS="mltrain-agent-x"))
+    try:
+        assert squat.stdout.readline().strip() == "bound"
+        cpu = ml.write("cpu.toml", '[run]\ncommand = "echo ran"\n')
+        r = ml("run", cpu, timeout=60, unset=CLEAN)
+        assert r.returncode == 0 and "ran" in r.stdout, r.stderr
+        assert len(re.findall(r"localhost: ignoring the lease exclusive, held by uid 65534 \(nobody\), pid \d+: "
+                              r"it is not an mltrain agent \(its process is 'mltrain-agent-x', run as '[^']*python",
+                              r.stderr)) == 1, r.stderr
     finally:
         squat.kill()
         squat.wait()

@@ -604,7 +604,7 @@ TEST_CASE("agent_core: Claim takes the host for the job; another job finds it in
   // This process plays both jobs' agents: it carries an agent's name, as lease holders are believed by.
   char old_name[17] = {};
   ::prctl(PR_GET_NAME, old_name);
-  ::prctl(PR_SET_NAME, "mltrain-agent-u");
+  ::prctl(PR_SET_NAME, "mltrain-agent-a");
   struct Restore {
     const char* name;
     ~Restore() { ::prctl(PR_SET_NAME, name); }

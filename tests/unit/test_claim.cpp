@@ -30,12 +30,13 @@ std::vector<lease::Gpu> four_gpus() {
 }
 
 // Holders are believed only when they look like an mltrain agent (lease::Seen::doubt): the test
-// process plays the agents of every job, so it carries an agent's name while it does.
+// process plays the agents of every job, so it carries an agent's name while it does (and runs
+// through a link named as an agent's program is: tests/CMakeLists.txt, AS_AGENT).
 struct AsAgent {
   char old[17] = {};
   AsAgent() {
     ::prctl(PR_GET_NAME, old);
-    ::prctl(PR_SET_NAME, "mltrain-agent-u");
+    ::prctl(PR_SET_NAME, "mltrain-agent-a");
   }
   ~AsAgent() { ::prctl(PR_SET_NAME, old); }
 };
@@ -272,7 +273,7 @@ TEST_CASE("claim: a squatter on the host's names is named and ignored; the lease
   for (const auto& s : all.squatters()) {
     named.push_back(s.name);
     CHECK(s.pid == squat.pid);
-    CHECK(s.doubt == "it is not an mltrain agent (its process is 'python3')");
+    CHECK(s.doubt.rfind("it is not an mltrain agent (its process is 'python3', run as '", 0) == 0);
   }
   std::sort(named.begin(), named.end());
   CHECK(named == std::vector<std::string>{"exclusive", "gpu/GPU-test-0", "queue/0000000000000000000-zzz"});
@@ -303,15 +304,30 @@ TEST_CASE("lease: a holder is doubted unless the kernel's word fits an mltrain a
   seen.pid = 4242;
   seen.answered = true;
   seen.info = {{"run", "r1"}, {"since", "1700000000"}};
-  lease::ProcFacts agent{true, 1000, "mltrain-agent-1", 1700000100};
+  lease::ProcFacts agent{true,       1000,  "mltrain-agent-1",
+                         1700000100, false, "/home/u/.cache/mltrain/mltrain-agent-1f2e3d4c5b6a7980"};
   CHECK(lease::doubt_of(seen, agent) == "");
+  // Named like an agent but not one: the kernel's name, or the program it runs, does not fit.
+  auto mimic = agent;
+  mimic.comm = "mltrain-agent-x";
+  CHECK(lease::doubt_of(seen, mimic) ==
+        "it is not an mltrain agent (its process is 'mltrain-agent-x', run as "
+        "'/home/u/.cache/mltrain/mltrain-agent-1f2e3d4c5b6a7980')");
+  mimic = agent;
+  mimic.argv0 = "python3";
+  CHECK(lease::doubt_of(seen, mimic) ==
+        "it is not an mltrain agent (its process is 'mltrain-agent-1', run as 'python3')");
+  mimic.argv0 = "/tmp/mltrain-agent-2f2e3d4c5b6a7980";  // its name's first hex is not the kernel's
+  CHECK(lease::doubt_of(seen, mimic) != "");
   CHECK(lease::doubt_of(seen, lease::ProcFacts{}) == "its process (4242) is gone; another holds the name");
   auto other = agent;
   other.uid = 1001;
   CHECK(lease::doubt_of(seen, other) == "its process 4242 belongs to another user now");
   auto named = agent;
   named.comm = "python3";
-  CHECK(lease::doubt_of(seen, named) == "it is not an mltrain agent (its process is 'python3')");
+  CHECK(lease::doubt_of(seen, named) ==
+        "it is not an mltrain agent (its process is 'python3', run as "
+        "'/home/u/.cache/mltrain/mltrain-agent-1f2e3d4c5b6a7980')");
   auto late = agent;
   late.started_s = 1700000000 + lease::kClockSkewS + 10;  // held "since" a day and more before it started
   CHECK(lease::doubt_of(seen, late) == "it says it has held it since before its process started");
