@@ -347,6 +347,13 @@ servers_per_host = 1
 # place dated 1970, a GPU, a job. Any local user can bind any abstract socket name, so a holder is
 # believed only when the kernel vouches for it (a live mltrain agent that did not claim to hold it
 # from before it started); a squatter is named once and otherwise ignored.
+def as_nobody():
+    """preexec_fn: the child runs as another local user (nobody)."""
+    os.setgroups([])
+    os.setgid(65534)
+    os.setuid(65534)
+
+
 SQUATTER = r'''
 import os, select, socket, sys, time
 if os.environ.get("SQUAT_AS"):  # a determined one: named like an agent, its answer plausible
@@ -370,10 +377,6 @@ while True:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="plays another local user (nobody): needs root")
 def test_a_stranger_squatting_every_lease_name_blocks_no_job(ml, fakes):
-    def as_nobody():
-        os.setgroups([])
-        os.setgid(65534)
-        os.setuid(65534)
     prefix = f"mltrain-lease-{ml.lease_space}/"
     names = [prefix + n for n in ("exclusive", "queue/0000000000000000000-zzz", "job/fake",
                                   "gpu/" + gpu_fakes.uuid(socket.gethostname(), 0))]
@@ -420,10 +423,6 @@ def test_a_stranger_squatting_every_lease_name_blocks_no_job(ml, fakes):
 @pytest.mark.skipif(os.geteuid() != 0, reason="plays another local user (nobody): needs root")
 def test_a_squatter_named_like_an_agent_with_a_plausible_answer_blocks_no_job(ml, fakes):
     """Issue 47 item 2: a process named mltrain-agent-x whose answer is dated now passed every check."""
-    def as_nobody():
-        os.setgroups([])
-        os.setgid(65534)
-        os.setuid(65534)
     names = [f"mltrain-lease-{ml.lease_space}/exclusive"]
     squat = subprocess.Popen([sys.executable, "-c", SQUATTER, *names], stdout=subprocess.PIPE, text=True,
                              preexec_fn=as_nobody, env=dict(os.environ, SQUAT_AS="mltrain-agent-x"))
