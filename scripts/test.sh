@@ -20,6 +20,7 @@ while [ $# -gt 0 ]; do
 done
 
 jobs=$(nproc)
+budget_s=1200
 export LC_NUMERIC=C  # $EPOCHREALTIME with a decimal point
 stage_names=() stage_secs=() stage_status=()
 suite_start=$EPOCHREALTIME
@@ -32,9 +33,35 @@ print_stages() {
   for i in "${!stage_names[@]}"; do
     printf '  %-62s %8.1f s  %s\n' "${stage_names[$i]}" "${stage_secs[$i]}" "${stage_status[$i]}"
   done
-  printf '  %-62s %8.1f s  %s\n' "total" "$(elapsed "$suite_start")" \
-    "$([ "$rc" = 0 ] && echo ok || echo "FAILED (exit $rc)")"
+  local total
+  total=$(elapsed "$suite_start")
+  printf '  %-62s %8.1f s  %s\n' "total" "$total" "$([ "$rc" = 0 ] && echo ok || echo "FAILED (exit $rc)")"
+  # The budget (issue 56): 20 minutes on 2 cores, for the whole suite from a clean clone.
+  awk -v t="$total" -v b="$budget_s" 'BEGIN { d = t - b; printf "  %-62s %8d s  %s\n", "budget (20 min on 2 cores)", b,
+    d > 0 ? sprintf("%.0f s over", d) : sprintf("%.0f s to spare", -d) }'
+  print_slowest_modules
   print_disk "$rc"
+}
+
+# The e2e modules that cost the most, from the runs' JUnit reports: the seconds of their tests
+# summed (tests run side by side, so this is each module's share of the workers, not wall time).
+# A new slow test shows up here the day it lands.
+print_slowest_modules() {
+  local reports=() f
+  for f in build/e2e-junit.xml build/e2e-alone-junit.xml; do [ -s "$f" ] && reports+=("$f"); done
+  [ "${#reports[@]}" -gt 0 ] || return 0
+  /usr/bin/python3 - "${reports[@]}" <<'PY' || true
+import collections, sys, xml.etree.ElementTree as ET
+cost, count = collections.Counter(), collections.Counter()
+for path in sys.argv[1:]:
+    for case in ET.parse(path).getroot().iter("testcase"):
+        module = case.get("classname", "?").split(".")[-1]
+        cost[module] += float(case.get("time") or 0)
+        count[module] += 1
+print("\n==> the five slowest e2e modules (seconds of their tests, summed)")
+for module, secs in cost.most_common(5):
+    print(f"  {module:<62} {secs:8.1f} s  {count[module]} tests")
+PY
 }
 
 # The suite writes about 5 GiB (two builds, the e2e tests' temporary folders): a full disk shows up
@@ -123,8 +150,9 @@ e2e() {
   # marked `alone` (they time the console or load the whole machine) run after, by themselves.
   local workers=$((jobs + 1))
   MLTRAIN_BIN="$PWD/build/mltrain" /usr/bin/python3 -m pytest tests/e2e -q -p no:cacheprovider \
-    -n "$workers" --dist loadgroup -m "not alone" "$@" &&
-    MLTRAIN_BIN="$PWD/build/mltrain" /usr/bin/python3 -m pytest tests/e2e -q -p no:cacheprovider -m alone "$@"
+    -n "$workers" --dist loadgroup -m "not alone" --junitxml="$PWD/build/e2e-junit.xml" "$@" &&
+    MLTRAIN_BIN="$PWD/build/mltrain" /usr/bin/python3 -m pytest tests/e2e -q -p no:cacheprovider -m alone \
+      --junitxml="$PWD/build/e2e-alone-junit.xml" "$@"
 }
 
 stage "dependencies" scripts/setup.sh --no-build --test-deps
