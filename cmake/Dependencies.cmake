@@ -6,7 +6,6 @@ find_package(nlohmann_json CONFIG REQUIRED)
 find_package(fmt CONFIG REQUIRED)
 find_package(spdlog CONFIG REQUIRED)
 find_package(libssh CONFIG REQUIRED)
-find_package(Boost 1.74 REQUIRED COMPONENTS filesystem)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(RE2 REQUIRED IMPORTED_TARGET re2)
 # Sync: zstd compresses what travels (the agent links the static library: glibc is its only

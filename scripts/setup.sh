@@ -14,7 +14,7 @@ for a in "$@"; do
 done
 
 packages=(build-essential cmake ninja-build pkg-config git
-  libcli11-dev libssh-dev libboost-dev libboost-filesystem-dev libtomlplusplus-dev
+  libcli11-dev libssh-dev libtomlplusplus-dev
   nlohmann-json3-dev libspdlog-dev libfmt-dev doctest-dev libzstd-dev libxxhash-dev libre2-dev)
 if [ "$test_deps" = 1 ]; then
   packages+=(clang-format python3 python3-pytest python3-pytest-xdist python3-torch python3-numpy python3-venv python3-setuptools python3-wheel python3-yaml zstd openssh-server openssh-client iproute2 procps bash-completion zsh fish tcsh tmux slurmctld slurmd slurm-client munge)

@@ -1,18 +1,14 @@
-// The local transport: the agent as a child process over two pipes. The only user of Boost.Process.
+// The local transport: the agent as a child process over two pipes.
 #include <fcntl.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <boost/process/args.hpp>
-#include <boost/process/child.hpp>
-#include <boost/process/io.hpp>
-#include <boost/process/posix.hpp>
-#include <boost/process/search_path.hpp>
 #include <cerrno>
 #include <cstring>
-#include <system_error>
 #include <utility>
+#include <vector>
 
 #include "knobs/knobs.h"
 #include "runner/common/error.h"
@@ -21,8 +17,6 @@
 #include "runner/common/text.h"
 #include "runner/transport/detail/child_link.h"
 #include "runner/transport/transport.h"
-
-namespace bp = boost::process;
 
 namespace mltrain::transport {
 namespace {
@@ -77,31 +71,34 @@ class LocalTransport : public Transport {
       ::close(to_agent[1]);
       throw Error(sys_error_text("pipe2", "for the local agent", e), {}, exit_code::host_failure);
     }
-    // MLTRAIN_LOCAL_AGENT_WRAPPER: a program (and its words) the agent runs under, its path last.
+    // MLTRAIN_LOCAL_AGENT_WRAPPER: a program (and its words) the agent runs under, its path last;
+    // a program without a '/' is looked for on PATH.
     std::vector<std::string> argv;
     for (const auto& w : text::split(knobs::mltrain_local_agent_wrapper.get(), ' '))
       if (!w.empty()) argv.push_back(w);
-    const std::string program = argv.empty()                             ? agent
-                                : argv[0].find('/') != std::string::npos ? argv[0]
-                                                                         : bp::search_path(argv[0]).string();
-    if (!argv.empty() && program.empty())
-      throw Error("MLTRAIN_LOCAL_AGENT_WRAPPER: '" + argv[0] + "' is not a program on PATH",
-                  "give its full path, or unset it", exit_code::usage);
-    if (!argv.empty()) argv.erase(argv.begin()), argv.push_back(agent);
-    std::error_code ec;
-    bp::child child(program, bp::args(argv), bp::posix::fd.bind(0, to_agent[0]),
-                    bp::posix::fd.bind(1, from_agent[1]), ec);
+    argv.push_back(agent);
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, to_agent[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, from_agent[1], 1);
+    pid_t pid = -1;
+    const int rc = ::posix_spawnp(&pid, argv[0].c_str(), &fa, nullptr, args.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
     ::close(to_agent[0]);
     ::close(from_agent[1]);
-    if (ec) {
+    if (rc != 0) {
       ::close(to_agent[1]);
       ::close(from_agent[0]);
-      throw Error("cannot start the local agent " + agent + ": " + ec.message(),
+      if (argv.size() > 1)
+        throw Error("MLTRAIN_LOCAL_AGENT_WRAPPER: cannot start '" + argv[0] + "': " + std::strerror(rc),
+                    "give its full path, or unset it", exit_code::usage);
+      throw Error("cannot start the local agent " + agent + ": " + std::strerror(rc),
                   "check that " + agent + " is executable (MLTRAIN_HOME on a noexec mount?)",
                   exit_code::host_failure);
     }
-    pid_t pid = child.id();
-    child.detach();  // the link reaps it; boost would terminate it on destruction otherwise
     // The link owns the fds and the child from here: if a step below throws, it closes and reaps.
     auto link = std::make_unique<LocalLink>(pid, from_agent[0], to_agent[1]);
     for (int fd : {from_agent[0], to_agent[1]}) {

@@ -42,7 +42,7 @@ class Transport {
   virtual int interactive(const plan::HostPlan& host, const std::string& script);
 };
 
-// Runs the agent as a local child process (Boost.Process), over pipes.
+// Runs the agent as a local child process (posix_spawnp), over pipes.
 std::unique_ptr<Transport> make_local_transport();
 
 // Inside a Slurm allocation: each host's agent is one `srun --overlap -N1 -n1 -w HOST` step whose
