@@ -16,6 +16,7 @@
 #include "config.h"
 #include "runner/agent/detail/agent_impl.h"
 #include "runner/gpu/run_tool.h"
+#include "runner/tree/atomic_file.h"
 #include "runner/tree/beneath.h"
 
 namespace mltrain::agent::detail {
@@ -118,12 +119,8 @@ bool from_cache(const std::string& text, const std::string& python, std::string&
 // Writes through a temporary name in `dir` (made 0700 when missing); best effort.
 void write_cache(const std::string& dir, const std::string& name, const std::string& text) {
   ::mkdir(dir.c_str(), 0700);
-  const std::string tmp = dir + "/." + name + "." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0) return;
-  const bool ok = ::write(fd, text.data(), text.size()) == ssize_t(text.size());
-  ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), (dir + "/" + name).c_str()) != 0) ::unlink(tmp.c_str());
+  std::string error;
+  (void)sync::write_atomically(AT_FDCWD, dir + "/" + name, text, 0600, false, error);
 }
 
 std::string hex16(const std::string& s) {

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "knobs/registry.h"
+#include "runner/tree/atomic_file.h"
 
 namespace {
 struct RuntimeFile {
@@ -70,35 +71,11 @@ bool intact(const std::string& path, std::string_view bytes, mode_t mode) {
 }
 
 bool write_file(const std::string& path, std::string_view bytes, mode_t mode, std::string& why) {
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0) {
-    why = sys_text("cannot create", tmp);
-    return false;
-  }
-  for (size_t off = 0; off < bytes.size();) {
-    ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      why = sys_text("cannot write", tmp);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return false;
-    }
-    off += size_t(n);
-  }
-  // close reports what the file system deferred (NFS, quota): a short file must not be installed.
-  if (::fchmod(fd, mode) != 0 || ::close(fd) != 0) {
-    why = sys_text("cannot write", tmp);
-    ::unlink(tmp.c_str());
-    return false;
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    why = sys_text("cannot rename into", path);
-    ::unlink(tmp.c_str());
-    return false;
-  }
-  return true;
+  // close reports what the file system deferred (NFS, quota): a short file is never installed.
+  sync::AtomicFile f(AT_FDCWD, path, mode);
+  if (f.write(bytes) && f.commit(false)) return true;
+  why = "cannot install " + path + " (" + f.error() + ")";
+  return false;
 }
 
 // The folder the agent lives in; $HOME/.cache/mltrain when it runs from memory (a noexec home).

@@ -33,6 +33,7 @@
 
 #include "runner/agent/detail/agent_impl.h"
 #include "runner/protocol/protocol.h"
+#include "runner/tree/atomic_file.h"
 #include "runner/tree/beneath.h"
 #include "runner/tree/hash.h"
 #include "runner/tree/ignore.h"
@@ -592,11 +593,8 @@ void Agent::on(uint32_t, msg::Setup& m) {
 void Agent::setup_exited(int status) {
   setup_running_ = false;
   if (status == 0) {
-    std::string tmp = setup_stamp_ + ".tmp";
-    if (FILE* f = std::fopen(tmp.c_str(), "w")) {
-      std::fprintf(f, "%s\n", setup_key_.c_str());
-      if (std::fclose(f) == 0) ::rename(tmp.c_str(), setup_stamp_.c_str());
-    }
+    std::string error;  // a stamp not written: the setup runs again next time
+    (void)sync::write_atomically(AT_FDCWD, setup_stamp_, setup_key_ + "\n", 0600, false, error);
   }
   send(msg::SetupDone{1, status, {}});
 }

@@ -34,6 +34,7 @@
 #include "runner/launch/detail/launch_detail.h"
 #include "runner/launch/launch.h"
 #include "runner/records/records.h"
+#include "runner/tree/atomic_file.h"
 
 extern char** environ;
 
@@ -236,15 +237,9 @@ std::string params_text(const Params& p) {
 }
 
 void write_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << text;
-    if (!f)
-      throw Error("cannot write " + tmp + ": " + std::strerror(errno), "free space in the state folder");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw Error("cannot write " + path + ": " + std::strerror(errno), "free space in the state folder");
+  std::string error;
+  if (!sync::write_atomically(AT_FDCWD, path, text, 0600, false, error))
+    throw Error("cannot write " + path + " (" + error + ")", "free space in the state folder");
 }
 
 void save(const Sweep& s) {

@@ -23,6 +23,7 @@
 #include "runner/common/sys_check.h"
 #include "runner/common/text.h"
 #include "runner/records/records.h"
+#include "runner/tree/atomic_file.h"
 #include "runner/tree/hash.h"
 
 namespace mltrain::records {
@@ -116,11 +117,8 @@ Kept keep_file(int objects, const CodeEntry& e, const std::vector<std::string>& 
   if (::fstatat(dir.fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) return Kept::present;
   Fd in(::open(e.source.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (in.fd < 0) return Kept::unreadable;
-  std::random_device rd;
-  char tmp[64];
-  std::snprintf(tmp, sizeof tmp, ".tmp-%d-%08x", int(::getpid()), unsigned(rd()));
-  Fd out(::openat(dir.fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (out.fd < 0) return Kept::unreadable;
+  sync::AtomicFile out(dir.fd, name);
+  if (!out.ok()) return Kept::unreadable;
   XXH3_state_t* st3 = XXH3_createState();
   XXH3_128bits_reset(st3);
   SecretScan scan(secrets);
@@ -142,7 +140,7 @@ Kept keep_file(int objects, const CodeEntry& e, const std::vector<std::string>& 
       ZSTD_outBuffer ob{packed.data(), packed.size(), 0};
       size_t left = ZSTD_compressStream2(cctx, &ob, &ib, done ? ZSTD_e_end : ZSTD_e_continue);
       if (ZSTD_isError(left)) ok = false;
-      if (ob.pos > 0 && ::write(out.fd, packed.data(), ob.pos) != ssize_t(ob.pos)) ok = false;
+      if (ob.pos > 0 && !out.write(std::string_view(packed.data(), ob.pos))) ok = false;
       written += ob.pos;
       more = done ? left != 0 : ib.pos < ib.size;
     }
@@ -153,9 +151,7 @@ Kept keep_file(int objects, const CodeEntry& e, const std::vector<std::string>& 
                 : scan.found()                       ? Kept::secret
                 : (got != e.hash || total != e.size) ? Kept::changed
                                                      : Kept::stored;
-  if (result == Kept::stored && (::fsync(out.fd) != 0 || ::renameat(dir.fd, tmp, dir.fd, name.c_str()) != 0))
-    result = Kept::unreadable;
-  if (result != Kept::stored) ::unlinkat(dir.fd, tmp, 0);
+  if (result == Kept::stored && !out.commit(true)) result = Kept::unreadable;  // else its temporary goes
   if (result == Kept::stored) added += written;
   return result;
 }
@@ -213,21 +209,9 @@ std::string git_diff(const std::string& root, const std::vector<std::string>& se
 
 // Writes `text` into the run's folder as `name`, atomically.
 void write_in_run(const std::string& run_id, const std::string& name, const std::string& text) {
-  const std::string path = run_dir(run_id) + "/" + name, tmp = path + ".tmp";
-  Fd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600));
-  bool ok = f.fd >= 0;
-  for (size_t off = 0; ok && off < text.size();) {
-    ssize_t n = ::write(f.fd, text.data() + off, text.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    ok = n > 0;
-    off += ok ? size_t(n) : 0;
-  }
-  const int err = errno;
-  if (!ok || ::fsync(f.fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    throw Error(sys_error_text("write", path, ok ? errno : err), "free some space in the state folder",
-                exit_code::state);
-  }
+  std::string error;
+  if (!sync::write_atomically(AT_FDCWD, run_dir(run_id) + "/" + name, text, 0600, true, error))
+    throw Error(error, "free some space in the state folder", exit_code::state);
 }
 
 json manifest_json(const std::vector<CodeEntry>& entries, const CodeSummary& s, const std::string& root,
@@ -520,7 +504,7 @@ uint64_t sweep_code_store() {
     each_name(dir.fd, [&](const std::string& name) {
       // Ours only: contents named by their hash, and temporary files a killed run left (no run
       // keeps code while this lock is held).
-      const bool tmp = name.rfind(".tmp-", 0) == 0;
+      const bool tmp = name[0] == '.' && name.find(".tmp") != std::string::npos;  // sync::AtomicFile's
       if (!tmp && (!is_hash(sub + name) || used.count(sub + name))) return;
       struct stat fs {};
       if (::fstatat(dir.fd, name.c_str(), &fs, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(fs.st_mode)) return;

@@ -15,11 +15,11 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "runner/common/file.h"
 #include "runner/common/regex.h"
 #include "runner/common/text.h"
 #include "runner/records/detail/metric_digest.h"
 #include "runner/spec/spec.h"
+#include "runner/tree/atomic_file.h"
 
 namespace mltrain::records {
 
@@ -310,8 +310,10 @@ void MetricsLog::save_digest() {
   const std::string dir = path_.substr(0, path_.rfind('/') + 1);
   std::string error;
   // The series first: a reader of the summary that finds it current finds the series current too.
-  if (!replace_file(dir + detail::kSeriesFile, digest_->series_json(written_), false, error) ||
-      !replace_file(dir + detail::kSummaryFile, digest_->summary_json(written_), false, error)) {
+  if (!sync::write_atomically(AT_FDCWD, dir + detail::kSeriesFile, digest_->series_json(written_), 0600,
+                              false, error) ||
+      !sync::write_atomically(AT_FDCWD, dir + detail::kSummaryFile, digest_->summary_json(written_), 0600,
+                              false, error)) {
     if (!said_digest_)
       std::fprintf(stderr, "mltrain: %s; show, ls and diff read all of %s instead\n", error.c_str(),
                    path_.c_str());

@@ -18,7 +18,6 @@
 #include <sstream>
 
 #include "runner/common/error.h"
-#include "runner/common/file.h"
 #include "runner/common/log.h"
 #include "runner/common/secret.h"
 #include "runner/common/state_home.h"
@@ -26,6 +25,7 @@
 #include "runner/common/text.h"
 #include "runner/plan/plan.h"
 #include "runner/records/cleanup.h"
+#include "runner/tree/atomic_file.h"
 
 namespace mltrain::records {
 
@@ -408,7 +408,7 @@ bool save_in(const std::string& dir, const RunRecord& r) {
   // A record that cannot be written whole is a warning, never the end of the run: only a record
   // fully written and on disk (fsync) replaces the last good one.
   std::string error;
-  if (replace_file(dir + "/run.json", data, true, error)) return true;
+  if (sync::write_atomically(AT_FDCWD, dir + "/run.json", data, 0600, true, error)) return true;
   log::warn("records", error + "; run.json keeps its last state");
   return false;
 }

@@ -14,6 +14,7 @@
 
 #include "runner/records/detail/telemetry_json.h"
 #include "runner/telemetry/sample.h"
+#include "runner/tree/atomic_file.h"
 
 namespace mltrain::records {
 
@@ -281,12 +282,8 @@ void TelemetryLog::write_live(int64_t elapsed_ms) {
   live_written_ms_ = elapsed_ms;
   std::string all;
   for (const auto& [host, line] : live_) all += line;
-  const std::string tmp = live_path_ + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  bool ok = fd >= 0 && write_all(fd, all);
-  if (fd >= 0) ::close(fd);
-  if (ok && ::rename(tmp.c_str(), live_path_.c_str()) == 0) return;
-  ::unlink(tmp.c_str());
+  std::string error;
+  if (sync::write_atomically(AT_FDCWD, live_path_, all, 0600, false, error)) return;
   live_failed_ = true;  // `top` then says the run has no live telemetry; telemetry.jsonl goes on
 }
 

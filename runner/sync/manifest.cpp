@@ -14,6 +14,7 @@
 
 #include "runner/common/error.h"
 #include "runner/common/text.h"
+#include "runner/tree/atomic_file.h"
 #include "runner/tree/hash.h"
 #include "runner/tree/ignore.h"
 
@@ -102,13 +103,8 @@ struct HashCache {
           .u64(uint64_t(v.first.mtime))
           .u64(uint64_t(v.first.ctime))
           .str(v.second);
-    std::string data = w.take();
-    std::string tmp = file + ".tmp." + std::to_string(::getpid());
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) return;  // only a cache: the next listing reads the files again
-    bool ok = ::write(fd, data.data(), data.size()) == ssize_t(data.size());
-    ok = ::close(fd) == 0 && ok;
-    if (!ok || ::rename(tmp.c_str(), file.c_str()) != 0) ::unlink(tmp.c_str());
+    std::string error;  // only a cache: what is not written, the next listing reads from the files
+    (void)write_atomically(AT_FDCWD, file, w.take(), 0600, false, error);
   }
 };
 

@@ -12,6 +12,7 @@
 #include "runner/common/state_home.h"
 #include "runner/common/sys_check.h"
 #include "runner/transport/transport.h"
+#include "runner/tree/atomic_file.h"
 
 // Provided by the generated agent_blob.S (.incbin of the built mltrain-agent).
 extern "C" const char mltrain_agent_blob_start[];
@@ -70,39 +71,13 @@ std::string local_agent_path() {
     if (std::string m = memfd_agent(); !m.empty()) return m;
   if (::access(path.c_str(), X_OK) == 0) return path;
 
-  // Write to a private name, then rename: concurrent launchers never see a half-written agent. The
-  // name is private to the thread too: two local hosts of one job connect at once.
-  static std::atomic<unsigned> installs{0};
-  std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(installs++);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0755);
-  if (fd < 0)
-    throw Error("cannot write the agent to " + tmp + ": " + std::strerror(errno),
-                "set MLTRAIN_HOME to a writable folder", exit_code::internal);
-  auto bytes = agent_bytes();
-  size_t off = 0;
-  while (off < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw Error("cannot write the agent to " + tmp + ": " + std::strerror(e), "free some disk space",
-                  exit_code::internal);
-    }
-    off += size_t(n);
-  }
-  // close reports a write the file system deferred (NFS, quota): a short agent must not be installed.
-  if (::close(fd) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    throw Error(sys_error_text("close", tmp, e), "free some disk space", exit_code::internal);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int e = errno;
-    ::unlink(tmp.c_str());
-    throw Error("cannot install the agent at " + path + ": " + std::strerror(e), {}, exit_code::internal);
-  }
+  // Written whole under a private name, then renamed: concurrent launchers (two local hosts of one
+  // job connect at once) never see a half-written agent. close() reports a write the file system
+  // deferred (NFS, quota): a short agent is never installed.
+  sync::AtomicFile f(AT_FDCWD, path, 0755);
+  if (!f.write(agent_bytes()) || !f.commit(false))
+    throw Error("cannot install the agent at " + path + ": " + f.error(),
+                "free some disk space, or set MLTRAIN_HOME to a writable folder", exit_code::internal);
   return path;
 }
 
