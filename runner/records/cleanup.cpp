@@ -1,5 +1,6 @@
 #include "runner/records/cleanup.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -9,6 +10,8 @@
 #include <ctime>
 #include <filesystem>
 #include <set>
+#include <string_view>
+#include <vector>
 
 #include "runner/common/error.h"
 #include "runner/records/code.h"
@@ -79,9 +82,16 @@ void remove_half_made(bool dry_run) {
     if (!dry_run) {
       const int dir = ::openat(runs, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
       if (dir < 0) continue;
+      // The record, or its write cut short (sync::AtomicFile's ".run.json.tmp.*").
+      std::vector<std::string> ours = {"run.json"};
+      if (DIR* d = ::fdopendir(::dup(dir))) {
+        while (dirent* e = ::readdir(d))
+          if (std::string_view(e->d_name).rfind(".run.json.tmp", 0) == 0) ours.emplace_back(e->d_name);
+        ::closedir(d);
+      }
       bool removed = true;
-      for (const char* file : {"run.json", ".run.json.tmp"})  // the record, or its write cut short
-        removed = removed && (::unlinkat(dir, file, 0) == 0 || errno == ENOENT);
+      for (const auto& file : ours)
+        removed = removed && (::unlinkat(dir, file.c_str(), 0) == 0 || errno == ENOENT);
       ::close(dir);
       if (!removed) continue;
       if (::unlinkat(runs, name.c_str(), AT_REMOVEDIR) != 0) continue;

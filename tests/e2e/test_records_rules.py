@@ -91,6 +91,7 @@ def test_gc_removes_the_folders_killed_launchers_left_half_made_and_only_those(m
     gone = subprocess.Popen(["true"])
     gone.wait()
     dead = _half_made(ml, source, "20261206-000000-dead-0001", launcher_pid=gone.pid)
+    (dead / ".run.json.tmp.4242.0.0badf00d").write_text("{")  # a record's write cut short
     stat = Path("/proc/self/stat").read_text()
     start = int(stat[stat.rindex(")") + 2:].split()[19])
     live = _half_made(ml, source, "20261206-000000-live-0002", launcher_pid=os.getpid(), launcher_start=start)

@@ -51,7 +51,7 @@ def test_full_disk_cuts_logs_loudly_and_keeps_the_record(ml, small_home):
     for d in runs:
         doc = json.loads((d / "run.json").read_text())
         assert doc["id"] == d.name
-    assert not list((home / "runs").glob("*/.run.json.tmp"))
+    assert not list((home / "runs").glob("*/.run.json.tmp*"))
     ls = ml("ls", "--json", env=env)
     assert ls.returncode == 0 and len(json.loads(ls.stdout)["runs"]) == 2
 
