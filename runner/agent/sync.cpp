@@ -1,6 +1,5 @@
-// The agent's side of `[sync]`, `[setup]` and `pull`: mirroring the launcher's tree into a folder
-// here (only what differs travels; each file lands whole by a rename), running the setup command
-// when what it depends on changed, and sending files back.
+// The agent's side of `[sync]`: mirroring the launcher's tree into a folder here (only what differs
+// travels; each file lands whole by a rename). `[setup]` is setup.cpp's, `pull` pull.cpp's.
 //
 // Bookkeeping lives in <dir>/.mltrain-sync/: `index` (what the last sync wrote: path, size, mtime,
 // inode, content hash, so an unchanged file is not read again, and a file the job wrote itself is
@@ -40,6 +39,19 @@
 
 namespace mltrain::agent::detail {
 
+bool mkdirs(const std::string& path, mode_t mode, bool* made) {
+  if (path.empty()) return true;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) return S_ISDIR(st.st_mode);
+  size_t slash = path.rfind('/');
+  if (slash != std::string::npos && slash > 0 && !mkdirs(path.substr(0, slash), 0700)) return false;
+  if (::mkdir(path.c_str(), mode) == 0) {
+    if (made) *made = true;
+    return true;
+  }
+  return errno == EEXIST;
+}
+
 namespace {
 
 using sync::canonical;
@@ -47,12 +59,7 @@ using sync::hex;
 using sync::mtime_ns;
 using sync::to_timespec;
 
-constexpr const char* kState = ".mltrain-sync";
 constexpr int kDirFlags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
-
-std::string errno_text(const std::string& what, const std::string& path) {
-  return what + " " + path + ": " + std::strerror(errno);
-}
 
 // Why a path below the folder could not be walked: a part that is a link or not a folder.
 std::string walk_text(const std::string& what, const std::string& rel) {
@@ -82,21 +89,6 @@ std::string hash_fd(int fd) {
   std::string h = n < 0 ? std::string() : canonical(XXH3_128bits_digest(st));
   XXH3_freeState(st);
   return h;
-}
-
-// mkdir -p of a path the launcher named (its own setting: links on the way are followed); the
-// folders it makes are private. `made`: whether the last part was made now.
-bool mkdirs(const std::string& path, mode_t mode, bool* made = nullptr) {
-  if (path.empty()) return true;
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0) return S_ISDIR(st.st_mode);
-  size_t slash = path.rfind('/');
-  if (slash != std::string::npos && slash > 0 && !mkdirs(path.substr(0, slash), 0700)) return false;
-  if (::mkdir(path.c_str(), mode) == 0) {
-    if (made) *made = true;
-    return true;
-  }
-  return errno == EEXIST;
 }
 
 // Whether what lies at a path is what the index says an earlier sync put there.
@@ -534,238 +526,6 @@ void Agent::on(uint32_t, const msg::SyncEnd&) {
   out.problems = std::move(sync_.problems);
   sync_ = SyncState{};
   send(out);
-}
-
-// ---- setup ----
-
-namespace {
-
-// Which machine this is, for the setup's stamp: a home shared by several hosts (NFS) holds one
-// stamp per host, or a setup that installs into the host (apt, /scratch, a local venv) ran on one
-// host only and was "skipped, nothing changed" on the others. The machine id and the host name
-// (clones share a machine id; the test cluster's hosts share /etc).
-std::string machine_identity() {
-  std::string id;
-  if (FILE* f = std::fopen("/etc/machine-id", "r")) {
-    char buf[128];
-    size_t n = std::fread(buf, 1, sizeof buf, f);
-    id.assign(buf, n);
-    std::fclose(f);
-  }
-  char host[256] = {};
-  if (::gethostname(host, sizeof host - 1) == 0) id += '\n' + std::string(host);
-  return id;
-}
-
-}  // namespace
-
-void Agent::on(uint32_t, msg::Setup& m) {
-  std::string cwd = expand_home(m.cwd);
-  std::string dir = expand_home("~/.cache/mltrain/setup");
-  const std::string where = cwd + '\0' + machine_identity();
-  setup_stamp_ = dir + "/" + hex(canonical(XXH3_128bits(where.data(), where.size())));
-  setup_key_ = m.key;
-  if (!m.force) {
-    FILE* f = std::fopen(setup_stamp_.c_str(), "r");
-    std::string got;
-    if (f) {
-      char buf[512];
-      size_t n = std::fread(buf, 1, sizeof buf, f);
-      got.assign(buf, n);
-      std::fclose(f);
-    }
-    if (got == m.key + "\n") {
-      send(msg::SetupDone{0, 0, {}});
-      return;
-    }
-  }
-  mkdirs(dir, 0700);
-  ::unlink(setup_stamp_.c_str());  // a setup that fails or is cut short runs again next time
-  msg::Spawn s;
-  s.cwd = cwd;
-  s.argv = {"/bin/sh", "-c", m.command};
-  s.env = std::move(m.env);
-  s.one_stream = 1;  // shown and kept as one stream: in the order it was written
-  setup_running_ = true;
-  on(kSetupId, s);
-}
-
-void Agent::setup_exited(int status) {
-  setup_running_ = false;
-  if (status == 0) {
-    std::string error;  // a stamp not written: the setup runs again next time
-    (void)sync::write_atomically(AT_FDCWD, setup_stamp_, setup_key_ + "\n", 0600, false, error);
-  }
-  send(msg::SetupDone{1, status, {}});
-}
-
-// ---- pull ----
-
-namespace {
-
-// What one pull lists at most: the agent answers nothing while it lists (`cp RUN:/` would list
-// the whole machine), so past either bound the rest is left behind and said.
-constexpr size_t kMaxPullFiles = 1'000'000;
-constexpr int64_t kMaxListMs = 5000;
-
-// A file system of the kernel's own, not of files: /proc, /sys, cgroups, tracing, ... (`cp
-// RUN:/` walked /proc for minutes, where reading a file may block or never end).
-bool pseudo_file_system(const std::string& path) {
-  struct statfs fs {};
-  if (::statfs(path.c_str(), &fs) != 0) return false;
-  switch (static_cast<unsigned long>(fs.f_type)) {
-    case PROC_SUPER_MAGIC:
-    case SYSFS_MAGIC:
-    case DEBUGFS_MAGIC:
-    case TRACEFS_MAGIC:
-    case CGROUP_SUPER_MAGIC:
-    case CGROUP2_SUPER_MAGIC:
-    case SECURITYFS_MAGIC:
-    case BPF_FS_MAGIC:
-    case PSTOREFS_MAGIC:
-    case EFIVARFS_MAGIC:
-    case DEVPTS_SUPER_MAGIC:
-    case 0x65735543:  // fusectl
-    case BINFMTFS_MAGIC:
-    case 0x62656570:  // configfs
-    case 0x19800202:  // mqueue
-    case 0x0187:      // autofs: looking in may mount
-      return true;
-    default:
-      return false;
-  }
-}
-
-// What `root` holds below `rel_dir` that the rules ask for (every file when `all`), until
-// `clock` passes `deadline_ms` or kMaxPullFiles are listed (`cut` then). Folders on a pseudo file
-// system are left out, named in `pseudo`.
-void collect(const std::string& root, const std::string& rel_dir, const sync::Rules& rules, bool all,
-             std::vector<std::string>& out, const Clock& clock, int64_t deadline_ms, bool& cut,
-             std::vector<std::string>& pseudo) {
-  if (cut || out.size() >= kMaxPullFiles || clock.now_ms() >= deadline_ms) {
-    cut = true;
-    return;
-  }
-  std::string dir = rel_dir.empty() ? root : root + "/" + rel_dir;
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) {  // listed all the same: its open says why it cannot be read, not "nothing matched"
-    out.push_back(rel_dir);  // (a folder below may hold what was asked for: past PATH_MAX, unreadable)
-    return;
-  }
-  std::vector<std::string> names;
-  while (dirent* e = ::readdir(d))
-    if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..")) names.emplace_back(e->d_name);
-  ::closedir(d);
-  std::sort(names.begin(), names.end());
-  for (const auto& n : names) {
-    if (out.size() >= kMaxPullFiles) {
-      cut = true;
-      return;
-    }
-    std::string rel = rel_dir.empty() ? n : rel_dir + "/" + n;
-    if (rel == kState) continue;
-    struct stat st {};
-    if (::lstat((root + "/" + rel).c_str(), &st) != 0) {
-      // As above: what cannot be looked at (past PATH_MAX) may be, or hold, what was asked for.
-      if (all || errno != ENOENT || rules.check(rel, false) == sync::Rules::excluded) out.push_back(rel);
-      continue;
-    }
-    bool hit = all || rules.check(rel, S_ISDIR(st.st_mode)) == sync::Rules::excluded;
-    if (S_ISDIR(st.st_mode) && pseudo_file_system(root + "/" + rel))
-      pseudo.push_back(rel);
-    else if (S_ISDIR(st.st_mode))
-      collect(root, rel, rules, hit, out, clock, deadline_ms, cut, pseudo);
-    else if (S_ISREG(st.st_mode) && hit)
-      out.push_back(rel);
-  }
-}
-
-}  // namespace
-
-void Agent::on(uint32_t, const msg::Pull& m) {
-  pull_ = PullState{};
-  pull_.active = true;
-  pull_.dir = expand_home(m.dir);
-  pull_.max_bytes = m.max_bytes;
-  sync::Rules rules;  // a path "excluded" by these rules is one asked for
-  for (const auto& p : m.patterns) rules.add(p);
-  struct stat st {};
-  if (::stat(pull_.dir.c_str(), &st) != 0) {
-    pull_.problems.push_back(errno_text("cannot read", pull_.dir));
-  } else if (!S_ISDIR(st.st_mode)) {
-    pull_.files.push_back("");  // the one file the Pull names
-    pull_.single_file = true;
-  } else {
-    bool cut = false;
-    std::vector<std::string> pseudo;
-    if (pseudo_file_system(pull_.dir))
-      pull_.problems.push_back(pull_.dir +
-                               " is a pseudo file system (the kernel's, not files); nothing sent");
-    else
-      collect(pull_.dir, "", rules, m.patterns.empty(), pull_.files, clock_, clock_.now_ms() + kMaxListMs,
-              cut, pseudo);
-    if (!pseudo.empty()) {
-      std::string names;
-      const std::string dir = pull_.dir.back() == '/' ? pull_.dir : pull_.dir + "/";
-      for (size_t k = 0; k < pseudo.size() && k < 5; ++k) names += (k ? ", " : "") + dir + pseudo[k];
-      if (pseudo.size() > 5) names += " and " + std::to_string(pseudo.size() - 5) + " more";
-      pull_.problems.push_back("left out " + names + ": pseudo file systems (the kernel's, not files)");
-    }
-    if (cut)
-      pull_.problems.push_back("listed " + std::to_string(pull_.files.size()) + " files in " + pull_.dir +
-                               " and stopped there (at most " + std::to_string(kMaxPullFiles) + " files, " +
-                               std::to_string(kMaxListMs / 1000) + " s); the rest was left behind");
-  }
-  pump_pull();
-}
-
-// Sends the next pieces while the outbox has room; the loop calls it again as the launcher reads.
-void Agent::pump_pull() {
-  while (pull_.active && outbox_.size() - outbox_pos_ < kOutboxHighWater / 2) {
-    if (pull_.fd < 0) {
-      if (pull_.next >= pull_.files.size() || (pull_.max_bytes && pull_.bytes >= pull_.max_bytes)) {
-        if (pull_.next < pull_.files.size())
-          pull_.problems.push_back(std::to_string(pull_.files.size() - pull_.next) +
-                                   " files left behind: past the limit of " +
-                                   std::to_string(pull_.max_bytes >> 20) + " MiB");
-        send(msg::PullDone{pull_.sent, pull_.bytes, std::move(pull_.problems), pull_.single_file ? 1u : 0u});
-        pull_ = PullState{};
-        return;
-      }
-      const std::string& rel = pull_.files[pull_.next++];
-      std::string full = rel.empty() ? pull_.dir : pull_.dir + "/" + rel;
-      // Below the folder a link is never followed (collect() lists files, one may become a link).
-      int fd = ::open(full.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (rel.empty() ? 0 : O_NOFOLLOW));
-      struct stat st {};
-      const bool read = fd >= 0 && ::fstat(fd, &st) == 0;
-      if (!read || !S_ISREG(st.st_mode)) {
-        pull_.problems.push_back(read ? full + " is not a plain file (it changed while listed); not sent"
-                                      : errno_text("cannot read", full));
-        if (fd >= 0) ::close(fd);
-        continue;
-      }
-      pull_.fd = fd;
-      pull_.left = uint64_t(st.st_size);
-      ++pull_.id;
-      std::string name = rel.empty() ? pull_.dir.substr(pull_.dir.rfind('/') + 1) : rel;
-      send(msg::PullFile{name, uint32_t(st.st_mode & 07777), pull_.left, mtime_ns(st)}, pull_.id);
-      ++pull_.sent;
-    }
-    char buf[kReadChunk * 4];
-    size_t want = size_t(std::min<uint64_t>(sizeof buf, pull_.left));
-    ssize_t n = want ? ::read(pull_.fd, buf, want) : 0;
-    if (n > 0) {
-      pull_.left -= uint64_t(n);
-      pull_.bytes += uint64_t(n);
-      send(msg::PullData{std::string(buf, size_t(n))}, pull_.id);
-    }
-    if (n <= 0 || pull_.left == 0) {
-      if (pull_.left > 0)  // it shrank while read: the launcher sees it short and says so
-        pull_.problems.push_back(pull_.files[pull_.next - 1] + " shrank while it was read");
-      ::close(pull_.fd);
-      pull_.fd = -1;
-    }
-  }
 }
 
 }  // namespace mltrain::agent::detail

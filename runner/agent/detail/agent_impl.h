@@ -7,8 +7,10 @@
 #include <poll.h>
 #include <sys/types.h>
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
@@ -77,6 +79,18 @@ struct SyncIndexEntry {
   int64_t mtime_ns = 0;
   uint64_t ino = 0;
 };
+// A synced folder's own bookkeeping, inside it (sync.cpp); a pull never sends it.
+inline constexpr const char* kState = ".mltrain-sync";
+
+// "WHAT PATH: strerror(errno)".
+inline std::string errno_text(const std::string& what, const std::string& path) {
+  return what + " " + path + ": " + std::strerror(errno);
+}
+
+// mkdir -p of a path the launcher named (its own setting: links on the way are followed); the
+// folders it makes are private. `made`: whether the last part was made now (sync.cpp).
+bool mkdirs(const std::string& path, mode_t mode, bool* made = nullptr);
+
 struct SyncOpen {  // a file being received
   int fd = -1;
   std::string tmp;       // its name in the sync's own work folder
