@@ -230,3 +230,29 @@ def test_mltrain_bench_backend_nccl_runs_on_device_buffers_and_checks_results(ml
     assert r.returncode != 0
     assert "--device (mltrain bench --backend nccl) needs a GPU: no NVIDIA driver (/dev/nvidiactl missing)" in \
         r.stdout + r.stderr, (r.stdout + r.stderr)[-2000:]
+
+
+# Forced `[comm] backend = "nccl"` on a host where NCCL loads but there is no GPU or driver fails
+# preflight, naming the host, before any rank starts.
+def test_forced_nccl_without_a_driver_fails_preflight(ml, tmp_path):
+    libs = FAKES
+    marker = tmp_path / "a-rank-started"
+    ml.write("job.toml", f"""
+[run]
+command = "touch {marker}"
+[run.env]
+MLTRAIN_NCCL_LIBRARY = "{libs}/libnccl.so.2"
+MLTRAIN_NVML_LIBRARY = "{tmp_path}/no-such-libnvidia-ml.so.1"
+[cluster]
+hosts = ["localhost:2"]
+[comm]
+backend = "nccl"
+""")
+    # No nvidia-smi on PATH either: the host has no driver at all.
+    r = ml("run", "job.toml", env={"PATH": "/usr/bin:/bin"}, timeout=60)
+    assert r.returncode != 0, r.stdout + r.stderr
+    out = r.stdout + r.stderr
+    assert 'localhost: [comm] backend = "nccl" needs a GPU per rank, and this host has none' in out, out
+    # Why it has none: what the GPU probe tried.
+    assert "no-such-libnvidia-ml.so.1" in out and "nvidia-smi not in PATH" in out, out
+    assert not marker.exists(), "a rank started although preflight should have failed"

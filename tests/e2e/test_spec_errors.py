@@ -299,3 +299,47 @@ def test_a_bad_env_or_job_name_is_quoted_on_one_line(ml):
         assert r.returncode == 2 and says in r.stderr, r.stderr
         assert "\x1b" not in r.stderr and r.stderr.splitlines()[0].startswith("mltrain: error:"), r.stderr
         assert len(r.stderr.splitlines()) == 2, r.stderr
+
+
+# Every unknown key of a spec at once, in file order (not one per run, not [cluster] before [run]).
+TYPOS = """\
+name = "typos"
+[run]
+comand = "echo hi"
+max_restart = 2
+[cluster]
+hsts = ["localhost"]
+[gpus]
+per_prc = 1
+"""
+
+
+@pytest.mark.parametrize("sub", ["validate", "run"])
+def test_every_unknown_key_at_once_in_file_order(ml, sub):
+    ml.write("job.toml", TYPOS)
+    r = ml(sub, "job.toml")
+    assert r.returncode == 2, r.stderr
+    err = r.stderr
+    wanted = ["job.toml:3:1: unknown key 'comand' in [run] (did you mean 'command'?)",
+              "job.toml:4:1: unknown key 'max_restart' in [run] (did you mean 'max_restarts'?)",
+              "job.toml:6:1: unknown key 'hsts' in [cluster] (did you mean 'hosts'?)",
+              "job.toml:8:1: unknown key 'per_prc' in [gpus] (did you mean 'per_proc'?)"]
+    at = [err.find(w) for w in wanted]
+    assert all(a >= 0 for a in at), err
+    assert at == sorted(at), err
+    assert "4 problems" in err and "hint: see docs/spec.md" in err, err
+
+
+def test_one_typo_is_still_one_line(ml):
+    ml.write("job.toml", '[run]\ncommand = "true"\ntimeot = "1m"\n')
+    r = ml("validate", "job.toml")
+    assert r.returncode == 2
+    assert r.stderr.splitlines()[0].endswith("job.toml:3:1: unknown key 'timeot' in [run] (did you mean 'timeout'?)")
+
+
+def test_a_typo_and_a_wrong_value_together(ml):
+    ml.write("job.toml", '[run]\ncommand = "true"\ncomand = "x"\n[cluster]\nnprocs = "two"\n')
+    r = ml("validate", "job.toml")
+    assert r.returncode == 2
+    assert "2 problems" in r.stderr, r.stderr
+    assert r.stderr.find("'comand'") < r.stderr.find("'nprocs' must be an integer"), r.stderr
