@@ -1,6 +1,7 @@
 """mltrain bench on localhost: the benchmark job launched through the job API, its table, JSON and
 run record (the multi-host bench is in test_multihost.py)."""
 import json
+import re
 
 
 def _rows(stdout):
@@ -55,3 +56,47 @@ def test_bench_ps_mode_through_the_agents_servers(ml):
     assert [(int(row[0]), int(row[1])) for row in rows] == [(4096, 1), (16384, 1), (65536, 1)], r.stdout
     assert all(row[-1] == "0" for row in rows), r.stdout
     assert "mltrain: bench: 2 ranks succeeded" in r.stderr
+
+
+# bench says its algorithm in words, ends with nccl-tests' average line, and takes --env/-x.
+def bench_rows(stdout):
+    return [ln.split() for ln in stdout.splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def test_bench_says_its_algorithm_in_words_and_ends_with_the_average_bus_bandwidth(ml):
+    r = ml("bench", "-n", "4", "-b", "64K", "-e", "256K", "--check", timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "large allreduce: direct" not in r.stdout, r.stdout
+    assert ("# allreduce of messages over 64K: each rank combines one slice of all the inputs, in one "
+            "shared-memory segment (all ranks on one host)") in lines, r.stdout
+    rows = bench_rows(r.stdout)
+    assert [int(row[0]) for row in rows] == [65536, 131072, 262144], r.stdout
+    cols = next(ln for ln in lines if ln.startswith("#") and "#wrong" in ln).lstrip("#").split()
+    busbw = [float(row[cols.index("busbw")]) for row in rows]
+    # The closing lines as nccl-tests prints them, the average over the sizes.
+    assert lines[-3:-1] == ["# Out of bounds values : 0 OK", lines[-2]] and lines[-1] == "#", r.stdout
+    m = re.fullmatch(r"# Avg bus bandwidth    : (\d+\.\d{3})", lines[-2])
+    assert m, lines[-2]
+    assert abs(float(m.group(1)) - sum(busbw) / len(busbw)) < 0.002, (m.group(1), busbw)
+    # Why another algorithm: said too.
+    r = ml("bench", "-n", "3", "-b", "64K", "-e", "64K", env={"MLTRAIN_COMM_ALGO": "hd"}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert ("one ring, each rank passing a slice to the next (MLTRAIN_COMM_ALGO=hd does not apply: it needs "
+            "a power-of-two number of ranks)") in r.stdout, r.stdout
+    assert "# Out of bounds" not in r.stdout and "# Avg bus bandwidth    : " in r.stdout, r.stdout
+
+
+def test_bench_takes_env_and_x_for_its_ranks(ml):
+    r = ml("bench", "-n", "2", "-b", "64K", "-e", "64K", "--env", "MLTRAIN_COMM_ALGO=ring",
+           "-x", "BENCH_FWD", "-x", "BENCH_SET=2", env={"BENCH_FWD": "fwd-1"}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "(MLTRAIN_COMM_ALGO=ring)" in r.stdout, r.stdout  # the ranks had it
+    assert [int(row[0]) for row in bench_rows(r.stdout)] == [65536], r.stdout  # -e is still --maxbytes
+    env = json.loads(ml("show", "--json").stdout)["ranks"][1]["env"]
+    assert env["BENCH_FWD"] == "fwd-1" and env["BENCH_SET"] == "2" and env["MLTRAIN_COMM_ALGO"] == "ring", env
+    r = ml("bench", "-n", "2", "-x", "BENCH_UNSET_XYZ", unset=("BENCH_UNSET_XYZ",), timeout=60)
+    assert r.returncode == 2 and "BENCH_UNSET_XYZ is not set in this environment" in r.stderr, r.stderr
+    r = ml("bench", "-n", "2", "--env", "NOEQUALS", timeout=60)
+    assert r.returncode == 2 and "--env 'NOEQUALS' is not K=V" in r.stderr, r.stderr
+    assert "--env" in ml("bench", "--help").stdout

@@ -1,11 +1,12 @@
 """Output under load: nothing lost, nothing torn, bounded launcher memory."""
 import os
+import re
 import subprocess
 import time
 
 import pytest
 
-from conftest import communicate
+from conftest import communicate, run_on_pty
 
 RANKS = 8
 LINES = int(os.environ.get("MLTRAIN_E2E_FLOOD_LINES", "200000"))
@@ -145,3 +146,23 @@ def test_control_bytes_escaped_on_the_console_everything_kept_in_the_file(ml):
     assert r.stdout == b"a\xff\\x01b\n"
     (d,) = ml.run_dirs()
     assert (d / "rank-0.log").read_bytes() == b"a\xff\x01b\r\n"
+
+
+# The timeout message and the status line name the ranks (still running; alive).
+def test_timeout_names_the_ranks_still_running_and_their_hosts(ml):
+    r = ml("run", "-n", "5", "--timeout", "1s", "--", "sleep", "30", timeout=60)
+    assert r.returncode == 124, r.stderr
+    assert "timeout of 1.0s; all 5 ranks (on localhost) still running: stopping them" in r.stderr, r.stderr
+    r = ml("run", "-H", "localhost:2,127.0.0.2:2", "--timeout", "2s", "--",
+           "sh", "-c", '[ "$RANK" = 1 ] && exit 0; sleep 30', timeout=60)
+    assert r.returncode == 124, r.stderr
+    assert ("the job ran past its timeout of 2.0s; ranks 0,2,3 (on localhost, 127.0.0.2) still running: "
+            "stopping them") in r.stderr, r.stderr
+
+
+def test_status_line_names_the_ranks_alive(ml):
+    cmd = 'case $RANK in 2|5) sleep 6;; *) sleep 0.2;; esac'
+    rc, out = run_on_pty(ml, ["run", "-n", "8", "--", "sh", "-c", cmd], env={"TERM": "xterm"}, timeout=30)
+    assert rc == 0, out[-2000:]
+    text = re.sub(rb"\x1b\[[0-9;?]*[A-Za-z]", b"", out).decode(errors="replace")
+    assert "2/8 ranks alive (2,5) - " in text, text[-3000:]

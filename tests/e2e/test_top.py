@@ -244,3 +244,36 @@ def test_run_on_a_terminal_keeps_a_status_line(ml, tmux):
     s = tmux.wait_for(lambda s: "RUN-EXIT=" in s)
     assert "RUN-EXIT=0" in s and "done 0" in s and "done 1" in s, s
     assert "ranks alive" not in s, s  # taken away before the summary
+
+
+# top's no-GPU note: once for hosts that share the reason, within the terminal's width.
+HOSTS3 = "localhost,127.0.0.2,127.0.0.3"
+
+
+def install_agent(ml):
+    """The local agent in place before three local hosts start it at once."""
+    assert ml("top", "-H", "localhost", "--once", timeout=60).returncode == 0
+
+
+def test_top_says_no_gpus_once_for_hosts_that_share_the_reason(ml):
+    install_agent(ml)
+    r = ml("top", "-H", HOSTS3, "--once", timeout=60)
+    assert r.returncode == 0, r.stderr
+    notes = [ln for ln in r.stdout.splitlines() if ln.startswith("no GPUs")]
+    assert len(notes) == 1, r.stdout
+    assert notes[0].startswith("no GPUs (localhost, 127.0.0.2, 127.0.0.3: "), notes
+    assert notes[0].count("no GPU telemetry") <= 1 and notes[0].endswith(")"), notes
+
+
+def test_top_full_screen_wraps_the_note_within_the_width(ml, tmux):
+    install_agent(ml)
+    tmux.start(f"{ml.bin} top -i 300ms -H {HOSTS3}; sleep 60", width=72)
+    s = tmux.wait_for(lambda s: "no GPUs" in s and "HOST " in s)
+    time.sleep(0.8)
+    s = tmux.screen()
+    assert s.count("no GPUs") == 1, s
+    assert all(len(line) <= 72 for line in s.splitlines()), s
+    start = s.index("no GPUs")
+    note = s[start:s.index("\n\n", start) if "\n\n" in s[start:] else len(s)]
+    assert ")" in note and "\u2026" not in note, note  # whole, its end on a continuation line
+    tmux("send-keys", "-t", "t", "q")
