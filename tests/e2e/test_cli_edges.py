@@ -285,3 +285,53 @@ def test_a_host_that_cannot_be_reached_is_named_once(ml):
         r = ml(*args, "-H", "nosuchhost.invalid:1", timeout=60)
         assert "nosuchhost.invalid: nosuchhost.invalid" not in r.stdout + r.stderr, (args, r.stdout + r.stderr)
         assert "cannot connect" in r.stdout + r.stderr, (args, r.stdout + r.stderr)
+
+
+# Exec's one-word shell form.
+def test_exec_runs_one_word_as_a_shell_command_line(ml):
+    r = ml("exec", "--", "cd / && pwd && echo two words")
+    assert r.returncode == 0, r.stderr
+    assert "/" in r.stdout.split() and "two words" in r.stdout, r.stdout
+    spec = ml.write("job.toml", '[run]\ncommand = "true"\n')
+    r = ml("exec", spec, "--", "cd ~ && pwd")
+    assert r.returncode == 0 and "rename the job" not in r.stderr, r.stderr
+    assert r.stdout.strip(), r.stdout
+    # A plain word is still a program: its absence is the usual 127.
+    r = ml("exec", "--", "no-such-program-xyz")
+    assert r.returncode == 127, r.stderr
+
+
+# Names derived from a command or a file.
+def test_names_derived_from_a_command_or_a_file_are_made_valid(ml):
+    r = ml("run", "--dry-run", "--", "echo hi there")
+    assert r.returncode == 0 and "rename the job" not in r.stderr, r.stderr
+    assert r.stdout.startswith("run echo:"), r.stdout
+    spec = ml.write("my job.toml", '[run]\ncommand = "echo derived-ok"\n')
+    r = ml("run", spec)
+    assert r.returncode == 0, r.stderr
+    assert "derived-ok" in r.stdout
+    assert json.loads(ml("show", "--json").stdout)["name"] == "my-job"
+    # A name the user chose is still checked.
+    bad = ml.write("bad.toml", 'name = "my job"\n[run]\ncommand = "true"\n')
+    r = ml("run", bad)
+    assert r.returncode == 2 and "rename the job" in r.stderr, r.stderr
+
+
+# Exec and latest, the kind column, the exec summary.
+def test_exec_is_a_kind_in_ls_and_does_not_take_latest_from_cp(ml):
+    spec = ml.write("keep.toml", f'[run]\ncommand = "echo kept > out.txt"\nworkdir = "{ml.dir}"\n')
+    r = ml("run", spec)
+    assert r.returncode == 0, r.stderr
+    run_id = json.loads(ml("show", "--json").stdout)["id"]
+    r = ml("exec", "--", "true")
+    assert r.returncode == 0, r.stderr
+    assert "succeeded on 1 host" in r.stderr and "rank" not in r.stderr.split("succeeded")[0], r.stderr
+    lines = ml("ls").stdout.splitlines()
+    assert lines[0].split()[:3] == ["ID", "STATUS", "KIND"], lines[0]
+    assert lines[1].split()[2] == "exec" and lines[2].split()[2] == "run", lines
+    assert json.loads(ml("show", "--json").stdout)["kind"] == "exec"
+    dest = ml.dir / "copied.txt"
+    r = ml("cp", "latest:out.txt", dest)
+    assert r.returncode == 0, r.stderr
+    assert dest.read_text() == "kept\n"
+    assert "an exec" in r.stderr and run_id in r.stderr, r.stderr

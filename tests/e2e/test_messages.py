@@ -1,6 +1,7 @@
 """Messages a user can act on (issue 31, items 10 and 14): every bad value gets one clear line and
 exit 2, never "internal error", a wrong flag name, a guess or a hang."""
 import json
+import os
 
 import pytest
 
@@ -111,3 +112,29 @@ def test_bench_refuses_degenerate_values_before_starting(ml, args, wanted):
     r = ml("bench", *args, timeout=30)
     usage_error(r, wanted)
     assert not ml.run_dirs(), "nothing started"
+
+
+# Sbatch: slots per host, its error's lines.
+def test_sbatch_keeps_the_hosts_slots_and_refuses_uneven_ones(ml):
+    spec = ml.write("slots.toml", '[run]\ncommand = "true"\n[cluster]\nhosts = ["h1:2", "h2:2", "h3:2", "h4:2"]\n')
+    r = ml("sbatch", spec, "--print")
+    assert r.returncode == 0, r.stderr
+    assert "#SBATCH --nodes=4" in r.stdout and "#SBATCH --ntasks-per-node=2" in r.stdout, r.stdout
+    uneven = ml.write("uneven.toml", '[run]\ncommand = "true"\n[cluster]\nhosts = ["h1:2", "h2:1"]\n')
+    r = ml("sbatch", uneven, "--print")
+    assert r.returncode == 2 and "h1:2, h2:1" in r.stderr and "procs_per_host" in r.stderr, r.stderr
+
+
+def test_sbatch_refusal_prints_its_lines_as_lines(ml):
+    bindir = ml.dir / "bin"
+    bindir.mkdir()
+    fake = bindir / "sbatch"
+    fake.write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission failed:'\n"
+                    "echo 'Requested node configuration is not available'\nexit 1\n")
+    fake.chmod(0o755)
+    spec = ml.write("job.toml", '[run]\ncommand = "true"\n')
+    r = ml("sbatch", spec, "--nodes", "2", env={"PATH": f"{bindir}:{os.environ['PATH']}"})
+    assert r.returncode == 255, r.stderr
+    assert "\\x0a" not in r.stderr, r.stderr
+    lines = r.stderr.splitlines()
+    assert any(ln.strip() == "Requested node configuration is not available" for ln in lines), r.stderr

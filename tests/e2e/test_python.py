@@ -6,8 +6,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -299,3 +301,24 @@ def test_ranks_that_exit_right_after_init_do_not_break_the_others(ml):
         r = ml("run", "-n", "4", "--", PY, script, timeout=60)
         assert r.returncode == 0, f"attempt {attempt}: {(r.stdout + r.stderr)[-3000:]}"
         assert r.stdout.count("JOINED") == 4, r.stdout
+
+
+# PYTHONUNBUFFERED.
+def test_ranks_get_pythonunbuffered_unless_the_user_set_it(ml):
+    sh = ["sh", "-c", 'echo "unbuf=${PYTHONUNBUFFERED:-unset}"']
+    r = ml("run", "-n", "2", "--", *sh, unset=("PYTHONUNBUFFERED",))
+    assert r.returncode == 0 and r.stdout.count("unbuf=1") == 2, r.stdout
+    r = ml("run", "-n", "1", "--env", "PYTHONUNBUFFERED=", "--", *sh)
+    assert "unbuf=unset" in r.stdout, r.stdout
+    # A Python rank's line reaches the console while it still runs.
+    p = ml.popen("run", "-n", "1", "--", "python3", "-c",
+                 "import time; print('early line'); time.sleep(30)", unset=("PYTHONUNBUFFERED",))
+    got = b""
+    os.set_blocking(p.stdout.fileno(), False)
+    deadline = time.time() + 10
+    while time.time() < deadline and b"early line" not in got:
+        got += p.stdout.read() or b""
+        time.sleep(0.1)
+    p.send_signal(signal.SIGINT)
+    p.communicate(timeout=20)
+    assert b"early line" in got, got

@@ -1,6 +1,8 @@
 """Detached runs, logs -f, stop, and the run records read by ls / show / logs."""
 import json
+import os
 import re
+import signal
 import time
 
 import pytest
@@ -317,3 +319,24 @@ def test_logs_follow_through_restarts(ml):
         assert [ln for ln in mine if "try" in ln] == [f"[{k}] try {i}" for i in range(3)]
         assert sum("restart" in ln for ln in mine) == 2
     assert _record(ml, run_id)["status"] == "succeeded"
+
+
+# A SIGKILLed launcher's duration; ls --help.
+def test_a_lost_run_keeps_its_last_known_duration(ml):
+    r = ml("run", "-d", "--", "sh", "-c", "echo first; sleep 2; echo second; sleep 60")
+    assert r.returncode == 0, r.stderr
+    run_id = r.stdout.strip()
+    rec = json.loads(ml("show", "--json", run_id).stdout)
+    wait_for(lambda: "second" in ml("logs", run_id).stdout, 20, "the second line")
+    os.kill(rec["launcher_pid"], signal.SIGKILL)
+    wait_for(lambda: json.loads(ml("show", "--json", run_id).stdout)["status"] == "lost", 20, "lost")
+    doc = json.loads(ml("show", "--json", run_id).stdout)
+    assert doc["duration_s"] is not None and doc["duration_s"] >= 1.5, doc["duration_s"]
+    row = [ln for ln in ml("ls").stdout.splitlines() if ln.startswith(run_id)][0]
+    assert "0ms" not in row, row
+    assert "at least" in ml("show", run_id).stdout
+
+
+def test_ls_help_describes_its_json_as_an_object(ml):
+    r = ml("ls", "--help")
+    assert r.returncode == 0 and "JSON array" not in r.stdout and "object" in r.stdout, r.stdout

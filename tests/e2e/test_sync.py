@@ -6,6 +6,8 @@ import re
 import shutil
 from pathlib import Path
 
+from conftest import work_dir
+
 
 def project(ml, extra=""):
     p = ml.dir / "proj"
@@ -120,3 +122,40 @@ def test_a_synced_folder_replaced_by_a_link_is_called_a_link_and_kept(ml):
     # It was called "a file the job wrote".
     assert "src is a folder in your folder, but here it is a link (not followed" in r.stderr, r.stderr
     assert (remote / "src").is_symlink() and list(elsewhere.iterdir()) == []
+
+
+# --no-sync reuses the folder synced last.
+def test_no_sync_runs_in_the_folder_synced_last(ml):
+    name = "reuse-" + ml.marker().lower().replace("_", "-")[-8:]
+    proj = ml.dir / name
+    proj.mkdir()
+    (proj / "train.sh").write_text("echo in $(pwd)\n")
+    spec = proj / "job.toml"
+    spec.write_text(f'name = "{name}"\n[run]\ncommand = "sh train.sh"\n[sync]\n')
+    never = ml.dir / (name + "-never")
+    never.mkdir()
+    try:
+        r = ml("run", spec)
+        assert r.returncode == 0, r.stderr
+        synced = r.stdout.split("in ", 1)[1].strip()
+        assert Path(synced).is_dir()
+        assert Path(synced) == work_dir(Path.home(), name), r.stdout
+        (proj / "train.sh").write_text("echo changed\n")
+        r = ml("run", spec, "--no-sync")
+        assert r.returncode == 0, r.stderr
+        assert "in " + synced in r.stdout, r.stdout  # the synced copy, not the laptop's folder
+        r = ml("run", spec, "--no-sync", "--dry-run")
+        assert "workdir: ~/.cache/mltrain/work/" + Path(synced).name in r.stdout, r.stdout
+        # Another job from the same folder runs in the same synced copy ...
+        other = proj / "other.toml"
+        other.write_text(f'name = "{name}-other"\n[run]\ncommand = "sh train.sh"\n[sync]\n')
+        r = ml("run", other, "--no-sync")
+        assert r.returncode == 0 and "in " + synced in r.stdout, r.stdout
+        # ... and a project never synced has none to run in.
+        fresh = never / "fresh.toml"
+        fresh.write_text(f'name = "{name}"\n[run]\ncommand = "true"\n[sync]\n')
+        r = ml("run", fresh, "--no-sync")
+        assert r.returncode == 127 and "run once without --no-sync" in r.stderr, r.stderr
+    finally:
+        for n in (name, name + "-never"):
+            shutil.rmtree(work_dir(Path.home(), n), ignore_errors=True)
