@@ -1,5 +1,5 @@
 // Test support: a fresh folder under /tmp for one test case, removed at its end, and the same
-// with MLTRAIN_HOME pointed at it (records, state). One definition for every unit test file.
+// with MLTRAIN_HOME pointed at it (records, state); a file's lines. One definition for every unit test file.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -9,6 +9,7 @@
 #include <fstream>
 #include <string>
 #include <system_error>
+#include <vector>
 
 namespace mltrain::testing {
 
@@ -46,5 +47,13 @@ class TempHome : public TempDir {
   }
   ~TempHome() { ::unsetenv("MLTRAIN_HOME"); }
 };
+
+// The lines of a file, without their newlines.
+inline std::vector<std::string> lines_of(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::vector<std::string> out;
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
 
 }  // namespace mltrain::testing

@@ -20,12 +20,7 @@ using namespace mltrain;
 
 namespace {
 
-std::vector<std::string> lines_of(const fs::path& p) {
-  std::ifstream in(p);
-  std::vector<std::string> out;
-  for (std::string l; std::getline(in, l);) out.push_back(l);
-  return out;
-}
+using testing::lines_of;
 
 // The line without its "t" field, which is a time.
 std::string untimed(const std::string& line) {

@@ -614,15 +614,6 @@ TEST_CASE("beneath: a held work folder survives a sweep; one nobody holds, and o
   CHECK(left == std::vector<std::string>{"other"});
 }
 
-namespace {
-std::vector<std::string> lines_in(const fs::path& p) {
-  std::ifstream in(p);
-  std::vector<std::string> out;
-  for (std::string l; std::getline(in, l);) out.push_back(l);
-  return out;
-}
-}  // namespace
-
 TEST_CASE("atomic file: a reader sees the old file or the new one whole, never a part or a temporary") {
   TempDir dir("atomic-file");
   const fs::path file = dir.path / "state.json";
@@ -633,11 +624,12 @@ TEST_CASE("atomic file: a reader sees the old file or the new one whole, never a
     AtomicFile f(d, "state.json", 0640);
     REQUIRE(f.ok());
     CHECK(f.write("new "));
-    CHECK(lines_in(file) == std::vector<std::string>{"old"});  // not yet: the name holds the old file
+    CHECK(mltrain::testing::lines_of(file) ==
+          std::vector<std::string>{"old"});  // not yet: the name holds the old file
     CHECK(f.write("and whole\n"));
     CHECK(f.commit(true));
   }
-  CHECK(lines_in(file) == std::vector<std::string>{"new and whole"});
+  CHECK(mltrain::testing::lines_of(file) == std::vector<std::string>{"new and whole"});
   struct stat st {};
   REQUIRE(::stat(file.c_str(), &st) == 0);
   CHECK((st.st_mode & 0777) == 0640);
@@ -645,7 +637,7 @@ TEST_CASE("atomic file: a reader sees the old file or the new one whole, never a
     AtomicFile f(d, "state.json");
     CHECK(f.write("abandoned"));
   }  // never committed: the old file stays, the temporary goes
-  CHECK(lines_in(file) == std::vector<std::string>{"new and whole"});
+  CHECK(mltrain::testing::lines_of(file) == std::vector<std::string>{"new and whole"});
   CHECK(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()) == 1);
   // What fails says what, on which file; a path through AT_FDCWD works as a name in a folder does.
   fs::create_directory(dir.path / "sub");
@@ -654,6 +646,6 @@ TEST_CASE("atomic file: a reader sees the old file or the new one whole, never a
   CHECK(error.rfind("open " + (dir.path / "missing").string() + "/.x.tmp.", 0) == 0);
   CHECK(error.find("No such file or directory") != std::string::npos);
   CHECK(write_atomically(AT_FDCWD, (dir.path / "sub" / "x").string(), "y\n", 0600, false, error));
-  CHECK(lines_in(dir.path / "sub" / "x") == std::vector<std::string>{"y"});
+  CHECK(mltrain::testing::lines_of(dir.path / "sub" / "x") == std::vector<std::string>{"y"});
   ::close(d);
 }
