@@ -222,6 +222,19 @@ class LineReader:
     def join(self, timeout=10):
         self._t.join(timeout)
 
+    def finish(self, p, timeout):
+        """Waits for `p` (killed after `timeout`) and returns its stdout. Not Popen.communicate:
+        that reads stderr too, and the lines it takes never reach this reader (a summary line that
+        went missing so failed test_multihost_ps under load)."""
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)
+        out = p.stdout.read() if p.stdout else ""
+        self.join()
+        return out
+
 
 def fingerprint(pubkey_file) -> str:
     """'SHA256:...' of a public key file (ssh-keygen -lf)."""

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import REPO, communicate, pids_with_arg, wait_for
+from conftest import REPO, pids_with_arg, wait_for
 from multihost_fixtures import (  # noqa: F401  (fixtures are used by name)
     LineReader, cluster, host_of_pid, mh, python_has_torch, shared_root)
 
@@ -303,8 +303,7 @@ def start_loop(mh, cluster, name):
         p.kill()
         raise
     if p.poll() is not None:
-        out, _ = communicate(p, 10)
-        err.join()
+        out = err.finish(p, 10)
         pytest.fail(f"the job ended (exit {p.returncode}) before its workers ran: {out[-2000:]} {err.text()[-3000:]}")
     return p, err, m, before
 
@@ -332,8 +331,7 @@ def kill_and_wait(p, err, pid, what):
     finally:
         if p.poll() is None:
             p.kill()
-        out, _ = communicate(p, 30)
-        err.join()
+        out = err.finish(p, 30)
     return rc, took, out
 
 
@@ -344,8 +342,7 @@ def test_server_host_agent_killed_fails_the_job_naming_the_host(mh, cluster):
         assert len(agents) == 1, f"expected one mltrain-agent on h3: {[(a, _cmdline(a)) for a in agents]}"
     except BaseException:
         p.kill()
-        communicate(p, 30)
-        err.join()
+        err.finish(p, 30)
         raise
     rc, took, out = kill_and_wait(p, err, agents[0], "h3's agent")
     text = err.text()
@@ -379,8 +376,7 @@ def test_worker_killed_fails_the_job_naming_it_and_stops_the_servers(mh, cluster
         assert rank in (2, 3), rank
     except BaseException:
         p.kill()
-        communicate(p, 30)
-        err.join()
+        err.finish(p, 30)
         raise
     rc, took, out = kill_and_wait(p, err, victim, f"rank {rank}")
     text = err.text()

@@ -153,7 +153,9 @@ def test_the_timeout_counts_from_the_ranks_start_not_from_the_wait_in_the_queue(
         go_a.touch()
     out, err = communicate(pc, 60)
     assert pc.returncode == 0, err
-    assert sorted(sum(gpus_of(out).values(), [])) == [0, 1], out
+    # Two GPUs of the four, one each: which two depends on the order the first job's leases went.
+    got = sum(gpus_of(out).values(), [])
+    assert len(got) == 2 and len(set(got)) == 2 and set(got) <= {0, 1, 2, 3}, out
 
 
 def test_a_job_leaves_the_queue_after_its_queue_timeout_claiming_nothing(ml, fakes):
