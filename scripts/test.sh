@@ -37,8 +37,9 @@ print_stages() {
   total=$(elapsed "$suite_start")
   printf '  %-62s %8.1f s  %s\n' "total" "$total" "$([ "$rc" = 0 ] && echo ok || echo "FAILED (exit $rc)")"
   # The budget (issue 56): 20 minutes on 2 cores, for the whole suite from a clean clone.
+  # (The comparison in parentheses: a bare '>' in printf's arguments is awk's output redirection.)
   awk -v t="$total" -v b="$budget_s" 'BEGIN { d = t - b; printf "  %-62s %8d s  %s\n", "budget (20 min on 2 cores)", b,
-    d > 0 ? sprintf("%.0f s over", d) : sprintf("%.0f s to spare", -d) }'
+    (d > 0 ? sprintf("%.0f s over", d) : sprintf("%.0f s to spare", -d)) }'
   print_slowest_modules
   print_disk "$rc"
 }
